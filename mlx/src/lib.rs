@@ -1,0 +1,1 @@
+//! Safe arrays and operations over MLX.
