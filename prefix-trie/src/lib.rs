@@ -1,5 +1,101 @@
-//! A compressed trie of cached model states.
+//! A compressed trie of cached model states, generic over snapshots.
 //!
-//! This crate will own the prefix cache's bookkeeping, generic over a `Snapshot` trait: keys
-//! (tokens, token pairs, media hashes), longest match and restore points, attaching captured
-//! snapshots, splitting and merging nodes, and least-recently-used eviction under a byte budget.
+//! The prefix cache decides what model state is kept and where a request resumes. It knows
+//! nothing about tensors: each cache slot's saved state is a [`Snapshot`], which says what it
+//! covers, how many bytes it holds, and how to split and merge itself. Full-attention KV
+//! snapshots are range-shaped; sliding-window and recurrent ones are point-shaped and restore
+//! only at the exact offset they were taken. The engine drives one request at a time:
+//!
+//! 1. [`PrefixTrie::begin`] matches the [`Prompt`]'s keys, picks the restore point (the deepest
+//!    offset every layer can restore to), splits the edge there if needed, and schedules
+//!    captures ([`Begin::capture_at`]);
+//! 2. the engine restores its caches from [`PrefixTrie::restore_plan`] and prefills from the
+//!    restore point, capturing snapshots at the scheduled offsets;
+//! 3. [`PrefixTrie::attach`] stores the captures, clipped to node edges;
+//! 4. [`PrefixTrie::close`] records the request (finished or cancelled) and pages out the new
+//!    segment while the caches rest at its end;
+//! 5. [`PrefixTrie::evict`] keeps the stored bytes under a budget.
+//!
+//! ```
+//! use prefix_trie::{Config, Coverage, LayerKind, Lookahead, PrefixTrie, Prompt, SchedulePolicy, Snapshot};
+//!
+//! /// A range snapshot that only remembers what it covers.
+//! #[derive(Debug)]
+//! struct Span(std::ops::Range<usize>);
+//!
+//! impl Snapshot for Span {
+//!     type Error = std::convert::Infallible;
+//!     fn coverage(&self) -> Coverage { Coverage::Range(self.0.clone()) }
+//!     fn bytes(&self) -> usize { self.0.len() }
+//!     fn split(self, at: usize) -> Result<(Self, Self), Self::Error> {
+//!         Ok((Span(self.0.start..at), Span(at..self.0.end)))
+//!     }
+//!     fn merge(self, later: Self) -> Result<Self, Self::Error> {
+//!         Ok(Span(self.0.start..later.0.end))
+//!     }
+//! }
+//!
+//! let config = Config {
+//!     layers: vec![LayerKind::Range],
+//!     lookahead: Lookahead::None,
+//!     schedule: SchedulePolicy::default(),
+//! };
+//! let mut trie = PrefixTrie::<Span>::new(config)?;
+//! let first = Prompt::new(&[1, 2, 3, 4, 5], &[], Lookahead::None)?;
+//! let begin = trie.begin(&first, &[])?;
+//! assert_eq!(begin.restore_at, 0);
+//! // The engine prefilled and generated token 6; its caches rest after 6 tokens.
+//! let recorded = Prompt::new(&[1, 2, 3, 4, 5, 6], &[], Lookahead::None)?;
+//! trie.close(recorded.keys(), 6, Vec::new(), |_layer, coverage| match coverage {
+//!     Coverage::Range(range) => Ok::<_, std::convert::Infallible>(Span(range)),
+//!     Coverage::Point(_) => unreachable!("no point layers here"),
+//! })?;
+//! let next = Prompt::new(&[1, 2, 3, 4, 5, 6, 7, 8], &[], Lookahead::None)?;
+//! assert_eq!(trie.find(&next)?.restore_at, 6);
+//! # Ok::<(), prefix_trie::Error>(())
+//! ```
+//!
+//! Files:
+//! - `key.rs`: [`Key`] packing of token ids, media hashes and look-ahead pairs.
+//! - `prompt.rs`: [`Prompt`] keys built from tokens and [`MediaItem`]s.
+//! - `snapshot.rs`: the [`Snapshot`] trait, [`Coverage`] and [`LayerKind`].
+//! - `node.rs`: nodes and their arena.
+//! - `trie.rs`: [`PrefixTrie`], its [`Config`], `begin` and the live request.
+//! - `restore.rs`: longest match, the restore point, [`LayerRestore`] plans.
+//! - `schedule.rs`: [`SchedulePolicy`], the offsets worth capturing.
+//! - `edit.rs`: splitting, merging, growing and compacting paths.
+//! - `attach.rs`: [`Capture`]s, `attach` and `close`.
+//! - `evict.rs`: least-recently-used eviction under a byte budget.
+//! - `dump.rs`: the text dump.
+//! - `invariants.rs`: the consistency check.
+//! - `error.rs`: [`Error`].
+//!
+//! Real caches: the `kvcache` crate implements [`Snapshot`] for its KV, rotating and recurrent
+//! snapshots; this crate's tests use a fake that records the keys it covers.
+
+#![deny(missing_docs)]
+
+mod attach;
+mod dump;
+mod edit;
+mod error;
+mod evict;
+mod invariants;
+mod key;
+mod node;
+mod prompt;
+mod restore;
+mod schedule;
+mod snapshot;
+mod trie;
+
+pub use attach::{AttachReport, Capture, CloseReport};
+pub use error::{BoxError, Error, Result};
+pub use evict::EvictReport;
+pub use key::{Key, Lookahead};
+pub use node::NodeId;
+pub use prompt::{MediaItem, Prompt};
+pub use restore::{LayerRestore, MatchInfo};
+pub use schedule::SchedulePolicy;
+pub use snapshot::{Coverage, LayerKind, Snapshot};
+pub use trie::{Begin, Config, PrefixTrie};
