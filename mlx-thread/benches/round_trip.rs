@@ -19,15 +19,17 @@ fn run_empty(bencher: divan::Bencher) {
 #[divan::bench(args = [1, 16, 256])]
 fn submit_then_wait(bencher: divan::Bencher, batch: usize) {
     let worker = Worker::spawn().expect("spawn worker");
-    bencher.counter(divan::counter::ItemsCount::new(batch)).bench_local(|| {
-        let pending: Vec<_> = (0..batch as u64)
-            .map(|i| worker.submit(move || divan::black_box(i)))
-            .collect();
-        pending
-            .into_iter()
-            .map(|completion| completion.wait().expect("job ran"))
-            .sum::<u64>()
-    });
+    bencher
+        .counter(divan::counter::ItemsCount::new(batch))
+        .bench_local(|| {
+            let pending: Vec<_> = (0..batch as u64)
+                .map(|i| worker.submit(move || divan::black_box(i)))
+                .collect();
+            pending
+                .into_iter()
+                .map(|completion| completion.wait().expect("job ran"))
+                .sum::<u64>()
+        });
 }
 
 /// `run` from 4 threads at once through cloned handles: contention on the queue.
@@ -46,7 +48,9 @@ fn run_from_four_threads(bencher: divan::Bencher) {
                 for handle in &handles {
                     scope.spawn(move || {
                         for i in 0..JOBS_PER_THREAD {
-                            handle.run(move || divan::black_box(i)).expect("worker alive");
+                            handle
+                                .run(move || divan::black_box(i))
+                                .expect("worker alive");
                         }
                     });
                 }

@@ -10,7 +10,7 @@ pub enum Error {
     /// The closure panicked on the worker thread. The report carries the original panic's
     /// message, source location and backtrace; the worker itself keeps serving later jobs.
     #[error("{0}")]
-    Panicked(PanicReport),
+    Panicked(Box<PanicReport>),
 
     /// The worker has shut down (or was shutting down when the job arrived), so the job never
     /// ran.

@@ -167,7 +167,7 @@ where
     // discarded; the caller only ever sees the report. This is the same bargain
     // `std::thread::spawn` makes, which does not require `UnwindSafe` either.
     panic::catch_unwind(AssertUnwindSafe(job))
-        .map_err(|payload| Error::Panicked(panic_capture::take_report(&*payload)))
+        .map_err(|payload| Error::Panicked(Box::new(panic_capture::take_report(&*payload))))
 }
 
 /// Continues a worker panic in the calling thread, keeping its origin in the payload text.

@@ -90,9 +90,7 @@ fn record(info: &PanicHookInfo<'_>) {
         line: location.line(),
         column: location.column(),
     });
-    let message = info
-        .payload_as_str()
-        .map_or_else(|| "Box<dyn Any>".to_owned(), str::to_owned);
+    let message = payload_message(info.payload());
     let report = PanicReport::new(message, location, backtrace, current_thread_name());
     // A panic inside a panic hook aborts the process, so never `borrow_mut` blindly: the slot is
     // only borrowed briefly by `clear`/`take_report`, which cannot be interrupted by a panic on

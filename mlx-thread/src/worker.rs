@@ -252,7 +252,10 @@ mod tests {
 
     #[test]
     fn an_absurd_stack_size_is_an_error_not_a_panic() {
-        let error = Worker::builder().stack_size(usize::MAX / 2).spawn().unwrap_err();
+        let error = Worker::builder()
+            .stack_size(usize::MAX / 2)
+            .spawn()
+            .unwrap_err();
         assert!(
             matches!(error, Error::Spawn { stack_size, .. } if stack_size == usize::MAX / 2),
             "{error}"

@@ -8,7 +8,7 @@ use mlx_thread::{Error, PanicReport, Worker};
 /// The report inside an outcome that must be a panic.
 fn expect_panic<T: std::fmt::Debug>(outcome: Result<T, Error>) -> PanicReport {
     match outcome {
-        Err(Error::Panicked(report)) => report,
+        Err(Error::Panicked(report)) => *report,
         other => panic!("expected a panic report, got {other:?}"),
     }
 }
@@ -95,7 +95,7 @@ fn the_origin_is_the_innermost_panic_site_not_the_closure() {
 fn unwrap_on_none_points_at_the_unwrap_in_the_closure() {
     let worker = Worker::spawn().unwrap();
     let line = line!() + 1;
-    let report = expect_panic(worker.try_run(|| None::<u8>.unwrap()));
+    let report = expect_panic(worker.try_run(|| std::hint::black_box(None::<u8>).unwrap()));
     let location = report.location().unwrap();
     assert_eq!((location.file.as_str(), location.line), (file!(), line));
     assert!(report.message().contains("None"), "{}", report.message());
@@ -117,7 +117,10 @@ fn a_forced_backtrace_shows_the_frames_of_the_panic() {
 
     let caught = panic::catch_unwind(AssertUnwindSafe(|| worker.run(|| deep_helper(2))));
     let text = reraised_text(caught.unwrap_err());
-    assert!(text.contains("\nbacktrace of thread 'mlx-worker':\n"), "{text}");
+    assert!(
+        text.contains("\nbacktrace of thread 'mlx-worker':\n"),
+        "{text}"
+    );
     assert!(text.contains("deep_helper"), "{text}");
 }
 
@@ -173,9 +176,8 @@ fn a_nested_run_on_the_worker_thread_lets_the_panic_reach_the_outer_job() {
     let worker = Worker::spawn().unwrap();
     let handle = worker.handle();
     let line = line!() + 2;
-    let report = expect_panic(worker.try_run(move || {
-        handle.run(|| -> () { panic!("nested") }).map(|()| 0)
-    }));
+    let report =
+        expect_panic(worker.try_run(move || handle.run(|| -> () { panic!("nested") }).map(|()| 0)));
     assert_eq!(report.message(), "nested");
     assert_eq!(report.location().unwrap().line, line);
 }
