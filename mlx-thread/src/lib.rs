@@ -27,6 +27,9 @@
 //!   [`Error::Panicked`] with a [`PanicReport`]; [`Worker::run`] re-raises it in the caller. Both
 //!   name the place *inside the closure* where it panicked, not the re-raise site, because a
 //!   panic hook records the location and backtrace on the worker thread as it happens.
+//!   A program with its own panic hook should set it before spawning the first worker: the
+//!   worker's recording hook wraps whichever hook is current then, while a hook set later
+//!   replaces it, and reports fall back to the payload's message without location or backtrace.
 //! - [`WorkerBuilder`] sets the thread name (default [`DEFAULT_THREAD_NAME`]), stack size
 //!   (default [`DEFAULT_STACK_SIZE`], 64 MiB, as MLX graphs recurse deeply) and backtrace policy.
 //!

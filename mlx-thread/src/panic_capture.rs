@@ -41,8 +41,9 @@ pub(crate) fn enter_worker_thread(mode: BacktraceMode) {
 }
 
 /// Installs the recording hook in front of the current one. Must run on a thread that is not
-/// panicking (`take_hook` refuses otherwise); `Worker` spawning guarantees that.
-pub(crate) fn install_hook() {
+/// panicking (`take_hook` refuses otherwise), which is why it runs first thing on the new worker
+/// thread rather than in `spawn`, whose caller might be unwinding (a `Drop` during a panic).
+fn install_hook() {
     INSTALL_HOOK.call_once(|| {
         let previous = panic::take_hook();
         panic::set_hook(Box::new(move |info| {
@@ -134,6 +135,7 @@ mod tests {
     #[test]
     fn threads_that_are_not_workers_record_nothing() {
         install_hook();
+        assert_eq!(MODE.with(Cell::get), None, "test threads are not workers");
         let leftover = thread::spawn(|| {
             let caught = panic::catch_unwind(|| panic!("not on a worker"));
             assert!(caught.is_err());

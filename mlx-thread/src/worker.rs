@@ -94,9 +94,6 @@ impl WorkerBuilder {
         if self.name.contains('\0') {
             return Err(Error::InvalidName { name: self.name });
         }
-        // Installed here, on a thread that is certainly not panicking, rather than lazily on the
-        // worker: `take_hook` refuses to run while its thread panics.
-        panic_capture::install_hook();
         let (jobs, queue) = mpsc::channel();
         let backtraces = self.backtraces;
         let thread = thread::Builder::new()
