@@ -53,7 +53,9 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// missing layer or has the wrong shape (nothing is stored then), or when a snapshot split
     /// fails.
     pub fn attach(&mut self, captures: Vec<Capture<S>>) -> Result<AttachReport> {
-        let Some(live) = &self.live else { return Err(Error::NoSession) };
+        let Some(live) = &self.live else {
+            return Err(Error::NoSession);
+        };
         let limit = live.keys.len();
         self.attach_up_to(captures, limit)
     }
@@ -98,16 +100,24 @@ impl<S: Snapshot> PrefixTrie<S> {
         E: Into<BoxError>,
         F: FnMut(usize, Coverage) -> Result<S, E>,
     {
-        let Some(live) = &mut self.live else { return Err(Error::NoSession) };
+        let Some(live) = &mut self.live else {
+            return Err(Error::NoSession);
+        };
         let shared = live.keys.len().min(keys.len());
         if let Some(offset) = (0..shared).find(|&i| live.keys[i] != keys[i]) {
             return Err(Error::KeysDiverged { offset });
         }
         if rest_at > keys.len() {
-            return Err(Error::CacheAheadOfKeys { rest_at, keys: keys.len() });
+            return Err(Error::CacheAheadOfKeys {
+                rest_at,
+                keys: keys.len(),
+            });
         }
         if rest_at < live.restore_at {
-            return Err(Error::RestBeforeRestorePoint { rest_at, restore_at: live.restore_at });
+            return Err(Error::RestBeforeRestorePoint {
+                rest_at,
+                restore_at: live.restore_at,
+            });
         }
         live.keys = keys.to_vec();
         let rest_inside_media = span_containing(&live.non_causal, rest_at).is_some();
@@ -146,18 +156,30 @@ impl<S: Snapshot> PrefixTrie<S> {
                 LayerKind::Point => vec![(frontier, Coverage::Point(self.nodes[frontier].end()))],
                 LayerKind::Range => path[1..]
                     .iter()
-                    .map(|&id| (id, Coverage::Range(self.nodes[id].start..self.nodes[id].end())))
+                    .map(|&id| {
+                        (
+                            id,
+                            Coverage::Range(self.nodes[id].start..self.nodes[id].end()),
+                        )
+                    })
                     .collect(),
             };
             for (id, coverage) in wanted {
                 if self.nodes[id].snapshots[layer].is_some() {
                     continue;
                 }
-                let snapshot = page_out(layer, coverage.clone())
-                    .map_err(|error| Error::PageOut { layer, source: error.into() })?;
+                let snapshot =
+                    page_out(layer, coverage.clone()).map_err(|error| Error::PageOut {
+                        layer,
+                        source: error.into(),
+                    })?;
                 let got = snapshot.coverage();
                 if got != coverage {
-                    return Err(Error::PageOutCoverage { layer, expected: coverage, got });
+                    return Err(Error::PageOutCoverage {
+                        layer,
+                        expected: coverage,
+                        got,
+                    });
                 }
                 let stored = self.store(snapshot);
                 self.nodes[id].snapshots[layer] = Some(stored);
@@ -196,26 +218,40 @@ impl<S: Snapshot> PrefixTrie<S> {
     fn check_capture(&self, capture: &Capture<S>) -> Result<()> {
         let layers = self.config.layers.len();
         let Some(&kind) = self.config.layers.get(capture.layer) else {
-            return Err(Error::LayerOutOfRange { layer: capture.layer, layers });
+            return Err(Error::LayerOutOfRange {
+                layer: capture.layer,
+                layers,
+            });
         };
         let coverage = capture.snapshot.coverage();
         if coverage.kind() != kind {
-            return Err(Error::ShapeMismatch { layer: capture.layer, kind, coverage });
+            return Err(Error::ShapeMismatch {
+                layer: capture.layer,
+                kind,
+                coverage,
+            });
         }
         match coverage {
-            Coverage::Range(range) if range.start >= range.end => {
-                Err(Error::EmptyCoverage { layer: capture.layer, range })
-            }
-            Coverage::Point(0) => {
-                Err(Error::EmptyCoverage { layer: capture.layer, range: Range { start: 0, end: 0 } })
-            }
+            Coverage::Range(range) if range.start >= range.end => Err(Error::EmptyCoverage {
+                layer: capture.layer,
+                range,
+            }),
+            Coverage::Point(0) => Err(Error::EmptyCoverage {
+                layer: capture.layer,
+                range: Range { start: 0, end: 0 },
+            }),
             _ => Ok(()),
         }
     }
 
     /// Stores `capture` on `node` (which ends at its offset) and, for a range capture, on the
     /// ancestors whose edges it covers whole.
-    fn place(&mut self, node: NodeId, capture: Capture<S>, report: &mut AttachReport) -> Result<()> {
+    fn place(
+        &mut self,
+        node: NodeId,
+        capture: Capture<S>,
+        report: &mut AttachReport,
+    ) -> Result<()> {
         let layer = capture.layer;
         let Coverage::Range(range) = capture.snapshot.coverage() else {
             if self.nodes[node].snapshots[layer].is_none() {
@@ -237,12 +273,18 @@ impl<S: Snapshot> PrefixTrie<S> {
             covered.push(id);
             cursor = self.nodes[id].parent;
         }
-        let wanted = covered.iter().filter(|&&id| self.nodes[id].snapshots[layer].is_none());
+        let wanted = covered
+            .iter()
+            .filter(|&&id| self.nodes[id].snapshots[layer].is_none());
         if wanted.count() == 0 {
             report.kept_existing += 1;
             return Ok(());
         }
-        let split_error = |error: S::Error| Error::Snapshot { op: "split", layer, source: Box::new(error) };
+        let split_error = |error: S::Error| Error::Snapshot {
+            op: "split",
+            layer,
+            source: Box::new(error),
+        };
         let mut rest = capture.snapshot;
         // Drop any part before the first whole edge, then hand each edge its piece.
         if let Some(&first) = covered.last() {
@@ -268,7 +310,13 @@ impl<S: Snapshot> PrefixTrie<S> {
         Ok(())
     }
 
-    fn give(&mut self, id: NodeId, layer: usize, piece: S, report: &mut AttachReport) -> Result<()> {
+    fn give(
+        &mut self,
+        id: NodeId,
+        layer: usize,
+        piece: S,
+        report: &mut AttachReport,
+    ) -> Result<()> {
         if self.nodes[id].snapshots[layer].is_none() {
             let stored = self.store(piece);
             self.nodes[id].snapshots[layer] = Some(stored);

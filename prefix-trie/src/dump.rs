@@ -34,11 +34,20 @@ impl<S: Snapshot> PrefixTrie<S> {
             self.frontier_offset()
         );
         let _ = writeln!(out, "[0..0) root");
-        let mut stack: Vec<(NodeId, usize)> =
-            self.sorted_children(self.root).into_iter().rev().map(|id| (id, 1)).collect();
+        let mut stack: Vec<(NodeId, usize)> = self
+            .sorted_children(self.root)
+            .into_iter()
+            .rev()
+            .map(|id| (id, 1))
+            .collect();
         while let Some((id, depth)) = stack.pop() {
             self.dump_node(id, depth, &mut out);
-            stack.extend(self.sorted_children(id).into_iter().rev().map(|child| (child, depth + 1)));
+            stack.extend(
+                self.sorted_children(id)
+                    .into_iter()
+                    .rev()
+                    .map(|child| (child, depth + 1)),
+            );
         }
         out
     }
@@ -52,7 +61,14 @@ impl<S: Snapshot> PrefixTrie<S> {
     fn dump_node(&self, id: NodeId, depth: usize, out: &mut String) {
         let node = &self.nodes[id];
         let paired = self.config.lookahead == Lookahead::NextToken;
-        let _ = write!(out, "{:indent$}[{}..{}) keys", "", node.start, node.end(), indent = depth * 2);
+        let _ = write!(
+            out,
+            "{:indent$}[{}..{}) keys",
+            "",
+            node.start,
+            node.end(),
+            indent = depth * 2
+        );
         let len = node.keys.len();
         for (index, key) in node.keys.iter().enumerate() {
             if len > SHOWN_KEYS && index == SHOWN_KEYS / 2 {

@@ -35,7 +35,9 @@ impl<S: Snapshot> PrefixTrie<S> {
             if self.config.layers[layer] != LayerKind::Range {
                 continue;
             }
-            let Some(stored) = tail_snapshots[layer].take() else { continue };
+            let Some(stored) = tail_snapshots[layer].take() else {
+                continue;
+            };
             self.bytes -= stored.bytes;
             match stored.snapshot.split(at) {
                 Ok((head, tail)) => {
@@ -73,7 +75,10 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// snapshots keep the child's.
     pub(crate) fn merge_into_child(&mut self, upper: NodeId) -> Result<NodeId> {
         let Some(removed) = self.nodes.remove(upper) else {
-            return Err(Error::Invariant(format!("merging missing node {}", upper.index())));
+            return Err(Error::Invariant(format!(
+                "merging missing node {}",
+                upper.index()
+            )));
         };
         let [lower] = removed.children[..] else {
             return Err(Error::Invariant(format!(
@@ -151,7 +156,9 @@ impl<S: Snapshot> PrefixTrie<S> {
                 return self.split(id, offset);
             }
         }
-        Err(Error::Invariant(format!("offset {offset} is not on the matched path")))
+        Err(Error::Invariant(format!(
+            "offset {offset} is not on the matched path"
+        )))
     }
 
     /// Makes `offset` a node boundary on the live path and returns the node ending there.
@@ -168,8 +175,10 @@ impl<S: Snapshot> PrefixTrie<S> {
             self.frontier = grown;
             grown
         };
-        let is_checkpoint =
-            self.live.as_ref().is_some_and(|live| live.checkpoints.binary_search(&offset).is_ok());
+        let is_checkpoint = self
+            .live
+            .as_ref()
+            .is_some_and(|live| live.checkpoints.binary_search(&offset).is_ok());
         if is_checkpoint {
             self.nodes[node].checkpoint = true;
         }
@@ -177,9 +186,14 @@ impl<S: Snapshot> PrefixTrie<S> {
     }
 
     fn grow_frontier(&mut self, offset: usize) -> Result<NodeId> {
-        let Some(live) = &self.live else { return Err(Error::NoSession) };
+        let Some(live) = &self.live else {
+            return Err(Error::NoSession);
+        };
         let Some(keys) = live.keys.get(..offset) else {
-            return Err(Error::CacheAheadOfKeys { rest_at: offset, keys: live.keys.len() });
+            return Err(Error::CacheAheadOfKeys {
+                rest_at: offset,
+                keys: live.keys.len(),
+            });
         };
         let keys = keys.to_vec();
         let mut cursor = self.frontier;

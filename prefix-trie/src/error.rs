@@ -12,7 +12,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// A token id collides with the media key space (bit 31) or a pair half.
-    #[error("token id {id} at position {position} is too large for a trie key (ids must be < 2^31)")]
+    #[error(
+        "token id {id} at position {position} is too large for a trie key (ids must be < 2^31)"
+    )]
     TokenIdOutOfRange {
         /// Position of the token in the prompt.
         position: usize,
@@ -20,7 +22,9 @@ pub enum Error {
         id: u32,
     },
     /// A media item is empty or reaches past the end of the prompt.
-    #[error("media item {item} covers tokens {range:?}, outside a prompt of {tokens} tokens or empty")]
+    #[error(
+        "media item {item} covers tokens {range:?}, outside a prompt of {tokens} tokens or empty"
+    )]
     MediaOutOfBounds {
         /// Index of the item in the order given.
         item: usize,

@@ -37,7 +37,9 @@ impl<S: Snapshot> PrefixTrie<S> {
         let before = self.resync_bytes();
         let mut report = EvictReport::default();
         while self.bytes > budget {
-            let Some(victim) = self.eviction_candidate() else { break };
+            let Some(victim) = self.eviction_candidate() else {
+                break;
+            };
             if self.nodes[victim].children.is_empty() {
                 self.remove_leaf(victim);
                 report.removed += 1;
@@ -54,7 +56,9 @@ impl<S: Snapshot> PrefixTrie<S> {
     fn eviction_candidate(&self) -> Option<NodeId> {
         self.nodes
             .iter()
-            .filter(|&(id, node)| id != self.root && id != self.frontier && node.children.len() <= 1)
+            .filter(|&(id, node)| {
+                id != self.root && id != self.frontier && node.children.len() <= 1
+            })
             .filter(|&(id, _)| self.bytes_released_by_evicting(id) > 0)
             .min_by_key(|&(_, node)| (node.last_used, Reverse(node.end()), Reverse(node.bytes())))
             .map(|(id, _)| id)
@@ -64,7 +68,9 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// snapshots plus range snapshots the merge must drop because only one side has them.
     fn bytes_released_by_evicting(&self, id: NodeId) -> usize {
         let node = &self.nodes[id];
-        let [child] = node.children[..] else { return node.bytes() };
+        let [child] = node.children[..] else {
+            return node.bytes();
+        };
         let child = &self.nodes[child];
         let mut released = 0;
         for (layer, kind) in self.config.layers.iter().enumerate() {

@@ -57,7 +57,8 @@ impl<S: Snapshot> PrefixTrie<S> {
             if node.snapshots.len() != self.config.layers.len() {
                 return fail(format!("node {name} has the wrong number of layer slots"));
             }
-            for (layer, (kind, stored)) in self.config.layers.iter().zip(&node.snapshots).enumerate()
+            for (layer, (kind, stored)) in
+                self.config.layers.iter().zip(&node.snapshots).enumerate()
             {
                 let Some(stored) = stored else { continue };
                 let expected = match kind {
@@ -76,7 +77,10 @@ impl<S: Snapshot> PrefixTrie<S> {
             }
         }
         if bytes != self.bytes {
-            return fail(format!("byte counter says {} but nodes hold {bytes}", self.bytes));
+            return fail(format!(
+                "byte counter says {} but nodes hold {bytes}",
+                self.bytes
+            ));
         }
         Ok(())
     }

@@ -68,6 +68,7 @@
 //! - `evict.rs`: least-recently-used eviction under a byte budget.
 //! - `dump.rs`: the text dump.
 //! - `invariants.rs`: the consistency check.
+//! - `view.rs`: [`NodeView`], read-only access to nodes.
 //! - `error.rs`: [`Error`].
 //!
 //! Real caches: the `kvcache` crate implements [`Snapshot`] for its KV, rotating and recurrent
@@ -88,6 +89,7 @@ mod restore;
 mod schedule;
 mod snapshot;
 mod trie;
+mod view;
 
 pub use attach::{AttachReport, Capture, CloseReport};
 pub use error::{BoxError, Error, Result};
@@ -99,3 +101,4 @@ pub use restore::{LayerRestore, MatchInfo};
 pub use schedule::SchedulePolicy;
 pub use snapshot::{Coverage, LayerKind, Snapshot};
 pub use trie::{Begin, Config, PrefixTrie};
+pub use view::NodeView;

@@ -43,7 +43,11 @@ impl<S> Node<S> {
     }
 
     pub fn bytes(&self) -> usize {
-        self.snapshots.iter().flatten().map(|stored| stored.bytes).sum()
+        self.snapshots
+            .iter()
+            .flatten()
+            .map(|stored| stored.bytes)
+            .sum()
     }
 }
 
@@ -56,7 +60,11 @@ pub(crate) struct Arena<S> {
 
 impl<S> Arena<S> {
     pub fn new() -> Self {
-        Arena { slots: Vec::new(), free: Vec::new(), live: 0 }
+        Arena {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
     }
 
     pub fn insert(&mut self, node: Node<S>) -> NodeId {

@@ -41,7 +41,11 @@ impl Prompt {
         for (item, media) in media.iter().enumerate() {
             let range = media.tokens.clone();
             if range.start >= range.end || range.end > tokens.len() {
-                return Err(Error::MediaOutOfBounds { item, range, tokens: tokens.len() });
+                return Err(Error::MediaOutOfBounds {
+                    item,
+                    range,
+                    tokens: tokens.len(),
+                });
             }
             if range.start < previous_end {
                 return Err(Error::MediaOverlap { item, range });
@@ -56,7 +60,12 @@ impl Prompt {
             Lookahead::None => unpaired,
             Lookahead::NextToken => unpaired.windows(2).map(|w| w[0].pair(w[1])).collect(),
         };
-        Ok(Prompt { keys, token_count: tokens.len(), lookahead, non_causal })
+        Ok(Prompt {
+            keys,
+            token_count: tokens.len(),
+            lookahead,
+            non_causal,
+        })
     }
 
     /// The trie keys, one per cache offset.
@@ -97,7 +106,11 @@ mod tests {
     use super::*;
 
     fn image(tokens: Range<usize>, content_hash: u64, causal: bool) -> MediaItem {
-        MediaItem { tokens, content_hash, causal }
+        MediaItem {
+            tokens,
+            content_hash,
+            causal,
+        }
     }
 
     #[test]
@@ -123,14 +136,27 @@ mod tests {
         let k = |id| Key::token(id).unwrap();
         assert_eq!(prompt.keys(), [k(5).pair(k(6)), k(6).pair(k(7))]);
         assert_eq!(prompt.resume_limit(), 2);
-        assert_eq!(Prompt::new(&[5, 6, 7], &[], Lookahead::None).unwrap().resume_limit(), 2);
-        assert!(Prompt::new(&[], &[], Lookahead::NextToken).unwrap().keys().is_empty());
+        assert_eq!(
+            Prompt::new(&[5, 6, 7], &[], Lookahead::None)
+                .unwrap()
+                .resume_limit(),
+            2
+        );
+        assert!(
+            Prompt::new(&[], &[], Lookahead::NextToken)
+                .unwrap()
+                .keys()
+                .is_empty()
+        );
     }
 
     #[test]
     fn bad_input_is_named() {
         let huge = Prompt::new(&[1, u32::MAX], &[], Lookahead::None);
-        assert!(matches!(huge, Err(Error::TokenIdOutOfRange { position: 1, .. })));
+        assert!(matches!(
+            huge,
+            Err(Error::TokenIdOutOfRange { position: 1, .. })
+        ));
         let past = Prompt::new(&[1, 2], &[image(1..3, 0, true)], Lookahead::None);
         assert!(matches!(past, Err(Error::MediaOutOfBounds { item: 0, .. })));
         let empty = Prompt::new(&[1, 2], &[image(1..1, 0, true)], Lookahead::None);

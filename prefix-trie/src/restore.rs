@@ -41,7 +41,10 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// Matches a prompt without changing anything.
     pub fn find(&self, prompt: &Prompt) -> Result<MatchInfo> {
         let found = self.find_path(prompt)?;
-        Ok(MatchInfo { matched: found.matched, restore_at: found.restore_at })
+        Ok(MatchInfo {
+            matched: found.matched,
+            restore_at: found.restore_at,
+        })
     }
 
     /// The snapshots that bring each layer to the live request's restore point.
@@ -91,7 +94,11 @@ impl<S: Snapshot> PrefixTrie<S> {
         }
         let (path, matched) = self.walk(prompt.keys());
         let restore_at = self.restore_point(&path, matched, prompt);
-        Ok(FoundPath { path, matched, restore_at })
+        Ok(FoundPath {
+            path,
+            matched,
+            restore_at,
+        })
     }
 
     /// Follows `keys` from the root as far as stored edges agree with them.
@@ -100,7 +107,9 @@ impl<S: Snapshot> PrefixTrie<S> {
         let mut node = self.root;
         let mut offset = 0;
         while let Some(&next_key) = keys.get(offset) {
-            let Some(child) = self.child_starting_with(node, next_key) else { break };
+            let Some(child) = self.child_starting_with(node, next_key) else {
+                break;
+            };
             let edge = &self.nodes[child].keys;
             let common = common_prefix(edge, &keys[offset..]);
             path.push(child);
@@ -115,7 +124,10 @@ impl<S: Snapshot> PrefixTrie<S> {
 
     pub(crate) fn child_starting_with(&self, node: NodeId, key: Key) -> Option<NodeId> {
         let children = &self.nodes[node].children;
-        children.iter().copied().find(|&child| self.nodes[child].keys.first() == Some(&key))
+        children
+            .iter()
+            .copied()
+            .find(|&child| self.nodes[child].keys.first() == Some(&key))
     }
 
     /// The deepest offset at most `matched` (and the prompt's resume limit) where every layer

@@ -15,7 +15,10 @@ pub struct SchedulePolicy {
 
 impl Default for SchedulePolicy {
     fn default() -> Self {
-        SchedulePolicy { interval: 8192, before_end: 4 }
+        SchedulePolicy {
+            interval: 8192,
+            before_end: 4,
+        }
     }
 }
 
@@ -69,25 +72,45 @@ mod tests {
 
     #[test]
     fn periodic_end_branch_and_turns() {
-        let policy = SchedulePolicy { interval: 8, before_end: 4 };
+        let policy = SchedulePolicy {
+            interval: 8,
+            before_end: 4,
+        };
         let offsets = policy.capture_offsets(&prompt(30, &[]), 3, 12, &[20, 40, 2]);
         assert_eq!(offsets, [8, 12, 16, 20, 24, 26]);
     }
 
     #[test]
     fn nothing_at_or_before_the_restore_point() {
-        let policy = SchedulePolicy { interval: 0, before_end: 4 };
-        assert_eq!(policy.capture_offsets(&prompt(10, &[]), 6, 6, &[3]), Vec::<usize>::new());
+        let policy = SchedulePolicy {
+            interval: 0,
+            before_end: 4,
+        };
+        assert_eq!(
+            policy.capture_offsets(&prompt(10, &[]), 6, 6, &[3]),
+            Vec::<usize>::new()
+        );
         assert_eq!(policy.capture_offsets(&prompt(10, &[]), 5, 5, &[]), [6]);
     }
 
     #[test]
     fn captures_inside_non_causal_media_move_to_its_end() {
-        let image = MediaItem { tokens: 4..9, content_hash: 7, causal: false };
-        let policy = SchedulePolicy { interval: 5, before_end: 4 };
+        let image = MediaItem {
+            tokens: 4..9,
+            content_hash: 7,
+            causal: false,
+        };
+        let policy = SchedulePolicy {
+            interval: 5,
+            before_end: 4,
+        };
         let offsets = policy.capture_offsets(&prompt(12, &[image]), 0, 0, &[6]);
         assert_eq!(offsets, [9, 10]);
-        let causal = MediaItem { tokens: 4..9, content_hash: 7, causal: true };
+        let causal = MediaItem {
+            tokens: 4..9,
+            content_hash: 7,
+            causal: true,
+        };
         let offsets = policy.capture_offsets(&prompt(12, &[causal]), 0, 0, &[6]);
         assert_eq!(offsets, [5, 6, 8, 10]);
     }

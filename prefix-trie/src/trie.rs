@@ -76,7 +76,15 @@ impl<S: Snapshot> PrefixTrie<S> {
             checkpoint: false,
             snapshots: config.layers.iter().map(|_| None).collect(),
         });
-        Ok(PrefixTrie { config, nodes, root, frontier: root, live: None, bytes: 0, clock: 0 })
+        Ok(PrefixTrie {
+            config,
+            nodes,
+            root,
+            frontier: root,
+            live: None,
+            bytes: 0,
+            clock: 0,
+        })
     }
 
     /// The configuration the trie was built with.
@@ -129,7 +137,9 @@ impl<S: Snapshot> PrefixTrie<S> {
             return Err(Error::SessionActive);
         }
         let found = self.find_path(prompt)?;
-        let live_common = self.common_with_live(&found.path, found.matched).min(found.restore_at);
+        let live_common = self
+            .common_with_live(&found.path, found.matched)
+            .min(found.restore_at);
         let restore_node = self.boundary_on_path(&found.path, found.restore_at)?;
         self.frontier = restore_node;
         self.clock += 1;
