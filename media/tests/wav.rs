@@ -199,3 +199,15 @@ fn agrees_with_hound() {
         }
     }
 }
+
+#[test]
+fn float_samples_beyond_sixty_db_over_full_scale_are_refused() {
+    let spec = WavSpec::float(1, 8_000, 64);
+    let bytes = wav(&spec, &encode(&spec, &[0.0, 1e300]));
+    assert!(matches!(
+        decode_wav(&bytes, &LIMITS),
+        Err(Error::MalformedWav(_))
+    ));
+    let over = wav(&spec, &encode(&spec, &[0.0, 1.5]));
+    assert_eq!(decode_wav(&over, &LIMITS).unwrap().samples, vec![0.0, 1.5]);
+}

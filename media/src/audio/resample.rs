@@ -13,6 +13,7 @@ use rubato::{
 };
 
 use crate::audio::AudioClip;
+use crate::audio::wav::MAX_SAMPLE_MAGNITUDE;
 use crate::error::{Error, Result};
 
 /// Largest per-block period (rate / gcd) handed to the FFT resampler.
@@ -23,8 +24,8 @@ const CHUNK: usize = 1024;
 /// Resamples `clip` to `target_rate`, keeping content below the lower Nyquist frequency and
 /// suppressing what lies above it. Output length is `ceil(len * target / source)`.
 ///
-/// Fails with [`Error::EmptyAudio`] on an empty clip and [`Error::Resample`] on a zero rate or
-/// a resampler failure.
+/// Fails with [`Error::EmptyAudio`] on an empty clip and [`Error::Resample`] on a zero rate, a
+/// sample that is not finite or beyond 1024 in magnitude, or a resampler failure.
 pub fn resample(clip: &AudioClip, target_rate: u32) -> Result<AudioClip> {
     let from = clip.sample_rate;
     let to = target_rate;
@@ -34,6 +35,17 @@ pub fn resample(clip: &AudioClip, target_rate: u32) -> Result<AudioClip> {
     }
     if clip.samples.is_empty() {
         return Err(Error::EmptyAudio);
+    }
+    // Non-finite or enormous samples would turn into NaN inside the FFT, which rubato answers
+    // with a panic; a clip from `decode_wav` never holds them, a hand-built one might.
+    if let Some(bad) = clip
+        .samples
+        .iter()
+        .find(|s| !s.is_finite() || f64::from(s.abs()) > MAX_SAMPLE_MAGNITUDE)
+    {
+        return Err(fail(format!(
+            "sample {bad} is not finite or beyond {MAX_SAMPLE_MAGNITUDE}"
+        )));
     }
     if from == to {
         return Ok(clip.clone());
@@ -112,5 +124,15 @@ mod tests {
         assert!(matches!(resample(&empty, 16_000), Err(Error::EmptyAudio)));
         assert!(matches!(resample(&one, 0), Err(Error::Resample { .. })));
         assert_eq!(resample(&one, 48_000).unwrap(), one);
+        for bad in [f32::NAN, f32::INFINITY, 3e38] {
+            let clip = AudioClip {
+                samples: vec![0.0, bad, 0.0],
+                sample_rate: 48_000,
+            };
+            assert!(
+                matches!(resample(&clip, 16_000), Err(Error::Resample { .. })),
+                "{bad}"
+            );
+        }
     }
 }

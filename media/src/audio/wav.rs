@@ -14,6 +14,10 @@ use crate::error::{Error, Modality, Result};
 const WAVE_FORMAT_PCM: u16 = 0x0001;
 const WAVE_FORMAT_IEEE_FLOAT: u16 = 0x0003;
 const WAVE_FORMAT_EXTENSIBLE: u16 = 0xFFFE;
+/// Largest accepted magnitude of a float sample (full scale is 1.0). Float WAVs may go a little
+/// over full scale; values 60 dB over are garbage, and huge ones would overflow the resampler's
+/// FFT into NaN.
+pub(crate) const MAX_SAMPLE_MAGNITUDE: f64 = 1024.0;
 /// Bytes 2..16 of every `KSDATAFORMAT_SUBTYPE_*` GUID derived from a format tag.
 const SUBTYPE_GUID_TAIL: [u8; 14] = [
     0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x80, 0x00, 0x00, 0xAA, 0x00, 0x38, 0x9B, 0x71,
@@ -167,7 +171,8 @@ pub fn read_wav_header(bytes: &[u8], limits: &AudioLimits) -> Result<WavHeader> 
 
 /// Decodes a WAV file to a mono clip at its own sample rate, averaging the channels.
 ///
-/// Fails as [`read_wav_header`] does, and on a non-finite float sample.
+/// Fails as [`read_wav_header`] does, and on a float sample that is not finite or whose
+/// magnitude exceeds 1024 (60 dB over full scale).
 pub fn decode_wav(bytes: &[u8], limits: &AudioLimits) -> Result<AudioClip> {
     let header = read_wav_header(bytes, limits)?;
     let data = &bytes[header.data.clone()];
@@ -180,12 +185,13 @@ pub fn decode_wav(bytes: &[u8], limits: &AudioLimits) -> Result<AudioClip> {
         for sample in frame.chunks_exact(width) {
             sum += read_sample(header.encoding, sample);
         }
-        if !sum.is_finite() {
+        let mono = sum * scale;
+        if !mono.is_finite() || mono.abs() > MAX_SAMPLE_MAGNITUDE {
             return Err(Error::MalformedWav(format!(
-                "non-finite sample in frame {index}"
+                "sample {mono} in frame {index} is not finite or beyond {MAX_SAMPLE_MAGNITUDE}"
             )));
         }
-        samples.push((sum * scale) as f32);
+        samples.push(mono as f32);
     }
     Ok(AudioClip {
         samples,

@@ -1,0 +1,129 @@
+//! Image decoding across formats, and the decode-plus-preprocess path end to end.
+
+mod support;
+
+use image::{ImageEncoder, Rgb, RgbImage};
+use media::{
+    Error, Fit, ImageLimits, ImageProcessorConfig, Modality, decode_image, image_dimensions,
+    prepare_image,
+};
+
+fn mean_abs_diff(a: &RgbImage, b: &RgbImage) -> f64 {
+    assert_eq!(a.dimensions(), b.dimensions());
+    let total: u64 = a
+        .as_raw()
+        .iter()
+        .zip(b.as_raw())
+        .map(|(x, y)| u64::from(x.abs_diff(*y)))
+        .sum();
+    total as f64 / a.as_raw().len() as f64
+}
+
+#[test]
+fn lossless_formats_round_trip_exactly() {
+    let src = support::pattern(37, 23);
+    let limits = ImageLimits::default();
+    assert_eq!(decode_image(&support::png(&src), &limits).unwrap(), src);
+    assert_eq!(
+        decode_image(&support::webp_lossless(&src), &limits).unwrap(),
+        src
+    );
+}
+
+#[test]
+fn jpeg_decodes_close_to_the_source() {
+    let src = support::pattern(64, 48);
+    let decoded = decode_image(&support::jpeg(&src, 95), &ImageLimits::default()).unwrap();
+    assert!(mean_abs_diff(&decoded, &src) < 2.0);
+}
+
+#[test]
+fn gif_uses_the_first_frame() {
+    let bytes = support::gif(8, 8, &[[255, 0, 0], [0, 0, 255]]);
+    let decoded = decode_image(&bytes, &ImageLimits::default()).unwrap();
+    assert_eq!(decoded.dimensions(), (8, 8));
+    assert!(
+        decoded.pixels().all(|p| p.0 == [255, 0, 0]),
+        "{:?}",
+        decoded.get_pixel(0, 0)
+    );
+}
+
+#[test]
+fn grey_and_sixteen_bit_pngs_become_rgb8() {
+    let mut grey = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut grey)
+        .write_image(&[0, 128, 255, 64], 2, 2, image::ExtendedColorType::L8)
+        .unwrap();
+    let decoded = decode_image(&grey, &ImageLimits::default()).unwrap();
+    assert_eq!(decoded.get_pixel(1, 0).0, [128, 128, 128]);
+
+    let mut wide = Vec::new();
+    let raw: Vec<u8> = [0xFFFFu16, 0x0000, 0x8080]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect();
+    image::codecs::png::PngEncoder::new(&mut wide)
+        .write_image(&raw, 1, 1, image::ExtendedColorType::Rgb16)
+        .unwrap();
+    let decoded = decode_image(&wide, &ImageLimits::default()).unwrap();
+    assert_eq!(decoded.get_pixel(0, 0).0, [255, 0, 128]);
+}
+
+#[test]
+fn dimensions_come_from_the_header() {
+    let bytes = support::jpeg(&support::pattern(300, 200), 80);
+    assert_eq!(
+        image_dimensions(&bytes, &ImageLimits::default()).unwrap(),
+        (300, 200)
+    );
+    let small = ImageLimits {
+        max_height: 199,
+        ..ImageLimits::default()
+    };
+    assert!(matches!(
+        image_dimensions(&bytes, &small),
+        Err(Error::ImageTooLarge { .. })
+    ));
+}
+
+#[test]
+fn prepare_image_gives_pixels_and_a_stable_identity() {
+    let bytes = support::png(&RgbImage::from_pixel(40, 20, Rgb([255, 0, 0])));
+    let config = ImageProcessorConfig {
+        fit: Fit::Pad { fill: [0, 0, 0] },
+        ..ImageProcessorConfig::siglip(16)
+    };
+    let prepared = prepare_image(&bytes, &ImageLimits::default(), &config).unwrap();
+    assert_eq!(prepared.original_size, (40, 20));
+    assert_eq!((prepared.pixels.width, prepared.pixels.height), (16, 16));
+    // Centre is red: R = +1, G = B = -1; the top padding row is black: all -1.
+    assert_eq!(prepared.pixels.get(0, 8, 8), Some(1.0));
+    assert_eq!(prepared.pixels.get(1, 8, 8), Some(-1.0));
+    assert_eq!(prepared.pixels.get(0, 0, 8), Some(-1.0));
+
+    let again = prepare_image(&bytes, &ImageLimits::default(), &config).unwrap();
+    assert_eq!(prepared.id, again.id);
+    let other = prepare_image(
+        &bytes,
+        &ImageLimits::default(),
+        &ImageProcessorConfig::siglip(32),
+    )
+    .unwrap();
+    assert_ne!(
+        prepared.id, other.id,
+        "a different preprocessing shape is a different cache entry"
+    );
+}
+
+#[test]
+fn wav_bytes_are_not_an_image() {
+    let wav = support::wav(&support::WavSpec::pcm(1, 16_000, 16), &[0, 0]);
+    assert!(matches!(
+        decode_image(&wav, &ImageLimits::default()),
+        Err(Error::WrongModality {
+            expected: Modality::Image,
+            found: Modality::Audio
+        })
+    ));
+}
