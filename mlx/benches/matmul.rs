@@ -3,7 +3,7 @@
 //! Run `cargo bench -p mlx`. The dense numbers depend on the BLAS the binary loaded: build once
 //! with `MLXKIT_NO_OPENBLAS=1` (in another target dir) to measure the wheel's reference BLAS.
 
-use mlx::quantized::{quantize, QuantSpec};
+use mlx::quantized::{QuantSpec, quantize};
 use mlx::{Array, Dtype, random};
 
 fn main() {
@@ -29,10 +29,14 @@ fn dense_f32_4096x4096(bencher: divan::Bencher) {
 
 #[divan::bench(args = [Dtype::F32, Dtype::Bf16], sample_count = 20)]
 fn quantized_4bit_1x4096_by_4096x4096(bencher: divan::Bencher, activations: Dtype) {
-    let w = random_matrix(4096, 4096, 3).astype(activations).expect("astype");
+    let w = random_matrix(4096, 4096, 3)
+        .astype(activations)
+        .expect("astype");
     let q = quantize(&w, QuantSpec::affine(64, 4)).expect("quantize");
     mlx::eval([&q.weights, &q.scales]).expect("eval");
-    let x = random_matrix(1, 4096, 4).astype(activations).expect("astype");
+    let x = random_matrix(1, 4096, 4)
+        .astype(activations)
+        .expect("astype");
     x.eval().expect("eval");
     bencher.bench_local(|| {
         let y = q.matmul(&x, true).expect("qmm");

@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use mlx_sys::ffi;
 use mlx_sys::UniquePtr;
+use mlx_sys::ffi;
 
 use crate::{Dtype, Element, Error, Result};
 
@@ -205,8 +205,9 @@ impl fmt::Display for Array {
 /// product fits.
 pub(crate) fn element_count(shape: &[i32]) -> Result<usize> {
     shape.iter().try_fold(1usize, |acc, &d| {
-        let d = usize::try_from(d)
-            .map_err(|_| Error::InvalidArgument(format!("negative dimension in shape {shape:?}")))?;
+        let d = usize::try_from(d).map_err(|_| {
+            Error::InvalidArgument(format!("negative dimension in shape {shape:?}"))
+        })?;
         acc.checked_mul(d)
             .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} is too large")))
     })

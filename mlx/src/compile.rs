@@ -1,6 +1,6 @@
 //! Compiling Rust closures into fused MLX graphs.
 
-use mlx_sys::{ffi, RustClosure, UniquePtr};
+use mlx_sys::{RustClosure, UniquePtr, ffi};
 
 use crate::list::{from_list, from_owned_list, to_list};
 use crate::{Array, Error, Result};

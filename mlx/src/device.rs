@@ -55,7 +55,10 @@ impl Stream {
 
     /// Makes this the calling thread's default stream for its device.
     pub fn set_default(self) -> Result<()> {
-        Ok(ffi::set_default_stream(self.index, self.device == Device::Gpu)?)
+        Ok(ffi::set_default_stream(
+            self.index,
+            self.device == Device::Gpu,
+        )?)
     }
 
     /// The device this stream runs on.

@@ -54,7 +54,11 @@ impl Dtype {
             11 => F64,
             12 => Bf16,
             13 => Complex64,
-            other => return Err(Error::InvalidArgument(format!("unknown dtype code {other}"))),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown dtype code {other}"
+                )));
+            }
         })
     }
 

@@ -11,7 +11,12 @@ pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
 }
 
 /// Layer normalization over the last axis, with optional scale and shift.
-pub fn layer_norm(x: &Array, weight: Option<&Array>, bias: Option<&Array>, eps: f32) -> Result<Array> {
+pub fn layer_norm(
+    x: &Array,
+    weight: Option<&Array>,
+    bias: Option<&Array>,
+    eps: f32,
+) -> Result<Array> {
     let w = weight.unwrap_or(x);
     let b = bias.unwrap_or(x);
     Array::from_raw(ffi::layer_norm(

@@ -37,14 +37,14 @@ pub mod quantized;
 pub mod random;
 
 pub use array::Array;
-pub use compile::{compile, Compiled};
+pub use compile::{Compiled, compile};
 pub use conv::conv1d;
 pub use device::{
-    cuda_available, gpu_available, metal_available, synchronize, version, Device, Stream,
+    Device, Stream, cuda_available, gpu_available, metal_available, synchronize, version,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};
 pub use eval::{async_eval, eval};
 pub use io::load_safetensors;
-pub use ops::{Operand, SliceSpec, concatenate, r#where, stack};
+pub use ops::{Operand, SliceSpec, concatenate, stack, r#where};
 pub use quantized::{QuantMode, QuantSpec, Quantized};

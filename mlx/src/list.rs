@@ -1,11 +1,13 @@
 //! Conversion between Rust slices of arrays and the shim's array lists.
 
-use mlx_sys::{ffi, UniquePtr};
+use mlx_sys::{UniquePtr, ffi};
 
 use crate::{Array, Result};
 
 /// Builds a shim list holding references to `arrays`.
-pub(crate) fn to_list<'a>(arrays: impl IntoIterator<Item = &'a Array>) -> Result<UniquePtr<ffi::ArrayList>> {
+pub(crate) fn to_list<'a>(
+    arrays: impl IntoIterator<Item = &'a Array>,
+) -> Result<UniquePtr<ffi::ArrayList>> {
     let mut list = ffi::list_new()?;
     for array in arrays {
         ffi::list_push(list.pin_mut(), array.raw())?;

@@ -71,8 +71,13 @@ pub struct Quantized {
 
 /// Quantizes `w` along its last axis.
 pub fn quantize(w: &Array, spec: QuantSpec) -> Result<Quantized> {
-    let mut parts = from_owned_list(ffi::quantize(w.raw(), spec.group_size, spec.bits, spec.mode.raw())?)?
-        .into_iter();
+    let mut parts = from_owned_list(ffi::quantize(
+        w.raw(),
+        spec.group_size,
+        spec.bits,
+        spec.mode.raw(),
+    )?)?
+    .into_iter();
     let weights = parts
         .next()
         .ok_or_else(|| Error::Mlx("quantize returned no weights".into()))?;

@@ -186,10 +186,7 @@ fn python_mlx() -> Result<PathBuf, String> {
             )),
         }
     }
-    Err(format!(
-        "Python's `mlx` is not usable: {}",
-        seen.join("; ")
-    ))
+    Err(format!("Python's `mlx` is not usable: {}", seen.join("; ")))
 }
 
 fn cache_root() -> Result<PathBuf, String> {
@@ -240,7 +237,13 @@ fn cached_wheel() -> Result<PathBuf, String> {
     ));
     let _ = std::fs::remove_dir_all(&staging);
     let mut pip = Command::new(python());
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet"]);
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+    ]);
     if !with_deps {
         pip.arg("--no-deps");
     }

@@ -150,11 +150,14 @@ binary_ops! {
     logical_and => LogicalAnd;
     /// Boolean or.
     logical_or => LogicalOr;
-    /// Matrix product over the last two axes, broadcasting the batch axes.
-    matmul => Matmul;
 }
 
 impl Array {
+    /// Matrix product over the last two axes, broadcasting the batch axes.
+    pub fn matmul(&self, other: &Array) -> Result<Array> {
+        Array::from_raw(ffi::binary(BinaryOp::Matmul, self.raw(), other.raw())?)
+    }
+
     /// Converts the elements to `dtype`.
     pub fn astype(&self, dtype: Dtype) -> Result<Array> {
         Array::from_raw(ffi::astype(self.raw(), dtype.code())?)

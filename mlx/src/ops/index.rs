@@ -40,7 +40,12 @@ impl SliceSpec {
 impl Array {
     /// The elements inside `spec` (a view until written).
     pub fn slice(&self, spec: &SliceSpec) -> Result<Array> {
-        Array::from_raw(ffi::slice(self.raw(), &spec.start, &spec.stop, &spec.strides)?)
+        Array::from_raw(ffi::slice(
+            self.raw(),
+            &spec.start,
+            &spec.stop,
+            &spec.strides,
+        )?)
     }
 
     /// `start..stop` along `axis`, everything on the other axes.
@@ -68,7 +73,12 @@ impl Array {
     }
 
     /// Like [`Array::slice_update`] with the start on `axes` read from an array at run time.
-    pub fn slice_update_dynamic(&self, update: &Array, start: &Array, axes: &[i32]) -> Result<Array> {
+    pub fn slice_update_dynamic(
+        &self,
+        update: &Array,
+        start: &Array,
+        axes: &[i32],
+    ) -> Result<Array> {
         Array::from_raw(ffi::slice_update_dynamic(
             self.raw(),
             update.raw(),

@@ -30,7 +30,7 @@ pub use cxx::{Exception, UniquePtr};
 /// or an error message (which MLX sees as a C++ exception).
 pub struct RustClosure(
     #[allow(clippy::type_complexity)]
-    pub Box<dyn Fn(&ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String>>,
+    pub  Box<dyn Fn(&ffi::ArrayList) -> Result<cxx::UniquePtr<ffi::ArrayList>, String>>,
 );
 
 /// Called by the shim each time MLX traces a compiled function. A panic is caught here: it must
@@ -185,14 +185,23 @@ pub mod ffi {
 
         fn unary(op: UnaryOp, a: &Array) -> Result<UniquePtr<Array>>;
         fn binary(op: BinaryOp, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
-        fn reduce(op: ReduceOp, a: &Array, axes: &[i32], keepdims: bool)
-        -> Result<UniquePtr<Array>>;
+        fn reduce(
+            op: ReduceOp,
+            a: &Array,
+            axes: &[i32],
+            keepdims: bool,
+        ) -> Result<UniquePtr<Array>>;
         fn argreduce(max: bool, a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
         fn astype(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
         fn where_(cond: &Array, x: &Array, y: &Array) -> Result<UniquePtr<Array>>;
         fn clip(a: &Array, lo: &Array, hi: &Array) -> Result<UniquePtr<Array>>;
-        fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32)
-        -> Result<UniquePtr<Array>>;
+        fn addmm(
+            c: &Array,
+            a: &Array,
+            b: &Array,
+            alpha: f32,
+            beta: f32,
+        ) -> Result<UniquePtr<Array>>;
 
         fn reshape(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
         fn transpose(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
@@ -205,8 +214,12 @@ pub mod ffi {
         fn split_at(a: &Array, indices: &[i32], axis: i32) -> Result<UniquePtr<ArrayList>>;
         fn contiguous(a: &Array) -> Result<UniquePtr<Array>>;
 
-        fn slice(a: &Array, start: &[i32], stop: &[i32], strides: &[i32])
-        -> Result<UniquePtr<Array>>;
+        fn slice(
+            a: &Array,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<Array>>;
         fn slice_dynamic(
             a: &Array,
             start: &Array,
@@ -247,8 +260,7 @@ pub mod ffi {
         fn random_split(key: &Array, num: i32) -> Result<UniquePtr<ArrayList>>;
         fn random_uniform(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
         fn random_gumbel(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
-        fn random_categorical(logits: &Array, axis: i32, key: &Array)
-        -> Result<UniquePtr<Array>>;
+        fn random_categorical(logits: &Array, axis: i32, key: &Array) -> Result<UniquePtr<Array>>;
 
         fn rms_norm(
             x: &Array,
