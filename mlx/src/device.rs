@@ -1,0 +1,93 @@
+//! Devices, streams, backends and the MLX version.
+
+use mlx_sys::ffi;
+
+use crate::Result;
+
+/// Where MLX runs an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The host CPU.
+    Cpu,
+    /// The GPU backend MLX was built with (Metal or CUDA).
+    Gpu,
+}
+
+impl Device {
+    /// The default device of the calling thread.
+    pub fn default_device() -> Result<Device> {
+        Ok(if ffi::default_device_is_gpu()? {
+            Device::Gpu
+        } else {
+            Device::Cpu
+        })
+    }
+
+    /// Makes this the default device. MLX keeps the default device and stream per thread, which
+    /// is why mlxkit runs all MLX work on one worker thread.
+    pub fn set_default(self) -> Result<()> {
+        Ok(ffi::set_default_device(self == Device::Gpu)?)
+    }
+
+    /// The best device available: the GPU when a GPU backend is present, else the CPU.
+    pub fn best_available() -> Result<Device> {
+        Ok(if gpu_available()? {
+            Device::Gpu
+        } else {
+            Device::Cpu
+        })
+    }
+}
+
+/// An MLX stream: an ordered queue of work on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    index: i32,
+    device: Device,
+}
+
+impl Stream {
+    /// A new stream on `device`.
+    pub fn new(device: Device) -> Result<Stream> {
+        let index = ffi::new_stream(device == Device::Gpu)?;
+        Ok(Stream { index, device })
+    }
+
+    /// Makes this the calling thread's default stream for its device.
+    pub fn set_default(self) -> Result<()> {
+        Ok(ffi::set_default_stream(
+            self.index,
+            self.device == Device::Gpu,
+        )?)
+    }
+
+    /// The device this stream runs on.
+    pub fn device(self) -> Device {
+        self.device
+    }
+}
+
+/// Waits until all scheduled work on the default streams has finished.
+pub fn synchronize() -> Result<()> {
+    Ok(ffi::synchronize()?)
+}
+
+/// The version of the linked MLX library, e.g. `0.32.4`.
+pub fn version() -> Result<String> {
+    Ok(ffi::version()?)
+}
+
+/// Whether MLX was built with Metal and a Metal device is present.
+pub fn metal_available() -> Result<bool> {
+    Ok(ffi::metal_is_available()?)
+}
+
+/// Whether MLX was built with CUDA and a CUDA device is present.
+pub fn cuda_available() -> Result<bool> {
+    Ok(ffi::cuda_is_available()?)
+}
+
+/// Whether any GPU backend is usable.
+pub fn gpu_available() -> Result<bool> {
+    Ok(metal_available()? || cuda_available()?)
+}

@@ -1,0 +1,185 @@
+//! Quantized weights: quantize, dequantize and the matmuls that read them directly.
+
+use mlx_sys::ffi;
+
+use crate::list::from_owned_list;
+use crate::{Array, Dtype, Error, Result};
+
+/// How a matrix is quantized along its last axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantMode {
+    /// `w ≈ scale · q + bias` per group, 2–8 bits, any group size MLX supports.
+    Affine,
+    /// OCP microscaling FP4 (E2M1 values, shared E8M0 scale per 32).
+    Mxfp4,
+    /// OCP microscaling FP8 (E4M3 values, shared E8M0 scale per 32).
+    Mxfp8,
+    /// NVIDIA FP4 (E2M1 values, E4M3 scale per 16).
+    Nvfp4,
+}
+
+impl QuantMode {
+    fn raw(self) -> ffi::QuantMode {
+        match self {
+            QuantMode::Affine => ffi::QuantMode::Affine,
+            QuantMode::Mxfp4 => ffi::QuantMode::Mxfp4,
+            QuantMode::Mxfp8 => ffi::QuantMode::Mxfp8,
+            QuantMode::Nvfp4 => ffi::QuantMode::Nvfp4,
+        }
+    }
+
+    /// Whether the mode stores a bias per group (only affine does).
+    pub fn has_biases(self) -> bool {
+        self == QuantMode::Affine
+    }
+}
+
+/// The layout parameters shared by every op on one quantized matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QuantSpec {
+    /// Elements per group sharing a scale.
+    pub group_size: i32,
+    /// Bits per element.
+    pub bits: i32,
+    /// The quantization mode.
+    pub mode: QuantMode,
+}
+
+impl QuantSpec {
+    /// Affine quantization with `bits` per element and `group_size` per scale.
+    pub fn affine(group_size: i32, bits: i32) -> QuantSpec {
+        QuantSpec {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+        }
+    }
+}
+
+/// A quantized matrix: packed elements, scales and (affine only) biases.
+#[derive(Debug, Clone)]
+pub struct Quantized {
+    /// Packed values (u32 words).
+    pub weights: Array,
+    /// One scale per group.
+    pub scales: Array,
+    /// One bias per group, for affine quantization.
+    pub biases: Option<Array>,
+    /// How the values were packed.
+    pub spec: QuantSpec,
+}
+
+/// Quantizes `w` along its last axis.
+pub fn quantize(w: &Array, spec: QuantSpec) -> Result<Quantized> {
+    let mut parts = from_owned_list(ffi::quantize(
+        w.raw(),
+        spec.group_size,
+        spec.bits,
+        spec.mode.raw(),
+    )?)?
+    .into_iter();
+    let weights = parts
+        .next()
+        .ok_or_else(|| Error::Mlx("quantize returned no weights".into()))?;
+    let scales = parts
+        .next()
+        .ok_or_else(|| Error::Mlx("quantize returned no scales".into()))?;
+    let biases = parts.next();
+    Ok(Quantized {
+        weights,
+        scales,
+        biases,
+        spec,
+    })
+}
+
+impl Quantized {
+    fn biases_raw<'a>(&'a self, fallback: &'a Array) -> (bool, &'a Array) {
+        match &self.biases {
+            Some(b) => (true, b),
+            None => (false, fallback),
+        }
+    }
+
+    /// The matrix in floating point; `dtype` defaults to the scales' dtype.
+    pub fn dequantize(&self, dtype: Option<Dtype>) -> Result<Array> {
+        let (has_biases, biases) = self.biases_raw(&self.scales);
+        Array::from_raw(ffi::dequantize(
+            self.weights.raw(),
+            self.scales.raw(),
+            has_biases,
+            biases.raw(),
+            self.spec.group_size,
+            self.spec.bits,
+            self.spec.mode.raw(),
+            dtype.is_some(),
+            dtype.unwrap_or(Dtype::F32).code(),
+        )?)
+    }
+
+    /// `x @ wᵀ` (when `transpose`) or `x @ w` without dequantizing `w`.
+    pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
+        let (has_biases, biases) = self.biases_raw(&self.scales);
+        Array::from_raw(ffi::quantized_matmul(
+            x.raw(),
+            self.weights.raw(),
+            self.scales.raw(),
+            has_biases,
+            biases.raw(),
+            transpose,
+            self.spec.group_size,
+            self.spec.bits,
+            self.spec.mode.raw(),
+        )?)
+    }
+
+    /// Per-row expert matmul over stacked quantized experts `w: [E, out, in]`: row `i` of `x`
+    /// (batch-indexed by `lhs_indices`) multiplies expert `rhs_indices[i]`. `sorted` promises
+    /// `rhs_indices` is sorted, which lets MLX batch rows of one expert.
+    pub fn gather_matmul(
+        &self,
+        x: &Array,
+        lhs_indices: Option<&Array>,
+        rhs_indices: Option<&Array>,
+        transpose: bool,
+        sorted: bool,
+    ) -> Result<Array> {
+        let (has_biases, biases) = self.biases_raw(&self.scales);
+        Array::from_raw(ffi::gather_qmm(
+            x.raw(),
+            self.weights.raw(),
+            self.scales.raw(),
+            has_biases,
+            biases.raw(),
+            lhs_indices.is_some(),
+            lhs_indices.unwrap_or(x).raw(),
+            rhs_indices.is_some(),
+            rhs_indices.unwrap_or(x).raw(),
+            transpose,
+            self.spec.group_size,
+            self.spec.bits,
+            self.spec.mode.raw(),
+            sorted,
+        )?)
+    }
+}
+
+/// Matmul with matrix-level gather on dense operands: batch `i` of the result is
+/// `a[lhs_indices[i]] @ b[rhs_indices[i]]`.
+pub fn gather_mm(
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    sorted: bool,
+) -> Result<Array> {
+    Array::from_raw(ffi::gather_mm(
+        a.raw(),
+        b.raw(),
+        lhs_indices.is_some(),
+        lhs_indices.unwrap_or(a).raw(),
+        rhs_indices.is_some(),
+        rhs_indices.unwrap_or(a).raw(),
+        sorted,
+    )?)
+}

@@ -1,0 +1,318 @@
+//! Finds or installs MLX, compiles the C++ shim and tells dependents how to link.
+//!
+//! MLX is looked for in this order:
+//! 1. `MLX_DIR`: a folder holding `include/mlx/mlx.h` and `lib/libmlx.*` (a wheel's `mlx`
+//!    package folder or a CMake install prefix);
+//! 2. an importable Python `mlx` of the pinned version (a namespace package: every entry of its
+//!    `submodule_search_locations` is tried);
+//! 3. the pinned release wheel, installed by `pip --target` into a per-user cache shared by every
+//!    clone (`$XDG_CACHE_HOME/mlxkit`, else `~/.cache/mlxkit`).
+//!
+//! The wheel's folder layout is kept intact: `libmlx.so` finds its bundled BLAS through
+//! `$ORIGIN/../../mlx_cpu.libs`, and `$ORIGIN` does not follow a symlinked file.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The MLX release this crate's shim is written against.
+const MLX_VERSION: &str = "0.32.4";
+
+/// Separates entries of the `link_args` metadata; paths may contain spaces.
+const LINK_ARG_SEPARATOR: char = '\u{1f}';
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=shim");
+    println!("cargo:rerun-if-changed=src/lib.rs");
+    println!("cargo:rerun-if-env-changed=MLX_DIR");
+    println!("cargo:rerun-if-env-changed=PYTHON");
+    println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
+
+    let mlx = match locate_mlx() {
+        Ok(found) => found,
+        Err(reasons) => fail(&reasons),
+    };
+    let include = mlx.join("include");
+    let lib = mlx.join("lib");
+
+    cxx_build::bridge("src/lib.rs")
+        .file("shim/shim.cc")
+        .include(&include)
+        .include("shim")
+        .std("c++20")
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .compile("mlxkit-shim");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+
+    let mut link_args = vec![format!("-Wl,-rpath,{}", lib.display())];
+    if let Some(openblas) = openblas_override() {
+        link_args.push(openblas);
+    }
+    for arg in &link_args {
+        println!("cargo:rustc-link-arg={arg}");
+    }
+    // Metadata for dependents (`DEP_MLX_*`): the library folder and the link arguments their
+    // binaries and test harnesses need to start without `LD_LIBRARY_PATH`.
+    println!("cargo:lib_dir={}", lib.display());
+    println!("cargo:include_dir={}", include.display());
+    let joined: Vec<&str> = link_args.iter().map(String::as_str).collect();
+    println!(
+        "cargo:link_args={}",
+        joined.join(&LINK_ARG_SEPARATOR.to_string())
+    );
+}
+
+/// Returns the MLX folder (with `include/` and `lib/`), or every reason each way failed.
+fn locate_mlx() -> Result<PathBuf, Vec<String>> {
+    let mut reasons = Vec::new();
+
+    if let Some(dir) = env::var_os("MLX_DIR") {
+        let dir = PathBuf::from(dir);
+        if is_mlx_dir(&dir) {
+            return Ok(dir);
+        }
+        reasons.push(format!(
+            "MLX_DIR={} has no include/mlx/mlx.h and lib/{}",
+            dir.display(),
+            library_file_name()
+        ));
+    } else {
+        reasons.push("MLX_DIR is not set".to_string());
+    }
+
+    match python_mlx() {
+        Ok(dir) => return Ok(dir),
+        Err(reason) => reasons.push(reason),
+    }
+
+    match cached_wheel() {
+        Ok(dir) => return Ok(dir),
+        Err(reason) => reasons.push(reason),
+    }
+    Err(reasons)
+}
+
+fn fail(reasons: &[String]) -> ! {
+    let mut message = format!(
+        "mlx-sys could not find MLX {MLX_VERSION}. Provide it in one of three ways:\n  \
+         1. set MLX_DIR to a folder holding include/mlx/mlx.h and lib/{lib};\n  \
+         2. install it into Python: `python3 -m pip install mlx-cpu=={MLX_VERSION}` (Linux) or \
+         `mlx=={MLX_VERSION}` (macOS);\n  \
+         3. let this build install the release wheel itself, which needs python3 with pip and \
+         access to PyPI.\nWhat was tried:",
+        lib = library_file_name()
+    );
+    for reason in reasons {
+        message.push_str("\n  - ");
+        message.push_str(reason);
+    }
+    // A build script's panic message is shown in full by cargo, which is what we want here.
+    panic!("{message}");
+}
+
+fn library_file_name() -> &'static str {
+    if target_os() == "macos" {
+        "libmlx.dylib"
+    } else {
+        "libmlx.so"
+    }
+}
+
+fn target_os() -> String {
+    env::var("CARGO_CFG_TARGET_OS").unwrap_or_default()
+}
+
+fn is_mlx_dir(dir: &Path) -> bool {
+    dir.join("include/mlx/mlx.h").is_file() && dir.join("lib").join(library_file_name()).is_file()
+}
+
+/// Reads the version macros of an MLX include folder.
+fn header_version(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("include/mlx/version.h")).ok()?;
+    let component = |name: &str| -> Option<String> {
+        text.lines()
+            .find_map(|line| line.trim().strip_prefix(&format!("#define {name} ")))
+            .map(|value| value.trim().to_string())
+    };
+    Some(format!(
+        "{}.{}.{}",
+        component("MLX_VERSION_MAJOR")?,
+        component("MLX_VERSION_MINOR")?,
+        component("MLX_VERSION_PATCH")?
+    ))
+}
+
+fn python() -> String {
+    env::var("PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Finds an importable Python `mlx` of the pinned version.
+fn python_mlx() -> Result<PathBuf, String> {
+    const PROBE: &str = "import importlib.util\n\
+        spec = importlib.util.find_spec('mlx')\n\
+        print('\\n'.join(spec.submodule_search_locations or []) if spec else '')";
+    let output = Command::new(python())
+        .args(["-c", PROBE])
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", python()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} could not look for an `mlx` package: {}",
+            python(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let candidates: Vec<PathBuf> = stdout.lines().map(PathBuf::from).collect();
+    if candidates.is_empty() {
+        return Err(format!("{} has no importable `mlx` package", python()));
+    }
+    let mut seen = Vec::new();
+    for dir in candidates {
+        if !is_mlx_dir(&dir) {
+            seen.push(format!("{} (no headers or library)", dir.display()));
+            continue;
+        }
+        match header_version(&dir) {
+            Some(version) if version == MLX_VERSION => return Ok(dir),
+            version => seen.push(format!(
+                "{} (version {}, need {MLX_VERSION})",
+                dir.display(),
+                version.as_deref().unwrap_or("unknown")
+            )),
+        }
+    }
+    Err(format!("Python's `mlx` is not usable: {}", seen.join("; ")))
+}
+
+fn cache_root() -> Result<PathBuf, String> {
+    if let Some(dir) = env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join("mlxkit"));
+    }
+    env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|home| PathBuf::from(home).join(".cache/mlxkit"))
+        .ok_or_else(|| "neither XDG_CACHE_HOME nor HOME is set, so there is no cache".to_string())
+}
+
+/// The wheels that make up MLX for this target, and whether their dependencies are needed.
+fn wheel_requirements() -> (&'static str, Vec<String>, bool) {
+    if target_os() == "macos" {
+        (
+            "metal",
+            vec![
+                format!("mlx=={MLX_VERSION}"),
+                format!("mlx-metal=={MLX_VERSION}"),
+            ],
+            false,
+        )
+    } else if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        // The CUDA wheel needs the NVIDIA runtime wheels it depends on, so pip resolves them.
+        ("cuda12", vec![format!("mlx-cuda-12=={MLX_VERSION}")], true)
+    } else {
+        ("cpu", vec![format!("mlx-cpu=={MLX_VERSION}")], false)
+    }
+}
+
+/// Installs (once per user) and returns the pinned release wheel's `mlx` folder.
+fn cached_wheel() -> Result<PathBuf, String> {
+    let (variant, requirements, with_deps) = wheel_requirements();
+    let root = cache_root()?;
+    let target = root.join(format!("mlx-{MLX_VERSION}-{variant}"));
+    let mlx = target.join("mlx");
+    if is_mlx_dir(&mlx) {
+        return Ok(mlx);
+    }
+    std::fs::create_dir_all(&root)
+        .map_err(|e| format!("could not create the cache {}: {e}", root.display()))?;
+    // Install beside the final folder and rename it into place, so a concurrent build or an
+    // interrupted install never leaves a half-written wheel where the next build looks.
+    let staging = root.join(format!(
+        ".mlx-{MLX_VERSION}-{variant}.{}.partial",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&staging);
+    let mut pip = Command::new(python());
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+    ]);
+    if !with_deps {
+        pip.arg("--no-deps");
+    }
+    pip.arg("--target").arg(&staging).args(&requirements);
+    println!(
+        "cargo:warning=installing {} into {}",
+        requirements.join(" "),
+        target.display()
+    );
+    let output = pip
+        .output()
+        .map_err(|e| format!("could not run {} -m pip: {e}", python()))?;
+    if !output.status.success() {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(format!(
+            "`{} -m pip install {}` failed: {}",
+            python(),
+            requirements.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    if !is_mlx_dir(&staging.join("mlx")) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(format!(
+            "the installed wheel {} has no headers or library",
+            requirements.join(" ")
+        ));
+    }
+    match std::fs::rename(&staging, &target) {
+        Ok(()) => {}
+        // Another build finished first: use its copy.
+        Err(_) if is_mlx_dir(&mlx) => {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(format!(
+                "could not move the wheel into {}: {e}",
+                target.display()
+            ));
+        }
+    }
+    Ok(mlx)
+}
+
+/// On Linux, the CPU wheel bundles reference BLAS (~36x slower for f32 matmul than OpenBLAS).
+/// Linking OpenBLAS into the executable first makes its symbols win when `libmlx` resolves BLAS.
+fn openblas_override() -> Option<String> {
+    if target_os() != "linux" || env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        return None;
+    }
+    println!("cargo:rerun-if-env-changed=MLXKIT_NO_OPENBLAS");
+    if env::var_os("MLXKIT_NO_OPENBLAS").is_some() {
+        return None;
+    }
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+    ];
+    let found = dirs
+        .iter()
+        .map(|dir| Path::new(dir).join("libopenblas.so.0"))
+        .find(|path| path.exists())?;
+    println!("cargo:rerun-if-changed={}", found.display());
+    let dir = found.parent()?.display().to_string();
+    Some(format!(
+        "-Wl,--no-as-needed,-L{dir},-l:libopenblas.so.0,--as-needed"
+    ))
+}

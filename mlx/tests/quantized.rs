@@ -1,0 +1,186 @@
+//! Quantization round trips per mode, and quantized matmuls against their dense equivalents.
+
+mod common;
+
+use common::array;
+use mlx::quantized::{QuantMode, QuantSpec, gather_mm, quantize};
+use mlx::{Array, Dtype};
+
+fn max_abs(a: &Array) -> f32 {
+    let axes: Vec<i32> = (0..a.ndim() as i32).collect();
+    a.abs()
+        .unwrap()
+        .max(&axes, false)
+        .unwrap()
+        .item::<f32>()
+        .unwrap()
+}
+
+/// The worst error each mode may make on values in [-1, 1):
+/// - affine b bits, group range ≤ 2, step 2 / (2^b − 1): MLX snaps each group's bias so that
+///   zero is exactly representable, which shifts the grid by up to half a step; with rounding
+///   (half a step) an edge value can be off by one whole step, 2 / (2^b − 1), plus f32 rounding;
+/// - mxfp8 (E4M3, 3 mantissa bits) with a power-of-two scale: relative step 2⁻³, so half a step
+///   of the largest element is ≤ 2⁻⁴ · 2 = 0.125 in the worst group;
+/// - mxfp4 / nvfp4 (E2M1): the grid {0, .5, 1, 1.5, 2, 3, 4, 6} has a widest gap of 2 at the top,
+///   scaled so the group max lands near 6, i.e. half a gap = 1/6 of the max; nvfp4 stores its
+///   scale in E4M3 (relative rounding ≤ 1/16), so ≤ (1/6)(1 + 1/16) < 0.178; mxfp4's
+///   power-of-two scale can leave the grid up to twice as coarse: 0.34.
+fn bound(mode: QuantMode, bits: i32) -> f32 {
+    match mode {
+        QuantMode::Affine => 2.0 / ((1 << bits) - 1) as f32 + 1e-5,
+        QuantMode::Mxfp8 => 0.125,
+        QuantMode::Mxfp4 => 0.34,
+        QuantMode::Nvfp4 => 0.178,
+    }
+}
+
+#[test]
+fn quantize_dequantize_error_is_bounded_per_mode() {
+    let (_, w) = array(&[64, 256], 21);
+    let specs = [
+        QuantSpec::affine(64, 8),
+        QuantSpec::affine(64, 4),
+        QuantSpec::affine(32, 4),
+        QuantSpec::affine(32, 2),
+        QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Mxfp4,
+        },
+        QuantSpec {
+            group_size: 32,
+            bits: 8,
+            mode: QuantMode::Mxfp8,
+        },
+        QuantSpec {
+            group_size: 16,
+            bits: 4,
+            mode: QuantMode::Nvfp4,
+        },
+    ];
+    for spec in specs {
+        let q = quantize(&w, spec).unwrap();
+        assert_eq!(q.biases.is_some(), spec.mode.has_biases(), "{spec:?}");
+        let back = q.dequantize(Some(Dtype::F32)).unwrap();
+        assert_eq!(back.shape(), vec![64, 256]);
+        let err = max_abs(&back.subtract(&w).unwrap());
+        let limit = bound(spec.mode, spec.bits);
+        assert!(err <= limit, "{spec:?}: max error {err} exceeds {limit}");
+        // Coarser modes must not be suspiciously exact either: the round trip really quantized.
+        assert!(err > 0.0, "{spec:?}: no quantization error at all");
+    }
+}
+
+#[test]
+fn quantized_matmul_equals_matmul_with_dequantized_weights() {
+    let (_, w) = array(&[48, 128], 22);
+    let (_, x) = array(&[3, 128], 23);
+    for spec in [
+        QuantSpec::affine(64, 4),
+        QuantSpec::affine(32, 8),
+        QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Mxfp4,
+        },
+    ] {
+        let q = quantize(&w, spec).unwrap();
+        let dense = q.dequantize(Some(Dtype::F32)).unwrap();
+        let expected = x.matmul(&dense.transpose(&[1, 0]).unwrap()).unwrap();
+        let got = q.matmul(&x, true).unwrap();
+        let err = max_abs(&got.subtract(&expected).unwrap());
+        // Same products in another summation order: 128 terms of size ≤ 1, f32.
+        assert!(err < 1e-4, "{spec:?}: {err}");
+    }
+}
+
+#[test]
+fn gather_qmm_equals_per_expert_quantized_matmul() {
+    let (experts, out, inp) = (4, 32, 64);
+    let (_, w) = array(&[experts, out, inp], 24);
+    let q = quantize(&w, QuantSpec::affine(32, 4)).unwrap();
+    let (_, x) = array(&[5, 1, inp], 25);
+    let chosen = [3i32, 0, 3, 1, 2];
+    let rhs = Array::from_slice(&chosen, &[5]).unwrap();
+    let got = q.gather_matmul(&x, None, Some(&rhs), true, false).unwrap();
+    assert_eq!(got.shape(), vec![5, 1, out]);
+    for (row, &e) in chosen.iter().enumerate() {
+        let expert = mlx::quantized::Quantized {
+            weights: q
+                .weights
+                .slice_axis(0, e, e + 1)
+                .unwrap()
+                .squeeze(&[0])
+                .unwrap(),
+            scales: q
+                .scales
+                .slice_axis(0, e, e + 1)
+                .unwrap()
+                .squeeze(&[0])
+                .unwrap(),
+            biases: q
+                .biases
+                .as_ref()
+                .map(|b| b.slice_axis(0, e, e + 1).unwrap().squeeze(&[0]).unwrap()),
+            spec: q.spec,
+        };
+        let xi = x
+            .slice_axis(0, row as i32, row as i32 + 1)
+            .unwrap()
+            .squeeze(&[0])
+            .unwrap();
+        let expected = expert.matmul(&xi, true).unwrap();
+        let gi = got
+            .slice_axis(0, row as i32, row as i32 + 1)
+            .unwrap()
+            .squeeze(&[0])
+            .unwrap();
+        let err = max_abs(&gi.subtract(&expected).unwrap());
+        assert!(err < 1e-5, "row {row} expert {e}: {err}");
+    }
+
+    // Sorted indices take MLX's grouped path and must agree.
+    let sorted = Array::from_slice(&[0i32, 1, 2, 3, 3], &[5]).unwrap();
+    let a = q
+        .gather_matmul(&x, None, Some(&sorted), true, true)
+        .unwrap();
+    let b = q
+        .gather_matmul(&x, None, Some(&sorted), true, false)
+        .unwrap();
+    assert!(max_abs(&a.subtract(&b).unwrap()) < 1e-5);
+}
+
+#[test]
+fn gather_mm_equals_per_expert_matmul() {
+    let (_, w) = array(&[3, 16, 8], 26);
+    let (_, x) = array(&[4, 1, 16], 27);
+    let chosen = [2i32, 2, 0, 1];
+    let rhs = Array::from_slice(&chosen, &[4]).unwrap();
+    let got = gather_mm(&x, &w, None, Some(&rhs), false).unwrap();
+    for (row, &e) in chosen.iter().enumerate() {
+        let expected = x
+            .slice_axis(0, row as i32, row as i32 + 1)
+            .unwrap()
+            .squeeze(&[0])
+            .unwrap()
+            .matmul(&w.slice_axis(0, e, e + 1).unwrap().squeeze(&[0]).unwrap())
+            .unwrap();
+        let gi = got
+            .slice_axis(0, row as i32, row as i32 + 1)
+            .unwrap()
+            .squeeze(&[0])
+            .unwrap();
+        assert!(max_abs(&gi.subtract(&expected).unwrap()) < 1e-5);
+    }
+}
+
+#[test]
+fn invalid_quantization_is_an_error() {
+    let (_, w) = array(&[8, 30], 28);
+    // 30 columns do not divide into groups of 32.
+    assert!(quantize(&w, QuantSpec::affine(32, 4)).is_err());
+    let (_, w) = array(&[8, 64], 29);
+    assert!(quantize(&w, QuantSpec::affine(64, 9)).is_err());
+    assert!(quantize(&w, QuantSpec::affine(64, 4)).is_ok());
+}
