@@ -11,7 +11,7 @@
 //! - [`Detokenizer`] (`detokenizer.rs`): streamed text pieces that never split a character.
 //! - [`StopMatcher`] (`stop.rs`): stop strings that may span pieces, never leaked.
 //! - [`OutputParser`] (`parser/`): splits model output into content, thinking and tool calls,
-//!   per family, while it streams.
+//!   per [`Family`] (`family.rs`), while it streams.
 //!
 //! ```no_run
 //! # fn main() -> tokenizer::Result<()> {
@@ -28,18 +28,28 @@
 //! ```
 #![deny(missing_docs)]
 
+mod chat_template;
+mod detokenizer;
 mod error;
+mod family;
 mod gguf_meta;
 mod gguf_vocab;
 mod hf_config;
+mod parser;
 mod pre_tokenizer;
 mod special_tokens;
 mod stop;
+mod template_env;
+mod template_fallback;
 mod vocab;
 
+pub use chat_template::{ChatTemplate, FunctionCall, Message, MessageToolCall, RenderOptions};
+pub use detokenizer::Detokenizer;
 pub use error::{Error, Result};
+pub use family::Family;
 pub use gguf_meta::{GgufMetadata, MetaValue, parse_gguf_metadata, read_gguf_metadata};
 pub use hf_config::HfSideFiles;
+pub use parser::{OutputParser, ParserConfig, ParserEvent, ThinkingTags, ToolCall, ToolCallFormat};
 pub use special_tokens::SpecialTokens;
 pub use stop::{StopMatcher, StopOutput};
 pub use vocab::{Tokenizer, VocabSource};

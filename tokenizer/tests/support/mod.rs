@@ -97,7 +97,7 @@ fn only_file_in(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// The `vendor/llama.cpp/models` folder of the `llama_cpp_python==0.3.36` sdist:
-/// `ggml-vocab-*.gguf` with `.inp`/`.out` test vectors.
+/// `ggml-vocab-*.gguf` with `.inp`/`.out` test vectors, and real chat templates in `templates/`.
 pub fn llama_cpp_vocabs() -> Option<PathBuf> {
     fetch_once("llama_cpp_python-0.3.36", |tmp| {
         let dl = tmp.join("download");
@@ -119,6 +119,7 @@ pub fn llama_cpp_vocabs() -> Option<PathBuf> {
             .arg("-C")
             .arg(tmp)
             .args(["--wildcards", "*/vendor/llama.cpp/models/ggml-vocab-*"])
+            .arg("*/vendor/llama.cpp/models/templates/*.jinja")
             .args(["--strip-components=4"]))?;
         std::fs::remove_dir_all(&dl).map_err(|e| e.to_string())
     })

@@ -1,0 +1,269 @@
+//! [`ChatTemplate`]: a conversation (and tools) → the prompt text the model was trained on.
+//!
+//! Before rendering, messages are normalised the way chat clients need and templates rarely
+//! allow: a `developer` message becomes `system` (unless the template knows the role), and the
+//! leading run of system messages is folded into one. Coding agents also insert system messages
+//! mid-conversation; templates that reject them (roles must alternate) are rendered again with
+//! each such message turned into a user turn, merged with its neighbours, instead of failing
+//! the request.
+
+use minijinja::Environment;
+use minijinja::value::Value;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::family::Family;
+use crate::template_env::{NOW_VARIABLE, new_environment};
+use crate::vocab::Tokenizer;
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// One turn of a conversation, with the fields HF templates read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text of the turn.
+    #[serde(default)]
+    pub content: String,
+    /// An assistant turn's reasoning, for templates that re-render it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls an assistant turn made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<MessageToolCall>,
+    /// For `tool` turns: the function whose result this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// For `tool` turns: the id of the call answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A turn with just a role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A tool call inside an assistant message, in the OpenAI shape templates expect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageToolCall {
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    /// What was called.
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".to_string()
+}
+
+/// A function name and its arguments (a JSON object).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments, usually a JSON object.
+    pub arguments: serde_json::Value,
+}
+
+impl MessageToolCall {
+    /// A call of `name` with `arguments`.
+    pub fn new(name: impl Into<String>, arguments: serde_json::Value) -> Self {
+        MessageToolCall {
+            kind: function_type(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments,
+            },
+        }
+    }
+}
+
+/// Per-request render settings.
+#[derive(Debug, Clone, Default)]
+pub struct RenderOptions {
+    /// Open an assistant turn at the end of the prompt.
+    pub add_generation_prompt: bool,
+    /// Passed as `enable_thinking` when set (Qwen3 and others read it).
+    pub enable_thinking: Option<bool>,
+    /// Pins `strftime_now` to this Unix time (seconds), for reproducible prompts.
+    pub now_unix: Option<i64>,
+    /// Further template variables (a request's `chat_template_kwargs`); the fields above win.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A compiled chat template with the special-token texts it refers to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    knows_developer_role: bool,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are the texts templates splice in.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<Self> {
+        let source = source.into();
+        let mut env = new_environment().map_err(|e| Error::TemplateSyntax(e.to_string()))?;
+        let knows_developer_role = source.contains("developer");
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            knows_developer_role,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// The template the tokenizer's checkpoint ships, else its family's fallback.
+    pub fn for_tokenizer(tokenizer: &Tokenizer) -> Result<Self> {
+        let source = match tokenizer.chat_template() {
+            Some(source) => source.to_string(),
+            None => Family::detect(tokenizer)
+                .ok_or(Error::NoChatTemplate)?
+                .fallback_template()
+                .to_string(),
+        };
+        Self::new(
+            source,
+            tokenizer.bos_text().unwrap_or_default(),
+            tokenizer.eos_text().unwrap_or_default(),
+        )
+    }
+
+    /// Renders `messages` (and `tools`, JSON function schemas) into a prompt.
+    ///
+    /// Fails with [`Error::TemplateRender`] when the template raises or breaks, after the
+    /// mid-conversation system message rewrite described in the module docs was tried.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        options: &RenderOptions,
+    ) -> Result<String> {
+        let messages = self.normalize(messages);
+        match self.render_exact(&messages, tools, options) {
+            Ok(text) => Ok(text),
+            Err(err) if messages.iter().skip(1).any(|m| m.role == "system") => self
+                .render_exact(&demote_late_system_messages(&messages), tools, options)
+                .map_err(|_| err),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn render_exact(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        options: &RenderOptions,
+    ) -> Result<String> {
+        let mut ctx = options.extra.clone();
+        ctx.insert("messages".into(), to_json(messages)?);
+        if let Some(tools) = tools {
+            ctx.insert("tools".into(), to_json(tools)?);
+        }
+        ctx.insert(
+            "add_generation_prompt".into(),
+            options.add_generation_prompt.into(),
+        );
+        ctx.insert("bos_token".into(), self.bos_token.clone().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().into());
+        if let Some(enable) = options.enable_thinking {
+            ctx.insert("enable_thinking".into(), enable.into());
+        }
+        if let Some(now) = options.now_unix {
+            ctx.insert(NOW_VARIABLE.into(), now.into());
+        }
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| Error::TemplateRender(describe(&e)))?;
+        template
+            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| Error::TemplateRender(describe(&e)))
+    }
+
+    fn normalize(&self, messages: &[Message]) -> Vec<Message> {
+        let mut out: Vec<Message> = Vec::with_capacity(messages.len());
+        for message in messages {
+            let mut message = message.clone();
+            if message.role == "developer" && !self.knows_developer_role {
+                message.role = "system".into();
+            }
+            // Fold the leading run of instructions into one system turn: templates only look
+            // at messages[0] for it.
+            let leading_run = out.iter().all(|m| m.role == "system");
+            match out.last_mut() {
+                Some(prev) if leading_run && message.role == "system" => {
+                    prev.content = join(&prev.content, &message.content);
+                }
+                _ => out.push(message),
+            }
+        }
+        out
+    }
+}
+
+/// Non-leading system turns become user turns, merged into adjacent user turns so that
+/// templates that demand alternation accept them.
+fn demote_late_system_messages(messages: &[Message]) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        let mut message = message.clone();
+        if i > 0 && message.role == "system" {
+            message.role = "user".into();
+        }
+        match out.last_mut() {
+            Some(prev) if prev.role == "user" && message.role == "user" => {
+                prev.content = join(&prev.content, &message.content);
+            }
+            _ => out.push(message),
+        }
+    }
+    out
+}
+
+fn join(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        b.to_string()
+    } else {
+        format!("{a}\n\n{b}")
+    }
+}
+
+/// minijinja's error with its cause chain and template location.
+fn describe(err: &minijinja::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(value)
+        .map_err(|e| Error::TemplateRender(format!("cannot pass to the template: {e}")))
+}
