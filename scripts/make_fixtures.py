@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Build the tiny random-weight model fixtures that the `nn` crate's parity tests read.
+
+Pinned reference stack (the versions the committed fixtures were generated with):
+
+    torch        == 2.15.0
+    transformers == 5.24.0
+    safetensors  == 0.8.0
+    numpy        == 2.4.6
+    optional, for the cross-check recorded in golden.json:
+    mlx[cpu]     == 0.32.4, mlx-lm (whatever resolves next to the pins above)
+
+This script is run by hand, once, by whoever changes a fixture; CI never runs it and never
+installs torch. Setup and usage are in scripts/README.md:
+
+    python3 -m venv ~/.cache/mlxkit/fixtures-venv
+    ~/.cache/mlxkit/fixtures-venv/bin/pip install torch==2.15.0 transformers==5.24.0 \
+        safetensors numpy "mlx[cpu]==0.32.4" mlx-lm
+    ~/.cache/mlxkit/fixtures-venv/bin/python scripts/make_fixtures.py [name ...]
+
+For every fixture it writes, under nn/tests/fixtures/<name>/:
+
+    config.json               exactly as transformers' save_pretrained writes it (never edited)
+    config.transformers4.json the same configuration in the older transformers-4 spelling
+                              (`rope_theta` / `rope_local_base_freq` at top level instead of
+                              `rope_parameters`), for testing config readers against both
+    generation_config.json    as save_pretrained writes it
+    model.safetensors         f32 weights in the checkpoint layout save_pretrained writes
+    logits.safetensors        one f32 tensor `logits` of shape [seq, vocab]: the model's
+                              output for every position of the prompt
+    golden.json               prompt ids, versions, seed, dtype, summary numbers
+
+The weights are drawn with a larger spread than transformers' default initialisation so the
+logits are far from uniform and an implementation bug shows up as a large error rather than
+hiding under 1e-5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+import transformers
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES_DIR = REPO_ROOT / "nn" / "tests" / "fixtures"
+
+SEED = 0
+VOCAB = 512
+HIDDEN = 64
+INTERMEDIATE = 128
+MAX_POSITIONS = 256
+
+# A fixed prompt of 24 ids: the family's BOS id (replaced per fixture) followed by 23 ids
+# drawn once from a seeded generator. Gemma's sliding window (8) is shorter than this, so
+# sliding layers really drop old keys.
+PROMPT_TAIL = [int(x) for x in np.random.RandomState(1234).randint(3, VOCAB, size=23)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixture definitions
+# ---------------------------------------------------------------------------------------------
+
+
+def llama_config(tied: bool) -> transformers.LlamaConfig:
+    # SmolLM2 style: grouped-query attention, rope base 1e5, no biases.
+    return transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=tied,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+    )
+
+
+def qwen2_config() -> transformers.Qwen2Config:
+    # Qwen2 always has q/k/v biases (and none on o_proj); the small Qwen2 models tie the head.
+    return transformers.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        use_sliding_window=False,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def qwen3_config() -> transformers.Qwen3Config:
+    # Qwen3: per-head RMS norm on q and k, head_dim decoupled from hidden/heads (4*32 != 64),
+    # untied head.
+    return transformers.Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        attention_bias=False,
+        use_sliding_window=False,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def qwen3_moe_config() -> transformers.Qwen3MoeConfig:
+    # A real mixture of experts: 4 experts, 2 chosen per token, renormalised top-k weights,
+    # every layer sparse.
+    return transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        attention_bias=False,
+        use_sliding_window=False,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def gemma3_config() -> transformers.Gemma3TextConfig:
+    # Gemma 3 text: layers alternate sliding (window 8 < 24-token prompt) and global attention
+    # with different rope bases; query_pre_attn_scalar differs from head_dim so a wrong
+    # attention scale shows; the final softcap is small enough to bend the logits.
+    return transformers.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        query_pre_attn_scalar=32,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        final_logit_softcapping=10.0,
+        attn_logit_softcapping=None,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    )
+
+
+FIXTURES = {
+    # name: (config factory, model class, gemma-style norms stored as offsets from 1)
+    "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
+    "llama_untied": (lambda: llama_config(tied=False), transformers.LlamaForCausalLM, False),
+    "qwen2": (qwen2_config, transformers.Qwen2ForCausalLM, False),
+    "qwen3": (qwen3_config, transformers.Qwen3ForCausalLM, False),
+    "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM, False),
+    "gemma3": (gemma3_config, transformers.Gemma3ForCausalLM, True),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+
+def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
+    """Overwrite every parameter with draws wide enough to make the logits discriminative.
+
+    Norm weights: for Gemma (which multiplies by 1 + w) centred on 0, elsewhere around 1, so
+    both a forgotten norm and a forgotten +1 give large errors. Biases and the router get
+    clearly non-zero values.
+    """
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                if norm_offset:
+                    param.normal_(0.0, 0.3)
+                else:
+                    param.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.2)
+            elif "embed_tokens" in name or "lm_head" in name:
+                param.normal_(0.0, 0.5)
+            elif name.endswith("mlp.gate.weight"):
+                # MoE router: wide logits so top-k choices are separated by clear margins.
+                param.normal_(0.0, 0.5)
+            else:
+                param.normal_(0.0, 0.15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------
+
+
+def incremental_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """Logits from token-by-token decode with transformers' own cache: must equal the full pass."""
+    past = None
+    rows = []
+    with torch.no_grad():
+        for position, token in enumerate(ids):
+            out = model(
+                input_ids=torch.tensor([[token]]),
+                cache=past,
+                use_cache=True,
+                position_ids=torch.tensor([[position]]),
+            )
+            past = out.cache
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows)
+
+
+def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
+    """Smallest gap between the k-th and (k+1)-th router probability over all tokens and layers.
+
+    A near-tie could make another implementation pick different experts within f32 rounding,
+    which would be a flaky test rather than a bug; the fixture is only accepted with a clear gap.
+    """
+    routers = [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    if not routers:
+        return None
+    k = model.config.num_experts_per_tok
+    margins: list[float] = []
+
+    def hook(_module, inputs, _output):
+        hidden = inputs[0].reshape(-1, inputs[0].shape[-1])
+        logits = torch.nn.functional.linear(hidden, _module.weight)
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = torch.topk(probs, k + 1, dim=-1).values
+        margins.append(float((top[:, k - 1] - top[:, k]).min()))
+
+    handles = [r.register_forward_hook(hook) for r in routers]
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    return min(margins)
+
+
+def compact_json(value: dict) -> str:
+    """Indented JSON with each list of numbers kept on one line, so golden.json stays readable."""
+    text = json.dumps(value, indent=2)
+
+    def one_line(match: re.Match) -> str:
+        return "[" + ", ".join(item.strip() for item in match.group(1).split(",")) + "]"
+
+    return re.sub(r"\[\s*([-0-9.e+,\s]+?)\s*\]", one_line, text) + "\n"
+
+
+def transformers4_config(config: dict) -> dict:
+    """The same configuration spelled the way transformers 4 wrote it."""
+    old = {k: v for k, v in config.items() if k != "rope_parameters"}
+    rope = config.get("rope_parameters")
+    if rope is None:
+        return old
+    if "full_attention" in rope:
+        # Gemma 3: one rope per attention kind.
+        full, local = rope["full_attention"], rope["sliding_attention"]
+        old["rope_theta"] = full["rope_theta"]
+        old["rope_local_base_freq"] = local["rope_theta"]
+        scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+        old["rope_scaling"] = None if scaling.get("rope_type") == "default" else scaling
+        if "_sliding_window_pattern" in config:
+            old["sliding_window_pattern"] = config["_sliding_window_pattern"]
+    else:
+        old["rope_theta"] = rope["rope_theta"]
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        old["rope_scaling"] = None if scaling.get("rope_type") == "default" else scaling
+    old["transformers_version"] = "4.57.1"
+    return old
+
+
+def mlx_lm_logits(fixture_dir: Path, config_name: str, ids: list[int]) -> tuple[np.ndarray, str] | None:
+    """Logits from mlx-lm on the fixture's weights read with the given config file.
+
+    Returns None when mlx-lm is not installed. mlx-lm 0.32.2 ignores `rope_parameters` and
+    silently falls back to rope base 10000, so the meaningful cross-check reads the
+    transformers-4 spelling; the result with config.json is recorded as well, as a live
+    example of the config trap.
+    """
+    try:
+        import mlx.core as mx
+        import mlx_lm
+        from mlx_lm.utils import load_model
+    except ImportError:
+        return None
+    version = getattr(mlx_lm, "__version__", "unknown")
+    mx.set_default_device(mx.cpu)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        shutil.copy(fixture_dir / "model.safetensors", folder / "model.safetensors")
+        shutil.copy(fixture_dir / config_name, folder / "config.json")
+        model, _ = load_model(folder)
+        logits = model(mx.array([ids]))
+        mx.eval(logits)
+        return np.array(logits[0].astype(mx.float32)), version
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+
+def build(name: str) -> dict:
+    make_config, model_class, norm_offset = FIXTURES[name]
+    torch.manual_seed(SEED)
+    config = make_config()
+    config._attn_implementation = "eager"
+    model = model_class(config).to(torch.float32).eval()
+    randomize_weights(model, norm_offset)
+    model.tie_weights()
+
+    ids = [config.bos_token_id] + PROMPT_TAIL
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].to(torch.float32).contiguous()
+    decode = incremental_logits(model, ids)
+    decode_diff = float((decode - logits).abs().max())
+    if decode_diff > 1e-4:
+        raise SystemExit(f"{name}: token-by-token decode differs from the full pass by {decode_diff}")
+    margin = min_router_margin(model, ids)
+    if margin is not None and margin < 1e-3:
+        raise SystemExit(f"{name}: router top-k margin {margin} is too close to a tie; change the seed")
+
+    out = FIXTURES_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    saved_config = json.loads((out / "config.json").read_text())
+    (out / "config.transformers4.json").write_text(
+        json.dumps(transformers4_config(saved_config), indent=2, sort_keys=True) + "\n"
+    )
+    safetensors.torch.save_file({"logits": logits}, out / "logits.safetensors")
+
+    probs = torch.softmax(logits, dim=-1)
+    golden = {
+        "fixture": name,
+        "architecture": saved_config.get("architectures", [None])[0],
+        "model_type": saved_config.get("model_type"),
+        "prompt_ids": ids,
+        "logits_file": "logits.safetensors",
+        "logits_tensor": "logits",
+        "logits_shape": list(logits.shape),
+        "dtype": "float32",
+        "seed": SEED,
+        "attn_implementation": "eager",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "max_abs_logit": float(logits.abs().max()),
+        "mean_max_softmax_prob": float(probs.max(dim=-1).values.mean()),
+        "argmax_ids": [int(i) for i in logits.argmax(dim=-1)],
+        "decode_vs_full_max_abs_diff": decode_diff,
+    }
+    if margin is not None:
+        golden["min_router_topk_margin"] = margin
+    for config_name, key in (
+        ("config.transformers4.json", "mlx_lm_max_abs_diff"),
+        ("config.json", "mlx_lm_max_abs_diff_reading_config_json"),
+    ):
+        try:
+            mlx = mlx_lm_logits(out, config_name, ids)
+        except Exception as error:  # mlx-lm is an optional cross-check; record why it failed
+            golden[key] = f"error: {type(error).__name__}: {error}"
+            continue
+        if mlx is not None:
+            mlx_logits, golden["mlx_lm_version"] = mlx
+            golden[key] = float(np.abs(mlx_logits - logits.numpy()).max())
+    (out / "golden.json").write_text(compact_json(golden))
+    return golden
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help=f"fixtures to build (default: all of {list(FIXTURES)})")
+    args = parser.parse_args()
+    names = args.names or list(FIXTURES)
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        parser.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
+    torch.set_num_threads(1)
+    for name in names:
+        golden = build(name)
+        size = sum(f.stat().st_size for f in (FIXTURES_DIR / name).iterdir())
+        summary = {k: golden[k] for k in golden if k in (
+            "max_abs_logit", "mean_max_softmax_prob", "decode_vs_full_max_abs_diff",
+            "min_router_topk_margin", "mlx_lm_max_abs_diff",
+            "mlx_lm_max_abs_diff_reading_config_json")}
+        print(f"{name}: {size / 1024:.0f} KiB {summary}")
+
+
+if __name__ == "__main__":
+    main()
