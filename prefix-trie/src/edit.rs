@@ -88,9 +88,7 @@ impl<S: Snapshot> PrefixTrie<S> {
             )));
         };
         let mut failure = None;
-        let mut upper_snapshots = removed.snapshots;
-        for layer in 0..self.config.layers.len() {
-            let upper_snapshot = upper_snapshots[layer].take();
+        for (layer, upper_snapshot) in removed.snapshots.into_iter().enumerate() {
             if let Some(stored) = &upper_snapshot {
                 self.bytes -= stored.bytes;
             }
@@ -186,22 +184,25 @@ impl<S: Snapshot> PrefixTrie<S> {
     }
 
     fn grow_frontier(&mut self, offset: usize) -> Result<NodeId> {
+        let mut cursor = self.frontier;
+        let mut position = self.frontier_offset();
         let Some(live) = &self.live else {
             return Err(Error::NoSession);
         };
-        let Some(keys) = live.keys.get(..offset) else {
+        let Some(keys) = live.keys.get(position..offset) else {
             return Err(Error::CacheAheadOfKeys {
                 rest_at: offset,
                 keys: live.keys.len(),
             });
         };
+        // Only the part past the frontier is copied; the prompt may be 100k keys long.
         let keys = keys.to_vec();
-        let mut cursor = self.frontier;
-        let mut position = self.frontier_offset();
+        let base = position;
         while position < offset {
-            let Some(child) = self.child_starting_with(cursor, keys[position]) else {
+            let remaining = &keys[position - base..];
+            let Some(child) = self.child_starting_with(cursor, remaining[0]) else {
                 let fresh = self.nodes.insert(Node {
-                    keys: keys[position..offset].to_vec(),
+                    keys: remaining.to_vec(),
                     start: position,
                     parent: Some(cursor),
                     children: Vec::new(),
@@ -212,7 +213,7 @@ impl<S: Snapshot> PrefixTrie<S> {
                 self.nodes[cursor].children.push(fresh);
                 return Ok(fresh);
             };
-            let common = common_prefix(&self.nodes[child].keys, &keys[position..offset]);
+            let common = common_prefix(&self.nodes[child].keys, remaining);
             if common == self.nodes[child].keys.len() {
                 cursor = child;
             } else {

@@ -16,12 +16,14 @@ impl NodeId {
 }
 
 /// A snapshot the trie owns, with the byte count last read from it.
+#[derive(Clone)]
 pub(crate) struct Stored<S> {
     pub snapshot: S,
     pub bytes: usize,
 }
 
 /// One compressed edge and the per-layer snapshots taken at it.
+#[derive(Clone)]
 pub(crate) struct Node<S> {
     /// The keys of the edge from the parent's end to this node's end.
     pub keys: Vec<Key>,
@@ -52,6 +54,7 @@ impl<S> Node<S> {
 }
 
 /// Nodes by id, with a free list so ids stay small.
+#[derive(Clone)]
 pub(crate) struct Arena<S> {
     slots: Vec<Option<Node<S>>>,
     free: Vec<u32>,

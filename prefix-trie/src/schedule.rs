@@ -35,8 +35,8 @@ impl SchedulePolicy {
     ) -> Vec<usize> {
         let end = prompt.keys().len();
         let mut offsets = Vec::new();
-        if self.interval > 0 {
-            let mut next = (restore_at / self.interval + 1).saturating_mul(self.interval);
+        if let Some(periods_done) = restore_at.checked_div(self.interval) {
+            let mut next = (periods_done + 1).saturating_mul(self.interval);
             while next <= end {
                 offsets.push(next);
                 next = next.saturating_add(self.interval);

@@ -36,6 +36,7 @@ pub struct Begin {
 }
 
 /// The request between `begin` and `close`.
+#[derive(Clone)]
 pub(crate) struct Live {
     /// The keys the request records: the prompt's, extended by `close`.
     pub keys: Vec<Key>,
@@ -48,6 +49,8 @@ pub(crate) struct Live {
 /// A compressed trie of cached model states, keyed by prompt keys, generic over snapshots.
 ///
 /// Exactly one path is live: the one ending at the frontier, where the engine's caches rest.
+/// Cloning (when snapshots clone) forks the whole cache, e.g. to try a policy on a copy.
+#[derive(Clone)]
 pub struct PrefixTrie<S> {
     pub(crate) config: Config,
     pub(crate) nodes: Arena<S>,

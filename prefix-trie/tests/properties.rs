@@ -194,7 +194,7 @@ fn assert_only_protected_bytes(engine: &Engine) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn random_workloads_keep_every_invariant(setup in setup(), ops in prop::collection::vec(op(), 1..30)) {
