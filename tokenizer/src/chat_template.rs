@@ -5,7 +5,7 @@
 //! leading run of system messages is folded into one. Coding agents also insert system messages
 //! mid-conversation; templates that reject them (roles must alternate) are rendered again with
 //! each such message turned into a user turn, merged with its neighbours, instead of failing
-//! the request.
+//! the request; templates without a system role get it folded into the first user turn.
 
 use minijinja::Environment;
 use minijinja::value::Value;
@@ -126,6 +126,7 @@ impl ChatTemplate {
         let source = source.into();
         let mut env = new_environment().map_err(|e| Error::TemplateSyntax(e.to_string()))?;
         let knows_developer_role = source.contains("developer");
+        let source = without_generation_blocks(&source);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| Error::TemplateSyntax(describe(&e)))?;
         Ok(ChatTemplate {
@@ -163,13 +164,23 @@ impl ChatTemplate {
         options: &RenderOptions,
     ) -> Result<String> {
         let messages = self.normalize(messages);
-        match self.render_exact(&messages, tools, options) {
-            Ok(text) => Ok(text),
-            Err(err) if messages.iter().skip(1).any(|m| m.role == "system") => self
-                .render_exact(&demote_late_system_messages(&messages), tools, options)
-                .map_err(|_| err),
-            Err(err) => Err(err),
+        let err = match self.render_exact(&messages, tools, options) {
+            Ok(text) => return Ok(text),
+            Err(err) => err,
+        };
+        // Retry the shapes templates commonly reject, keeping the first error to report.
+        let demoted = demote_late_system_messages(&messages);
+        if demoted != messages {
+            if let Ok(text) = self.render_exact(&demoted, tools, options) {
+                return Ok(text);
+            }
         }
+        if let Some(folded) = fold_system_into_first_user(&demoted) {
+            if let Ok(text) = self.render_exact(&folded, tools, options) {
+                return Ok(text);
+            }
+        }
+        Err(err)
     }
 
     fn render_exact(
@@ -244,6 +255,46 @@ fn demote_late_system_messages(messages: &[Message]) -> Vec<Message> {
     out
 }
 
+/// For templates without a system role ("System role not supported"): the leading system
+/// turn becomes the start of the first user turn.
+fn fold_system_into_first_user(messages: &[Message]) -> Option<Vec<Message>> {
+    let (first, rest) = messages.split_first()?;
+    if first.role != "system" {
+        return None;
+    }
+    let mut out = rest.to_vec();
+    match out.iter_mut().find(|m| m.role == "user") {
+        Some(user) => user.content = join(&first.content, &user.content),
+        None => out.insert(0, Message::new("user", first.content.clone())),
+    }
+    Some(out)
+}
+
+/// Rewrites HF's `{% generation %}…{% endgeneration %}` (which marks assistant tokens for
+/// training masks and has no effect on the text) into an always-true `if`, keeping the tags'
+/// whitespace control.
+fn without_generation_blocks(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        let Some(len) = rest[start..].find("%}").map(|end| end + 2) else {
+            break;
+        };
+        let tag = &rest[start..start + len];
+        let inner =
+            tag[2..len - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..start]);
+        match inner {
+            "generation" => out.push_str(&tag.replacen("generation", "if true", 1)),
+            "endgeneration" => out.push_str(&tag.replacen("endgeneration", "endif", 1)),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[start + len..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn join(a: &str, b: &str) -> String {
     if a.is_empty() {
         b.to_string()
@@ -266,4 +317,47 @@ fn describe(err: &minijinja::Error) -> String {
 fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<serde_json::Value> {
     serde_json::to_value(value)
         .map_err(|e| Error::TemplateRender(format!("cannot pass to the template: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_blocks_become_plain_ifs() {
+        let src = "a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}";
+        let rewritten = without_generation_blocks(src);
+        assert_eq!(
+            rewritten,
+            "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}"
+        );
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(
+            t.render(&[], None, &RenderOptions::default()).unwrap(),
+            "abc"
+        );
+    }
+
+    #[test]
+    fn system_folds_into_the_first_user_turn_when_unsupported() {
+        let src = "{% for m in messages %}{% if m.role == 'system' %}\
+                   {{ raise_exception('System role not supported') }}{% endif %}\
+                   [{{ m.role }}:{{ m.content }}]{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msgs = [Message::new("system", "S"), Message::new("user", "U")];
+        assert_eq!(
+            t.render(&msgs, None, &RenderOptions::default()).unwrap(),
+            "[user:S\n\nU]"
+        );
+    }
+
+    #[test]
+    fn unrecoverable_errors_report_the_first_failure() {
+        let t = ChatTemplate::new("{{ raise_exception('first') }}", "", "").unwrap();
+        let msgs = [Message::new("system", "S"), Message::new("user", "U")];
+        let err = t
+            .render(&msgs, None, &RenderOptions::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("first"), "{err}");
+    }
 }

@@ -314,12 +314,12 @@ mod tests {
 
     #[test]
     fn strftime_matches_python() {
-        // 2024-07-26 13:05:09 UTC was a Friday.
+        // 2024-07-26 13:25:09 UTC was a Friday.
         let t = 1_722_000_309;
         assert_eq!(strftime("%d %b %Y", t).unwrap(), "26 Jul 2024");
         assert_eq!(
             strftime("%A, %B %-d %H:%M:%S %p %j %%", t).unwrap(),
-            "Friday, July 26 13:05:09 PM 208 %"
+            "Friday, July 26 13:25:09 PM 208 %"
         );
         assert_eq!(strftime("%Y-%m-%d", 0).unwrap(), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d", 951_782_400).unwrap(), "2000-02-29");
