@@ -8,14 +8,15 @@ Pinned reference stack (the versions the committed fixtures were generated with)
     safetensors  == 0.8.0
     numpy        == 2.4.6
     optional, for the cross-check recorded in golden.json:
-    mlx[cpu]     == 0.32.4, mlx-lm (whatever resolves next to the pins above)
+    mlx[cpu]     == 0.32.4
+    mlx-lm       == 0.32.2
 
 This script is run by hand, once, by whoever changes a fixture; CI never runs it and never
 installs torch. Setup and usage are in scripts/README.md:
 
     python3 -m venv ~/.cache/mlxkit/fixtures-venv
     ~/.cache/mlxkit/fixtures-venv/bin/pip install torch==2.15.0 transformers==5.24.0 \
-        safetensors numpy "mlx[cpu]==0.32.4" mlx-lm
+        safetensors numpy "mlx[cpu]==0.32.4" mlx-lm==0.32.2
     ~/.cache/mlxkit/fixtures-venv/bin/python scripts/make_fixtures.py [name ...]
 
 For every fixture it writes, under nn/tests/fixtures/<name>/:
@@ -23,7 +24,8 @@ For every fixture it writes, under nn/tests/fixtures/<name>/:
     config.json               exactly as transformers' save_pretrained writes it (never edited)
     config.transformers4.json the same configuration in the older transformers-4 spelling
                               (`rope_theta` / `rope_local_base_freq` at top level instead of
-                              `rope_parameters`), for testing config readers against both
+                              `rope_parameters`, `num_experts` for `num_local_experts`), for
+                              testing config readers against both; same weights
     generation_config.json    as save_pretrained writes it
     model.safetensors         f32 weights in the checkpoint layout save_pretrained writes
     logits.safetensors        one f32 tensor `logits` of shape [seq, vocab]: the model's
