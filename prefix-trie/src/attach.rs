@@ -66,9 +66,9 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// the caches rest at `rest_at`, which for a cancelled prefill is where it stopped.
     /// `captures` are the ones not yet attached. The trie records `keys[..rest_at]`, attaches
     /// the captures, then asks `page_out` for every snapshot the path lacks: a point snapshot
-    /// at `rest_at` for the last node, and range snapshots for any edge without one. At this
-    /// moment the caches rest exactly at the end of what is recorded, so every layer can be
-    /// captured. Finally non-checkpoint segments are compacted and the frontier is marked used.
+    /// at `rest_at` for the last node, and range snapshots for any edge without one (any
+    /// sub-range of `0..rest_at`, which a KV cache can hand out as a lazy view). At this moment
+    /// the caches rest exactly at the end of what is recorded, so every layer can be captured. Finally non-checkpoint segments are compacted and the frontier is marked used.
     ///
     /// The request ends even when close fails; the trie stays consistent. Fails when `keys` do
     /// not extend the prompt, when `rest_at` is past `keys` or before the restore point, when a
@@ -128,7 +128,10 @@ impl<S: Snapshot> PrefixTrie<S> {
             Ok(attached) => report.attach = attached,
             Err(error) => failure = Some(error),
         }
+        // The caches may rest below captures attached earlier (a rollback); those stay stored,
+        // but the live path ends where the caches are.
         let frontier = self.live_boundary(rest_at)?;
+        self.frontier = frontier;
         if !rest_inside_media && failure.is_none() {
             match self.page_out_missing(frontier, &mut page_out) {
                 Ok(count) => report.paged_out = count,

@@ -1,5 +1,6 @@
 //! Every misuse and every failing snapshot operation is an error naming the problem, and the
-//! trie stays consistent afterwards.
+//! trie stays consistent afterwards; odd but legal sequences (caches rolled back below an
+//! attached capture) are handled.
 
 mod support;
 
@@ -291,4 +292,39 @@ fn a_failed_merge_during_compaction_drops_the_layer_and_reports_it() {
     .unwrap_err();
     trie.check_invariants().unwrap();
     assert!(trie.dump().contains("layers ."), "{}", trie.dump());
+}
+
+#[test]
+fn caches_rolled_back_below_an_attached_capture_end_the_live_path_where_they_rest() {
+    let mut engine = kv_engine();
+    let prompt = engine.prompt(&run(0, 20), &[]);
+    let keys = prompt.keys().to_vec();
+    engine.trie.begin(&prompt, &[]).unwrap();
+    let mut captures = engine.capture(&keys, 0, 8);
+    captures.extend(engine.capture(&keys, 8, 12));
+    engine.trie.attach(captures).unwrap();
+    assert_eq!(engine.trie.frontier_offset(), 12);
+
+    let page_out = |_layer: usize, coverage: Coverage| -> Result<Fake, FakeError> {
+        Ok(match coverage {
+            Coverage::Range(range) => Fake::Range {
+                start: range.start,
+                keys: keys[range].to_vec(),
+                per_key: 1,
+            },
+            Coverage::Point(at) => Fake::Point {
+                history: keys[..at].to_vec(),
+                bytes: 8,
+            },
+        })
+    };
+    engine.trie.close(&keys, 10, vec![], page_out).unwrap();
+    assert_eq!(engine.trie.frontier_offset(), 10);
+    engine.check();
+    // What was captured past the rollback stays usable.
+    assert_eq!(engine.resume_point(&run(0, 20), &[]), 12);
+    assert_eq!(
+        engine.resume_point(&[run(0, 10), vec![99, 98]].concat(), &[]),
+        10
+    );
 }

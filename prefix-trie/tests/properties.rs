@@ -35,6 +35,7 @@ enum Op {
         extra: Vec<u32>,
         image: Option<Image>,
         turn_start: Option<usize>,
+        evict_mid_request: Option<usize>,
         outcome: Outcome,
     },
     Evict {
@@ -92,9 +93,15 @@ fn op() -> impl Strategy<Value = Op> {
         (0..60usize).prop_map(Outcome::CancelAt),
     ];
     prop_oneof![
-        4 => (any::<usize>(), any::<usize>(), tokens(16), prop::option::of(image), prop::option::of(0..40usize), outcome)
-            .prop_map(|(base, keep, extra, image, turn_start, outcome)| Op::Request {
-                base, keep, extra, image, turn_start, outcome,
+        4 => (
+            (any::<usize>(), any::<usize>(), tokens(16)),
+            prop::option::of(image),
+            prop::option::of(0..40usize),
+            prop::option::weighted(0.2, 0..600usize),
+            outcome,
+        )
+            .prop_map(|((base, keep, extra), image, turn_start, evict_mid_request, outcome)| {
+                Op::Request { base, keep, extra, image, turn_start, evict_mid_request, outcome }
             }),
         1 => (0..1500usize).prop_map(|budget| Op::Evict { budget }),
     ]
@@ -203,7 +210,8 @@ proptest! {
         let mut last: Option<Recorded> = None;
         for op in &ops {
             match op {
-                Op::Request { base, keep, extra, image, turn_start, outcome } => {
+                Op::Request { base, keep, extra, image, turn_start, evict_mid_request, outcome } => {
+                    engine.evict_mid_request = *evict_mid_request;
                     let (tokens, media) = build_request(&conversations, *base, *keep, extra, image.as_ref());
                     let turn_starts: Vec<usize> = turn_start.iter().copied().collect();
                     let served = engine.serve(&tokens, &media, &turn_starts, outcome.clone());

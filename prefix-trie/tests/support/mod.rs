@@ -143,6 +143,11 @@ pub struct Served {
 pub struct Engine {
     pub trie: PrefixTrie<Fake>,
     pub sizes: Sizes,
+    /// What the live caches hold after the last request.
+    pub live: Vec<Key>,
+    /// When set, the next request evicts down to this budget between prefill and close, as
+    /// an engine under memory pressure may.
+    pub evict_mid_request: Option<usize>,
 }
 
 impl Engine {
@@ -158,7 +163,12 @@ impl Engine {
             schedule,
         })
         .unwrap();
-        Engine { trie, sizes }
+        Engine {
+            trie,
+            sizes,
+            live: Vec::new(),
+            evict_mid_request: None,
+        }
     }
 
     /// The production-like hybrid model of the upstream scenario tests: recurrent and full
@@ -213,6 +223,18 @@ impl Engine {
                 "capture inside media"
             );
         }
+        // The caches left live by the last request hold this prompt up to where they agree.
+        let agree = self
+            .live
+            .iter()
+            .zip(keys)
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert_eq!(
+            begin.live_common,
+            agree.min(begin.restore_at),
+            "live_common"
+        );
         self.check_restore(&keys[..begin.restore_at]);
 
         // Prefill evaluates everything but the seed token, which decoding forwards first.
@@ -248,6 +270,10 @@ impl Engine {
             }
             Outcome::CancelAt(_) => (tokens.to_vec(), stop),
         };
+        if let Some(budget) = self.evict_mid_request.take() {
+            self.trie.evict(budget).unwrap();
+            self.trie.check_invariants().unwrap();
+        }
         let recorded = Prompt::new(&recorded_tokens, media, self.lookahead()).unwrap();
         let history = recorded.keys().to_vec();
         let sizes = self.sizes;
@@ -257,6 +283,7 @@ impl Engine {
             })
             .unwrap();
         self.check();
+        self.live = history[..rest_at].to_vec();
         Served {
             matched: begin.matched,
             restore_at: begin.restore_at,
@@ -266,7 +293,7 @@ impl Engine {
     }
 
     /// What every layer captures when the prefill crosses `offset`, its last capture at `base`.
-    fn capture(&self, keys: &[Key], base: usize, offset: usize) -> Vec<Capture<Fake>> {
+    pub fn capture(&self, keys: &[Key], base: usize, offset: usize) -> Vec<Capture<Fake>> {
         let layers = self.trie.config().layers.clone();
         layers
             .iter()
