@@ -71,8 +71,13 @@
 //! - `view.rs`: [`NodeView`], read-only access to nodes.
 //! - `error.rs`: [`Error`].
 //!
-//! Real caches: the `kvcache` crate implements [`Snapshot`] for its KV, rotating and recurrent
-//! snapshots; this crate's tests use a fake that records the keys it covers.
+//! Real caches: the `kvcache` crate is meant to implement [`Snapshot`] for its snapshots. A KV
+//! snapshot is range-shaped; when it is a lazy view of the live buffer its [`Snapshot::bytes`]
+//! is zero until it is copied out, and [`PrefixTrie::evict`] re-reads every count first.
+//! Rotating (sliding-window) and recurrent snapshots are point-shaped; the trie never splits or
+//! merges them. This crate's tests use a fake snapshot that records the keys it covers, so a
+//! restore can be compared with recomputing the prefix; the same comparison with real caches
+//! and a tiny model belongs with the engine.
 
 #![deny(missing_docs)]
 

@@ -129,3 +129,36 @@ impl<S> IndexMut<NodeId> for Arena<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(start: usize) -> Node<()> {
+        Node {
+            keys: Vec::new(),
+            start,
+            parent: None,
+            children: Vec::new(),
+            last_used: 0,
+            checkpoint: false,
+            snapshots: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn removed_ids_are_reused_and_never_resolve_to_the_old_node() {
+        let mut arena = Arena::new();
+        let a = arena.insert(leaf(1));
+        let b = arena.insert(leaf(2));
+        assert_eq!(arena.len(), 2);
+        assert_eq!(arena.remove(a).map(|node| node.start), Some(1));
+        assert!(arena.get(a).is_none());
+        assert!(arena.remove(a).is_none());
+        let c = arena.insert(leaf(3));
+        assert_eq!(c, a);
+        assert_eq!(arena[c].start, 3);
+        assert_eq!(arena[b].start, 2);
+        assert_eq!(arena.iter().count(), 2);
+    }
+}

@@ -80,3 +80,40 @@ pub trait Snapshot: Sized {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Shape(Coverage);
+
+    impl Snapshot for Shape {
+        type Error = std::convert::Infallible;
+        fn coverage(&self) -> Coverage {
+            self.0.clone()
+        }
+        fn bytes(&self) -> usize {
+            0
+        }
+        fn split(self, _at: usize) -> Result<(Self, Self), Self::Error> {
+            Ok((Shape(self.0.clone()), self))
+        }
+        fn merge(self, _later: Self) -> Result<Self, Self::Error> {
+            Ok(self)
+        }
+    }
+
+    #[test]
+    fn range_snapshots_restore_anywhere_inside_and_points_only_at_their_offset() {
+        let range = Shape(Coverage::Range(4..9));
+        assert!(!range.restores_to(4));
+        assert!(range.restores_to(5) && range.restores_to(9));
+        assert!(!range.restores_to(10));
+        let point = Shape(Coverage::Point(9));
+        assert!(point.restores_to(9));
+        assert!(!point.restores_to(8) && !point.restores_to(10));
+        assert_eq!((range.0.end(), range.0.kind()), (9, LayerKind::Range));
+        assert_eq!((point.0.end(), point.0.kind()), (9, LayerKind::Point));
+    }
+}
