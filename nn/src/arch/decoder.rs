@@ -1,0 +1,426 @@
+//! The pre-norm decoder that the dense and MoE transformer families share: embedding, a stack
+//! of attention + feed-forward layers over KV caches, a final norm and an output head. Each
+//! architecture file decides the options (norm convention, extra norms, biases, MoE layers,
+//! sliding windows, scaling) and builds one of these.
+
+use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use mlx::Array;
+use mlx::fast::RopeOffset;
+
+use crate::activation::Activation;
+use crate::attention::{Attention, AttentionParts};
+use crate::config::{LayerAttention, MoeConfig, TextConfig};
+use crate::embedding::Embedding;
+use crate::linear::Linear;
+use crate::mlp::Mlp;
+use crate::model::{Batch, Forward, Model};
+use crate::moe::{Moe, RouterScoring, StackedExperts};
+use crate::rms_norm::RmsNorm;
+use crate::rope::{Rope, RopeConfig};
+use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone)]
+pub enum FeedForward {
+    /// A gated MLP.
+    Dense(Mlp),
+    /// A routed mixture of experts.
+    Experts(Moe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Experts(moe) => moe.forward(x),
+        }
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        match self {
+            FeedForward::Dense(mlp) => mlp.collect_arrays(out),
+            FeedForward::Experts(moe) => moe.collect_arrays(out),
+        }
+    }
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    /// Norm before attention.
+    pub input_norm: RmsNorm,
+    /// The attention block.
+    pub attention: Attention,
+    /// Norm of the attention output before the residual add (Gemma).
+    pub post_attention_norm: Option<RmsNorm>,
+    /// Norm before the feed-forward block.
+    pub pre_feedforward_norm: RmsNorm,
+    /// The feed-forward block.
+    pub feedforward: FeedForward,
+    /// Norm of the feed-forward output before the residual add (Gemma).
+    pub post_feedforward_norm: Option<RmsNorm>,
+    /// Full or sliding-window attention.
+    pub kind: LayerAttention,
+}
+
+/// A decoder-only transformer.
+pub struct Decoder {
+    /// The hyperparameters.
+    pub config: TextConfig,
+    /// Token embedding.
+    pub embedding: Embedding,
+    /// Multiplier of embeddings (Gemma: `√hidden`).
+    pub embedding_scale: Option<f32>,
+    /// The layers.
+    pub layers: Vec<DecoderLayer>,
+    /// The final norm.
+    pub norm: RmsNorm,
+    /// The output head (the embedding table when tied).
+    pub lm_head: Linear,
+}
+
+impl Decoder {
+    fn window(&self) -> Result<usize> {
+        self.config
+            .sliding_window
+            .ok_or_else(|| Error::Config("a sliding layer needs `sliding_window`".into()))
+    }
+}
+
+impl Model for Decoder {
+    fn config(&self) -> &TextConfig {
+        &self.config
+    }
+
+    fn new_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+        self.layers
+            .iter()
+            .map(|layer| {
+                Ok(Some(match (layer.kind, self.config.sliding_window) {
+                    (LayerAttention::Sliding, Some(window)) => {
+                        LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
+                            window,
+                            keep: 0,
+                            rewind_slack: 0,
+                        })?)
+                    }
+                    _ => LayerCache::Kv(KvCache::new()),
+                }))
+            })
+            .collect()
+    }
+
+    fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward> {
+        if caches.len() != self.layers.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} caches for {} layers",
+                caches.len(),
+                self.layers.len()
+            )));
+        }
+        let position = match batch.positions.as_slice() {
+            [p] => *p,
+            _ => {
+                return Err(Error::InvalidInput(
+                    "only single-sequence batches are supported yet".into(),
+                ));
+            }
+        };
+        let offset = i32::try_from(position)
+            .map_err(|_| Error::InvalidInput(format!("position {position} is too large")))?;
+        let queries = usize::try_from(batch.tokens.dim(1)?).unwrap_or(0);
+
+        let mut h = self.embedding.forward(&batch.tokens)?;
+        if let Some(scale) = self.embedding_scale {
+            h = h.multiply(scale)?;
+        }
+        for (layer, slot) in self.layers.iter().zip(caches.iter_mut()) {
+            let cache = slot
+                .as_mut()
+                .ok_or_else(|| Error::InvalidInput("an attention layer has no cache".into()))?;
+            if cache.offset() != position {
+                return Err(Error::InvalidInput(format!(
+                    "cache holds {} positions but the batch starts at {position}",
+                    cache.offset()
+                )));
+            }
+            let x = layer.input_norm.forward(&h)?;
+            let projected = layer.attention.project(&x, RopeOffset::Scalar(offset))?;
+            let history = cache.update(&projected.keys, &projected.values)?;
+            let logical = match layer.kind {
+                LayerAttention::Full => LogicalMask::Causal,
+                LayerAttention::Sliding => LogicalMask::SlidingWindow(self.window()?),
+            };
+            let mask = history.mask.attention_mask(queries, logical)?;
+            let mut attended = layer.attention.attend(
+                &projected.queries,
+                &history.keys,
+                &history.values,
+                mask.as_mask(),
+            )?;
+            if let Some(norm) = &layer.post_attention_norm {
+                attended = norm.forward(&attended)?;
+            }
+            h = h.add(&attended)?;
+            let mut ff = layer
+                .feedforward
+                .forward(&layer.pre_feedforward_norm.forward(&h)?)?;
+            if let Some(norm) = &layer.post_feedforward_norm {
+                ff = norm.forward(&ff)?;
+            }
+            h = h.add(&ff)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        let logits = self.lm_head.forward(hidden)?;
+        Ok(match self.config.final_logit_softcapping {
+            Some(cap) => logits.divide(cap)?.tanh()?.multiply(cap)?,
+            None => logits,
+        })
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embedding.collect_arrays(&mut out);
+        for layer in &self.layers {
+            layer.input_norm.collect_arrays(&mut out);
+            layer.attention.collect_arrays(&mut out);
+            layer.pre_feedforward_norm.collect_arrays(&mut out);
+            layer.feedforward.collect_arrays(&mut out);
+            for norm in [&layer.post_attention_norm, &layer.post_feedforward_norm]
+                .into_iter()
+                .flatten()
+            {
+                norm.collect_arrays(&mut out);
+            }
+        }
+        self.norm.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
+}
+
+/// The choices that distinguish one family's decoder from another's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecoderOptions {
+    /// Norm weights are stored as `w − 1` (Gemma's transformers checkpoints).
+    pub norm_unit_offset: bool,
+    /// Layers carry post-attention and post-feed-forward norms (Gemma 2/3).
+    pub sandwich_norms: bool,
+    /// Embeddings are multiplied by `√hidden` (Gemma).
+    pub scale_embeddings: bool,
+    /// Rotate adjacent pairs: GGUF llama weights keep llama.cpp's permuted Q/K rows.
+    pub traditional_rope: bool,
+}
+
+/// Builds a [`Decoder`] from HF-named weights (`model.layers.N.self_attn.q_proj.weight`, …).
+pub fn build_decoder(
+    config: TextConfig,
+    weights: &mut Weights,
+    options: DecoderOptions,
+) -> Result<Decoder> {
+    let hidden = dim(config.hidden_size, "hidden_size")?;
+    let vocab = dim(config.vocab_size, "vocab_size")?;
+    let head_dim = dim(config.head_dim, "head_dim")?;
+    let heads = dim(config.num_heads, "num_attention_heads")?;
+    let kv_heads = dim(config.num_kv_heads, "num_key_value_heads")?;
+    let eps = config.rms_norm_eps;
+    let activation = Activation::from_name(&config.hidden_act)?;
+
+    let norm = |weights: &mut Weights, name: &str, size: i32| -> Result<RmsNorm> {
+        let w = weights.dense(name, &[size])?;
+        if options.norm_unit_offset {
+            RmsNorm::with_unit_offset(w, eps)
+        } else {
+            Ok(RmsNorm::new(w, eps))
+        }
+    };
+
+    let embed_weight = weights.weight("model.embed_tokens.weight")?;
+    check_matrix("model.embed_tokens.weight", &embed_weight, vocab, hidden)?;
+    let embedding = Embedding::new(embed_weight);
+
+    let global_rope = rope_for(&config.rope, options)?;
+    let local_rope = config
+        .rope_local
+        .as_ref()
+        .map(|r| rope_for(r, options))
+        .transpose()?;
+    let scale = match config.query_pre_attn_scalar {
+        Some(s) if s > 0.0 => (1.0 / s.sqrt()) as f32,
+        Some(s) => {
+            return Err(Error::Config(format!(
+                "query_pre_attn_scalar must be positive, got {s}"
+            )));
+        }
+        None => 1.0 / (head_dim as f32).sqrt(),
+    };
+
+    let mut layers = Vec::with_capacity(config.num_layers);
+    for i in 0..config.num_layers {
+        let p = format!("model.layers.{i}");
+        let kind = config
+            .layer_attention
+            .get(i)
+            .copied()
+            .unwrap_or(LayerAttention::Full);
+        let rope = match (kind, &local_rope) {
+            (LayerAttention::Sliding, Some(local)) => local.clone(),
+            _ => global_rope.clone(),
+        };
+        let qk_norm = |weights: &mut Weights, which: &str| -> Result<Option<RmsNorm>> {
+            let name = format!("{p}.self_attn.{which}.weight");
+            if weights.contains(&name) {
+                norm(weights, &name, head_dim).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let attention = Attention::new(AttentionParts {
+            q_proj: weights.linear(&format!("{p}.self_attn.q_proj"), heads * head_dim, hidden)?,
+            k_proj: weights.linear(
+                &format!("{p}.self_attn.k_proj"),
+                kv_heads * head_dim,
+                hidden,
+            )?,
+            v_proj: weights.linear(
+                &format!("{p}.self_attn.v_proj"),
+                kv_heads * head_dim,
+                hidden,
+            )?,
+            o_proj: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, heads * head_dim)?,
+            q_norm: qk_norm(weights, "q_norm")?,
+            k_norm: qk_norm(weights, "k_norm")?,
+            rope,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            scale,
+            logit_softcap: config.attn_logit_softcapping,
+        });
+        let feedforward = match &config.moe {
+            Some(moe) if is_moe_layer(moe, i) => {
+                FeedForward::Experts(build_moe(weights, &p, moe, hidden, activation)?)
+            }
+            _ => {
+                let inter = dim(config.intermediate_size, "intermediate_size")?;
+                let gate = weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?;
+                let up = weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?;
+                let down = weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?;
+                FeedForward::Dense(Mlp::new(gate, up, down, activation)?)
+            }
+        };
+        let (post_attention_norm, pre_feedforward_norm, post_feedforward_norm) =
+            if options.sandwich_norms {
+                (
+                    Some(norm(
+                        weights,
+                        &format!("{p}.post_attention_layernorm.weight"),
+                        hidden,
+                    )?),
+                    norm(
+                        weights,
+                        &format!("{p}.pre_feedforward_layernorm.weight"),
+                        hidden,
+                    )?,
+                    Some(norm(
+                        weights,
+                        &format!("{p}.post_feedforward_layernorm.weight"),
+                        hidden,
+                    )?),
+                )
+            } else {
+                (
+                    None,
+                    norm(
+                        weights,
+                        &format!("{p}.post_attention_layernorm.weight"),
+                        hidden,
+                    )?,
+                    None,
+                )
+            };
+        layers.push(DecoderLayer {
+            input_norm: norm(weights, &format!("{p}.input_layernorm.weight"), hidden)?,
+            attention,
+            post_attention_norm,
+            pre_feedforward_norm,
+            feedforward,
+            post_feedforward_norm,
+            kind,
+        });
+    }
+    let final_norm = norm(weights, "model.norm.weight", hidden)?;
+    let tied = config
+        .tie_word_embeddings
+        .unwrap_or(!weights.contains("lm_head.weight"));
+    let lm_head = if tied {
+        embedding.as_linear()
+    } else {
+        weights.linear("lm_head", vocab, hidden)?
+    };
+    Ok(Decoder {
+        embedding_scale: options
+            .scale_embeddings
+            .then(|| (config.hidden_size as f32).sqrt()),
+        config,
+        embedding,
+        layers,
+        norm: final_norm,
+        lm_head,
+    })
+}
+
+fn is_moe_layer(moe: &MoeConfig, layer: usize) -> bool {
+    !moe.mlp_only_layers.contains(&layer) && (layer + 1) % moe.decoder_sparse_step == 0
+}
+
+fn build_moe(
+    weights: &mut Weights,
+    p: &str,
+    moe: &MoeConfig,
+    hidden: i32,
+    activation: Activation,
+) -> Result<Moe> {
+    let experts = dim(moe.num_experts, "num_experts")?;
+    let inter = dim(moe.expert_intermediate_size, "moe_intermediate_size")?;
+    let router = weights.linear(&format!("{p}.mlp.gate"), experts, hidden)?;
+    let stacked =
+        |weights: &mut Weights, which: &str, out: i32, inp: i32| -> Result<StackedExperts> {
+            // GGUF and converted checkpoints store experts stacked; transformers stores them apart.
+            let fused = format!("{p}.mlp.experts.{which}.weight");
+            if weights.contains(&fused) {
+                return Ok(StackedExperts::new(weights.weight(&fused)?));
+            }
+            let per_expert = (0..moe.num_experts)
+                .map(|e| weights.matrix(&format!("{p}.mlp.experts.{e}.{which}"), out, inp))
+                .collect::<Result<Vec<_>>>()?;
+            StackedExperts::stack(per_expert)
+        };
+    Moe::new(
+        router,
+        stacked(weights, "gate_proj", inter, hidden)?,
+        stacked(weights, "up_proj", inter, hidden)?,
+        stacked(weights, "down_proj", hidden, inter)?,
+        moe.experts_per_token,
+        moe.normalize_top_k,
+        RouterScoring::Softmax,
+        activation,
+    )
+}
+
+fn rope_for(config: &RopeConfig, options: DecoderOptions) -> Result<Rope> {
+    let mut config = config.clone();
+    config.traditional |= options.traditional_rope;
+    Rope::new(&config)
+}
+
+fn dim(value: usize, name: &str) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::Config(format!("`{name}` = {value} is too large")))
+}

@@ -1,0 +1,8 @@
+//! Architectures, one file each, and the registry that picks one by name.
+
+pub mod decoder;
+pub mod gemma3;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3_moe;

@@ -1,0 +1,187 @@
+//! `Attention`: multi-head attention with grouped key/value heads, optional q/k norms, rotary
+//! positions, soft-capped logits, over the history a cache hands back.
+
+use mlx::fast::{AttentionMask, RopeOffset};
+use mlx::{Array, Dtype};
+
+use crate::Result;
+use crate::linear::Linear;
+use crate::rms_norm::RmsNorm;
+use crate::rope::Rope;
+
+/// Queries, keys and values of one forward, `[batch, heads, tokens, head_dim]`, with rotary
+/// positions applied to queries and keys.
+pub struct Projected {
+    /// Queries.
+    pub queries: Array,
+    /// New keys, to append to the cache.
+    pub keys: Array,
+    /// New values, to append to the cache.
+    pub values: Array,
+}
+
+/// The attention block of one layer.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    rope: Rope,
+    num_heads: i32,
+    num_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    logit_softcap: Option<f32>,
+}
+
+/// The parts of an [`Attention`] block.
+pub struct AttentionParts {
+    /// Query projection `[heads · head_dim, dim]`.
+    pub q_proj: Linear,
+    /// Key projection `[kv_heads · head_dim, dim]`.
+    pub k_proj: Linear,
+    /// Value projection `[kv_heads · head_dim, dim]`.
+    pub v_proj: Linear,
+    /// Output projection `[dim, heads · head_dim]`.
+    pub o_proj: Linear,
+    /// Per-head norm of queries before rotation (Qwen3, Gemma 3).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head norm of keys before rotation.
+    pub k_norm: Option<RmsNorm>,
+    /// The rotary embedding.
+    pub rope: Rope,
+    /// Query heads.
+    pub num_heads: i32,
+    /// Key/value heads.
+    pub num_kv_heads: i32,
+    /// Features per head.
+    pub head_dim: i32,
+    /// Multiplier of `q · k` (usually `head_dim^-0.5`).
+    pub scale: f32,
+    /// `tanh` soft cap of attention logits (Gemma 2).
+    pub logit_softcap: Option<f32>,
+}
+
+impl Attention {
+    /// Assembles the block.
+    pub fn new(parts: AttentionParts) -> Attention {
+        Attention {
+            q_proj: parts.q_proj,
+            k_proj: parts.k_proj,
+            v_proj: parts.v_proj,
+            o_proj: parts.o_proj,
+            q_norm: parts.q_norm,
+            k_norm: parts.k_norm,
+            rope: parts.rope,
+            num_heads: parts.num_heads,
+            num_kv_heads: parts.num_kv_heads,
+            head_dim: parts.head_dim,
+            scale: parts.scale,
+            logit_softcap: parts.logit_softcap,
+        }
+    }
+
+    /// Appends every array of the block to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        for proj in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
+            proj.collect_arrays(out);
+        }
+        for norm in [&self.q_norm, &self.k_norm].into_iter().flatten() {
+            norm.collect_arrays(out);
+        }
+    }
+
+    /// Projects `x: [batch, tokens, dim]` into rotated queries, keys and values.
+    pub fn project(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Projected> {
+        let shape = x.shape();
+        let (b, l) = (shape[0], shape[1]);
+        let heads = |proj: &Linear, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
+            let y = proj.forward(x)?.reshape(&[b, l, n, self.head_dim])?;
+            let y = match norm {
+                Some(norm) => norm.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let queries = heads(&self.q_proj, self.num_heads, self.q_norm.as_ref())?;
+        let keys = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref())?;
+        let values = heads(&self.v_proj, self.num_kv_heads, None)?;
+        Ok(Projected {
+            queries: self.rope.forward(&queries, offset)?,
+            keys: self.rope.forward(&keys, offset)?,
+            values,
+        })
+    }
+
+    /// Attends `queries` over the cached `keys`/`values` (`[batch, kv_heads, history, head_dim]`)
+    /// and projects back to `[batch, tokens, dim]`.
+    pub fn attend(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array> {
+        let out = match self.logit_softcap {
+            None => {
+                mlx::fast::scaled_dot_product_attention(queries, keys, values, self.scale, mask)?
+            }
+            Some(cap) => self.softcapped(queries, keys, values, mask, cap)?,
+        };
+        let shape = out.shape();
+        let (b, l) = (shape[0], shape[2]);
+        let out = out
+            .transpose(&[0, 2, 1, 3])?
+            .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        self.o_proj.forward(&out)
+    }
+
+    /// Attention with `cap · tanh(logits / cap)`, which the fused kernel cannot do.
+    fn softcapped(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        mask: AttentionMask<'_>,
+        cap: f32,
+    ) -> Result<Array> {
+        let groups = self.num_heads / self.num_kv_heads;
+        let expand = |a: &Array| -> Result<Array> {
+            if groups == 1 {
+                return Ok(a.clone());
+            }
+            let s = a.shape();
+            Ok(a.expand_dims(&[2])?
+                .broadcast_to(&[s[0], s[1], groups, s[2], s[3]])?
+                .reshape(&[s[0], s[1] * groups, s[2], s[3]])?)
+        };
+        let (k, v) = (expand(k)?, expand(v)?);
+        let logits = q.multiply(self.scale)?.matmul(&k.swap_axes(-1, -2)?)?;
+        let logits = logits.divide(cap)?.tanh()?.multiply(cap)?;
+        let (queries, keys) = (logits.dim(-2)?, logits.dim(-1)?);
+        let logits = match mask {
+            AttentionMask::None => logits,
+            AttentionMask::Causal => {
+                // Query i sits at position keys − queries + i.
+                let rows = Array::arange(0.0, f64::from(queries), 1.0, Dtype::I32)?
+                    .add(keys - queries)?
+                    .expand_dims(&[1])?;
+                let cols =
+                    Array::arange(0.0, f64::from(keys), 1.0, Dtype::I32)?.expand_dims(&[0])?;
+                cols.less_equal(&rows)?.select(&logits, f32::NEG_INFINITY)?
+            }
+            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
+                m.select(&logits, f32::NEG_INFINITY)?
+            }
+            AttentionMask::Array(m) => logits.add(m)?,
+        };
+        let probs = logits
+            .astype(Dtype::F32)?
+            .softmax(&[-1], true)?
+            .astype(v.dtype())?;
+        Ok(probs.matmul(&v)?)
+    }
+}

@@ -1,0 +1,404 @@
+//! Reading a model's `config.json` into the hyperparameters the architectures need.
+//!
+//! Both transformers 4 and 5 spellings are accepted (`rope_theta` or `rope_parameters`,
+//! `num_experts` or `num_local_experts`, `sliding_window_pattern` or `_sliding_window_pattern`
+//! or `layer_types`). A field that changes the numbers — the rope base above all — is never
+//! defaulted silently: its absence is an error naming it.
+
+use serde_json::Value;
+
+use crate::rope::{RopeConfig, RopeScaling};
+use crate::{Error, Result};
+
+/// Whether a layer attends to everything before it or to a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerAttention {
+    /// Causal attention over the whole history.
+    Full,
+    /// Causal attention over the last `window` positions.
+    Sliding,
+}
+
+/// Mixture-of-experts hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub experts_per_token: usize,
+    /// Hidden size of each expert.
+    pub expert_intermediate_size: usize,
+    /// Renormalize the top-k router probabilities to sum to one.
+    pub normalize_top_k: bool,
+    /// Layers `i` with `(i + 1) % step == 0` are MoE layers.
+    pub decoder_sparse_step: usize,
+    /// Layers that keep a dense MLP.
+    pub mlp_only_layers: Vec<usize>,
+}
+
+/// The hyperparameters of a decoder-only text model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextConfig {
+    /// The architecture family (`llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3_text`, …).
+    pub model_type: String,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than query heads).
+    pub num_kv_heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Hidden size of the dense MLP.
+    pub intermediate_size: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Norm epsilon.
+    pub rms_norm_eps: f32,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// Whether the output head reuses the embedding table; `None` when the config is silent
+    /// (then the checkpoint decides: no `lm_head` means tied).
+    pub tie_word_embeddings: Option<bool>,
+    /// Rotary embedding of full-attention layers.
+    pub rope: RopeConfig,
+    /// Rotary embedding of sliding-window layers, when it differs (Gemma 3's local base).
+    pub rope_local: Option<RopeConfig>,
+    /// Attention kind per layer.
+    pub layer_attention: Vec<LayerAttention>,
+    /// The window of sliding layers.
+    pub sliding_window: Option<usize>,
+    /// Attention scale is `query_pre_attn_scalar^-0.5` instead of `head_dim^-0.5`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `tanh` soft cap of attention logits.
+    pub attn_logit_softcapping: Option<f32>,
+    /// `tanh` soft cap of output logits.
+    pub final_logit_softcapping: Option<f32>,
+    /// The MLP activation (`silu` or `gelu_pytorch_tanh`, …).
+    pub hidden_act: String,
+    /// Mixture-of-experts settings, for MoE models.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Typed access to a JSON object that names what is missing or wrong.
+struct Fields<'a> {
+    object: &'a Value,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.object.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    Error::Config(format!("`{key}` must be a non-negative integer, got {v}"))
+                }),
+        }
+    }
+
+    fn required_usize(&self, key: &str) -> Result<usize> {
+        self.usize(key)?.ok_or_else(|| missing(key))
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::Config(format!("`{key}` must be a number, got {v}"))),
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| Error::Config(format!("`{key}` must be true or false, got {v}"))),
+        }
+    }
+
+    fn str(&self, key: &str) -> Option<&'a str> {
+        self.get(key).and_then(Value::as_str)
+    }
+}
+
+fn missing(key: &str) -> Error {
+    Error::Config(format!("required field `{key}` is missing"))
+}
+
+impl TextConfig {
+    /// Parses a transformers `config.json` (text models, or the `text_config` of a multimodal
+    /// one).
+    pub fn from_json(value: &Value) -> Result<TextConfig> {
+        let root = Fields { object: value };
+        let value = root.get("text_config").unwrap_or(value);
+        let f = Fields { object: value };
+        let model_type = f
+            .str("model_type")
+            .or_else(|| root.str("model_type"))
+            .ok_or_else(|| missing("model_type"))?
+            .to_string();
+
+        let hidden_size = f.required_usize("hidden_size")?;
+        let num_layers = f.required_usize("num_hidden_layers")?;
+        let num_heads = f.required_usize("num_attention_heads")?;
+        // transformers' own default for an absent value: multi-head attention.
+        let num_kv_heads = f.usize("num_key_value_heads")?.unwrap_or(num_heads);
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "{num_heads} attention heads cannot share {num_kv_heads} key/value heads"
+            )));
+        }
+        let head_dim = match f.usize("head_dim")? {
+            Some(d) => d,
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => return Err(missing("head_dim")),
+        };
+        let vocab_size = f.required_usize("vocab_size")?;
+        let intermediate_size = f.required_usize("intermediate_size")?;
+        let rms_norm_eps = f
+            .f64("rms_norm_eps")?
+            .or(f.f64("layer_norm_eps")?)
+            .ok_or_else(|| missing("rms_norm_eps"))? as f32;
+        let max_position_embeddings = f.usize("max_position_embeddings")?.unwrap_or(4096);
+
+        let rotary_dims = match f.f64("partial_rotary_factor")? {
+            Some(factor) if factor > 0.0 && factor <= 1.0 => {
+                ((head_dim as f64 * factor) as i32) & !1
+            }
+            Some(factor) => {
+                return Err(Error::Config(format!(
+                    "`partial_rotary_factor` must be in (0, 1], got {factor}"
+                )));
+            }
+            None => head_dim as i32,
+        };
+        let (rope, rope_local) = read_rope(&f, rotary_dims)?;
+
+        let layer_attention = read_layer_types(&f, num_layers)?;
+        let sliding_window = f.usize("sliding_window")?;
+        let uses_sliding = layer_attention.contains(&LayerAttention::Sliding);
+        if uses_sliding && sliding_window.is_none() {
+            return Err(missing("sliding_window"));
+        }
+        let rope_local = if uses_sliding {
+            match rope_local {
+                Some(local) => Some(local),
+                None => match f.f64("rope_local_base_freq")? {
+                    Some(base) => Some(RopeConfig {
+                        base,
+                        dims: rotary_dims,
+                        traditional: false,
+                        scaling: RopeScaling::None,
+                    }),
+                    None if model_type.starts_with("gemma3") => {
+                        return Err(missing("rope_local_base_freq"));
+                    }
+                    None => None,
+                },
+            }
+        } else {
+            None
+        };
+
+        let moe = read_moe(&f, &model_type)?;
+        let hidden_act = f
+            .str("hidden_act")
+            .or_else(|| f.str("hidden_activation"))
+            .unwrap_or("silu")
+            .to_string();
+
+        Ok(TextConfig {
+            model_type,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size,
+            vocab_size,
+            rms_norm_eps,
+            max_position_embeddings,
+            tie_word_embeddings: f
+                .bool("tie_word_embeddings")?
+                .or(root.bool("tie_word_embeddings")?),
+            rope,
+            rope_local,
+            layer_attention,
+            sliding_window: if uses_sliding { sliding_window } else { None },
+            query_pre_attn_scalar: f.f64("query_pre_attn_scalar")?,
+            attn_logit_softcapping: f.f64("attn_logit_softcapping")?.map(|v| v as f32),
+            final_logit_softcapping: f.f64("final_logit_softcapping")?.map(|v| v as f32),
+            hidden_act,
+            moe,
+        })
+    }
+}
+
+/// Reads the global and (for models with two) local rotary embeddings.
+fn read_rope(f: &Fields<'_>, dims: i32) -> Result<(RopeConfig, Option<RopeConfig>)> {
+    if let Some(params) = f.get("rope_parameters") {
+        let params_fields = Fields { object: params };
+        // transformers 5 nests per-layer-type parameters for models with two kinds of layers.
+        if let Some(full) = params_fields.get("full_attention") {
+            let global = rope_from_parameters(full, dims)?;
+            let local = params_fields
+                .get("sliding_attention")
+                .map(|p| rope_from_parameters(p, dims))
+                .transpose()?;
+            return Ok((global, local));
+        }
+        return Ok((rope_from_parameters(params, dims)?, None));
+    }
+    let base = f.f64("rope_theta")?.ok_or_else(|| missing("rope_theta"))?;
+    let scaling = match f.get("rope_scaling") {
+        Some(s) => read_scaling(s)?,
+        None => RopeScaling::None,
+    };
+    Ok((
+        RopeConfig {
+            base,
+            dims,
+            traditional: false,
+            scaling,
+        },
+        None,
+    ))
+}
+
+fn rope_from_parameters(params: &Value, dims: i32) -> Result<RopeConfig> {
+    let p = Fields { object: params };
+    let base = p
+        .f64("rope_theta")?
+        .ok_or_else(|| missing("rope_parameters.rope_theta"))?;
+    Ok(RopeConfig {
+        base,
+        dims,
+        traditional: false,
+        scaling: read_scaling(params)?,
+    })
+}
+
+fn read_scaling(value: &Value) -> Result<RopeScaling> {
+    let s = Fields { object: value };
+    let kind = s
+        .str("rope_type")
+        .or_else(|| s.str("type"))
+        .unwrap_or("default");
+    let factor = || {
+        s.f64("factor")?
+            .ok_or_else(|| missing("rope_scaling.factor"))
+    };
+    let original = || {
+        s.f64("original_max_position_embeddings")?
+            .ok_or_else(|| missing("rope_scaling.original_max_position_embeddings"))
+    };
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: s
+                .f64("low_freq_factor")?
+                .ok_or_else(|| missing("rope_scaling.low_freq_factor"))?,
+            high_freq_factor: s
+                .f64("high_freq_factor")?
+                .ok_or_else(|| missing("rope_scaling.high_freq_factor"))?,
+            original_max_position_embeddings: original()?,
+        },
+        "yarn" => RopeScaling::Yarn {
+            factor: factor()?,
+            original_max_position_embeddings: original()?,
+            beta_fast: s.f64("beta_fast")?.unwrap_or(32.0),
+            beta_slow: s.f64("beta_slow")?.unwrap_or(1.0),
+            mscale: s.f64("mscale")?.unwrap_or(1.0),
+            mscale_all_dim: s.f64("mscale_all_dim")?.unwrap_or(0.0),
+        },
+        other => return Err(Error::Config(format!("unsupported rope scaling `{other}`"))),
+    })
+}
+
+fn read_layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerAttention>> {
+    if let Some(types) = f.get("layer_types") {
+        let list = types
+            .as_array()
+            .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
+        if list.len() != num_layers {
+            return Err(Error::Config(format!(
+                "`layer_types` lists {} layers, the model has {num_layers}",
+                list.len()
+            )));
+        }
+        return list
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(LayerAttention::Full),
+                Some("sliding_attention") => Ok(LayerAttention::Sliding),
+                _ => Err(Error::Config(format!("unsupported layer type {t}"))),
+            })
+            .collect();
+    }
+    let pattern = match f.usize("sliding_window_pattern")? {
+        Some(p) => Some(p),
+        None => f.usize("_sliding_window_pattern")?,
+    };
+    Ok(match pattern {
+        // Every `pattern`-th layer is global, the others slide.
+        Some(p) if p > 0 => (0..num_layers)
+            .map(|i| {
+                if (i + 1) % p == 0 {
+                    LayerAttention::Full
+                } else {
+                    LayerAttention::Sliding
+                }
+            })
+            .collect(),
+        _ => vec![LayerAttention::Full; num_layers],
+    })
+}
+
+fn read_moe(f: &Fields<'_>, model_type: &str) -> Result<Option<MoeConfig>> {
+    let num_experts = match f.usize("num_experts")? {
+        Some(n) => Some(n),
+        None => f.usize("num_local_experts")?,
+    };
+    let Some(num_experts) = num_experts.filter(|&n| n > 0) else {
+        if model_type.contains("moe") {
+            return Err(missing("num_experts"));
+        }
+        return Ok(None);
+    };
+    let mlp_only_layers = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .ok_or_else(|| Error::Config("`mlp_only_layers` must be a list".into()))?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| Error::Config("`mlp_only_layers` must hold integers".into()))
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok(Some(MoeConfig {
+        num_experts,
+        experts_per_token: f.required_usize("num_experts_per_tok")?,
+        expert_intermediate_size: f.required_usize("moe_intermediate_size")?,
+        normalize_top_k: f.bool("norm_topk_prob")?.unwrap_or(false),
+        decoder_sparse_step: f.usize("decoder_sparse_step")?.unwrap_or(1).max(1),
+        mlp_only_layers,
+    }))
+}

@@ -1,0 +1,61 @@
+//! `Embedding`: token ids to vectors, and the same table as a tied output head.
+
+use mlx::Array;
+use mlx::quantized::Quantized;
+
+use crate::Result;
+use crate::linear::{Linear, Tensor};
+
+/// A `[vocab, dim]` lookup table, dense or quantized.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    table: Tensor,
+}
+
+impl Embedding {
+    /// A dense table.
+    pub fn dense(table: Array) -> Embedding {
+        Embedding {
+            table: Tensor::Dense(table),
+        }
+    }
+
+    /// A quantized table: rows are gathered packed and dequantized after the gather.
+    pub fn quantized(table: Quantized) -> Embedding {
+        Embedding {
+            table: Tensor::Quantized(table),
+        }
+    }
+
+    /// A table from a weight of either kind.
+    pub fn new(table: Tensor) -> Embedding {
+        Embedding { table }
+    }
+
+    /// Looks up `ids` (any shape of integers) → `ids.shape + [dim]`, in `dtype` for dense
+    /// tables converted on load and in the scales' dtype for quantized ones.
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match &self.table {
+            Tensor::Dense(t) => Ok(t.take(ids, 0)?),
+            Tensor::Quantized(q) => {
+                let rows = Quantized {
+                    weights: q.weights.take(ids, 0)?,
+                    scales: q.scales.take(ids, 0)?,
+                    biases: q.biases.as_ref().map(|b| b.take(ids, 0)).transpose()?,
+                    spec: q.spec,
+                };
+                Ok(rows.dequantize(None)?)
+            }
+        }
+    }
+
+    /// Appends the table's arrays to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        crate::linear::tensor_arrays(&self.table, out);
+    }
+
+    /// The table used as an output projection (`x Eᵀ`), for tied heads.
+    pub fn as_linear(&self) -> Linear {
+        Linear::new(self.table.clone(), None)
+    }
+}

@@ -1,0 +1,67 @@
+//! Opening a checkpoint (a safetensors directory or a GGUF file) into a ready model.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mlx::Dtype;
+use quant::{Checkpoint, Format};
+
+use crate::config::TextConfig;
+use crate::model::Model;
+use crate::registry::{Source, build_model, default_dtype};
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// A model built from a checkpoint, with what it was built from.
+pub struct Loaded {
+    /// The model, weights evaluated.
+    pub model: Box<dyn Model>,
+    /// The raw config (for a GGUF file, its metadata translated to transformers' names).
+    pub config_json: serde_json::Value,
+    /// The checkpoint's format.
+    pub format: Format,
+    /// The dtype the model computes in.
+    pub dtype: Dtype,
+    /// Wall time of the whole load.
+    pub duration: Duration,
+}
+
+/// Loads the checkpoint at `path` computing in `dtype` (the device default when `None`).
+/// Every tensor the checkpoint holds must be used by the architecture; a leftover tensor
+/// means a misread checkpoint and is an error naming it.
+pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
+    let start = Instant::now();
+    let checkpoint = Checkpoint::open(path)?;
+    let config_json = checkpoint.config().clone();
+    let config = TextConfig::from_json(&config_json)?;
+    let dtype = match dtype {
+        Some(d) => d,
+        None => default_dtype()?,
+    };
+    let source = match checkpoint.format() {
+        Format::Gguf => Source::Gguf,
+        Format::Safetensors => Source::Transformers,
+    };
+    let tensors = checkpoint
+        .names()
+        .into_iter()
+        .map(|name| {
+            let tensor = checkpoint.tensor(&name)?;
+            Ok((name, tensor))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut weights = Weights::new(tensors, dtype);
+    let model = build_model(config, &mut weights, source)?;
+    if let Some(unused) = weights.unused().first() {
+        return Err(Error::Weights(format!(
+            "the checkpoint holds `{unused}`, which the architecture does not use"
+        )));
+    }
+    Ok(Loaded {
+        model,
+        config_json,
+        format: checkpoint.format(),
+        dtype,
+        duration: start.elapsed(),
+    })
+}

@@ -1,0 +1,89 @@
+//! `Mlp`: the gated feed-forward block, with gate and up projections fused into one matmul.
+
+use mlx::Array;
+use mlx::quantized::Quantized;
+
+use crate::activation::Activation;
+use crate::linear::{Linear, Tensor};
+use crate::{Error, Result};
+
+/// `down(act(gate(x)) · up(x))`.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    gate_up: Linear,
+    down: Linear,
+    hidden: i32,
+    activation: Activation,
+}
+
+impl Mlp {
+    /// Builds the block; `gate` and `up` are concatenated along their output rows once, here.
+    pub fn new(gate: Tensor, up: Tensor, down: Linear, activation: Activation) -> Result<Mlp> {
+        let (gate_up, hidden) = fuse_rows(gate, up)?;
+        Ok(Mlp {
+            gate_up: Linear::new(gate_up, None),
+            down,
+            hidden,
+            activation,
+        })
+    }
+
+    /// Appends every array of the block to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.gate_up.collect_arrays(out);
+        self.down.collect_arrays(out);
+    }
+
+    /// Applies the block to `x: [..., dim]`.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let both = self.gate_up.forward(x)?;
+        let parts = both.split_at(&[self.hidden], -1)?;
+        let [gate, up] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
+        self.down.forward(&self.activation.gated(&gate, &up)?)
+    }
+}
+
+/// Stacks two `[out, in]` weights of the same kind into `[out_a + out_b, in]`, returning the
+/// row count of the first.
+pub(crate) fn fuse_rows(a: Tensor, b: Tensor) -> Result<(Tensor, i32)> {
+    match (a, b) {
+        (Tensor::Dense(a), Tensor::Dense(b)) => {
+            let rows = a.dim(0)?;
+            Ok((Tensor::Dense(mlx::concatenate(&[a, b], 0)?), rows))
+        }
+        (Tensor::Quantized(a), Tensor::Quantized(b)) if a.spec == b.spec => {
+            let rows = a.weights.dim(0)?;
+            let biases = match (&a.biases, &b.biases) {
+                (Some(x), Some(y)) => Some(mlx::concatenate(&[x.clone(), y.clone()], 0)?),
+                (None, None) => None,
+                _ => {
+                    return Err(Error::Weights(
+                        "gate and up disagree on quantization biases".into(),
+                    ));
+                }
+            };
+            Ok((
+                Tensor::Quantized(Quantized {
+                    weights: mlx::concatenate(&[a.weights, b.weights], 0)?,
+                    scales: mlx::concatenate(&[a.scales, b.scales], 0)?,
+                    biases,
+                    spec: a.spec,
+                }),
+                rows,
+            ))
+        }
+        (a, b) => {
+            // Mixed storage (e.g. different quantization per tensor): fuse in floating point.
+            let dense = |w: Tensor| -> Result<Array> {
+                Ok(match w {
+                    Tensor::Dense(w) => w,
+                    Tensor::Quantized(q) => q.dequantize(None)?,
+                })
+            };
+            let (a, b) = (dense(a)?, dense(b)?);
+            let dtype = a.dtype();
+            fuse_rows(Tensor::Dense(a), Tensor::Dense(b.astype(dtype)?))
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `Moe`: a routed mixture of gated experts, run through MLX's gathered matmuls.
+
+use mlx::quantized::{Quantized, gather_mm};
+use mlx::{Array, Dtype};
+
+use crate::activation::Activation;
+use crate::linear::{Linear, Tensor};
+use crate::{Error, Result};
+
+/// How router logits become expert weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// Softmax over all experts, then top-k (Qwen3-MoE, Mixtral).
+    Softmax,
+    /// Independent sigmoids, then top-k (DeepSeek-V3 style).
+    Sigmoid,
+}
+
+/// Experts stacked along a leading axis: `[experts, out, in]`.
+#[derive(Debug, Clone)]
+pub struct StackedExperts {
+    weight: Tensor,
+}
+
+impl StackedExperts {
+    /// Wraps a stacked `[experts, out, in]` weight.
+    pub fn new(weight: Tensor) -> StackedExperts {
+        StackedExperts { weight }
+    }
+
+    /// Stacks per-expert `[out, in]` weights of one kind.
+    pub fn stack(weights: Vec<Tensor>) -> Result<StackedExperts> {
+        let all_dense = weights.iter().all(|w| matches!(w, Tensor::Dense(_)));
+        if all_dense {
+            let arrays: Vec<Array> = weights
+                .into_iter()
+                .filter_map(|w| match w {
+                    Tensor::Dense(a) => Some(a),
+                    Tensor::Quantized(_) => None,
+                })
+                .collect();
+            return Ok(StackedExperts::new(Tensor::Dense(mlx::stack(&arrays, 0)?)));
+        }
+        let mut qs = Vec::with_capacity(weights.len());
+        for w in weights {
+            match w {
+                Tensor::Quantized(q) => qs.push(q),
+                Tensor::Dense(_) => {
+                    return Err(Error::Weights(
+                        "experts mix dense and quantized weights".into(),
+                    ));
+                }
+            }
+        }
+        let spec = qs
+            .first()
+            .map(|q| q.spec)
+            .ok_or_else(|| Error::Weights("no experts to stack".into()))?;
+        if qs.iter().any(|q| q.spec != spec) {
+            return Err(Error::Weights("experts are quantized differently".into()));
+        }
+        let weights: Vec<Array> = qs.iter().map(|q| q.weights.clone()).collect();
+        let scales: Vec<Array> = qs.iter().map(|q| q.scales.clone()).collect();
+        let biases = qs
+            .iter()
+            .map(|q| q.biases.clone())
+            .collect::<Option<Vec<Array>>>()
+            .map(|b: Vec<Array>| mlx::stack(&b, 0))
+            .transpose()?;
+        Ok(StackedExperts::new(Tensor::Quantized(Quantized {
+            weights: mlx::stack(&weights, 0)?,
+            scales: mlx::stack(&scales, 0)?,
+            biases,
+            spec,
+        })))
+    }
+
+    /// `x: [tokens, 1, 1, in]` through expert `indices[t, j]` → `[tokens, k, 1, out]`.
+    fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        Ok(match &self.weight {
+            Tensor::Dense(w) => gather_mm(x, &w.swap_axes(-1, -2)?, None, Some(indices), false)?,
+            Tensor::Quantized(q) => q.gather_matmul(x, None, Some(indices), true, false)?,
+        })
+    }
+
+    fn rows(&self) -> Result<i32> {
+        Ok(match &self.weight {
+            Tensor::Dense(w) => w.dim(1)?,
+            Tensor::Quantized(q) => q.weights.dim(1)?,
+        })
+    }
+}
+
+/// A mixture-of-experts feed-forward block.
+#[derive(Debug, Clone)]
+pub struct Moe {
+    router: Linear,
+    gate_up: StackedExperts,
+    hidden: i32,
+    down: StackedExperts,
+    top_k: i32,
+    normalize_top_k: bool,
+    scoring: RouterScoring,
+    activation: Activation,
+}
+
+impl Moe {
+    /// Builds the block; gate and up experts are fused along their output rows once, here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        router: Linear,
+        gate: StackedExperts,
+        up: StackedExperts,
+        down: StackedExperts,
+        top_k: usize,
+        normalize_top_k: bool,
+        scoring: RouterScoring,
+        activation: Activation,
+    ) -> Result<Moe> {
+        let hidden = gate.rows()?;
+        let gate_up = match (gate.weight, up.weight) {
+            (Tensor::Dense(g), Tensor::Dense(u)) => Tensor::Dense(mlx::concatenate(&[g, u], 1)?),
+            (Tensor::Quantized(g), Tensor::Quantized(u)) if g.spec == u.spec => {
+                let biases = match (g.biases, u.biases) {
+                    (Some(a), Some(b)) => Some(mlx::concatenate(&[a, b], 1)?),
+                    (None, None) => None,
+                    _ => {
+                        return Err(Error::Weights(
+                            "gate and up experts disagree on biases".into(),
+                        ));
+                    }
+                };
+                Tensor::Quantized(Quantized {
+                    weights: mlx::concatenate(&[g.weights, u.weights], 1)?,
+                    scales: mlx::concatenate(&[g.scales, u.scales], 1)?,
+                    biases,
+                    spec: g.spec,
+                })
+            }
+            _ => {
+                return Err(Error::Weights(
+                    "gate and up experts are stored differently".into(),
+                ));
+            }
+        };
+        let top_k = i32::try_from(top_k)
+            .map_err(|_| Error::Config("experts_per_token is too large".into()))?;
+        if top_k < 1 {
+            return Err(Error::Config("experts_per_token must be at least 1".into()));
+        }
+        Ok(Moe {
+            router,
+            gate_up: StackedExperts::new(gate_up),
+            hidden,
+            down,
+            top_k,
+            normalize_top_k,
+            scoring,
+            activation,
+        })
+    }
+
+    /// Appends every array of the block to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.router.collect_arrays(out);
+        crate::linear::tensor_arrays(&self.gate_up.weight, out);
+        crate::linear::tensor_arrays(&self.down.weight, out);
+    }
+
+    /// Routes each token of `x: [..., dim]` to its top-k experts and mixes their outputs.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let shape = x.shape();
+        let dim = *shape
+            .last()
+            .ok_or_else(|| Error::InvalidInput("MoE input is a scalar".into()))?;
+        let tokens = x.reshape(&[-1, dim])?;
+        let logits = self.router.forward(&tokens)?;
+        let scores = match self.scoring {
+            RouterScoring::Softmax => logits.astype(Dtype::F32)?.softmax(&[-1], true)?,
+            RouterScoring::Sigmoid => logits.astype(Dtype::F32)?.sigmoid()?,
+        };
+        let experts = scores.dim(-1)?;
+        let k = self.top_k.min(experts);
+        // The k largest scores: partition the negated scores around position k − 1.
+        let indices = scores
+            .negative()?
+            .argpartition(k - 1, -1)?
+            .slice_axis(-1, 0, k)?;
+        let mut weights = scores.take_along_axis(&indices, -1)?;
+        if self.normalize_top_k {
+            weights = weights.divide(&weights.sum(&[-1], true)?)?;
+        }
+        let weights = weights.astype(x.dtype())?;
+
+        let expanded = tokens.expand_dims(&[-2, -3])?;
+        let both = self.gate_up.forward(&expanded, &indices)?;
+        let parts = both.split_at(&[self.hidden], -1)?;
+        let [gate, up] = <[Array; 2]>::try_from(parts)
+            .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
+        let hidden = self.activation.gated(&gate, &up)?;
+        let out = self.down.forward(&hidden, &indices)?.squeeze(&[-2])?;
+        let mixed = out
+            .multiply(&weights.expand_dims(&[-1])?)?
+            .sum(&[-2], false)?;
+        Ok(mixed.reshape(&shape)?)
+    }
+}

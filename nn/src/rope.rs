@@ -1,0 +1,224 @@
+//! Rotary position embedding with the scalings checkpoints ask for.
+
+use std::f64::consts::PI;
+
+use mlx::fast::{RopeFrequencies, RopeOffset};
+use mlx::{Array, Dtype, SliceSpec};
+
+use crate::{Error, Result};
+
+/// How positions or frequencies are rescaled for long contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain `base^(-2i/d)` frequencies.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The position divisor.
+        factor: f64,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// How much low frequencies are stretched.
+        factor: f64,
+        /// Wavelengths longer than `original / low_freq_factor` are fully scaled.
+        low_freq_factor: f64,
+        /// Wavelengths shorter than `original / high_freq_factor` are kept.
+        high_freq_factor: f64,
+        /// The context length the model was trained with.
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN: interpolate low frequencies, keep high ones, ramp between, and rescale attention.
+    Yarn {
+        /// The context extension factor.
+        factor: f64,
+        /// The context length the model was trained with.
+        original_max_position_embeddings: f64,
+        /// Rotations above which frequencies are kept.
+        beta_fast: f64,
+        /// Rotations below which frequencies are interpolated.
+        beta_slow: f64,
+        /// Attention temperature multiplier.
+        mscale: f64,
+        /// Attention temperature divisor applied to all dimensions.
+        mscale_all_dim: f64,
+    },
+}
+
+/// Everything that defines one rotary embedding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    /// Frequency base θ.
+    pub base: f64,
+    /// Rotated features (≤ head_dim; fewer for partial rotary embeddings).
+    pub dims: i32,
+    /// Rotate adjacent pairs instead of halves (GGUF llama weights before un-permuting).
+    pub traditional: bool,
+    /// Long-context scaling.
+    pub scaling: RopeScaling,
+}
+
+/// A rotary embedding ready to apply.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    dims: i32,
+    traditional: bool,
+    base: f32,
+    position_scale: f32,
+    /// Explicit periods (MLX's `freqs`: angle = position / period) when scaled.
+    periods: Option<Array>,
+    /// Multiplier of the rotated features (YaRN's attention temperature).
+    feature_scale: f32,
+}
+
+impl Rope {
+    /// Precomputes frequencies for `config`.
+    pub fn new(config: &RopeConfig) -> Result<Rope> {
+        if config.dims <= 0 || config.dims % 2 != 0 {
+            return Err(Error::Config(format!(
+                "rotary dims must be a positive even number, got {}",
+                config.dims
+            )));
+        }
+        if !(config.base.is_finite() && config.base > 1.0) {
+            return Err(Error::Config(format!(
+                "rope base must be > 1, got {}",
+                config.base
+            )));
+        }
+        let mut rope = Rope {
+            dims: config.dims,
+            traditional: config.traditional,
+            base: config.base as f32,
+            position_scale: 1.0,
+            periods: None,
+            feature_scale: 1.0,
+        };
+        let half = (config.dims / 2) as usize;
+        let dims = f64::from(config.dims);
+        let base_periods: Vec<f64> = (0..half)
+            .map(|i| config.base.powf(2.0 * i as f64 / dims))
+            .collect();
+        match config.scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                positive("linear rope factor", factor)?;
+                rope.position_scale = (1.0 / factor) as f32;
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: original,
+            } => {
+                positive("llama3 rope factor", factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(Error::Config(
+                        "llama3 rope needs high_freq_factor > low_freq_factor".into(),
+                    ));
+                }
+                let low_wavelen = original / low_freq_factor;
+                let high_wavelen = original / high_freq_factor;
+                let periods = base_periods
+                    .iter()
+                    .map(|&p| {
+                        let wavelen = 2.0 * PI * p;
+                        if wavelen > low_wavelen {
+                            p * factor
+                        } else if wavelen > high_wavelen {
+                            let smooth = (original / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            p / ((1.0 - smooth) / factor + smooth)
+                        } else {
+                            p
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                rope.periods = Some(periods_array(&periods)?);
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            } => {
+                positive("yarn rope factor", factor)?;
+                let correction_dim = |rotations: f64| {
+                    dims * (original / (rotations * 2.0 * PI)).ln() / (2.0 * config.base.ln())
+                };
+                let low = correction_dim(beta_fast).floor().max(0.0);
+                let mut high = correction_dim(beta_slow).ceil().min(dims - 1.0);
+                if high == low {
+                    high += 0.001;
+                }
+                let periods = base_periods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &extra)| {
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let keep = 1.0 - ramp;
+                        let inter = factor * extra;
+                        inter * extra / (inter * keep + extra * (1.0 - keep))
+                    })
+                    .collect::<Vec<_>>();
+                rope.periods = Some(periods_array(&periods)?);
+                let attention_scale = |m: f64| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * factor.ln() + 1.0
+                    }
+                };
+                rope.feature_scale =
+                    (attention_scale(mscale) / attention_scale(mscale_all_dim)) as f32;
+            }
+        }
+        Ok(rope)
+    }
+
+    /// Rotates `x: [batch, heads, seq, head_dim]` for positions starting at `offset`.
+    pub fn forward(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array> {
+        let x = if self.feature_scale != 1.0 {
+            let shape = x.shape();
+            let mut stop = shape.clone();
+            if let Some(last) = stop.last_mut() {
+                *last = self.dims;
+            }
+            let rotated = x
+                .slice(&SliceSpec::new(&vec![0; shape.len()], &stop))?
+                .multiply(self.feature_scale)?;
+            x.slice_update(&rotated, &SliceSpec::new(&vec![0; shape.len()], &stop))?
+        } else {
+            x.clone()
+        };
+        let frequencies = match &self.periods {
+            Some(periods) => RopeFrequencies::Custom(periods),
+            None => RopeFrequencies::Base(self.base),
+        };
+        Ok(mlx::fast::rope(
+            &x,
+            self.dims,
+            self.traditional,
+            frequencies,
+            self.position_scale,
+            offset,
+        )?)
+    }
+}
+
+fn positive(what: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{what} must be positive, got {value}"
+        )))
+    }
+}
+
+fn periods_array(periods: &[f64]) -> Result<Array> {
+    let values: Vec<f32> = periods.iter().map(|&p| p as f32).collect();
+    Ok(Array::from_slice(&values, &[values.len() as i32])?.astype(Dtype::F32)?)
+}

@@ -1,0 +1,149 @@
+//! `Weights`: the named tensors of a checkpoint, handed out to layers as they are built.
+//!
+//! Dense tensors are converted to the compute dtype when taken (f32 on CPU, bf16 on GPU);
+//! quantized ones keep their packing, with scales and biases in the compute dtype. Every tensor
+//! taken is tracked, so a loader can report weights the architecture never used.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mlx::{Array, Dtype};
+
+use crate::linear::{Linear, Tensor};
+use crate::{Error, Result};
+
+/// Named tensors and the dtype layers compute in.
+pub struct Weights {
+    tensors: BTreeMap<String, Tensor>,
+    taken: BTreeSet<String>,
+    dtype: Dtype,
+}
+
+impl Weights {
+    /// Wraps `tensors`; dense ones are converted to `dtype` when taken.
+    pub fn new(tensors: impl IntoIterator<Item = (String, Tensor)>, dtype: Dtype) -> Weights {
+        Weights {
+            tensors: tensors.into_iter().collect(),
+            taken: BTreeSet::new(),
+            dtype,
+        }
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Whether a tensor of this name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Names of tensors never taken.
+    pub fn unused(&self) -> Vec<&str> {
+        self.tensors
+            .keys()
+            .filter(|k| !self.taken.contains(*k))
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// The tensor `name`, dense or quantized, or `None`.
+    pub fn optional(&mut self, name: &str) -> Result<Option<Tensor>> {
+        let Some(tensor) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        self.taken.insert(name.to_string());
+        Ok(Some(tensor.to_dtype(self.dtype)?))
+    }
+
+    /// The tensor `name`, dense or quantized; an error naming it when absent.
+    pub fn weight(&mut self, name: &str) -> Result<Tensor> {
+        self.optional(name)?
+            .ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))
+    }
+
+    /// A floating-point tensor (quantized ones are dequantized), checked against `shape`.
+    pub fn dense(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = match self.weight(name)? {
+            Tensor::Dense(a) => a,
+            quantized => quantized.into_dense(Some(self.dtype))?,
+        };
+        if array.shape() != shape {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` has shape {:?}, expected {shape:?}",
+                array.shape()
+            )));
+        }
+        Ok(array)
+    }
+
+    /// `prefix.weight` checked to be `[out, in]`, for projections that are fused before use
+    /// and so must not carry a bias.
+    pub fn matrix(&mut self, prefix: &str, out: i32, inp: i32) -> Result<Tensor> {
+        if self.contains(&format!("{prefix}.bias")) {
+            return Err(Error::Weights(format!(
+                "`{prefix}` has a bias, which this architecture does not support"
+            )));
+        }
+        let name = format!("{prefix}.weight");
+        let weight = self.weight(&name)?;
+        check_matrix(&name, &weight, out, inp)?;
+        Ok(weight)
+    }
+
+    /// `prefix.weight` and, when present, `prefix.bias` as a [`Linear`] of `[out, in]`.
+    pub fn linear(&mut self, prefix: &str, out: i32, inp: i32) -> Result<Linear> {
+        let name = format!("{prefix}.weight");
+        let weight = self.weight(&name)?;
+        check_matrix(&name, &weight, out, inp)?;
+        let bias = match self.optional(&format!("{prefix}.bias"))? {
+            None => None,
+            Some(Tensor::Dense(b)) => {
+                if b.shape() != [out] {
+                    return Err(Error::Weights(format!(
+                        "tensor `{prefix}.bias` has shape {:?}, expected [{out}]",
+                        b.shape()
+                    )));
+                }
+                Some(b)
+            }
+            Some(Tensor::Quantized(_)) => {
+                return Err(Error::Weights(format!(
+                    "tensor `{prefix}.bias` is quantized"
+                )));
+            }
+        };
+        Ok(Linear::new(weight, bias))
+    }
+}
+
+/// Checks that a (possibly packed) weight is `[out, in]`.
+pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> Result<()> {
+    let (rows, cols) = match weight {
+        Tensor::Dense(w) => {
+            let s = w.shape();
+            if s.len() != 2 {
+                return Err(Error::Weights(format!(
+                    "tensor `{name}` has shape {s:?}, expected [{out}, {inp}]"
+                )));
+            }
+            (s[0], s[1])
+        }
+        Tensor::Quantized(q) => {
+            let s = q.weights.shape();
+            if s.len() != 2 {
+                return Err(Error::Weights(format!(
+                    "tensor `{name}` has packed shape {s:?}"
+                )));
+            }
+            // u32 words hold 32 / bits values.
+            (s[0], s[1] * 32 / q.spec.bits)
+        }
+    };
+    if (rows, cols) != (out, inp) {
+        return Err(Error::Weights(format!(
+            "tensor `{name}` is [{rows}, {cols}], expected [{out}, {inp}]"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Logits of every architecture against transformers' golden logits on tiny random models
+//! (`scripts/make_fixtures.py`), for one-shot prefill, chunked prefill and token-by-token
+//! decode through the caches.
+//!
+//! Tolerance: 1e-4 absolute in f32. The fixtures' logits reach ~10–20 in magnitude; f32 carries
+//! ~7 significant digits, and summation order differs between MLX's fused kernels and
+//! PyTorch's eager ones, giving differences of order 1e-5 (the fixture script measured 1.3e-5
+//! between transformers' own full and incremental passes, and 1.7e-5 between mlx-lm and
+//! transformers). 1e-4 leaves headroom for that while any real mistake (a wrong rope base, a
+//! missed norm offset, a misrouted expert) shows up as errors of 0.1 or more.
+
+use std::path::{Path, PathBuf};
+
+use mlx::{Array, Dtype};
+use nn::{Batch, Model, Source, TextConfig, Weights, build_model};
+use quant::{SafetensorsFile, Tensor};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+struct Golden {
+    prompt: Vec<u32>,
+    logits: Vec<f32>,
+    vocab: usize,
+}
+
+fn golden(dir: &Path) -> Golden {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let prompt = meta["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let file = SafetensorsFile::open(&dir.join("logits.safetensors")).unwrap();
+    let logits = file.load("logits").unwrap();
+    let vocab = logits.shape()[1] as usize;
+    Golden {
+        prompt,
+        logits: logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(),
+        vocab,
+    }
+}
+
+fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(config_file)).unwrap()).unwrap();
+    let config = TextConfig::from_json(&config).unwrap();
+    let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let tensors = file
+        .entries()
+        .keys()
+        .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
+        .collect::<Vec<_>>();
+    let mut weights = Weights::new(tensors, Dtype::F32);
+    let model = build_model(config, &mut weights, Source::Transformers).unwrap();
+    assert_eq!(
+        weights.unused(),
+        Vec::<&str>::new(),
+        "weights the model never used"
+    );
+    model
+}
+
+fn compare(got: &Array, golden: &Golden, first_position: usize, what: &str) {
+    let got = got.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+    let expected = &golden.logits[first_position * golden.vocab..][..got.len()];
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let err = (g - e).abs();
+        if err > worst || err.is_nan() {
+            worst = err;
+            at = i;
+        }
+    }
+    assert!(
+        worst <= TOLERANCE,
+        "{what}: max abs error {worst:e} at position {}, token {} (got {}, expected {})",
+        first_position + at / golden.vocab,
+        at % golden.vocab,
+        got[at],
+        expected[at]
+    );
+}
+
+fn logits_of(
+    model: &dyn Model,
+    caches: &mut [Option<kvcache::LayerCache>],
+    ids: &[u32],
+    position: usize,
+) -> Array {
+    let batch = Batch::single(ids, position).unwrap();
+    let forward = model.forward(&batch, caches).unwrap();
+    model.unembed(&forward.hidden).unwrap()
+}
+
+fn check_fixture(name: &str, config_file: &str) {
+    let dir = fixture(name);
+    let golden = golden(&dir);
+    let model = load(&dir, config_file);
+    let n = golden.prompt.len();
+
+    let mut caches = model.new_caches().unwrap();
+    let all = logits_of(model.as_ref(), &mut caches, &golden.prompt, 0);
+    compare(
+        &all,
+        &golden,
+        0,
+        &format!("{name}/{config_file}: one-shot prefill"),
+    );
+
+    let mut caches = model.new_caches().unwrap();
+    let mut position = 0;
+    for chunk in golden.prompt.chunks(5) {
+        let logits = logits_of(model.as_ref(), &mut caches, chunk, position);
+        compare(
+            &logits,
+            &golden,
+            position,
+            &format!("{name}: chunked prefill at {position}"),
+        );
+        position += chunk.len();
+    }
+
+    let mut caches = model.new_caches().unwrap();
+    let prefix = n / 3;
+    let logits = logits_of(model.as_ref(), &mut caches, &golden.prompt[..prefix], 0);
+    compare(
+        &logits,
+        &golden,
+        0,
+        &format!("{name}: prefill before decode"),
+    );
+    for position in prefix..n {
+        let logits = logits_of(
+            model.as_ref(),
+            &mut caches,
+            &golden.prompt[position..position + 1],
+            position,
+        );
+        compare(
+            &logits,
+            &golden,
+            position,
+            &format!("{name}: decode at {position}"),
+        );
+    }
+}
+
+#[test]
+fn llama_tied() {
+    check_fixture("llama", "config.json");
+}
+
+#[test]
+fn llama_tied_transformers4_config() {
+    check_fixture("llama", "config.transformers4.json");
+}
+
+#[test]
+fn llama_untied() {
+    check_fixture("llama_untied", "config.json");
+}
+
+#[test]
+fn qwen2() {
+    check_fixture("qwen2", "config.json");
+}
+
+#[test]
+fn qwen3() {
+    check_fixture("qwen3", "config.json");
+}
+
+#[test]
+fn qwen3_moe() {
+    check_fixture("qwen3_moe", "config.json");
+    check_fixture("qwen3_moe", "config.transformers4.json");
+}
+
+#[test]
+fn gemma3() {
+    check_fixture("gemma3", "config.json");
+    check_fixture("gemma3", "config.transformers4.json");
+}
+
+#[test]
+fn a_config_without_its_rope_base_is_refused_by_name() {
+    let dir = fixture("llama");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    config["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("rope_theta");
+    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    assert!(err.contains("rope_theta"), "{err}");
+
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.transformers4.json")).unwrap())
+            .unwrap();
+    config.as_object_mut().unwrap().remove("rope_theta");
+    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    assert!(err.contains("rope_theta"), "{err}");
+
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("hidden_size");
+    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    assert!(err.contains("hidden_size"), "{err}");
+}
