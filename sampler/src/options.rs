@@ -126,6 +126,21 @@ impl Options {
         Ok(())
     }
 
+    /// Whether two slots turn logits into the same distribution: equal options up to the
+    /// seed (each slot draws with its own key anyway) and logprobs (computed for every row
+    /// when any row asks). Such slots share one batched pass.
+    pub fn same_distribution(&self, other: &Options) -> bool {
+        self.temperature == other.temperature
+            && self.top_k == other.top_k
+            && self.top_p == other.top_p
+            && self.min_p == other.min_p
+            && self.window() == other.window()
+            && self.repeat_penalty == other.repeat_penalty
+            && self.presence_penalty == other.presence_penalty
+            && self.frequency_penalty == other.frequency_penalty
+            && self.logit_bias == other.logit_bias
+    }
+
     /// Whether any penalty changes logits.
     pub(crate) fn penalizes(&self) -> bool {
         self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0

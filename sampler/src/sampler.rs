@@ -98,7 +98,10 @@ impl Sampler {
     }
 
     /// Samples one token per row of `logits` (`[slots.len(), V]`, any float dtype), row `b`
-    /// for `slots[b]`, and appends each token to its slot's window on the device.
+    /// for `slots[b]`, and appends each token to its slot's window on the device. Slots whose
+    /// options agree up to seed and logprobs ([`Options::same_distribution`]) run as one
+    /// batched pass; otherwise every row runs alone. A seeded slot draws the same token
+    /// whichever other slots share the call.
     pub fn sample(&mut self, slots: &[SlotId], logits: &Array) -> Result<Sampled> {
         self.sample_masked(slots, logits, &[])
     }
@@ -131,7 +134,7 @@ impl Sampler {
         let shared = slots.iter().all(|&s| {
             self.slots
                 .get(&s)
-                .is_some_and(|slot| slot.options == *first)
+                .is_some_and(|slot| slot.options.same_distribution(first))
         });
         let tokens = if shared {
             let options = first.clone();
