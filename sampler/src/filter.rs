@@ -31,21 +31,23 @@ impl Candidates {
     /// (`[B, V]` f32).
     pub(crate) fn filter(logits: &Array, options: &Options) -> Result<Candidates> {
         let vocab = logits.dim(1)?;
-        let mut scaled = if options.temperature == 1.0 {
-            logits.clone()
-        } else {
-            logits.multiply(1.0 / options.temperature)?
-        };
-        let mut ids = None;
-        if options.top_k > 0 && options.top_k < vocab as usize {
+        // Top-k first, on the unscaled logits: dividing by a positive temperature keeps the
+        // order, and then only the k survivors need scaling. Partitioning at `V - k` puts the
+        // k largest last, which spares negating the whole row.
+        let (kept, mut ids) = if options.top_k > 0 && options.top_k < vocab as usize {
             let k = to_i32(options.top_k)?;
-            let kept = scaled
-                .negative()?
-                .argpartition(k - 1, 1)?
-                .slice_axis(1, 0, k)?;
-            scaled = scaled.take_along_axis(&kept, 1)?;
-            ids = Some(kept);
-        }
+            let best = logits
+                .argpartition(vocab - k, 1)?
+                .slice_axis(1, vocab - k, vocab)?;
+            (logits.take_along_axis(&best, 1)?, Some(best))
+        } else {
+            (logits.clone(), None)
+        };
+        let mut scaled = if options.temperature == 1.0 {
+            kept
+        } else {
+            kept.multiply(1.0 / options.temperature)?
+        };
         if options.top_p < 1.0 {
             let order = scaled.negative()?.argsort(1)?;
             let sorted = scaled.take_along_axis(&order, 1)?;

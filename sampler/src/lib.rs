@@ -15,7 +15,8 @@
 //! bias, and its grammar branch masks the logits just before sampling. The differences change no
 //! distribution: bias has to come first to be a bias on the model's logits; the mask is `-inf`,
 //! which every later step keeps `-inf`; and temperature commutes with top-k because scaling by
-//! a positive number keeps the order. Top-p reads the probabilities renormalised over the
+//! a positive number keeps the order (the code runs top-k first, so that only the `k`
+//! survivors are scaled). Top-p reads the probabilities renormalised over the
 //! top-k survivors, and min-p compares with the most likely survivor.
 //!
 //! Logprobs (on request only) come from the full-vocabulary log-softmax of the raw logits, as

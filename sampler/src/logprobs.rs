@@ -27,9 +27,12 @@ impl Logprobs {
     pub(crate) fn compute(logits: &Array, tokens: &Array, top: usize) -> Result<Logprobs> {
         let rows = logits.dim(0)?;
         let vocab = logits.dim(1)?;
-        let logprobs = logits.subtract(&logits.logsumexp(&[1], true)?)?;
-        let chosen = logprobs
+        // Only the chosen and the top entries are needed, so the log-softmax is never
+        // materialised over the vocabulary: logits minus one log-sum-exp per row.
+        let lse = logits.logsumexp(&[1], true)?;
+        let chosen = logits
             .take_along_axis(&tokens.expand_dims(&[1])?, 1)?
+            .subtract(&lse)?
             .squeeze(&[1])?;
         let top = to_i32(top.min(vocab as usize))?;
         if top == 0 {
@@ -39,13 +42,11 @@ impl Logprobs {
                 top_logprobs: Array::zeros(&[rows, 0], Dtype::F32)?,
             });
         }
-        let negated = logprobs.negative()?;
-        let best = if top < vocab {
-            negated.argpartition(top - 1, 1)?.slice_axis(1, 0, top)?
-        } else {
-            negated.argsort(1)?
-        };
-        let best_values = logprobs.take_along_axis(&best, 1)?;
+        // Partitioning at `V - top` puts the `top` largest last, in no order; sort just those.
+        let best = logits
+            .argpartition(vocab - top, 1)?
+            .slice_axis(1, vocab - top, vocab)?;
+        let best_values = logits.take_along_axis(&best, 1)?.subtract(&lse)?;
         let order = best_values.negative()?.argsort(1)?;
         Ok(Logprobs {
             chosen,
