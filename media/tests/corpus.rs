@@ -91,15 +91,33 @@ fn gif_claiming(width: u16, height: u16) -> Vec<u8> {
     bytes
 }
 
-/// A real lossless WebP with its VP8L dimensions set to the 16384 x 16384 maximum.
-fn webp_huge() -> Vec<u8> {
+/// A real lossless WebP with its VP8L dimensions set to 16383 x 16383. (The format's 14-bit
+/// fields allow 16384, but the decoder wraps that to 0.)
+fn webp_lossless_claiming_16383() -> Vec<u8> {
     let mut bytes = support::webp_lossless(&support::pattern(4, 4));
     assert_eq!(&bytes[12..16], b"VP8L");
     assert_eq!(bytes[20], 0x2f);
     let packed = u32::from_le_bytes([bytes[21], bytes[22], bytes[23], bytes[24]]);
-    let packed = (packed & 0xF000_0000) | 16383 | (16383 << 14);
+    let packed = (packed & 0xF000_0000) | 16382 | (16382 << 14);
     bytes[21..25].copy_from_slice(&packed.to_le_bytes());
     bytes
+}
+
+/// A real lossless WebP behind a VP8X header whose canvas is the 24-bit maximum, 16777216
+/// pixels a side.
+fn webp_extended_canvas_max() -> Vec<u8> {
+    let simple = support::webp_lossless(&support::pattern(4, 4));
+    let mut vp8x = b"VP8X".to_vec();
+    vp8x.extend_from_slice(&10u32.to_le_bytes());
+    vp8x.extend_from_slice(&[0, 0, 0, 0]); // no flags
+    vp8x.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF]); // width-1, height-1
+    let mut body = b"WEBP".to_vec();
+    body.extend_from_slice(&vp8x);
+    body.extend_from_slice(&simple[12..]);
+    let mut out = b"RIFF".to_vec();
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
 }
 
 fn truncated(mut bytes: Vec<u8>, keep: f64) -> Vec<u8> {
@@ -163,7 +181,16 @@ fn image_cases() -> Vec<Case> {
             any_decode,
         ),
         case("gif_header_only.gif", b"GIF89a".to_vec(), any_decode),
-        case("webp_16384x16384.webp", webp_huge(), too_large),
+        case(
+            "webp_16383x16383.webp",
+            webp_lossless_claiming_16383(),
+            too_large,
+        ),
+        case(
+            "webp_vp8x_canvas_16777216.webp",
+            webp_extended_canvas_max(),
+            any_decode,
+        ),
         case(
             "webp_truncated.webp",
             truncated(support::webp_lossless(&support::pattern(16, 16)), 0.5),
@@ -399,6 +426,20 @@ fn every_crafted_file_is_refused_cheaply() {
         "largest allocation while refusing: {} bytes ({})",
         worst.0, worst.1
     );
+}
+
+/// Every refusal's message, reviewed once: each names the problem a client must fix.
+#[test]
+fn refusal_messages() {
+    let lines: Vec<String> = image_cases()
+        .into_iter()
+        .chain(wav_cases())
+        .map(|case| match refuse(&case.bytes).0 {
+            Some(err) => format!("{}: {err}", case.name),
+            None => format!("{}: ACCEPTED", case.name),
+        })
+        .collect();
+    insta::assert_snapshot!(lines.join("\n"));
 }
 
 #[test]

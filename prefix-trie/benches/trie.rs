@@ -188,7 +188,7 @@ fn evict_one_checkpoint(bencher: Bencher) {
         });
 }
 
-/// Evicting down to half the bytes: reclaims about 800 of 1,000 checkpoints.
+/// Evicting down to half the bytes: merges away about 700 of the 1,000 checkpoints.
 #[divan::bench(sample_count = 20, sample_size = 1)]
 fn evict_to_half_budget(bencher: Bencher) {
     let stored = conversation();

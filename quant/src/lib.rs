@@ -1,6 +1,68 @@
 //! What a checkpoint's tensors are.
 //!
-//! This crate will own reading checkpoints (HF-style safetensors directories and GGUF files),
-//! the quantization modes MLX understands (affine 2–8 bit, mxfp4, mxfp8, nvfp4), per-tensor
-//! quantization metadata, and the import pipeline that turns a foreign checkpoint into one MLX
-//! can load: read, classify, plan, write, manifest.
+//! [`Checkpoint::open`] reads an HF-style safetensors directory (sharded or not, plain or
+//! MLX-quantized in mlx-lm's layout) or a GGUF file, and shows both the same way: an HF-style
+//! [`Checkpoint::config`], HF tensor names, and [`Tensor`]s that are either dense MLX arrays
+//! or MLX [`Quantized`](mlx::quantized::Quantized) matrices. GGUF's Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q4_K and Q5_K weights become MLX affine-quantized matrices without dequantizing;
+//! Q2_K, Q3_K and Q6_K are dequantized in Rust.
+//!
+//! ```no_run
+//! # fn main() -> quant::Result<()> {
+//! let checkpoint = quant::Checkpoint::open("model.gguf".as_ref())?;
+//! let layers = checkpoint.config()["num_hidden_layers"].as_u64();
+//! let q = checkpoint.tensor_as("model.layers.0.self_attn.q_proj.weight", mlx::Dtype::F32)?;
+//! println!("{layers:?} layers, q_proj {:?}, quantized: {}", q.shape(), q.is_quantized());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Files and what they own:
+//! - `checkpoint`: [`Checkpoint`], the one view model code reads, and its [`Format`].
+//! - `tensor`: [`Tensor`], dense or quantized; dtype conversion, row selection.
+//! - `safetensors`: one safetensors file, header validated against the file before any read.
+//! - `safetensors_dir`: HF-style directories, shard index, mlx-lm quantized weights.
+//! - `mlx_quantization`: mlx-lm's `quantization` config with per-module overrides.
+//! - `gguf`: GGUF v2/v3 parsing: metadata, tensor infos, alignment, bounds.
+//! - `ggml_type`: GGML tensor types and block sizes.
+//! - `block_formats`: GGUF blocks decoded to integers plus a per-group affine map.
+//! - `kquants`: the Q2_K … Q6_K block decoders.
+//! - `gguf_tensor`: GGUF data to MLX (pass-through, affine repack, or Rust dequantization).
+//! - `gguf_names`: llama.cpp tensor names to HF names.
+//! - `gguf_config`: GGUF metadata to an HF-style `config.json`.
+//! - `gguf_checkpoint`: a GGUF file as an HF checkpoint (names, config, converter changes undone).
+//! - `rope_permutation`: llama.cpp's Q/K row permutation and its inverse.
+
+//! - `mapped_file`: read-only memory maps.
+//! - `error`: [`Error`] and [`Result`].
+
+mod block_formats;
+mod checkpoint;
+mod error;
+mod ggml_type;
+mod gguf;
+mod gguf_checkpoint;
+mod gguf_config;
+mod gguf_names;
+mod gguf_tensor;
+mod kquants;
+mod mapped_file;
+mod mlx_quantization;
+mod rope_permutation;
+mod safetensors;
+mod safetensors_dir;
+mod tensor;
+
+pub use checkpoint::{Checkpoint, Format};
+pub use error::{Error, Result};
+pub use ggml_type::GgmlType;
+pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
+pub use gguf_checkpoint::GgufCheckpoint;
+pub use gguf_config::hf_config;
+pub use gguf_names::hf_tensor_name;
+pub use gguf_tensor::{dequantize, gguf_tensor, maps_to_mlx_affine};
+pub use mlx_quantization::{QuantizationConfig, mode_from_name};
+pub use rope_permutation::{permute_qk_rows, qk_rows_permuted, unpermute_qk_rows};
+pub use safetensors::{SafetensorsEntry, SafetensorsFile};
+pub use safetensors_dir::SafetensorsDir;
+pub use tensor::Tensor;

@@ -46,7 +46,7 @@ pub fn decode_image(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage> {
     let format = image_format(bytes)?;
     let decode_err = |e: image::ImageError| Error::ImageDecode {
         format: format.name(),
-        message: e.to_string(),
+        message: e.to_string().trim_end().to_string(),
     };
 
     let mut decoder = header_decoder(bytes, format, limits)?;
@@ -88,7 +88,7 @@ fn header_decoder<'a>(
     reader.limits(alloc_only);
     let decoder = reader.into_decoder().map_err(|e| Error::ImageDecode {
         format: format.name(),
-        message: e.to_string(),
+        message: e.to_string().trim_end().to_string(),
     })?;
     let (width, height) = decoder.dimensions();
     check_dimensions(width, height, decoder.total_bytes(), limits)?;

@@ -1,0 +1,256 @@
+//! `KvCache`: the full-attention cache, a preallocated buffer written in place.
+
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+
+use mlx::{Array, concatenate};
+
+use crate::error::{CacheKind, Error, Result};
+use crate::kv_snapshot::{KvSnapshot, KvStore, SharedStore, lock_store};
+use crate::mask::{KeySpan, KvHistory, MaskApplier};
+use crate::schedule::CaptureSchedule;
+use crate::tensor::{KvShape, TOKENS, dim, write_tokens};
+
+/// The buffer grows in steps of this many tokens, so a decode step rarely reallocates.
+pub const GROWTH_STEP: usize = 256;
+
+/// Keys and values of every position so far, in a buffer `[batch, kv_heads, capacity, dim]`
+/// grown in steps of [`GROWTH_STEP`] tokens and written with slice updates.
+///
+/// Snapshots are lazy ([`KvSnapshot`]); every write copies out the lazy snapshots it would
+/// overwrite first. The cache can rewind to any offset not above its own.
+pub struct KvCache {
+    store: SharedStore,
+    shape: Option<KvShape>,
+    offset: usize,
+    capacity: usize,
+    schedule: CaptureSchedule,
+    captured: Vec<(usize, KvSnapshot)>,
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        KvCache::new()
+    }
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("offset", &self.offset)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvCache {
+    /// An empty cache; the buffer is allocated by the first update, in that update's shape.
+    pub fn new() -> KvCache {
+        KvCache {
+            store: Arc::new(std::sync::Mutex::new(KvStore::default())),
+            shape: None,
+            offset: 0,
+            capacity: 0,
+            schedule: CaptureSchedule::default(),
+            captured: Vec::new(),
+        }
+    }
+
+    /// Tokens cached.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Token slots allocated.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Appends `keys` `[batch, kv_heads, new_tokens, key_dim]` and `values`
+    /// `[.., value_dim]` (already rotary-embedded) and returns the history `0..offset`.
+    /// Scheduled captures the write crosses are recorded.
+    pub fn update(&mut self, keys: &Array, values: &Array) -> Result<KvHistory> {
+        let (shape, n) = KvShape::of(keys, values)?;
+        let from = self.offset;
+        self.write(from, keys, values, shape, n)?;
+        self.offset = from + n;
+        for (start, at) in self.schedule.crossed(from, self.offset) {
+            let snapshot = KvStore::lazy(&self.store, start..at);
+            self.captured.push((at, snapshot));
+        }
+        self.history()
+    }
+
+    /// The history `0..offset` without writing (for a drafter that reads the target's cache).
+    /// `None` while empty.
+    pub fn view(&self) -> Result<Option<KvHistory>> {
+        if self.offset == 0 {
+            return Ok(None);
+        }
+        self.history().map(Some)
+    }
+
+    fn history(&self) -> Result<KvHistory> {
+        let (keys, values) = lock_store(&self.store).read(0..self.offset)?;
+        Ok(KvHistory {
+            keys,
+            values,
+            mask: MaskApplier::new(
+                self.offset,
+                &[KeySpan {
+                    start: 0,
+                    len: self.offset,
+                }],
+                None,
+            ),
+        })
+    }
+
+    /// Writes `n` tokens at `at`, growing the buffer and copying out lazy snapshots first.
+    fn write(
+        &mut self,
+        at: usize,
+        keys: &Array,
+        values: &Array,
+        shape: KvShape,
+        n: usize,
+    ) -> Result<()> {
+        match &self.shape {
+            Some(stored) => stored.check_same(&shape, "keys and values")?,
+            None => self.shape = Some(shape),
+        }
+        let end = at + n;
+        dim(end, "cache offset")?;
+        let mut store = lock_store(&self.store);
+        if end > self.capacity {
+            let capacity = end.div_ceil(GROWTH_STEP) * GROWTH_STEP;
+            let (grown_k, grown_v) = shape.zeros(capacity - self.capacity)?;
+            // The old buffer is kept whole, not just up to the offset: lazy snapshots may name
+            // slots above the offset after a rewind.
+            let (k, v) = match (store.keys.take(), store.values.take()) {
+                (Some(k), Some(v)) => (
+                    concatenate(&[k, grown_k], TOKENS)?,
+                    concatenate(&[v, grown_v], TOKENS)?,
+                ),
+                _ => (grown_k, grown_v),
+            };
+            store.keys = Some(k);
+            store.values = Some(v);
+            self.capacity = capacity;
+        }
+        store.copy_out_overlapping(at..end)?;
+        let (Some(k), Some(v)) = (store.keys.take(), store.values.take()) else {
+            return Err(Error::Config("KV buffer missing after allocation".into()));
+        };
+        // Take the buffers out before updating so the store holds no second reference and MLX
+        // can write in place.
+        let k = write_tokens(&k, keys, at);
+        let v = write_tokens(&v, values, at);
+        match (k, v) {
+            (Ok(k), Ok(v)) => {
+                store.keys = Some(k);
+                store.values = Some(v);
+                Ok(())
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                // The old buffers are gone with the failed update; the cache is empty now, and
+                // lazy snapshots must not read whatever buffer comes next.
+                store.lose_all(&e.to_string());
+                self.offset = 0;
+                self.capacity = 0;
+                Err(e)
+            }
+        }
+    }
+
+    /// The arrays holding the cache's state, for the engine to evaluate after a forward.
+    pub fn state_arrays(&self) -> Vec<Array> {
+        let store = lock_store(&self.store);
+        store
+            .keys
+            .iter()
+            .chain(store.values.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// A lazy snapshot of `range` (within `0..offset`, non-empty).
+    pub fn snapshot(&self, range: Range<usize>) -> Result<KvSnapshot> {
+        if range.start >= range.end || range.end > self.offset {
+            return Err(Error::RangeOutOfBounds {
+                kind: CacheKind::Kv,
+                range,
+                offset: self.offset,
+            });
+        }
+        Ok(KvStore::lazy(&self.store, range))
+    }
+
+    /// Moves the offset back to `to`; what lies above stays in the buffer for lazy snapshots.
+    /// Pending scheduled captures are dropped.
+    pub fn rewind(&mut self, to: usize) -> Result<()> {
+        if to > self.offset {
+            return Err(Error::CannotRewind {
+                kind: CacheKind::Kv,
+                from: self.offset,
+                to,
+                reason: ": that is ahead of the cache",
+            });
+        }
+        self.offset = to;
+        self.schedule.clear();
+        Ok(())
+    }
+
+    /// Restores `snapshot` of `a..b`: positions `0..a` must already be right (the cache's
+    /// offset is at least `a`), and the cache ends at `b`. The cache's own lazy snapshot is
+    /// an offset move; anything else is written into the buffer. Pending scheduled captures are
+    /// dropped.
+    pub fn restore(&mut self, snapshot: &KvSnapshot) -> Result<()> {
+        let range = snapshot.range();
+        if range.start > self.offset {
+            return Err(Error::CannotRestore {
+                kind: CacheKind::Kv,
+                coverage: format!("{range:?}"),
+                offset: self.offset,
+                reason: "it starts above the cache's offset, leaving a gap",
+            });
+        }
+        self.schedule.clear();
+        let own = snapshot
+            .lazy_store()
+            .is_some_and(|store| Weak::ptr_eq(&store, &Arc::downgrade(&self.store)));
+        if own {
+            // A lazy snapshot has never been overwritten, so its slots still hold its range.
+            self.offset = range.end;
+            return Ok(());
+        }
+        let (keys, values) = snapshot.arrays()?;
+        let (shape, n) = KvShape::of(&keys, &values)?;
+        self.write(range.start, &keys, &values, shape, n)?;
+        self.offset = range.end;
+        Ok(())
+    }
+
+    /// Registers offsets to capture as later writes cross them: strictly ascending, above the
+    /// current offset. Each capture covers from the previous one (or the current offset).
+    /// Fails while captures of a previous schedule wait to be taken.
+    pub fn schedule_captures(&mut self, offsets: &[usize]) -> Result<()> {
+        self.schedule.set(offsets, self.offset, self.captured.len())
+    }
+
+    /// The captures recorded since the schedule was set, in offset order, each with its
+    /// offset; offsets not reached are dropped.
+    pub fn take_captures(&mut self) -> Vec<(usize, KvSnapshot)> {
+        self.schedule.clear();
+        std::mem::take(&mut self.captured)
+    }
+}
+
+impl Drop for KvCache {
+    fn drop(&mut self) {
+        // Lazy snapshots outlive the cache as copies. A failure marks them lost (restoring one
+        // then fails loudly) and cannot be reported from here.
+        let _ = lock_store(&self.store).copy_out_overlapping(0..usize::MAX);
+    }
+}

@@ -1,0 +1,137 @@
+//! A GGUF file seen as a Hugging Face checkpoint: HF tensor names, an HF-style config, and
+//! tensors with llama.cpp's converter-side changes undone.
+//!
+//! Two changes are undone so the tensors equal what the HF checkpoint holds (up to
+//! quantization): the Q/K row permutation of llama-family files (rows only, so quantized
+//! weights stay quantized), and the `+1` that llama.cpp's Gemma converters add to every norm
+//! weight (HF Gemma computes `x · (1 + w)`, llama.cpp `x · w`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::gguf::{GgufFile, MetaValue};
+use crate::gguf_config::hf_config;
+use crate::gguf_names::hf_tensor_name;
+use crate::gguf_tensor::gguf_tensor;
+use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// A GGUF file with HF names.
+#[derive(Debug)]
+pub struct GgufCheckpoint {
+    file: GgufFile,
+    architecture: String,
+    config: Value,
+    /// HF name (or the GGUF name, when unmapped) → index into the file's tensors.
+    names: BTreeMap<String, usize>,
+}
+
+/// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
+fn norms_shifted(architecture: &str) -> bool {
+    matches!(architecture, "gemma" | "gemma2" | "gemma3")
+}
+
+impl GgufCheckpoint {
+    /// Opens and validates a GGUF file.
+    pub fn open(path: &Path) -> Result<GgufCheckpoint> {
+        let file = GgufFile::open(path)?;
+        let architecture = file.architecture().unwrap_or_default().to_string();
+        let config = hf_config(file.metadata(), file.tensors());
+        let mut names = BTreeMap::new();
+        for (index, info) in file.tensors().iter().enumerate() {
+            let name =
+                hf_tensor_name(&architecture, &info.name).unwrap_or_else(|| info.name.clone());
+            if names.insert(name.clone(), index).is_some() {
+                return Err(Error::malformed(
+                    path,
+                    format!("two tensors map onto the name {name:?}"),
+                ));
+            }
+        }
+        Ok(GgufCheckpoint {
+            file,
+            architecture,
+            config,
+            names,
+        })
+    }
+
+    /// The underlying file, for raw metadata (tokenizer, chat template) and GGUF names.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The HF-style config translated from the metadata.
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    /// HF tensor names (GGUF names where no mapping exists).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(String::as_str)
+    }
+
+    /// Whether a tensor of this HF name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    /// Tensor `name` (HF name) as the HF checkpoint would hold it.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let tensor = self.raw_tensor(name)?;
+        if qk_rows_permuted(&self.architecture) {
+            let heads_key = if name.contains(".self_attn.q_proj.") {
+                Some("attention.head_count")
+            } else if name.contains(".self_attn.k_proj.") {
+                Some("attention.head_count_kv")
+            } else {
+                None
+            };
+            if let Some(key) = heads_key {
+                let heads = self.head_count(key, name)?;
+                return unpermute_qk_rows(&tensor, heads);
+            }
+        }
+        if norms_shifted(&self.architecture) && name.ends_with("norm.weight") {
+            let Tensor::Dense(weight) = tensor else {
+                return Err(Error::Unsupported {
+                    name: name.to_string(),
+                    what: "a quantized norm weight".into(),
+                });
+            };
+            return Ok(Tensor::Dense(weight.subtract(1.0f32)?));
+        }
+        Ok(tensor)
+    }
+
+    /// Tensor `name` (HF name) exactly as stored, without undoing converter changes.
+    pub fn raw_tensor(&self, name: &str) -> Result<Tensor> {
+        let &index = self
+            .names
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let info = &self.file.tensors()[index];
+        let bytes = self.file.tensor_bytes(info)?;
+        gguf_tensor(name, info.ggml_type, &info.shape, bytes)
+    }
+
+    fn head_count(&self, key: &str, tensor: &str) -> Result<usize> {
+        let full = format!("{}.{key}", self.architecture);
+        let value = self
+            .file
+            .get(&full)
+            .or_else(|| {
+                // `head_count_kv` defaults to `head_count`.
+                self.file
+                    .get(&format!("{}.attention.head_count", self.architecture))
+            })
+            .and_then(MetaValue::as_u64)
+            .ok_or_else(|| {
+                Error::Config(format!("{full} is missing, needed to load {tensor:?}"))
+            })?;
+        usize::try_from(value).map_err(|_| Error::Config(format!("{full} {value} is too large")))
+    }
+}

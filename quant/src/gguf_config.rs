@@ -1,0 +1,238 @@
+//! GGUF metadata translated into a Hugging Face-style `config.json`, so one config reader
+//! serves safetensors and GGUF checkpoints alike.
+//!
+//! Only facts the file states are written, with two exceptions that llama.cpp itself hard-codes
+//! for Gemma 3 and that HF configs spell out: every sixth layer is global (the rest use the
+//! sliding window) and local layers use a rope base of 10 000. A key the file lacks is left
+//! out rather than defaulted, so a reader that requires it fails naming it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::gguf::{GgufTensorInfo, MetaValue};
+
+/// llama.cpp's fixed sliding-window pattern for Gemma 3 (five local layers, then one global).
+const GEMMA3_SLIDING_WINDOW_PATTERN: u64 = 6;
+/// llama.cpp's fixed rope base for Gemma 3's sliding-window layers.
+const GEMMA3_LOCAL_ROPE_BASE: f64 = 10_000.0;
+
+/// The HF `model_type` and `architectures` entry for a GGUF architecture.
+fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
+    match architecture {
+        "llama" => ("llama", Some("LlamaForCausalLM")),
+        "mistral" => ("mistral", Some("MistralForCausalLM")),
+        "qwen2" => ("qwen2", Some("Qwen2ForCausalLM")),
+        "qwen3" => ("qwen3", Some("Qwen3ForCausalLM")),
+        "qwen3moe" => ("qwen3_moe", Some("Qwen3MoeForCausalLM")),
+        "gemma" => ("gemma", Some("GemmaForCausalLM")),
+        "gemma2" => ("gemma2", Some("Gemma2ForCausalLM")),
+        "gemma3" => ("gemma3_text", Some("Gemma3ForCausalLM")),
+        "phi3" => ("phi3", Some("Phi3ForCausalLM")),
+        other => (other, None),
+    }
+}
+
+fn to_json(value: &MetaValue) -> Value {
+    match value {
+        MetaValue::U8(v) => json!(v),
+        MetaValue::I8(v) => json!(v),
+        MetaValue::U16(v) => json!(v),
+        MetaValue::I16(v) => json!(v),
+        MetaValue::U32(v) => json!(v),
+        MetaValue::I32(v) => json!(v),
+        MetaValue::U64(v) => json!(v),
+        MetaValue::I64(v) => json!(v),
+        // f32 metadata (epsilons, rope bases) printed at f32 precision: 1e-5, not 9.99999974e-6.
+        MetaValue::F32(v) => v
+            .to_string()
+            .parse::<f64>()
+            .map(|f| json!(f))
+            .unwrap_or(Value::Null),
+        MetaValue::F64(v) => json!(v),
+        MetaValue::Bool(v) => json!(v),
+        MetaValue::String(v) => json!(v),
+        MetaValue::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+    }
+}
+
+/// Builds the HF-style config of a GGUF file from its metadata and tensor list.
+pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorInfo]) -> Value {
+    let mut config = Map::new();
+    let arch = metadata
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .unwrap_or_default();
+    let key = |suffix: &str| metadata.get(&format!("{arch}.{suffix}"));
+    let copy = |config: &mut Map<String, Value>, hf: &str, value: Option<&MetaValue>| {
+        if let Some(v) = value {
+            config.insert(hf.to_string(), to_json(v));
+        }
+    };
+
+    let (model_type, class) = hf_model_type(arch);
+    config.insert("model_type".into(), json!(model_type));
+    if let Some(class) = class {
+        config.insert("architectures".into(), json!([class]));
+    }
+    copy(&mut config, "hidden_size", key("embedding_length"));
+    copy(&mut config, "num_hidden_layers", key("block_count"));
+    copy(&mut config, "intermediate_size", key("feed_forward_length"));
+    copy(
+        &mut config,
+        "num_attention_heads",
+        key("attention.head_count"),
+    );
+    copy(
+        &mut config,
+        "num_key_value_heads",
+        key("attention.head_count_kv").or(key("attention.head_count")),
+    );
+    copy(&mut config, "head_dim", key("attention.key_length"));
+    copy(
+        &mut config,
+        "rms_norm_eps",
+        key("attention.layer_norm_rms_epsilon"),
+    );
+    copy(&mut config, "rope_theta", key("rope.freq_base"));
+    copy(
+        &mut config,
+        "max_position_embeddings",
+        key("context_length"),
+    );
+    copy(
+        &mut config,
+        "sliding_window",
+        key("attention.sliding_window"),
+    );
+    copy(&mut config, "num_experts", key("expert_count"));
+    copy(&mut config, "num_experts_per_tok", key("expert_used_count"));
+    copy(
+        &mut config,
+        "moe_intermediate_size",
+        key("expert_feed_forward_length"),
+    );
+    copy(
+        &mut config,
+        "attn_logit_softcapping",
+        key("attn_logit_softcapping"),
+    );
+    copy(
+        &mut config,
+        "final_logit_softcapping",
+        key("final_logit_softcapping"),
+    );
+    copy(
+        &mut config,
+        "bos_token_id",
+        metadata.get("tokenizer.ggml.bos_token_id"),
+    );
+    copy(
+        &mut config,
+        "eos_token_id",
+        metadata.get("tokenizer.ggml.eos_token_id"),
+    );
+    copy(
+        &mut config,
+        "pad_token_id",
+        metadata.get("tokenizer.ggml.padding_token_id"),
+    );
+
+    if let Some(vocab) = vocab_size(metadata, arch, tensors) {
+        config.insert("vocab_size".into(), json!(vocab));
+    }
+    let has_output = tensors.iter().any(|t| t.name == "output.weight");
+    config.insert("tie_word_embeddings".into(), json!(!has_output));
+
+    if let Some(scaling) = rope_scaling(metadata, arch) {
+        config.insert("rope_scaling".into(), scaling);
+    }
+    if arch.starts_with("gemma") {
+        config.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+        if let Some(head_dim) = key("attention.key_length").and_then(MetaValue::as_u64) {
+            // Gemma scales queries by 1/sqrt(query_pre_attn_scalar); llama.cpp uses head_dim.
+            config.insert("query_pre_attn_scalar".into(), json!(head_dim));
+        }
+    }
+    if arch == "gemma3" {
+        gemma3_layer_types(
+            &mut config,
+            key("attention.sliding_window_pattern"),
+            key("block_count"),
+        );
+        config.insert("rope_local_base_freq".into(), json!(GEMMA3_LOCAL_ROPE_BASE));
+    }
+    Value::Object(config)
+}
+
+fn vocab_size(
+    metadata: &BTreeMap<String, MetaValue>,
+    arch: &str,
+    tensors: &[GgufTensorInfo],
+) -> Option<u64> {
+    if let Some(n) = metadata
+        .get(&format!("{arch}.vocab_size"))
+        .and_then(MetaValue::as_u64)
+    {
+        return Some(n);
+    }
+    if let Some(tokens) = metadata
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+    {
+        return Some(tokens.len() as u64);
+    }
+    let embedding = tensors.iter().find(|t| t.name == "token_embd.weight")?;
+    embedding.shape.first().map(|&rows| rows as u64)
+}
+
+fn rope_scaling(metadata: &BTreeMap<String, MetaValue>, arch: &str) -> Option<Value> {
+    let get = |suffix: &str| metadata.get(&format!("{arch}.rope.scaling.{suffix}"));
+    let kind = get("type").and_then(MetaValue::as_str)?;
+    if kind == "none" {
+        return None;
+    }
+    let mut scaling = Map::new();
+    scaling.insert("rope_type".into(), json!(kind));
+    if let Some(factor) = get("factor") {
+        scaling.insert("factor".into(), to_json(factor));
+    }
+    if let Some(original) = get("original_context_length") {
+        scaling.insert("original_max_position_embeddings".into(), to_json(original));
+    }
+    Some(Value::Object(scaling))
+}
+
+/// `sliding_window_pattern` and `layer_types`: from the file's per-layer flags or pattern when
+/// it has them, else llama.cpp's fixed pattern.
+fn gemma3_layer_types(
+    config: &mut Map<String, Value>,
+    pattern: Option<&MetaValue>,
+    block_count: Option<&MetaValue>,
+) {
+    let Some(layers) = block_count.and_then(MetaValue::as_u64) else {
+        return;
+    };
+    let kind = |sliding: bool| {
+        if sliding {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        }
+    };
+    if let Some(flags) = pattern.and_then(MetaValue::as_array) {
+        let types: Vec<&str> = flags
+            .iter()
+            .map(|f| kind(f.as_bool().unwrap_or(false)))
+            .collect();
+        config.insert("layer_types".into(), json!(types));
+        return;
+    }
+    let every = pattern
+        .and_then(MetaValue::as_u64)
+        .filter(|&p| p > 0)
+        .unwrap_or(GEMMA3_SLIDING_WINDOW_PATTERN);
+    config.insert("sliding_window_pattern".into(), json!(every));
+    let types: Vec<&str> = (0..layers).map(|i| kind((i + 1) % every != 0)).collect();
+    config.insert("layer_types".into(), json!(types));
+}

@@ -1,0 +1,131 @@
+//! llama.cpp tensor names mapped onto Hugging Face names, so model code can use one set of
+//! names for safetensors and GGUF checkpoints alike.
+//!
+//! The mapping depends on the architecture only where llama.cpp reuses a name: `ffn_norm` is
+//! the norm before the MLP, which HF calls `post_attention_layernorm` in llama-style blocks but
+//! `pre_feedforward_layernorm` in Gemma 2/3 blocks, which also have a real post-attention norm.
+
+/// Global (non-layer) tensors.
+const GLOBAL: &[(&str, &str)] = &[
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+];
+
+/// Per-layer tensors shared by every architecture (`blk.N.<gguf>` → `model.layers.N.<hf>`).
+const LAYER: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+    ("ffn_gate_inp", "mlp.gate"),
+    // Stacked experts, named as mlx-lm names its stacked `SwitchGLU` weights.
+    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
+    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
+    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+];
+
+/// Whether `architecture` has Gemma 2/3-style sandwich norms around attention and MLP.
+fn has_sandwich_norms(architecture: &str) -> bool {
+    matches!(architecture, "gemma2" | "gemma3")
+}
+
+/// The HF name of llama.cpp tensor `name` for `architecture`, or `None` when the name is not
+/// one this table knows (callers keep such names as they are).
+pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
+    let (stem, suffix) = name.rsplit_once('.')?;
+    if let Some(&(_, hf)) = GLOBAL.iter().find(|(g, _)| *g == stem) {
+        return Some(format!("{hf}.{suffix}"));
+    }
+    let rest = stem.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let hf = match part {
+        "ffn_norm" if has_sandwich_norms(architecture) => "pre_feedforward_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" => "post_attention_layernorm",
+        "post_ffw_norm" => "post_feedforward_layernorm",
+        other => LAYER.iter().find(|(g, _)| *g == other)?.1,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_llama_names() {
+        let cases = [
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+            ("output.weight", "lm_head.weight"),
+            (
+                "blk.7.attn_q.weight",
+                "model.layers.7.self_attn.q_proj.weight",
+            ),
+            (
+                "blk.0.attn_output.weight",
+                "model.layers.0.self_attn.o_proj.weight",
+            ),
+            (
+                "blk.29.ffn_norm.weight",
+                "model.layers.29.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.3.ffn_gate.weight",
+                "model.layers.3.mlp.gate_proj.weight",
+            ),
+            ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(hf_tensor_name("llama", gguf).as_deref(), Some(hf), "{gguf}");
+        }
+    }
+
+    #[test]
+    fn maps_gemma3_sandwich_norms() {
+        let cases = [
+            (
+                "blk.1.attn_norm.weight",
+                "model.layers.1.input_layernorm.weight",
+            ),
+            (
+                "blk.1.post_attention_norm.weight",
+                "model.layers.1.post_attention_layernorm.weight",
+            ),
+            (
+                "blk.1.ffn_norm.weight",
+                "model.layers.1.pre_feedforward_layernorm.weight",
+            ),
+            (
+                "blk.1.post_ffw_norm.weight",
+                "model.layers.1.post_feedforward_layernorm.weight",
+            ),
+            (
+                "blk.1.attn_k_norm.weight",
+                "model.layers.1.self_attn.k_norm.weight",
+            ),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(
+                hf_tensor_name("gemma3", gguf).as_deref(),
+                Some(hf),
+                "{gguf}"
+            );
+        }
+    }
+
+    #[test]
+    fn leaves_unknown_names_alone() {
+        assert_eq!(hf_tensor_name("llama", "rope_freqs.weight"), None);
+        assert_eq!(hf_tensor_name("llama", "blk.x.attn_q.weight"), None);
+        assert_eq!(hf_tensor_name("llama", "blk.1.mystery.weight"), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! GGUF tensor data turned into MLX tensors.
+//!
+//! Plain element types pass through. Block types whose groups are 32 elements wide (Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) are repacked into MLX's affine layout without
+//! dequantizing: the integers go into little-endian `u32` bit streams, each group's map into
+//! an f32 scale and bias (f32 so the biases `−8·d`, `d·sc` … are exact; call
+//! `Tensor::to_dtype` for the compute dtype). Types with 16-element groups (Q2_K, Q3_K, Q6_K)
+//! have no MLX equivalent and are dequantized into dense f32.
+
+use mlx::quantized::{QuantSpec, Quantized};
+use mlx::{Array, Dtype};
+
+use crate::block_formats::{BlockShape, Group, block_shape, decode_block};
+use crate::ggml_type::GgmlType;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// The MLX array of a plain (not block-quantized) GGML type.
+fn plain_dtype(ty: GgmlType) -> Option<Dtype> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => Dtype::F32,
+        F16 => Dtype::F16,
+        Bf16 => Dtype::Bf16,
+        F64 => Dtype::F64,
+        I8 => Dtype::I8,
+        I16 => Dtype::I16,
+        I32 => Dtype::I32,
+        I64 => Dtype::I64,
+        _ => return None,
+    })
+}
+
+/// Whether tensors of `ty` load as MLX affine-quantized matrices (rather than dense).
+pub fn maps_to_mlx_affine(ty: GgmlType) -> bool {
+    block_shape(ty).is_some_and(|s| s.group_size == 32)
+}
+
+/// Turns the raw data of tensor `name` (`shape` outermost first) into a [`Tensor`].
+pub fn gguf_tensor(name: &str, ty: GgmlType, shape: &[i32], bytes: &[u8]) -> Result<Tensor> {
+    if let Some(dtype) = plain_dtype(ty) {
+        return Ok(Tensor::Dense(Array::from_bytes(bytes, shape, dtype)?));
+    }
+    let Some(layout) = block_shape(ty) else {
+        return Err(Error::Unsupported {
+            name: name.to_string(),
+            what: format!("GGML type {ty} is not supported"),
+        });
+    };
+    check_length(name, ty, layout, bytes)?;
+    if layout.group_size == 32 {
+        Ok(Tensor::Quantized(repack_affine(ty, layout, shape, bytes)?))
+    } else {
+        let values = dequantize_blocks(ty, layout, bytes);
+        Ok(Tensor::Dense(Array::from_slice(&values, shape)?))
+    }
+}
+
+/// Dequantizes GGML data of type `ty` into f32, exactly as GGML's reference code does.
+/// `bytes` must be a whole number of blocks.
+pub fn dequantize(name: &str, ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
+    if let Some(layout) = block_shape(ty) {
+        check_length(name, ty, layout, bytes)?;
+        return Ok(dequantize_blocks(ty, layout, bytes));
+    }
+    let words = |size: usize| bytes.chunks_exact(size);
+    let unsupported = || Error::Unsupported {
+        name: name.to_string(),
+        what: format!("cannot dequantize GGML type {ty}"),
+    };
+    Ok(match ty {
+        GgmlType::F32 => words(4)
+            .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect(),
+        GgmlType::F16 => words(2)
+            .map(|w| half::f16::from_le_bytes([w[0], w[1]]).to_f32())
+            .collect(),
+        GgmlType::Bf16 => words(2)
+            .map(|w| half::bf16::from_le_bytes([w[0], w[1]]).to_f32())
+            .collect(),
+        _ => return Err(unsupported()),
+    })
+}
+
+fn check_length(name: &str, ty: GgmlType, layout: BlockShape, bytes: &[u8]) -> Result<()> {
+    if !bytes.len().is_multiple_of(layout.block_bytes) {
+        return Err(Error::Unsupported {
+            name: name.to_string(),
+            what: format!(
+                "{} bytes are not a whole number of {ty} blocks of {}",
+                bytes.len(),
+                layout.block_bytes
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn dequantize_blocks(ty: GgmlType, layout: BlockShape, bytes: &[u8]) -> Vec<f32> {
+    let blocks = bytes.len() / layout.block_bytes;
+    let mut out = Vec::with_capacity(blocks * layout.block_elements);
+    let mut q = vec![0u8; layout.block_elements];
+    let mut groups = vec![Group::default(); layout.block_elements / layout.group_size];
+    for block in bytes.chunks_exact(layout.block_bytes) {
+        decode_block(ty, block, &mut q, &mut groups);
+        for (chunk, group) in q.chunks_exact(layout.group_size).zip(&groups) {
+            out.extend(chunk.iter().map(|&v| group.value(v)));
+        }
+    }
+    out
+}
+
+fn repack_affine(
+    ty: GgmlType,
+    layout: BlockShape,
+    shape: &[i32],
+    bytes: &[u8],
+) -> Result<Quantized> {
+    let blocks = bytes.len() / layout.block_bytes;
+    let groups_per_block = layout.block_elements / layout.group_size;
+    let words_per_block = layout.block_elements * layout.bits as usize / 32;
+    let mut words = Vec::with_capacity(blocks * words_per_block);
+    let mut scales = Vec::with_capacity(blocks * groups_per_block);
+    let mut biases = Vec::with_capacity(blocks * groups_per_block);
+    let mut q = vec![0u8; layout.block_elements];
+    let mut groups = vec![Group::default(); groups_per_block];
+    for block in bytes.chunks_exact(layout.block_bytes) {
+        decode_block(ty, block, &mut q, &mut groups);
+        pack_bits(&q, layout.bits, &mut words);
+        for group in &groups {
+            scales.push(group.scale);
+            biases.push(group.mlx_bias());
+        }
+    }
+    let (&cols, outer) = shape
+        .split_last()
+        .unwrap_or_else(|| unreachable!("GGUF tensors have at least one dimension"));
+    let bits = layout.bits as i32;
+    let with_last = |last: i32| -> Vec<i32> { outer.iter().copied().chain([last]).collect() };
+    Ok(Quantized {
+        weights: Array::from_slice(&words, &with_last(cols / 32 * bits))?,
+        scales: Array::from_slice(&scales, &with_last(cols / 32))?,
+        biases: Some(Array::from_slice(&biases, &with_last(cols / 32))?),
+        spec: QuantSpec::affine(32, bits),
+    })
+}
+
+/// Appends `values` (each `< 2^bits`) to `out` as MLX packs them: one little-endian bit
+/// stream, value `i` at bits `i·bits ..`, cut into `u32` words. `values.len() · bits` must be
+/// a multiple of 32.
+pub(crate) fn pack_bits(values: &[u8], bits: u32, out: &mut Vec<u32>) {
+    let mut buffer: u64 = 0;
+    let mut filled = 0u32;
+    for &v in values {
+        buffer |= u64::from(v) << filled;
+        filled += bits;
+        if filled >= 32 {
+            out.push(buffer as u32);
+            buffer >>= 32;
+            filled -= 32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_bits_is_a_little_endian_stream() {
+        let mut out = Vec::new();
+        pack_bits(&[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut out);
+        assert_eq!(out, vec![0x8765_4321]);
+        let mut out = Vec::new();
+        let values: Vec<u8> = (0..32).map(|i| (i % 32) as u8).collect();
+        pack_bits(&values, 5, &mut out);
+        assert_eq!(out.len(), 5);
+        // Value 1 sits at bits 5..10, value 6 straddles the first two words (bits 30..35).
+        assert_eq!((out[0] >> 5) & 31, 1);
+        assert_eq!((out[0] >> 30) | ((out[1] & 0b111) << 2), 6);
+    }
+}

@@ -1,0 +1,312 @@
+//! HF-style checkpoint directories: `config.json`, optional `generation_config.json`, and
+//! weights in `model.safetensors` or shards listed by `model.safetensors.index.json`.
+//!
+//! mlx-lm's quantized layout is recognized here: a weight `<m>.weight` (packed `u32`) with
+//! `<m>.scales` (and `<m>.biases` in affine mode) loads as one quantized tensor, with the spec
+//! the config's `quantization` section gives module `<m>`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use mlx::quantized::Quantized;
+use serde_json::Value;
+
+use crate::mlx_quantization::QuantizationConfig;
+use crate::safetensors::SafetensorsFile;
+use crate::tensor::Tensor;
+use crate::{Error, Result};
+
+/// The index's tensor name → shard file name map.
+type WeightMap = BTreeMap<String, String>;
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const SINGLE_FILE: &str = "model.safetensors";
+
+/// A checkpoint directory with its shards opened and validated.
+#[derive(Debug)]
+pub struct SafetensorsDir {
+    dir: PathBuf,
+    files: Vec<SafetensorsFile>,
+    /// Tensor name → index into `files`.
+    location: BTreeMap<String, usize>,
+    config: Value,
+    generation_config: Option<Value>,
+    quantization: Option<QuantizationConfig>,
+}
+
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_slice(&text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl SafetensorsDir {
+    /// Opens `dir`: reads its configs and validates every shard's header.
+    pub fn open(dir: &Path) -> Result<SafetensorsDir> {
+        let config = read_json(&dir.join("config.json"))?;
+        let generation_path = dir.join("generation_config.json");
+        let generation_config = if generation_path.exists() {
+            Some(read_json(&generation_path)?)
+        } else {
+            None
+        };
+        let quantization = QuantizationConfig::from_config(&config)?;
+        Self::with_config(dir, config, generation_config, quantization)
+    }
+
+    /// Opens the safetensors files of `dir` with an already-read config.
+    pub(crate) fn with_config(
+        dir: &Path,
+        config: Value,
+        generation_config: Option<Value>,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<SafetensorsDir> {
+        let (shard_names, index) = shard_list(dir)?;
+        Self::from_shards(
+            dir,
+            shard_names,
+            index,
+            config,
+            generation_config,
+            quantization,
+        )
+    }
+
+    /// Opens one safetensors file as a whole checkpoint.
+    pub(crate) fn with_single_file(
+        path: &Path,
+        config: Value,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<SafetensorsDir> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| Error::NotACheckpoint(path.to_path_buf()))?;
+        Self::from_shards(dir, vec![name], None, config, None, quantization)
+    }
+
+    fn from_shards(
+        dir: &Path,
+        shard_names: Vec<String>,
+        index: Option<WeightMap>,
+        config: Value,
+        generation_config: Option<Value>,
+        quantization: Option<QuantizationConfig>,
+    ) -> Result<SafetensorsDir> {
+        let mut files = Vec::with_capacity(shard_names.len());
+        let mut location = BTreeMap::new();
+        for (i, shard) in shard_names.iter().enumerate() {
+            let file = SafetensorsFile::open(&dir.join(shard))?;
+            for name in file.entries().keys() {
+                if let Some(previous) = location.insert(name.clone(), i) {
+                    return Err(Error::malformed(
+                        dir,
+                        format!(
+                            "tensor {name:?} is in both {} and {shard}",
+                            shard_names[previous]
+                        ),
+                    ));
+                }
+            }
+            files.push(file);
+        }
+        if let Some(index) = index {
+            // The index must tell the truth about where each tensor is.
+            for (name, shard) in index {
+                let found = location.get(&name).map(|&i| shard_names[i].as_str());
+                if found != Some(shard.as_str()) {
+                    return Err(Error::malformed(
+                        dir.join(INDEX_FILE),
+                        format!("tensor {name:?} is listed in {shard} but that shard lacks it"),
+                    ));
+                }
+            }
+        }
+        Ok(SafetensorsDir {
+            dir: dir.to_path_buf(),
+            files,
+            location,
+            config,
+            generation_config,
+            quantization,
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `config.json`.
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    /// `generation_config.json`, if present.
+    pub fn generation_config(&self) -> Option<&Value> {
+        self.generation_config.as_ref()
+    }
+
+    /// The mlx-lm quantization, if the checkpoint is MLX-quantized.
+    pub fn quantization(&self) -> Option<&QuantizationConfig> {
+        self.quantization.as_ref()
+    }
+
+    /// Every stored tensor name, including quantization companions (`.scales`, `.biases`).
+    pub fn raw_names(&self) -> impl Iterator<Item = &str> {
+        self.location.keys().map(String::as_str)
+    }
+
+    /// Whether a tensor of this stored name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.location.contains_key(name)
+    }
+
+    /// Logical tensor names: the stored names less the `.scales`/`.biases` companions of a
+    /// quantized weight.
+    pub fn names(&self) -> Vec<String> {
+        self.location
+            .keys()
+            .filter(|name| self.companion_of(name).is_none())
+            .cloned()
+            .collect()
+    }
+
+    fn companion_of(&self, name: &str) -> Option<String> {
+        let module = name
+            .strip_suffix(".scales")
+            .or_else(|| name.strip_suffix(".biases"))?;
+        let weight = format!("{module}.weight");
+        let has_scales = self.location.contains_key(&format!("{module}.scales"));
+        (has_scales && self.location.contains_key(&weight)).then_some(weight)
+    }
+
+    fn load_raw(&self, name: &str) -> Result<mlx::Array> {
+        let &file = self
+            .location
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        self.files[file].load(name)
+    }
+
+    /// Loads tensor `name`; a weight with stored scales loads quantized.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let Some(module) = name.strip_suffix(".weight") else {
+            return Ok(Tensor::Dense(self.load_raw(name)?));
+        };
+        let scales_name = format!("{module}.scales");
+        if !self.location.contains_key(&scales_name) {
+            return Ok(Tensor::Dense(self.load_raw(name)?));
+        }
+        let spec = self
+            .quantization
+            .as_ref()
+            .and_then(|q| q.spec_for(module))
+            .ok_or_else(|| Error::Unsupported {
+                name: name.to_string(),
+                what: "has quantization scales but config.json gives no quantization for it".into(),
+            })?;
+        let biases_name = format!("{module}.biases");
+        let biases = if spec.mode.has_biases() {
+            Some(self.load_raw(&biases_name)?)
+        } else {
+            None
+        };
+        let quantized = Quantized {
+            weights: self.load_raw(name)?,
+            scales: self.load_raw(&scales_name)?,
+            biases,
+            spec,
+        };
+        check_quantized_shapes(name, &quantized)?;
+        Ok(Tensor::Quantized(quantized))
+    }
+}
+
+/// Checks that packed weights, scales and biases describe the same matrix under `spec`.
+fn check_quantized_shapes(name: &str, q: &Quantized) -> Result<()> {
+    let bad = |what: String| Error::Unsupported {
+        name: name.to_string(),
+        what,
+    };
+    let w = q.weights.shape();
+    let s = q.scales.shape();
+    let (Some((&packed, w_outer)), Some((&groups, s_outer))) = (w.split_last(), s.split_last())
+    else {
+        return Err(bad("quantized weight or scales have no dimensions".into()));
+    };
+    if q.weights.dtype() != mlx::Dtype::U32 {
+        return Err(bad(format!(
+            "packed weight has dtype {:?}, not u32",
+            q.weights.dtype()
+        )));
+    }
+    let columns = i64::from(packed) * 32 / i64::from(q.spec.bits);
+    if w_outer != s_outer || columns != i64::from(groups) * i64::from(q.spec.group_size) {
+        return Err(bad(format!(
+            "packed weight {w:?} and scales {s:?} disagree with {} bits in groups of {}",
+            q.spec.bits, q.spec.group_size
+        )));
+    }
+    if let Some(b) = &q.biases
+        && b.shape() != s
+    {
+        return Err(bad(format!(
+            "biases {:?} differ from scales {s:?}",
+            b.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// The shard file names, and the index's tensor → shard map when there is an index.
+fn shard_list(dir: &Path) -> Result<(Vec<String>, Option<WeightMap>)> {
+    let index_path = dir.join(INDEX_FILE);
+    if index_path.exists() {
+        let index = read_json(&index_path)?;
+        let map = index
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| Error::malformed(&index_path, "weight_map is missing"))?;
+        let mut weight_map = BTreeMap::new();
+        for (name, shard) in map {
+            let shard = shard.as_str().ok_or_else(|| {
+                Error::malformed(
+                    &index_path,
+                    format!("tensor {name:?}: shard is not a string"),
+                )
+            })?;
+            if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+                return Err(Error::malformed(
+                    &index_path,
+                    format!("tensor {name:?}: shard {shard:?} is not a file in this directory"),
+                ));
+            }
+            weight_map.insert(name.clone(), shard.to_string());
+        }
+        let mut shards: Vec<String> = weight_map.values().cloned().collect();
+        shards.sort();
+        shards.dedup();
+        return Ok((shards, Some(weight_map)));
+    }
+    if dir.join(SINGLE_FILE).exists() {
+        return Ok((vec![SINGLE_FILE.to_string()], None));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut shards = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".safetensors") {
+            shards.push(name);
+        }
+    }
+    if shards.is_empty() {
+        return Err(Error::malformed(dir, "no .safetensors files"));
+    }
+    shards.sort();
+    Ok((shards, None))
+}
