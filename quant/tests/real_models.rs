@@ -76,11 +76,34 @@ fn smollm2_opens_and_every_tensor_loads() {
     assert_eq!(config_u64(&checkpoint, "vocab_size"), 49152);
     assert_eq!(checkpoint.config()["rope_theta"].as_f64(), Some(100_000.0));
     assert_eq!(checkpoint.config()["tie_word_embeddings"], true);
+    insta::assert_json_snapshot!("smollm2_config", checkpoint.config());
     let q = checkpoint
         .tensor("model.layers.0.self_attn.q_proj.weight")
         .unwrap();
     assert!(q.is_quantized(), "Q4_1 loads as MLX affine");
     assert_eq!(q.shape(), vec![576, 576]);
+    // The loaded q_proj equals GGML's own dequantization of the stored rows, put back in HF
+    // order by hand: HF row `h·64 + j·32 + i` is stored at row `h·64 + 2i + j`.
+    let gguf = checkpoint.gguf().unwrap();
+    let info = gguf.tensor_info("blk.0.attn_q.weight").unwrap();
+    let stored =
+        quant::dequantize(&info.name, info.ggml_type, gguf.tensor_bytes(info).unwrap()).unwrap();
+    let loaded = q
+        .clone()
+        .into_dense(Some(mlx::Dtype::F32))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for hf_row in 0..576 {
+        let (head, within) = (hf_row / 64, hf_row % 64);
+        let stored_row = head * 64 + 2 * (within % 32) + within / 32;
+        assert_eq!(
+            loaded[hf_row * 576..(hf_row + 1) * 576],
+            stored[stored_row * 576..(stored_row + 1) * 576],
+            "q_proj row {hf_row}"
+        );
+    }
+    assert!(loaded.iter().all(|v| v.is_finite() && v.abs() < 10.0));
     let k = checkpoint
         .tensor("model.layers.0.self_attn.k_proj.weight")
         .unwrap();
@@ -117,6 +140,7 @@ fn gemma3_opens_and_every_tensor_loads() {
     assert_eq!(config["layer_types"][5], "full_attention");
     assert_eq!(config["layer_types"][4], "sliding_attention");
     assert!(checkpoint.contains("model.layers.17.pre_feedforward_layernorm.weight"));
+    insta::assert_json_snapshot!("gemma3_config", config);
 
     let start = Instant::now();
     let (quantized, dense, bytes) = load_all(&checkpoint);
