@@ -182,6 +182,10 @@ fn mlx_lm_quantized_weights_load_with_their_per_module_specs() {
             .unwrap_or_else(|| panic!("{module} loaded dense"));
         assert_eq!(q.spec, *spec, "{module}");
         assert_eq!(t.shape(), vec![8, 128], "{module}");
+        assert_eq!(
+            checkpoint.shape(&format!("{module}.weight")).unwrap(),
+            vec![8, 128]
+        );
         assert_eq!(&dense(&t), want, "{module}");
     }
     assert!(
@@ -339,6 +343,16 @@ fn llama_gguf_reads_as_an_hf_checkpoint() {
             "rope_freqs.weight",
         ]
     );
+    assert_eq!(
+        checkpoint
+            .shape("model.layers.0.self_attn.k_proj.weight")
+            .unwrap(),
+        vec![16, 32]
+    );
+    assert!(matches!(
+        checkpoint.shape("nope"),
+        Err(Error::MissingTensor(_))
+    ));
     let q = checkpoint
         .tensor("model.layers.0.self_attn.q_proj.weight")
         .unwrap();
