@@ -67,6 +67,9 @@ const SPACE_MARK: &str = "\u{2581}";
 /// Builds the tokenizer described by `meta`'s `tokenizer.*` keys.
 pub(crate) fn build_gguf_vocab(meta: &GgufMetadata) -> Result<GgufVocab> {
     let model = required_str(meta, "tokenizer.ggml.model")?;
+    if !matches!(model, "gpt2" | "llama") {
+        return Err(Error::UnsupportedModel(model.to_string()));
+    }
     let tokens = string_array(meta, "tokenizer.ggml.tokens")?
         .ok_or_else(|| Error::MissingKey("tokenizer.ggml.tokens".into()))?;
     let types = token_types(meta, tokens.len())?;
@@ -401,4 +404,104 @@ fn token_types(meta: &GgufMetadata, count: usize) -> Result<Vec<TokenType>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf_meta::parse_gguf_metadata;
+    use crate::gguf_meta::tests::GgufWriter;
+    use crate::vocab::Tokenizer;
+
+    fn spm(scores: &[f32]) -> GgufWriter {
+        GgufWriter::new()
+            .string("tokenizer.ggml.model", "llama")
+            .strings(
+                "tokenizer.ggml.tokens",
+                &["<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc"],
+            )
+            .f32s("tokenizer.ggml.scores", scores)
+            .i32s("tokenizer.ggml.token_type", &[2, 3, 3, 1, 1, 1, 1, 1])
+            .bool("tokenizer.ggml.add_space_prefix", false)
+    }
+
+    fn build(writer: GgufWriter) -> Result<Tokenizer> {
+        Tokenizer::from_gguf_metadata(&parse_gguf_metadata(&writer.finish()).unwrap())
+    }
+
+    #[test]
+    fn sentencepiece_merges_follow_scores() {
+        let ab_first = build(spm(&[0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -2.0, -3.0])).unwrap();
+        assert_eq!(ab_first.encode("abc", false).unwrap(), [6, 5]);
+        let bc_first = build(spm(&[0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -3.0, -2.0])).unwrap();
+        assert_eq!(bc_first.encode("abc", false).unwrap(), [3, 7]);
+        // llama defaults: BOS 1 added, EOS 2.
+        assert_eq!(bc_first.encode("abc", true).unwrap(), [1, 3, 7]);
+        assert!(bc_first.is_stop(2));
+        assert_eq!(bc_first.decode(&[1, 3, 7], true).unwrap(), "abc");
+    }
+
+    #[test]
+    fn byte_level_bpe_uses_stored_merges() {
+        let tok = build(
+            GgufWriter::new()
+                .string("tokenizer.ggml.model", "gpt2")
+                .string("tokenizer.ggml.pre", "gpt-2")
+                .strings("tokenizer.ggml.tokens", &["a", "b", "ab", "<|endoftext|>"])
+                .i32s("tokenizer.ggml.token_type", &[1, 1, 1, 3])
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .u32("tokenizer.ggml.eos_token_id", 3),
+        )
+        .unwrap();
+        assert_eq!(tok.encode("abab<|endoftext|>", true).unwrap(), [2, 2, 3]);
+        assert_eq!(tok.eos().iter().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(tok.decode(&[2, 0, 3], true).unwrap(), "aba");
+    }
+
+    #[test]
+    fn bad_metadata_is_an_error_naming_the_key() {
+        let err = |w: GgufWriter| build(w).unwrap_err().to_string();
+        assert!(err(GgufWriter::new()).contains("tokenizer.ggml.model"));
+        assert!(err(GgufWriter::new().string("tokenizer.ggml.model", "rwkv")).contains("rwkv"));
+        assert!(
+            err(GgufWriter::new().string("tokenizer.ggml.model", "llama"))
+                .contains("tokenizer.ggml.tokens")
+        );
+        assert!(err(spm(&[0.0; 3])).contains("3 scores for 8 tokens"));
+        assert!(
+            err(spm(&[0.0; 8]).u32("tokenizer.ggml.bos_token_id", 99))
+                .contains("outside the vocabulary")
+        );
+        let bad_type = GgufWriter::new()
+            .string("tokenizer.ggml.model", "llama")
+            .strings("tokenizer.ggml.tokens", &["a"])
+            .f32s("tokenizer.ggml.scores", &[0.0])
+            .i32s("tokenizer.ggml.token_type", &[42]);
+        assert!(err(bad_type).contains("token type"));
+        let gpt2 = || {
+            GgufWriter::new()
+                .string("tokenizer.ggml.model", "gpt2")
+                .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        };
+        assert!(err(gpt2()).contains("tokenizer.ggml.merges"));
+        assert!(err(gpt2().strings("tokenizer.ggml.merges", &["ab"])).contains("has no space"));
+        assert!(
+            err(gpt2()
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .string("tokenizer.ggml.pre", "zz"))
+            .contains("zz")
+        );
+        assert!(
+            err(gpt2()
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .u32("tokenizer.ggml.pre", 1))
+            .contains("string")
+        );
+    }
+
+    #[test]
+    fn none_markers_read_as_absent() {
+        let tok = build(spm(&[0.0; 8]).u32("tokenizer.ggml.padding_token_id", u32::MAX)).unwrap();
+        assert_eq!(tok.special_tokens().pad, None);
+    }
 }
