@@ -90,3 +90,20 @@ fn smollm2_open_and_load_all(bencher: Bencher) {
         }
     });
 }
+
+/// The Rust reference dequantization of SmolLM2's embedding, for comparison with repacking.
+#[divan::bench(sample_count = 10)]
+fn dequantize_q8_0_49152x576(bencher: Bencher) {
+    let data = blocks(34, 49152 * 576 / 32, &[0]);
+    bencher.bench(|| quant::dequantize("w", GgmlType::Q8_0, &data).unwrap());
+}
+
+/// Copying SmolLM2's embedding-sized buffer of u32 words into MLX, the floor for repacking.
+#[divan::bench(sample_count = 10)]
+fn mlx_copy_in_28m_u8(bencher: Bencher) {
+    let words = vec![7u32; 49152 * 576 / 4];
+    bencher.bench(|| {
+        let a = mlx::Array::from_slice(&words, &[49152, 144]).unwrap();
+        a.eval().unwrap();
+    });
+}
