@@ -128,7 +128,7 @@ fn check_shape(
             "shape {shape:?} does not match {held} {ty} elements"
         )));
     }
-    if cols as usize % layout.block_elements != 0 {
+    if !(cols as usize).is_multiple_of(layout.block_elements) {
         return Err(bad(format!(
             "rows of {cols} elements are not whole {ty} blocks of {}",
             layout.block_elements
