@@ -190,6 +190,27 @@ fn repack_affine(
 /// stream, value `i` at bits `i·bits ..`, cut into `u32` words. `values.len() · bits` must be
 /// a multiple of 32.
 pub(crate) fn pack_bits(values: &[u8], bits: u32, out: &mut Vec<u32>) {
+    // Whole bytes and nibbles never straddle words: pack them word by word (most GGUF
+    // weights are 4- or 8-bit, and this is the hot loop of loading them).
+    match bits {
+        8 => {
+            out.extend(
+                values
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+            return;
+        }
+        4 => {
+            out.extend(values.chunks_exact(8).map(|w| {
+                w.iter()
+                    .rev()
+                    .fold(0u32, |word, &v| (word << 4) | u32::from(v))
+            }));
+            return;
+        }
+        _ => {}
+    }
     let mut buffer: u64 = 0;
     let mut filled = 0u32;
     for &v in values {
