@@ -32,6 +32,12 @@ fn unavailable(name: &str, why: &str) -> Option<PathBuf> {
 
 /// Runs `fill(tmp)` to populate a fresh folder, then renames it to `cache_root()/name`.
 fn fetch_once(name: &str, fill: impl FnOnce(&Path) -> Result<(), String>) -> Option<PathBuf> {
+    // Tests of one binary run in parallel; one download per process is enough. Across
+    // processes the rename below settles races.
+    static IN_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = IN_PROCESS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let target = cache_root().join(name);
     if target.is_dir() {
         return Some(target);
