@@ -254,3 +254,102 @@ impl Drop for KvCache {
         let _ = lock_store(&self.store).copy_out_overlapping(0..usize::MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mlx::Dtype;
+
+    use super::*;
+
+    fn ones(tokens: i32, dim: i32, dtype: Dtype) -> Array {
+        Array::ones(&[1, 2, tokens, dim], dtype).unwrap()
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_naming_the_problem() {
+        let mut cache = KvCache::new();
+        let x = ones(3, 4, Dtype::F32);
+        assert!(matches!(
+            cache.update(&Array::ones(&[2, 3, 4], Dtype::F32).unwrap(), &x),
+            Err(Error::Shape { what: "keys", .. })
+        ));
+        assert!(matches!(
+            cache.update(&x, &ones(2, 4, Dtype::F32)),
+            Err(Error::Shape { what: "values", .. })
+        ));
+        assert!(matches!(
+            cache.update(&x, &ones(3, 4, Dtype::F16)),
+            Err(Error::Dtype { .. })
+        ));
+        assert!(matches!(
+            cache.update(&ones(0, 4, Dtype::F32), &ones(0, 4, Dtype::F32)),
+            Err(Error::Shape { .. })
+        ));
+        cache.update(&x, &x).unwrap();
+        assert!(matches!(
+            cache.update(&ones(1, 8, Dtype::F32), &ones(1, 8, Dtype::F32)),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            cache.update(&ones(1, 4, Dtype::F16), &ones(1, 4, Dtype::F16)),
+            Err(Error::Dtype { .. })
+        ));
+        assert!(matches!(
+            cache.snapshot(1..4),
+            Err(Error::RangeOutOfBounds { .. })
+        ));
+        assert!(matches!(
+            cache.snapshot(2..2),
+            Err(Error::RangeOutOfBounds { .. })
+        ));
+        assert!(matches!(cache.rewind(4), Err(Error::CannotRewind { .. })));
+        assert!(matches!(
+            cache.schedule_captures(&[3]),
+            Err(Error::BadSchedule { .. })
+        ));
+
+        let a = cache.snapshot(0..1).unwrap();
+        let c = cache.snapshot(2..3).unwrap();
+        assert!(matches!(a.merge(c), Err(Error::NotAdjacent { .. })));
+        let b = cache.snapshot(1..3).unwrap();
+        assert!(matches!(b.split(1), Err(Error::SplitOutside { at: 1, .. })));
+
+        let far = cache.snapshot(2..3).unwrap();
+        cache.rewind(1).unwrap();
+        assert!(matches!(
+            cache.restore(&far),
+            Err(Error::CannotRestore { .. })
+        ));
+    }
+
+    #[test]
+    fn snapshots_of_another_cache_are_written_in() {
+        let mut source = KvCache::new();
+        let x = Array::arange(0.0, 24.0, 1.0, Dtype::F32)
+            .unwrap()
+            .reshape(&[1, 2, 3, 4])
+            .unwrap();
+        source.update(&x, &x).unwrap();
+        let snapshot = source.snapshot(0..3).unwrap();
+        let mut target = KvCache::new();
+        target.restore(&snapshot).unwrap();
+        assert!(
+            snapshot.is_lazy(),
+            "reading a snapshot does not copy it out"
+        );
+        drop(source);
+        assert!(
+            !snapshot.is_lazy(),
+            "a dropped cache copies its lazy snapshots out"
+        );
+        let view = target.view().unwrap().unwrap();
+        assert_eq!(
+            view.keys.to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap()
+        );
+        assert_eq!(
+            snapshot.arrays().unwrap().0.to_vec::<f32>().unwrap(),
+            x.to_vec::<f32>().unwrap()
+        );
+    }
+}

@@ -260,3 +260,16 @@ impl prefix_trie::Snapshot for KvSnapshot {
         KvSnapshot::merge(self, later)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine moves caches and the trie's snapshots onto the MLX worker thread.
+    #[test]
+    fn caches_and_snapshots_are_send() {
+        fn send<T: Send>() {}
+        send::<LayerCache>();
+        send::<LayerSnapshot>();
+    }
+}

@@ -137,11 +137,11 @@ impl MaskApplier {
     fn windows_allow(&self, p: usize, q_hi: usize, logical: LogicalMask) -> bool {
         let storage_ok = match self.storage {
             None => true,
-            Some(s) => p < s.keep || p + s.window > q_hi,
+            Some(s) => p < s.keep || p.saturating_add(s.window) > q_hi,
         };
         let logical_ok = match logical {
             LogicalMask::Causal => true,
-            LogicalMask::SlidingWindow(w) => p + w > q_hi,
+            LogicalMask::SlidingWindow(w) => p.saturating_add(w) > q_hi,
         };
         storage_ok && logical_ok
     }
@@ -191,13 +191,15 @@ impl MaskApplier {
         let qp =
             Array::arange(f64::from(start), f64::from(stop), 1.0, Dtype::I32)?.reshape(&[-1, 1])?;
         let mut mask = kp.less_equal(&qp)?;
+        // A window wider than the offset restricts nothing; clamp it so it fits an i32.
+        let clamp = |w: usize| dim(w.min(self.offset + 1), "window");
         if let Some(s) = self.storage {
-            let in_window = kp.add(dim(s.window, "window")?)?.greater(&qp)?;
-            let kept = kp.less(dim(s.keep, "kept prefix")?)?;
+            let in_window = kp.add(clamp(s.window)?)?.greater(&qp)?;
+            let kept = kp.less(dim(s.keep.min(self.offset), "kept prefix")?)?;
             mask = mask.logical_and(in_window.logical_or(kept)?)?;
         }
         if let LogicalMask::SlidingWindow(w) = logical {
-            let in_window = kp.add(dim(w, "window")?)?.greater(&qp)?;
+            let in_window = kp.add(clamp(w)?)?.greater(&qp)?;
             mask = mask.logical_and(in_window)?;
         }
         Ok(mask)
@@ -235,10 +237,12 @@ mod tests {
 
     /// Host-side truth: query `q` sees key `p`.
     fn visible(a: &MaskApplier, q: usize, p: usize, logical: LogicalMask) -> bool {
-        let storage = a.storage.is_none_or(|s| p < s.keep || p + s.window > q);
+        let storage = a
+            .storage
+            .is_none_or(|s| p < s.keep || p.saturating_add(s.window) > q);
         let local = match logical {
             LogicalMask::Causal => true,
-            LogicalMask::SlidingWindow(w) => p + w > q,
+            LogicalMask::SlidingWindow(w) => p.saturating_add(w) > q,
         };
         p <= q && storage && local
     }

@@ -329,3 +329,53 @@ impl RecurrentCache {
         std::mem::take(&mut self.captured)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: RecurrentConfig = RecurrentConfig {
+        conv_tail: 3,
+        conv_dim: 4,
+        heads: 2,
+        value_dim: 2,
+        key_dim: 2,
+    };
+
+    #[test]
+    fn bad_states_are_errors() {
+        let mut cache = RecurrentCache::new(CONFIG).unwrap();
+        let state = Array::zeros(&[1, 2, 2, 2], Dtype::F32).unwrap();
+        assert!(matches!(
+            cache.set_recurrent_state(&state.astype(Dtype::Bf16).unwrap()),
+            Err(Error::Dtype {
+                what: "recurrent state",
+                ..
+            })
+        ));
+        assert!(matches!(
+            cache.set_recurrent_state(&Array::zeros(&[1, 2, 2, 3], Dtype::F32).unwrap()),
+            Err(Error::Shape { .. })
+        ));
+        cache.set_recurrent_state(&state).unwrap();
+        // The batch is fixed by the first state.
+        assert!(matches!(
+            cache.set_conv_state(&Array::zeros(&[2, 3, 4], Dtype::F32).unwrap()),
+            Err(Error::Shape { .. })
+        ));
+        cache
+            .set_conv_state(&Array::zeros(&[1, 3, 4], Dtype::F32).unwrap())
+            .unwrap();
+        assert!(matches!(
+            cache.set_conv_state(&Array::zeros(&[1, 3, 4], Dtype::F16).unwrap()),
+            Err(Error::Dtype { .. })
+        ));
+        assert!(matches!(cache.rewind(0), Ok(())));
+        cache.advance(2).unwrap();
+        assert!(matches!(cache.rewind(1), Err(Error::CannotRewind { .. })));
+        assert!(matches!(
+            cache.snapshot(0..1),
+            Err(Error::RangeOutOfBounds { .. })
+        ));
+    }
+}

@@ -102,7 +102,12 @@ impl RotatingKvCache {
         if config.window == 0 {
             return Err(Error::Config("a sliding window of 0 tokens".into()));
         }
-        dim(config.capacity(), "rotating cache capacity")?;
+        let capacity = config
+            .keep
+            .checked_add(config.window)
+            .and_then(|c| c.checked_add(config.rewind_slack))
+            .unwrap_or(usize::MAX);
+        dim(capacity, "rotating cache capacity")?;
         Ok(RotatingKvCache {
             config,
             shape: None,
@@ -472,4 +477,54 @@ fn columns_of(layout: &[std::ops::Range<usize>], wanted: &[std::ops::Range<usize
         }
     }
     columns
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx::Dtype;
+
+    use super::*;
+
+    #[test]
+    fn bad_configurations_and_snapshots_are_errors() {
+        let zero = RotatingConfig {
+            window: 0,
+            keep: 0,
+            rewind_slack: 0,
+        };
+        assert!(matches!(RotatingKvCache::new(zero), Err(Error::Config(_))));
+        let huge = RotatingConfig {
+            window: usize::MAX / 2,
+            keep: 0,
+            rewind_slack: 0,
+        };
+        assert!(matches!(
+            RotatingKvCache::new(huge),
+            Err(Error::TooLarge { .. })
+        ));
+
+        let config = RotatingConfig {
+            window: 2,
+            keep: 0,
+            rewind_slack: 0,
+        };
+        let mut cache = RotatingKvCache::new(config).unwrap();
+        let x = Array::ones(&[1, 1, 5, 2], Dtype::F32).unwrap();
+        cache.update(&x, &x).unwrap();
+        assert!(matches!(
+            cache.snapshot(0..4),
+            Err(Error::RangeOutOfBounds { .. })
+        ));
+        assert!(matches!(cache.rewind(3), Err(Error::CannotRewind { .. })));
+        let other = RotatingKvCache::new(RotatingConfig {
+            window: 3,
+            ..config
+        })
+        .unwrap();
+        let foreign = other.snapshot(0..0).unwrap();
+        assert!(matches!(
+            cache.restore(&foreign),
+            Err(Error::CannotRestore { .. })
+        ));
+    }
 }

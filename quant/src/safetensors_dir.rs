@@ -184,6 +184,28 @@ impl SafetensorsDir {
         (has_scales && self.location.contains_key(&weight)).then_some(weight)
     }
 
+    /// The logical shape of tensor `name` (unpacked, for a quantized weight), without loading.
+    pub fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        let &file = self
+            .location
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let mut shape = self.files[file].entries()[name].shape.clone();
+        let spec = name
+            .strip_suffix(".weight")
+            .filter(|module| self.location.contains_key(&format!("{module}.scales")))
+            .and_then(|module| self.quantization.as_ref()?.spec_for(module));
+        if let (Some(spec), Some(last)) = (spec, shape.last_mut()) {
+            *last = i32::try_from(i64::from(*last) * 32 / i64::from(spec.bits)).map_err(|_| {
+                Error::Unsupported {
+                    name: name.to_string(),
+                    what: format!("unpacked width of {last} words is too large"),
+                }
+            })?;
+        }
+        Ok(shape)
+    }
+
     fn load_raw(&self, name: &str) -> Result<mlx::Array> {
         let &file = self
             .location

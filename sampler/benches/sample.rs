@@ -3,6 +3,20 @@
 //!
 //! Run `cargo bench -p sampler`. Each iteration samples and evaluates the token (and the
 //! logprobs), so the lazy graph is timed, not just built.
+//!
+//! Medians on 2026-11-29, commit 35d3053, MLX 0.32.4 CPU wheel, a 2-core shared Intel Xeon VM
+//! (other builds running, so the tails are noisy), f32 logits:
+//!
+//! | bench | 49,152 | 151,936 |
+//! |---|---|---|
+//! | greedy | 65 µs | 181 µs |
+//! | full filter chain | 633 µs | 1.70 ms |
+//! | full filter chain + top-5 logprobs | 1.89 ms | 5.29 ms |
+//! | top-p alone (full sort) | 16.3 ms | 55.9 ms |
+//!
+//! The last row is why top-k feeds top-p only its `k` survivors. On this CPU, MLX's argsort
+//! of 151,936 floats takes ~35 ms and its logsumexp ~5 ms (the cost of logprobs), while a
+//! plain elementwise pass takes ~30 µs.
 
 use mlx::{Array, Dtype, random};
 use sampler::{Options, Sampler};

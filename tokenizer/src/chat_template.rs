@@ -170,13 +170,13 @@ impl ChatTemplate {
         };
         // Retry the shapes templates commonly reject, keeping the first error to report.
         let demoted = demote_late_system_messages(&messages);
-        if demoted != messages {
-            if let Ok(text) = self.render_exact(&demoted, tools, options) {
-                return Ok(text);
-            }
-        }
-        if let Some(folded) = fold_system_into_first_user(&demoted) {
-            if let Ok(text) = self.render_exact(&folded, tools, options) {
+        let folded = fold_system_into_first_user(&demoted);
+        let retries = (demoted != messages)
+            .then_some(&demoted)
+            .into_iter()
+            .chain(folded.as_ref());
+        for retry in retries {
+            if let Ok(text) = self.render_exact(retry, tools, options) {
                 return Ok(text);
             }
         }

@@ -36,7 +36,7 @@ pub enum Error {
         reason: String,
     },
     /// The GGUF vocabulary kind (`tokenizer.ggml.model`) is not one we can build.
-    #[error("unsupported GGUF tokenizer model `{0}` (supported: gpt2, llama)")]
+    #[error("unsupported GGUF tokenizer model `{0}` (supported: gpt2, llama, gemma4)")]
     UnsupportedModel(String),
     /// A JSON file (tokenizer config, generation config) is malformed.
     #[error("invalid JSON in {what}: {reason}")]

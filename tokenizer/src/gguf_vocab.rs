@@ -4,6 +4,8 @@
 //! GGUF and `tokenizer.json` checkpoints alike:
 //! - `gpt2`: byte-level BPE with the stored merges, split first by the regexes that
 //!   `tokenizer.ggml.pre` names ([`PreTokenizerSpec`]).
+//! - `gemma4`: SentencePiece-style BPE (raw UTF-8, `▁` for spaces) with stored merges, split
+//!   only at line breaks, with byte fallback.
 //! - `llama`: SentencePiece BPE. GGUF stores scores instead of merges; SentencePiece merges the
 //!   adjacent pair whose joined text is the highest-scoring token, so every split of every token
 //!   into two tokens becomes a merge ranked by the joined token's score. Characters outside the
@@ -22,7 +24,10 @@ use tokenizers::models::bpe::BPE;
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper};
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
+};
 
 use crate::error::{Error, Result};
 use crate::gguf_meta::{GgufMetadata, MetaValue};
@@ -67,6 +72,9 @@ const SPACE_MARK: &str = "\u{2581}";
 /// Builds the tokenizer described by `meta`'s `tokenizer.*` keys.
 pub(crate) fn build_gguf_vocab(meta: &GgufMetadata) -> Result<GgufVocab> {
     let model = required_str(meta, "tokenizer.ggml.model")?;
+    if !matches!(model, "gpt2" | "llama" | "gemma4") {
+        return Err(Error::UnsupportedModel(model.to_string()));
+    }
     let tokens = string_array(meta, "tokenizer.ggml.tokens")?
         .ok_or_else(|| Error::MissingKey("tokenizer.ggml.tokens".into()))?;
     let types = token_types(meta, tokens.len())?;
@@ -84,6 +92,7 @@ pub(crate) fn build_gguf_vocab(meta: &GgufMetadata) -> Result<GgufVocab> {
             specials.unk = Some(0);
             build_sentencepiece_bpe(meta, &tokens, &types)?
         }
+        "gemma4" => build_sentencepiece_merges_bpe(meta, &tokens)?,
         other => return Err(Error::UnsupportedModel(other.to_string())),
     };
     register_added_tokens(&mut tokenizer, &tokens, &types)?;
@@ -103,27 +112,7 @@ pub(crate) fn build_gguf_vocab(meta: &GgufMetadata) -> Result<GgufVocab> {
 }
 
 fn build_byte_level_bpe(meta: &GgufMetadata, tokens: &[&str]) -> Result<tokenizers::Tokenizer> {
-    let merges = string_array(meta, "tokenizer.ggml.merges")?
-        .ok_or_else(|| Error::MissingKey("tokenizer.ggml.merges".into()))?;
-    let merges = merges
-        .iter()
-        .enumerate()
-        .map(|(i, merge)| {
-            // Split at the first space after the first byte: a merge may start with a space
-            // in vocabularies that don't byte-encode it.
-            let first_len = merge.chars().next().map_or(0, char::len_utf8);
-            merge[first_len..]
-                .find(' ')
-                .map(|at| first_len + at)
-                .map(|at| (merge[..at].to_string(), merge[at + 1..].to_string()))
-                .ok_or_else(|| {
-                    Error::bad_key(
-                        "tokenizer.ggml.merges",
-                        format!("merge {i} `{merge}` has no space"),
-                    )
-                })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let merges = stored_merges(meta)?;
     let pre = optional_str(meta, "tokenizer.ggml.pre")?.unwrap_or("default");
     let spec = PreTokenizerSpec::for_name(pre)?;
     let bpe = BPE::builder()
@@ -136,6 +125,67 @@ fn build_byte_level_bpe(meta: &GgufMetadata, tokens: &[&str]) -> Result<tokenize
     let mut tokenizer = tokenizers::Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(PreTokenizerSequence::new(pre_tokenizers)));
     tokenizer.with_decoder(Some(ByteLevel::default()));
+    Ok(tokenizer)
+}
+
+/// `tokenizer.ggml.merges`: "left right" pairs, best first.
+fn stored_merges(meta: &GgufMetadata) -> Result<Vec<(String, String)>> {
+    let merges = string_array(meta, "tokenizer.ggml.merges")?
+        .ok_or_else(|| Error::MissingKey("tokenizer.ggml.merges".into()))?;
+    merges
+        .iter()
+        .enumerate()
+        .map(|(i, merge)| {
+            // Split at the first space after the first character: a merge may start with a
+            // space in vocabularies that don't byte-encode it.
+            let first_len = merge.chars().next().map_or(0, char::len_utf8);
+            merge[first_len..]
+                .find(' ')
+                .map(|at| first_len + at)
+                .map(|at| (merge[..at].to_string(), merge[at + 1..].to_string()))
+                .ok_or_else(|| {
+                    Error::bad_key(
+                        "tokenizer.ggml.merges",
+                        format!("merge {i} `{merge}` has no space"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Gemma 4: BPE over raw UTF-8 with `▁` for spaces and stored merges, split only at line
+/// breaks; bytes outside the vocabulary fall back to `<0xXX>` tokens.
+fn build_sentencepiece_merges_bpe(
+    meta: &GgufMetadata,
+    tokens: &[&str],
+) -> Result<tokenizers::Tokenizer> {
+    let merges = stored_merges(meta)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab_map(tokens), merges)
+        .byte_fallback(true)
+        .build()
+        .map_err(Error::tokenizers)?;
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer
+        .with_normalizer(Some(
+            Replace::new(" ", SPACE_MARK).map_err(Error::tokenizers)?,
+        ))
+        .map_err(Error::tokenizers)?;
+    let lines = Split::new(
+        SplitPattern::Regex(r"[^\n]+|[\n]+".into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(Error::tokenizers)?;
+    tokenizer.with_pre_tokenizer(Some(lines));
+    let decoders: Vec<DecoderWrapper> = vec![
+        Replace::new(SPACE_MARK, " ")
+            .map_err(Error::tokenizers)?
+            .into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(tokenizer)
 }
 
@@ -401,4 +451,104 @@ fn token_types(meta: &GgufMetadata, count: usize) -> Result<Vec<TokenType>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf_meta::parse_gguf_metadata;
+    use crate::gguf_meta::tests::GgufWriter;
+    use crate::vocab::Tokenizer;
+
+    fn spm(scores: &[f32]) -> GgufWriter {
+        GgufWriter::new()
+            .string("tokenizer.ggml.model", "llama")
+            .strings(
+                "tokenizer.ggml.tokens",
+                &["<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc"],
+            )
+            .f32s("tokenizer.ggml.scores", scores)
+            .i32s("tokenizer.ggml.token_type", &[2, 3, 3, 1, 1, 1, 1, 1])
+            .bool("tokenizer.ggml.add_space_prefix", false)
+    }
+
+    fn build(writer: GgufWriter) -> Result<Tokenizer> {
+        Tokenizer::from_gguf_metadata(&parse_gguf_metadata(&writer.finish()).unwrap())
+    }
+
+    #[test]
+    fn sentencepiece_merges_follow_scores() {
+        let ab_first = build(spm(&[0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -2.0, -3.0])).unwrap();
+        assert_eq!(ab_first.encode("abc", false).unwrap(), [6, 5]);
+        let bc_first = build(spm(&[0.0, 0.0, 0.0, -1.0, -1.0, -1.0, -3.0, -2.0])).unwrap();
+        assert_eq!(bc_first.encode("abc", false).unwrap(), [3, 7]);
+        // llama defaults: BOS 1 added, EOS 2.
+        assert_eq!(bc_first.encode("abc", true).unwrap(), [1, 3, 7]);
+        assert!(bc_first.is_stop(2));
+        assert_eq!(bc_first.decode(&[1, 3, 7], true).unwrap(), "abc");
+    }
+
+    #[test]
+    fn byte_level_bpe_uses_stored_merges() {
+        let tok = build(
+            GgufWriter::new()
+                .string("tokenizer.ggml.model", "gpt2")
+                .string("tokenizer.ggml.pre", "gpt-2")
+                .strings("tokenizer.ggml.tokens", &["a", "b", "ab", "<|endoftext|>"])
+                .i32s("tokenizer.ggml.token_type", &[1, 1, 1, 3])
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .u32("tokenizer.ggml.eos_token_id", 3),
+        )
+        .unwrap();
+        assert_eq!(tok.encode("abab<|endoftext|>", true).unwrap(), [2, 2, 3]);
+        assert_eq!(tok.eos().iter().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(tok.decode(&[2, 0, 3], true).unwrap(), "aba");
+    }
+
+    #[test]
+    fn bad_metadata_is_an_error_naming_the_key() {
+        let err = |w: GgufWriter| build(w).unwrap_err().to_string();
+        assert!(err(GgufWriter::new()).contains("tokenizer.ggml.model"));
+        assert!(err(GgufWriter::new().string("tokenizer.ggml.model", "rwkv")).contains("rwkv"));
+        assert!(
+            err(GgufWriter::new().string("tokenizer.ggml.model", "llama"))
+                .contains("tokenizer.ggml.tokens")
+        );
+        assert!(err(spm(&[0.0; 3])).contains("3 scores for 8 tokens"));
+        assert!(
+            err(spm(&[0.0; 8]).u32("tokenizer.ggml.bos_token_id", 99))
+                .contains("outside the vocabulary")
+        );
+        let bad_type = GgufWriter::new()
+            .string("tokenizer.ggml.model", "llama")
+            .strings("tokenizer.ggml.tokens", &["a"])
+            .f32s("tokenizer.ggml.scores", &[0.0])
+            .i32s("tokenizer.ggml.token_type", &[42]);
+        assert!(err(bad_type).contains("token type"));
+        let gpt2 = || {
+            GgufWriter::new()
+                .string("tokenizer.ggml.model", "gpt2")
+                .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        };
+        assert!(err(gpt2()).contains("tokenizer.ggml.merges"));
+        assert!(err(gpt2().strings("tokenizer.ggml.merges", &["ab"])).contains("has no space"));
+        assert!(
+            err(gpt2()
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .string("tokenizer.ggml.pre", "zz"))
+            .contains("zz")
+        );
+        assert!(
+            err(gpt2()
+                .strings("tokenizer.ggml.merges", &["a b"])
+                .u32("tokenizer.ggml.pre", 1))
+            .contains("string")
+        );
+    }
+
+    #[test]
+    fn none_markers_read_as_absent() {
+        let tok = build(spm(&[0.0; 8]).u32("tokenizer.ggml.padding_token_id", u32::MAX)).unwrap();
+        assert_eq!(tok.special_tokens().pad, None);
+    }
 }

@@ -13,17 +13,37 @@
 //! - [`OutputParser`] (`parser/`): splits model output into content, thinking and tool calls,
 //!   per [`Family`] (`family.rs`), while it streams.
 //!
+//! One request, end to end (the model's sampling loop is elided):
+//!
 //! ```no_run
 //! # fn main() -> tokenizer::Result<()> {
-//! use tokenizer::{Detokenizer, Tokenizer};
+//! use tokenizer::*;
 //! let tok = Tokenizer::from_gguf_file("model.gguf".as_ref())?;
-//! let ids = tok.encode("Hello world", true)?;
-//! let mut detok = Detokenizer::new(&tok, true);
-//! let mut text = String::new();
-//! for &id in &ids {
-//!     text.push_str(&detok.push(id)?);
+//! let template = ChatTemplate::for_tokenizer(&tok)?;
+//! let options = RenderOptions { add_generation_prompt: true, ..Default::default() };
+//! let prompt = template.render(&[Message::new("user", "Hi")], None, &options)?;
+//! let prompt_ids = tok.encode(&prompt, false)?;
+//! let config = Family::detect(&tok).map(Family::parser_config).unwrap_or_default();
+//! let mut parser = OutputParser::new(config.starting_in_thinking(false));
+//! let mut stops = StopMatcher::new(["\nUser:"]);
+//! let mut detok = Detokenizer::with_context(&tok, false, &prompt_ids);
+//! # let generated: Vec<u32> = Vec::new();
+//! for id in generated {
+//!     if tok.is_stop(id) {
+//!         break;
+//!     }
+//!     let released = stops.push(&detok.push(id)?);
+//!     for event in parser.push(&released.text) {
+//!         println!("{event:?}"); // Content, Thinking, ToolCall or Error
+//!     }
+//!     if released.stopped.is_some() {
+//!         break;
+//!     }
 //! }
-//! text.push_str(&detok.finish()?);
+//! // At the end: flush the detokenizer into the matcher, the matcher into the parser.
+//! let tail = stops.push(&detok.finish()?).text + &stops.finish().text;
+//! let events = [parser.push(&tail), parser.finish()].concat();
+//! # let _ = events;
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]

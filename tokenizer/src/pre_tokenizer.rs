@@ -15,6 +15,17 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// DeepSeek LLM: letters of Latin, Greek, Cyrillic and other cased scripts as llama.cpp lists
+/// them, ASCII and full-width punctuation, trailing whitespace, CJK, numbers.
+const DEEPSEEK_LLM: &[&str] = &[
+    "[\r\n]",
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    "\\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    "\\s+$",
+    "[一-龥ࠀ-一가-퟿]+",
+    "\\p{N}+",
+];
+
 /// How a byte-level BPE vocabulary splits text before merging.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PreTokenizerSpec {
@@ -38,6 +49,17 @@ impl PreTokenizerSpec {
             | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" | "mellum" => (&[GPT2], false),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva-7b" => (&[r"\p{N}", GPT2], false),
+            "deepseek-llm" => (DEEPSEEK_LLM, false),
+            "deepseek-coder" => (
+                &[
+                    r"[\r\n]",
+                    r"\s?\p{L}+",
+                    r"\s?\p{P}+",
+                    "[一-龥ࠀ-一가-퟿]+",
+                    r"\p{N}",
+                ],
+                false,
+            ),
             "falcon" => (&[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"], false),
             "default" => (
                 &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],

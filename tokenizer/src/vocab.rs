@@ -22,6 +22,8 @@ pub enum VocabSource {
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// One past the largest id; cached because HF recounts added tokens on every query.
+    vocab_size: usize,
     specials: SpecialTokens,
     chat_template: Option<String>,
     source: VocabSource,
@@ -53,6 +55,14 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
             source,
         }),
     }
+}
+
+fn id_bound(tokenizer: &tokenizers::Tokenizer) -> usize {
+    tokenizer
+        .get_vocab(true)
+        .values()
+        .max()
+        .map_or(0, |&max| max as usize + 1)
 }
 
 impl Tokenizer {
@@ -90,6 +100,7 @@ impl Tokenizer {
         };
         let config = read_hf_config(side, |t| inner.token_to_id(t), is_special)?;
         Ok(Tokenizer {
+            vocab_size: id_bound(&inner),
             inner,
             specials: config.specials,
             chat_template: config.chat_template,
@@ -107,6 +118,7 @@ impl Tokenizer {
     pub fn from_gguf_metadata(meta: &GgufMetadata) -> Result<Self> {
         let vocab = build_gguf_vocab(meta)?;
         Ok(Tokenizer {
+            vocab_size: id_bound(&vocab.tokenizer),
             inner: vocab.tokenizer,
             specials: vocab.specials,
             chat_template: vocab.chat_template,
@@ -160,9 +172,9 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    /// Number of ids, added tokens included.
+    /// One past the largest token id, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// Beginning-of-sequence id, if any.

@@ -49,3 +49,6 @@ vocab_test!(refact, "refact");
 vocab_test!(command_r, "command-r");
 vocab_test!(mpt, "mpt");
 vocab_test!(falcon, "falcon");
+vocab_test!(gemma_4, "gemma-4");
+vocab_test!(deepseek_coder, "deepseek-coder");
+vocab_test!(deepseek_llm, "deepseek-llm");

@@ -3,6 +3,7 @@
 
 use std::io::Cursor;
 
+use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
 
 use crate::detect::{ImageFormat, MediaFormat, detect};
@@ -38,6 +39,8 @@ impl Default for ImageLimits {
 ///
 /// Transparent pixels are composited onto white, so a logo with an alpha channel looks as it
 /// does in a browser rather than exposing whatever colour sits under alpha 0.
+/// An EXIF orientation is applied, as the reference preprocessors' image loading does, so a
+/// phone photo reaches the encoder upright.
 ///
 /// Fails when the bytes are not an image ([`Error::WrongModality`], [`Error::UnrecognizedFormat`]),
 /// when the header's dimensions break `limits` ([`Error::ImageTooLarge`], before decoding), or when
@@ -54,8 +57,12 @@ pub fn decode_image(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage> {
     decoder
         .set_limits(image_crate_limits(limits))
         .map_err(decode_err)?;
+    // Unreadable metadata only costs the rotation; the pixels are still usable.
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
     let decoded = DynamicImage::from_decoder(decoder).map_err(decode_err)?;
-    Ok(into_rgb_on_white(decoded))
+    let mut rgb = DynamicImage::ImageRgb8(into_rgb_on_white(decoded));
+    rgb.apply_orientation(orientation);
+    Ok(rgb.into_rgb8())
 }
 
 /// Reads only the header and returns `(width, height)`, checked against `limits`.
@@ -121,8 +128,9 @@ fn check_dimensions(
     if pixels > limits.max_pixels {
         return too_large("pixel count above max_pixels");
     }
-    // The native buffer and the RGB8 copy we make from it coexist for a moment.
-    let decoded = native_bytes.saturating_add(pixels * 3);
+    // The native buffer and the RGB8 copy we make from it coexist for a moment, and so do that
+    // copy and its rotated twin when EXIF asks for a quarter turn.
+    let decoded = native_bytes.max(pixels * 3).saturating_add(pixels * 3);
     if decoded > limits.max_decoded_bytes {
         return too_large("decoded size above max_decoded_bytes");
     }
@@ -224,6 +232,44 @@ mod tests {
             decode_image(&bytes, &small),
             Err(Error::ImageTooLarge { .. })
         ));
+    }
+
+    /// A minimal little-endian TIFF/EXIF block holding only an orientation tag.
+    fn exif_orientation(value: u16) -> Vec<u8> {
+        let mut exif = b"II*\0".to_vec();
+        exif.extend_from_slice(&8u32.to_le_bytes());
+        exif.extend_from_slice(&1u16.to_le_bytes());
+        exif.extend_from_slice(&0x0112u16.to_le_bytes());
+        exif.extend_from_slice(&3u16.to_le_bytes());
+        exif.extend_from_slice(&1u32.to_le_bytes());
+        exif.extend_from_slice(&value.to_le_bytes());
+        exif.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        exif
+    }
+
+    #[test]
+    fn exif_orientation_is_applied() {
+        // Left half red, right half blue; orientation 6 means "rotate 90 degrees clockwise to
+        // display", which puts the left half on top.
+        let src = image::RgbImage::from_fn(32, 16, |x, _| {
+            if x < 16 {
+                image::Rgb([255, 0, 0])
+            } else {
+                image::Rgb([0, 0, 255])
+            }
+        });
+        let mut bytes = Vec::new();
+        let mut encoder = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, 95);
+        encoder.set_exif_metadata(exif_orientation(6)).unwrap();
+        encoder
+            .write_image(src.as_raw(), 32, 16, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        let rgb = decode_image(&bytes, &ImageLimits::default()).unwrap();
+        assert_eq!(rgb.dimensions(), (16, 32));
+        let top = rgb.get_pixel(8, 4).0;
+        let bottom = rgb.get_pixel(8, 27).0;
+        assert!(top[0] > 200 && top[2] < 50, "top {top:?}");
+        assert!(bottom[2] > 200 && bottom[0] < 50, "bottom {bottom:?}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Images: decoding under limits ([`decode`]), preprocessing for an encoder ([`preprocess`]),
-//! and tiling helpers ([`tiling`]).
+//! Images: decoding under limits ([`decode`]), preprocessing for an encoder ([`preprocess`])
+//! with our own separable resize ([`resize`]), and tiling helpers ([`tiling`]).
 
 pub(crate) mod decode;
 pub(crate) mod preprocess;
+pub(crate) mod resize;
 pub(crate) mod tiling;

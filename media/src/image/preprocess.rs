@@ -2,10 +2,11 @@
 //! (bilinear or bicubic), fit to the target by stretching, center-cropping or padding, then
 //! rescale and normalize into channel-first `f32` host data.
 
-use image::imageops::{self, FilterType};
+use image::imageops;
 use image::{Rgb, RgbImage};
 
 use crate::error::{Error, Result};
+use crate::image::resize::resize_rgb;
 
 /// The resampling filter a processor config names (`resample: 2` bilinear, `3` bicubic in HF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,12 +163,9 @@ pub fn resize_to_fit(image: &RgbImage, config: &ImageProcessorConfig) -> Result<
         return Err(Error::InvalidConfig("source image has a zero side".into()));
     }
     let (dst_w, dst_h) = (config.width, config.height);
-    let filter = match config.resample {
-        Resample::Bilinear => FilterType::Triangle,
-        Resample::Bicubic => FilterType::CatmullRom,
-    };
+    let filter = config.resample;
     let resized = match config.fit {
-        Fit::Stretch => resize(image, dst_w, dst_h, filter),
+        Fit::Stretch => resize_rgb(image, dst_w, dst_h, filter),
         Fit::CenterCrop => {
             let scale = f64::max(
                 f64::from(dst_w) / f64::from(src_w),
@@ -175,7 +173,7 @@ pub fn resize_to_fit(image: &RgbImage, config: &ImageProcessorConfig) -> Result<
             );
             let w = scaled_side(src_w, scale).max(dst_w);
             let h = scaled_side(src_h, scale).max(dst_h);
-            let covered = resize(image, w, h, filter);
+            let covered = resize_rgb(image, w, h, filter);
             imageops::crop_imm(&covered, (w - dst_w) / 2, (h - dst_h) / 2, dst_w, dst_h).to_image()
         }
         Fit::Pad { fill } => {
@@ -185,7 +183,7 @@ pub fn resize_to_fit(image: &RgbImage, config: &ImageProcessorConfig) -> Result<
             );
             let w = scaled_side(src_w, scale).min(dst_w);
             let h = scaled_side(src_h, scale).min(dst_h);
-            let inner = resize(image, w, h, filter);
+            let inner = resize_rgb(image, w, h, filter);
             let mut canvas = RgbImage::from_pixel(dst_w, dst_h, Rgb(fill));
             imageops::replace(
                 &mut canvas,
@@ -236,13 +234,6 @@ pub fn normalize(
         height,
         width,
     }
-}
-
-fn resize(image: &RgbImage, width: u32, height: u32, filter: FilterType) -> RgbImage {
-    if image.dimensions() == (width, height) {
-        return image.clone();
-    }
-    imageops::resize(image, width, height, filter)
 }
 
 fn scaled_side(side: u32, scale: f64) -> u32 {

