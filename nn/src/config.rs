@@ -247,6 +247,39 @@ impl TextConfig {
     }
 }
 
+impl TextConfig {
+    /// The number of parameters these hyperparameters describe (norms included, biases not).
+    pub fn parameter_count(&self) -> u64 {
+        let h = self.hidden_size as u64;
+        let q = (self.num_heads * self.head_dim) as u64;
+        let kv = (self.num_kv_heads * self.head_dim) as u64;
+        let attention = h * q * 2 + h * kv * 2 + 2 * self.head_dim as u64;
+        let dense = 3 * h * self.intermediate_size as u64;
+        let layers: u64 = (0..self.num_layers)
+            .map(|i| {
+                let ff = match &self.moe {
+                    Some(moe)
+                        if !moe.mlp_only_layers.contains(&i)
+                            && (i + 1) % moe.decoder_sparse_step == 0 =>
+                    {
+                        moe.num_experts as u64 * 3 * h * moe.expert_intermediate_size as u64
+                            + h * moe.num_experts as u64
+                    }
+                    _ => dense,
+                };
+                attention + ff + 4 * h
+            })
+            .sum();
+        let embedding = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings == Some(true) {
+            0
+        } else {
+            embedding
+        };
+        embedding + layers + h + head
+    }
+}
+
 /// Reads the global and (for models with two) local rotary embeddings.
 fn read_rope(f: &Fields<'_>, dims: i32) -> Result<(RopeConfig, Option<RopeConfig>)> {
     if let Some(params) = f.get("rope_parameters") {

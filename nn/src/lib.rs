@@ -35,5 +35,5 @@ pub mod weights;
 pub use config::TextConfig;
 pub use error::{Error, Result};
 pub use model::{Batch, Forward, Model};
-pub use registry::{Source, build_model};
+pub use registry::build_model;
 pub use weights::Weights;

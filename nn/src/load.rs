@@ -8,7 +8,7 @@ use quant::{Checkpoint, Format};
 
 use crate::config::TextConfig;
 use crate::model::Model;
-use crate::registry::{Source, build_model, default_dtype};
+use crate::registry::{build_model, default_dtype};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -38,10 +38,6 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         Some(d) => d,
         None => default_dtype()?,
     };
-    let source = match checkpoint.format() {
-        Format::Gguf => Source::Gguf,
-        Format::Safetensors => Source::Transformers,
-    };
     let tensors = checkpoint
         .names()
         .into_iter()
@@ -51,7 +47,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         })
         .collect::<Result<Vec<_>>>()?;
     let mut weights = Weights::new(tensors, dtype);
-    let model = build_model(config, &mut weights, source)?;
+    let model = build_model(config, &mut weights)?;
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(
             "the checkpoint holds `{unused}`, which the architecture does not use"

@@ -8,17 +8,9 @@ use crate::model::Model;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
-/// Where a checkpoint's tensors came from; conventions differ (GGUF permutes llama Q/K rows
-/// and bakes Gemma's norm offset in).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// A transformers / mlx-lm safetensors directory.
-    Transformers,
-    /// A llama.cpp GGUF file, tensors renamed to transformers names.
-    Gguf,
-}
-
-type Builder = fn(TextConfig, &mut Weights, Source) -> Result<crate::arch::decoder::Decoder>;
+/// Builds one architecture. Weights follow transformers' names and conventions whatever the
+/// checkpoint's format: `quant` undoes llama.cpp's Q/K row permutation and Gemma norm offset.
+type Builder = fn(TextConfig, &mut Weights) -> Result<crate::arch::decoder::Decoder>;
 
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
 /// `general.architecture`), and their builders.
@@ -44,6 +36,11 @@ const ARCHITECTURES: &[(&[&str], Builder)] = &[
     ),
 ];
 
+/// Whether an architecture is registered under `name`.
+pub fn is_supported(name: &str) -> bool {
+    ARCHITECTURES.iter().any(|(names, _)| names.contains(&name))
+}
+
 /// The names of every supported architecture.
 pub fn supported() -> Vec<&'static str> {
     ARCHITECTURES.iter().map(|(names, _)| names[0]).collect()
@@ -61,18 +58,14 @@ pub fn default_dtype() -> Result<Dtype> {
 
 /// Builds the model `config` describes from `weights`, evaluates every weight (so folds such
 /// as fused gate/up projections are computed once, now) and releases MLX's buffer pool.
-pub fn build_model(
-    config: TextConfig,
-    weights: &mut Weights,
-    source: Source,
-) -> Result<Box<dyn Model>> {
+pub fn build_model(config: TextConfig, weights: &mut Weights) -> Result<Box<dyn Model>> {
     let name = config.model_type.clone();
     let builder = ARCHITECTURES
         .iter()
         .find(|(names, _)| names.contains(&name.as_str()))
         .map(|(_, b)| *b)
         .ok_or(Error::UnsupportedArchitecture(name))?;
-    let model = builder(config, weights, source)?;
+    let model = builder(config, weights)?;
     mlx::eval(&model.parameters())?;
     mlx::memory::clear_cache()?;
     Ok(Box::new(model))

@@ -59,7 +59,7 @@ fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
         .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
         .collect::<Vec<_>>();
     let mut weights = Weights::new(tensors, Dtype::F32);
-    let model = build_model(config, &mut weights, Source::Transformers).unwrap();
+    let model = build_model(config, &mut weights).unwrap();
     assert_eq!(
         weights.unused(),
         Vec::<&str>::new(),

@@ -16,7 +16,7 @@ use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, Model};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
-use crate::rope::{Rope, RopeConfig};
+use crate::rope::Rope;
 use crate::weights::{Weights, check_matrix};
 use crate::{Error, Result};
 
@@ -215,8 +215,6 @@ pub struct DecoderOptions {
     pub sandwich_norms: bool,
     /// Embeddings are multiplied by `√hidden` (Gemma).
     pub scale_embeddings: bool,
-    /// Rotate adjacent pairs: GGUF llama weights keep llama.cpp's permuted Q/K rows.
-    pub traditional_rope: bool,
 }
 
 /// Builds a [`Decoder`] from HF-named weights (`model.layers.N.self_attn.q_proj.weight`, …).
@@ -246,12 +244,8 @@ pub fn build_decoder(
     check_matrix("model.embed_tokens.weight", &embed_weight, vocab, hidden)?;
     let embedding = Embedding::new(embed_weight);
 
-    let global_rope = rope_for(&config.rope, options)?;
-    let local_rope = config
-        .rope_local
-        .as_ref()
-        .map(|r| rope_for(r, options))
-        .transpose()?;
+    let global_rope = Rope::new(&config.rope)?;
+    let local_rope = config.rope_local.as_ref().map(Rope::new).transpose()?;
     let scale = match config.query_pre_attn_scalar {
         Some(s) if s > 0.0 => (1.0 / s.sqrt()) as f32,
         Some(s) => {
@@ -413,12 +407,6 @@ fn build_moe(
         RouterScoring::Softmax,
         activation,
     )
-}
-
-fn rope_for(config: &RopeConfig, options: DecoderOptions) -> Result<Rope> {
-    let mut config = config.clone();
-    config.traditional |= options.traditional_rope;
-    Rope::new(&config)
 }
 
 fn dim(value: usize, name: &str) -> Result<i32> {

@@ -4,20 +4,17 @@
 use crate::Result;
 use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
 use crate::config::TextConfig;
-use crate::registry::Source;
 use crate::weights::Weights;
 
-/// Builds a Gemma 3 text decoder. llama.cpp's converter adds the +1 to norm weights when it
-/// writes a GGUF, so only transformers checkpoints need the offset here.
-pub fn build(config: TextConfig, weights: &mut Weights, source: Source) -> Result<Decoder> {
+/// Builds a Gemma 3 text decoder.
+pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
     build_decoder(
         config,
         weights,
         DecoderOptions {
-            norm_unit_offset: source == Source::Transformers,
+            norm_unit_offset: true,
             sandwich_norms: true,
             scale_embeddings: true,
-            traditional_rope: false,
         },
     )
 }

@@ -4,10 +4,9 @@
 use crate::Result;
 use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
 use crate::config::TextConfig;
-use crate::registry::Source;
 use crate::weights::Weights;
 
-/// Builds a Qwen2 decoder. llama.cpp does not permute Qwen's Q/K rows, so GGUF needs nothing.
-pub fn build(config: TextConfig, weights: &mut Weights, _source: Source) -> Result<Decoder> {
+/// Builds a Qwen2 decoder.
+pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
     build_decoder(config, weights, DecoderOptions::default())
 }

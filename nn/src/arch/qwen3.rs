@@ -3,12 +3,11 @@
 
 use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
 use crate::config::TextConfig;
-use crate::registry::Source;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// Builds a Qwen3 decoder.
-pub fn build(config: TextConfig, weights: &mut Weights, _source: Source) -> Result<Decoder> {
+pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
     if !weights.contains("model.layers.0.self_attn.q_norm.weight") {
         return Err(Error::Weights(
             "qwen3 checkpoint has no q_norm weights".into(),

@@ -3,12 +3,11 @@
 
 use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
 use crate::config::TextConfig;
-use crate::registry::Source;
 use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// Builds a Qwen3-MoE decoder.
-pub fn build(config: TextConfig, weights: &mut Weights, _source: Source) -> Result<Decoder> {
+pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
     if config.moe.is_none() {
         return Err(Error::Config("qwen3_moe config has no experts".into()));
     }

@@ -1,0 +1,670 @@
+//! The `mlxkit` commands.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::engine::Engine;
+use crate::model_name::ModelName;
+use crate::modelfile::Modelfile;
+use crate::pull::PullProgress;
+use crate::scheduler::Scheduler;
+use crate::server::generation::{self, Output, Prepared};
+use crate::server::options::GenerationOptions;
+use crate::server::{AppState, prompt};
+use crate::store::Store;
+
+/// The model `run` uses when none is named.
+pub const DEFAULT_MODEL: &str = "smollm2:135m";
+
+/// Where `serve` listens and the other commands find it.
+const DEFAULT_HOST: &str = "127.0.0.1:11434";
+
+/// Requests admitted at once (running or queued) before the server answers 503.
+const QUEUE_CAPACITY: usize = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "mlxkit",
+    version,
+    about = "Run large language models on MLX, with Ollama's and OpenAI's APIs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve Ollama's and OpenAI's HTTP APIs.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, env = "MLXKIT_HOST", default_value = DEFAULT_HOST)]
+        host: String,
+    },
+    /// Chat with a model (pulled first if needed): one prompt, or an interactive session.
+    Run {
+        /// The model.
+        #[arg(default_value = DEFAULT_MODEL)]
+        model: String,
+        /// A prompt; without one, an interactive chat starts.
+        prompt: Vec<String>,
+        /// Show the model's reasoning, for models that think.
+        #[arg(long)]
+        think: bool,
+        /// Print prompt and generation statistics at the end.
+        #[arg(long)]
+        verbose: bool,
+        /// Sampling temperature (0 = greedy).
+        #[arg(long)]
+        temperature: Option<f32>,
+        /// Random seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// The most tokens to generate.
+        #[arg(long)]
+        num_predict: Option<usize>,
+    },
+    /// Download a model from the catalog.
+    Pull {
+        /// The model.
+        model: String,
+    },
+    /// Create a model from a Modelfile (FROM a GGUF file, a transformers folder or a model).
+    Create {
+        /// The new model's name.
+        model: String,
+        /// The Modelfile.
+        #[arg(short = 'f', long = "file", default_value = "Modelfile")]
+        file: PathBuf,
+    },
+    /// List stored models.
+    #[command(alias = "ls")]
+    List,
+    /// Show a model's details, parameters and template.
+    Show {
+        /// The model.
+        model: String,
+    },
+    /// List models loaded in the running server.
+    Ps {
+        /// The server's address.
+        #[arg(long, env = "MLXKIT_HOST", default_value = DEFAULT_HOST)]
+        host: String,
+    },
+    /// Remove a model.
+    Rm {
+        /// The models.
+        #[arg(required = true)]
+        models: Vec<String>,
+    },
+    /// Copy a model under a new name.
+    Cp {
+        /// The existing model.
+        source: String,
+        /// The new name.
+        destination: String,
+    },
+    /// Measure prefill and decode speed, time to first token and peak memory.
+    Bench {
+        /// The model.
+        #[arg(default_value = DEFAULT_MODEL)]
+        model: String,
+        /// Prompt tokens.
+        #[arg(long, default_value_t = 512)]
+        prompt_tokens: usize,
+        /// Generated tokens.
+        #[arg(long, default_value_t = 128)]
+        generate_tokens: usize,
+        /// Repetitions (the first is reported separately as cold).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Report the MLX version, the device and a matmul timing.
+    Info,
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MLXKIT_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn run(command: Command) -> Result<()> {
+    let store = Store::from_env()?;
+    match command {
+        Command::Serve { host } => runtime()?.block_on(serve(store, host)),
+        Command::Run {
+            model,
+            prompt,
+            think,
+            verbose,
+            temperature,
+            seed,
+            num_predict,
+        } => {
+            let name = ModelName::parse(&model)?;
+            ensure_pulled(&store, &name)?;
+            let mut options = serde_json::Map::new();
+            if let Some(t) = temperature {
+                options.insert("temperature".into(), json!(t));
+            }
+            if let Some(s) = seed {
+                options.insert("seed".into(), json!(s));
+            }
+            if let Some(n) = num_predict {
+                options.insert("num_predict".into(), json!(n));
+            }
+            let prompt = prompt.join(" ");
+            runtime()?.block_on(chat(store, name, prompt, think, verbose, options))
+        }
+        Command::Pull { model } => {
+            let name = ModelName::parse(&model)?;
+            pull_with_progress(&store, &name)
+        }
+        Command::Create { model, file } => {
+            let name = ModelName::parse(&model)?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let mut spec = Modelfile::parse(&text)?;
+            // A relative FROM path is relative to the Modelfile.
+            let base = file.parent().map(PathBuf::from).unwrap_or_default();
+            if !spec.from.starts_with('/') && base.join(&spec.from).exists() {
+                spec.from = base.join(&spec.from).display().to_string();
+            }
+            let bar = Bars::new();
+            crate::server::models::create_model(&store, &name, &spec, &mut |p| bar.update(p))
+                .map_err(|e| anyhow::anyhow!(e.message))?;
+            bar.finish();
+            println!("created {name}");
+            Ok(())
+        }
+        Command::List => {
+            println!(
+                "{:<32} {:<14} {:>10}  {:<12} {}",
+                "NAME", "ID", "SIZE", "FAMILY", "QUANT"
+            );
+            for entry in store.list()? {
+                let digest = entry.manifest.digest();
+                println!(
+                    "{:<32} {:<14} {:>10}  {:<12} {}",
+                    entry.name.to_string(),
+                    digest.trim_start_matches("sha256:").get(..12).unwrap_or(""),
+                    human_bytes(entry.manifest.size()),
+                    entry.manifest.details.family,
+                    entry.manifest.details.quantization_level,
+                );
+            }
+            Ok(())
+        }
+        Command::Show { model } => {
+            let name = ModelName::parse(&model)?;
+            let entry = store.get(&name)?;
+            let m = &entry.manifest;
+            println!("  Model");
+            println!("    architecture        {}", m.details.family);
+            println!("    parameters          {}", m.details.parameter_size);
+            println!("    context length      {}", m.details.context_length);
+            println!("    quantization        {}", m.details.quantization_level);
+            println!("    format              {:?}", m.format);
+            println!("    size                {}", human_bytes(m.size()));
+            println!("    source              {}", m.source);
+            if !m.parameters.is_empty() {
+                println!("\n  Parameters");
+                for (k, v) in &m.parameters {
+                    println!("    {k:<20}{v}");
+                }
+            }
+            if let Some(system) = &m.system {
+                println!("\n  System\n    {system}");
+            }
+            Ok(())
+        }
+        Command::Ps { host } => runtime()?.block_on(ps(host)),
+        Command::Rm { models } => {
+            for model in models {
+                let name = ModelName::parse(&model)?;
+                store.remove(&name)?;
+                println!("deleted '{name}'");
+            }
+            Ok(())
+        }
+        Command::Cp {
+            source,
+            destination,
+        } => {
+            let from = ModelName::parse(&source)?;
+            let to = ModelName::parse(&destination)?;
+            store.copy(&from, &to)?;
+            println!("copied '{from}' to '{to}'");
+            Ok(())
+        }
+        Command::Bench {
+            model,
+            prompt_tokens,
+            generate_tokens,
+            runs,
+            json,
+        } => {
+            let name = ModelName::parse(&model)?;
+            ensure_pulled(&store, &name)?;
+            runtime()?.block_on(bench(
+                store,
+                name,
+                prompt_tokens,
+                generate_tokens,
+                runs.max(1),
+                json,
+            ))
+        }
+        Command::Info => info(),
+    }
+}
+
+/// Pulls `name` from the catalog when the store lacks it.
+fn ensure_pulled(store: &Store, name: &ModelName) -> Result<()> {
+    match store.get(name) {
+        Ok(_) => Ok(()),
+        Err(crate::store::StoreError::NotFound(_)) => pull_with_progress(store, name),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn pull_with_progress(store: &Store, name: &ModelName) -> Result<()> {
+    let bars = Bars::new();
+    crate::pull::pull(store, name, &mut |p| bars.update(p))?;
+    bars.finish();
+    Ok(())
+}
+
+/// A status line and a byte bar for pulls, imports and loads.
+struct Bars {
+    bar: ProgressBar,
+}
+
+impl Bars {
+    fn new() -> Bars {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{msg:30} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Bars { bar }
+    }
+
+    fn update(&self, progress: PullProgress) {
+        match progress {
+            PullProgress::Status(status) => self.bar.println(status),
+            PullProgress::Bytes { what, done, total } => {
+                self.bar.set_message(what);
+                self.bar.set_length(total.max(done));
+                self.bar.set_position(done);
+            }
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.1} GB", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.0} MB", n / 1e6)
+    } else {
+        format!("{:.0} KB", n / 1e3)
+    }
+}
+
+fn app_state(store: Store) -> Result<AppState> {
+    let engine = Arc::new(Engine::new()?);
+    let scheduler = Scheduler::new(engine, store.clone(), QUEUE_CAPACITY);
+    Ok(AppState { store, scheduler })
+}
+
+async fn serve(store: Store, host: String) -> Result<()> {
+    let state = app_state(store)?;
+    let listener = tokio::net::TcpListener::bind(&host)
+        .await
+        .with_context(|| format!("listening on {host}"))?;
+    eprintln!(
+        "mlxkit {} listening on {}",
+        env!("CARGO_PKG_VERSION"),
+        listener.local_addr()?
+    );
+    axum::serve(listener, crate::server::router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("serving")
+}
+
+async fn ps(host: String) -> Result<()> {
+    let url = format!("http://{host}/api/ps");
+    let body: serde_json::Value = reqwest::get(&url)
+        .await
+        .with_context(|| format!("is `mlxkit serve` running at {host}?"))?
+        .json()
+        .await?;
+    println!(
+        "{:<32} {:>10}  {:<10} {}",
+        "NAME", "SIZE", "CONTEXT", "UNTIL"
+    );
+    for m in body["models"].as_array().into_iter().flatten() {
+        println!(
+            "{:<32} {:>10}  {:<10} {}",
+            m["name"].as_str().unwrap_or(""),
+            human_bytes(m["size"].as_u64().unwrap_or(0)),
+            m["context_length"].as_u64().unwrap_or(0),
+            m["expires_at"].as_str().unwrap_or(""),
+        );
+    }
+    Ok(())
+}
+
+/// One-shot or interactive chat, streamed to the terminal.
+async fn chat(
+    store: Store,
+    name: ModelName,
+    prompt_text: String,
+    think: bool,
+    verbose: bool,
+    options: serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let state = app_state(store)?;
+    let started = Instant::now();
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("loading {name}"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let lease = state.scheduler.acquire(&name, None).await?;
+    spinner.finish_and_clear();
+    let load = started.elapsed();
+    drop(lease);
+    let mut generation = GenerationOptions::default();
+    let defaults: serde_json::Map<String, serde_json::Value> = state
+        .store
+        .get(&name)?
+        .manifest
+        .parameters
+        .into_iter()
+        .collect();
+    generation
+        .apply(&defaults)
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+    generation
+        .apply(&options)
+        .map_err(|e| anyhow::anyhow!(e.message))?;
+
+    let mut history: Vec<tokenizer::Message> = Vec::new();
+    let one_shot = !prompt_text.is_empty();
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        let user = if one_shot {
+            prompt_text.clone()
+        } else {
+            print!(">>> ");
+            std::io::stdout().flush()?;
+            match read_message(&mut lines)? {
+                Some(text) if text.trim() == "/bye" => break,
+                Some(text) if text.trim().is_empty() => continue,
+                Some(text) => text,
+                None => break,
+            }
+        };
+        history.push(tokenizer::Message::new("user", user));
+        let lease = state.scheduler.acquire(&name, None).await?;
+        let info = lease.info.clone();
+        let rendered = prompt::render_chat(&info, history.clone(), None, Some(think))
+            .map_err(|e| anyhow::anyhow!(e.message))?;
+        prompt::check_context(&info, &rendered.tokens, generation.num_ctx)
+            .map_err(|e| anyhow::anyhow!(e.message))?;
+        let mut outputs = generation::start(
+            lease,
+            Prepared {
+                prompt: rendered.tokens,
+                options: generation.clone(),
+                logprobs: None,
+                parser: rendered.parser,
+                started: Instant::now(),
+                load,
+            },
+        );
+        let mut reply = String::new();
+        let mut stdout = std::io::stdout();
+        while let Some(output) = outputs.recv().await {
+            match output {
+                Output::Content(text, _) => {
+                    reply.push_str(&text);
+                    write!(stdout, "{text}")?;
+                    stdout.flush()?;
+                }
+                Output::Thinking(text) => {
+                    write!(stdout, "\x1b[2m{text}\x1b[0m")?;
+                    stdout.flush()?;
+                }
+                Output::ToolCall(call) => {
+                    writeln!(stdout, "[tool call] {} {}", call.name, call.arguments)?
+                }
+                Output::Done(summary) => {
+                    writeln!(stdout)?;
+                    if verbose {
+                        let s = summary.stats;
+                        eprintln!(
+                            "load {:.2}s | prompt {} tokens ({} cached) in {:.2}s | {} tokens in {:.2}s, {:.1} tok/s | peak {}",
+                            summary.load.as_secs_f64(),
+                            s.prompt_tokens,
+                            s.cached_tokens,
+                            s.prompt_eval.as_secs_f64(),
+                            s.generated_tokens,
+                            s.eval.as_secs_f64(),
+                            s.generated_tokens as f64 / s.eval.as_secs_f64().max(1e-9),
+                            human_bytes(s.peak_memory as u64),
+                        );
+                    }
+                }
+                Output::Error(message) => bail!(message),
+            }
+        }
+        history.push(tokenizer::Message::new("assistant", reply));
+        if one_shot {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Reads one message; a line of `"""` starts and ends a multi-line message.
+fn read_message(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> Result<Option<String>> {
+    let Some(first) = lines.next().transpose()? else {
+        return Ok(None);
+    };
+    let Some(rest) = first.trim_start().strip_prefix("\"\"\"") else {
+        return Ok(Some(first));
+    };
+    let mut text = rest.to_string();
+    if let Some(end) = text.find("\"\"\"") {
+        text.truncate(end);
+        return Ok(Some(text));
+    }
+    for line in lines {
+        let line = line?;
+        if let Some(end) = line.find("\"\"\"") {
+            text.push('\n');
+            text.push_str(&line[..end]);
+            return Ok(Some(text));
+        }
+        text.push('\n');
+        text.push_str(&line);
+    }
+    Ok(Some(text))
+}
+
+/// `bench`: greedy runs over a synthetic prompt, reported per run.
+async fn bench(
+    store: Store,
+    name: ModelName,
+    prompt_tokens: usize,
+    generate_tokens: usize,
+    runs: usize,
+    as_json: bool,
+) -> Result<()> {
+    let state = app_state(store)?;
+    let started = Instant::now();
+    let lease = state.scheduler.acquire(&name, None).await?;
+    let load = started.elapsed();
+    let info = lease.info.clone();
+    drop(lease);
+    // A prompt of distinct-enough text, cut to the requested token count.
+    let seed_text =
+        "The quick brown fox jumps over the lazy dog while counting stars and telling stories. ";
+    let mut tokens = info
+        .tokenizer
+        .encode(&seed_text.repeat(prompt_tokens / 8 + 8), true)?;
+    tokens.truncate(prompt_tokens.max(2));
+    let mut results = Vec::new();
+    for run in 0..runs {
+        // Each run changes the first token so the prefix cache cannot serve it.
+        let mut prompt = tokens.clone();
+        if let Some(first) = prompt.get_mut(1) {
+            *first = (*first + run as u32 + 1) % info.tokenizer.vocab_size() as u32;
+        }
+        let lease = state.scheduler.acquire(&name, None).await?;
+        let mut options = GenerationOptions::default();
+        options.sampling = sampler::Options::greedy();
+        options.num_predict = Some(generate_tokens);
+        let begin = Instant::now();
+        let mut outputs = generation::start(
+            lease,
+            Prepared {
+                prompt,
+                options,
+                logprobs: None,
+                parser: None,
+                started: begin,
+                load,
+            },
+        );
+        let mut first_token = None;
+        let mut summary = None;
+        while let Some(output) = outputs.recv().await {
+            match output {
+                Output::Content(..) if first_token.is_none() => first_token = Some(begin.elapsed()),
+                Output::Done(s) => summary = Some(s),
+                Output::Error(e) => bail!(e),
+                _ => {}
+            }
+        }
+        let summary = summary.context("the run ended without a result")?;
+        let s = summary.stats;
+        results.push(json!({
+            "run": run,
+            "prompt_tokens": s.prompt_tokens,
+            "prompt_eval_tokens": s.prompt_eval_count(),
+            "prefill_tok_s": s.prompt_eval_count() as f64 / s.prompt_eval.as_secs_f64().max(1e-9),
+            "generated_tokens": s.generated_tokens,
+            "decode_tok_s": s.generated_tokens.saturating_sub(1) as f64 / s.eval.as_secs_f64().max(1e-9),
+            "ttft_ms": first_token.unwrap_or(summary.total).as_secs_f64() * 1e3,
+            "peak_memory_bytes": s.peak_memory,
+        }));
+    }
+    let report = json!({
+        "model": name.to_string(),
+        "load_s": load.as_secs_f64(),
+        "runs": results,
+    });
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{name}: loaded in {:.2}s", load.as_secs_f64());
+        println!(
+            "{:>4} {:>8} {:>12} {:>8} {:>12} {:>10} {:>10}",
+            "run", "prompt", "prefill t/s", "gen", "decode t/s", "ttft ms", "peak MB"
+        );
+        for r in report["runs"].as_array().into_iter().flatten() {
+            println!(
+                "{:>4} {:>8} {:>12.1} {:>8} {:>12.1} {:>10.1} {:>10.1}",
+                r["run"],
+                r["prompt_eval_tokens"],
+                r["prefill_tok_s"].as_f64().unwrap_or(0.0),
+                r["generated_tokens"],
+                r["decode_tok_s"].as_f64().unwrap_or(0.0),
+                r["ttft_ms"].as_f64().unwrap_or(0.0),
+                r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The system report: MLX version, device and a matmul timing.
+fn info() -> Result<()> {
+    use mlx::{Device, Dtype, random};
+    let version = mlx::version()?;
+    let device = Device::best_available()?;
+    device.set_default()?;
+    println!("mlxkit {}", env!("CARGO_PKG_VERSION"));
+    println!("MLX {version}");
+    println!(
+        "device: {device:?} (metal: {}, cuda: {})",
+        mlx::metal_available()?,
+        mlx::cuda_available()?
+    );
+    let dtype = if device == Device::Gpu {
+        Dtype::Bf16
+    } else {
+        Dtype::F32
+    };
+    let n = 2048;
+    let a = random::uniform(&[n, n], Dtype::F32, &random::key(0)?)?.astype(dtype)?;
+    a.eval()?;
+    a.matmul(&a)?.eval()?;
+    let runs = 5;
+    let start = Instant::now();
+    for _ in 0..runs {
+        a.matmul(&a)?.eval()?;
+    }
+    let seconds = start.elapsed().as_secs_f64() / f64::from(runs);
+    println!(
+        "matmul {n}x{n} {dtype:?}: {:.1} ms, {:.1} GFLOP/s",
+        seconds * 1e3,
+        2.0 * f64::from(n).powi(3) / seconds / 1e9
+    );
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! Loading a stored model: weights onto the MLX worker, vocabulary and chat template beside.
+
+use std::path::Path;
+use std::time::Duration;
+
+use quant::Format as CheckpointFormat;
+use tokenizer::{ChatTemplate, Family, Tokenizer};
+
+use crate::engine::session::Session;
+use crate::model_name::ModelName;
+use crate::store::{Format, Manifest};
+
+/// What went wrong while loading.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The weights could not be read or built.
+    #[error("loading `{name}`: {source}")]
+    Model {
+        /// The model.
+        name: String,
+        /// Why.
+        source: nn::Error,
+    },
+    /// The vocabulary or template could not be read.
+    #[error("loading the tokenizer of `{name}`: {source}")]
+    Tokenizer {
+        /// The model.
+        name: String,
+        /// Why.
+        source: tokenizer::Error,
+    },
+    /// The model's files are not as its manifest says.
+    #[error("model `{0}` has no weights file")]
+    NoWeights(String),
+}
+
+/// Everything request handlers need to know about the loaded model. Shared across threads;
+/// the model itself stays on the MLX worker.
+pub struct ModelInfo {
+    /// Its name.
+    pub name: ModelName,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its vocabulary.
+    pub tokenizer: Tokenizer,
+    /// Its chat template (the manifest's override, the checkpoint's, or the family fallback).
+    pub template: ChatTemplate,
+    /// The output-parser family (thinking and tool-call syntax), when recognized.
+    pub family: Option<Family>,
+    /// The context length requests are held to.
+    pub context_length: usize,
+    /// The transformers-style config (for `show`).
+    pub config: serde_json::Value,
+    /// The architecture name.
+    pub architecture: String,
+    /// Total parameters.
+    pub parameter_count: u64,
+    /// Quantization of the weights as the checkpoint stores them (`Q4_1`, `F32`, …).
+    pub quantization: String,
+    /// Time the load took.
+    pub load_duration: Duration,
+}
+
+/// The files of a model whose manifest has been materialized into `dir`.
+pub fn weights_path(dir: &Path, manifest: &Manifest) -> Option<std::path::PathBuf> {
+    match manifest.format {
+        Format::Gguf => manifest
+            .layers
+            .iter()
+            .find(|l| l.path.ends_with(".gguf"))
+            .map(|l| dir.join(&l.path)),
+        Format::Safetensors => Some(dir.to_path_buf()),
+    }
+}
+
+/// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer.
+pub fn load(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<(Session, ModelInfo), LoadError> {
+    let weights =
+        weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
+    let model_err = |source| LoadError::Model {
+        name: name.to_string(),
+        source,
+    };
+    let tok_err = |source| LoadError::Tokenizer {
+        name: name.to_string(),
+        source,
+    };
+    let loaded = nn::load::load(&weights, None).map_err(model_err)?;
+    let tokenizer = match loaded.format {
+        CheckpointFormat::Gguf => Tokenizer::from_gguf_file(&weights),
+        CheckpointFormat::Safetensors => Tokenizer::from_hf_dir(&weights),
+    }
+    .map_err(tok_err)?;
+    let template = match &manifest.template {
+        Some(source) => ChatTemplate::new(
+            source.clone(),
+            tokenizer.bos_text().unwrap_or_default(),
+            tokenizer.eos_text().unwrap_or_default(),
+        ),
+        None => ChatTemplate::for_tokenizer(&tokenizer),
+    }
+    .map_err(tok_err)?;
+    let config = loaded.model.config().clone();
+    let context_length = config.max_position_embeddings.max(1);
+    let parameter_count = config.parameter_count();
+    let quantization = quantization_label(&loaded.config_json, manifest);
+    let session = Session::new(loaded.model, context_length).map_err(|e| match e {
+        crate::engine::session::SessionError::Model(source) => model_err(source),
+        other => model_err(nn::Error::InvalidInput(other.to_string())),
+    })?;
+    Ok((
+        session,
+        ModelInfo {
+            name: name.clone(),
+            manifest: manifest.clone(),
+            family: Family::detect(&tokenizer),
+            tokenizer,
+            template,
+            context_length,
+            architecture: config.model_type.clone(),
+            config: loaded.config_json,
+            parameter_count,
+            quantization,
+            load_duration: loaded.duration,
+        },
+    ))
+}
+
+/// A short label of how the checkpoint stores its weights.
+fn quantization_label(config: &serde_json::Value, manifest: &Manifest) -> String {
+    if let Some(q) = config.get("quantization") {
+        let bits = q.get("bits").and_then(|b| b.as_u64()).unwrap_or(0);
+        let mode = q.get("mode").and_then(|m| m.as_str()).unwrap_or("affine");
+        return format!("{mode}{bits}");
+    }
+    if let Some(file_type) = config.get("gguf_file_type").and_then(|t| t.as_str()) {
+        return file_type.to_string();
+    }
+    match manifest.format {
+        Format::Gguf => "gguf".into(),
+        Format::Safetensors => config
+            .get("torch_dtype")
+            .or_else(|| config.get("dtype"))
+            .and_then(|d| d.as_str())
+            .unwrap_or("unknown")
+            .to_uppercase(),
+    }
+}

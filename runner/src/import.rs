@@ -1,0 +1,176 @@
+//! Importing weights into the store: a GGUF file or a transformers / mlx-lm folder.
+
+use std::path::{Path, PathBuf};
+
+use crate::model_name::ModelName;
+use crate::store::{Details, Format, Layer, Manifest, Store, StoreError};
+
+/// What went wrong while importing.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The path is neither a GGUF file nor a folder with `config.json`.
+    #[error("{0} is neither a .gguf file nor a folder with config.json and safetensors")]
+    Unsupported(PathBuf),
+    /// The checkpoint could not be read.
+    #[error("reading {path}: {source}")]
+    Checkpoint {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: quant::Error,
+    },
+    /// The architecture cannot be run.
+    #[error("{path}: {source}")]
+    Model {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: nn::Error,
+    },
+    /// Writing to the store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Listing the folder failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Progress of an import: `(file, bytes done, bytes total)`.
+pub type Progress<'a> = &'a mut dyn FnMut(&str, u64, u64);
+
+/// Files of a transformers folder worth keeping (weights, configs, vocabularies, templates).
+fn keep_file(name: &str) -> bool {
+    name.ends_with(".safetensors")
+        || name.ends_with(".json")
+        || name.ends_with(".jinja")
+        || name == "tokenizer.model"
+}
+
+/// Reads what a checkpoint is, checking that an architecture we support can run it.
+pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
+    let checkpoint = quant::Checkpoint::open(path).map_err(|source| ImportError::Checkpoint {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let model_err = |source| ImportError::Model {
+        path: path.to_path_buf(),
+        source,
+    };
+    let config = nn::TextConfig::from_json(checkpoint.config()).map_err(model_err)?;
+    if !nn::registry::is_supported(&config.model_type) {
+        return Err(model_err(nn::Error::UnsupportedArchitecture(
+            config.model_type.clone(),
+        )));
+    }
+    let format = match checkpoint.format() {
+        quant::Format::Gguf => Format::Gguf,
+        quant::Format::Safetensors => Format::Safetensors,
+    };
+    let quantization = checkpoint
+        .config()
+        .get("quantization")
+        .map(|q| {
+            format!(
+                "{}{}",
+                q.get("mode").and_then(|m| m.as_str()).unwrap_or("affine"),
+                q.get("bits").and_then(|b| b.as_u64()).unwrap_or(0)
+            )
+        })
+        .or_else(|| {
+            checkpoint
+                .config()
+                .get("gguf_file_type")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| {
+            checkpoint
+                .config()
+                .get("torch_dtype")
+                .or_else(|| checkpoint.config().get("dtype"))
+                .and_then(|d| d.as_str())
+                .unwrap_or("unknown")
+                .to_uppercase()
+        });
+    Ok((
+        format,
+        Details {
+            family: config.model_type.clone(),
+            parameter_size: human_count(config.parameter_count()),
+            quantization_level: quantization,
+            context_length: config.max_position_embeddings,
+        },
+    ))
+}
+
+/// `135M`, `1.2B`.
+pub fn human_count(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.1}B", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.0}M", n / 1e6)
+    } else {
+        format!("{:.0}K", n / 1e3)
+    }
+}
+
+/// Imports the checkpoint at `path` as `name`, with `source` recorded in the manifest.
+pub fn import_path(
+    store: &Store,
+    name: &ModelName,
+    path: &Path,
+    source: &str,
+    progress: Progress<'_>,
+) -> Result<Manifest, ImportError> {
+    let (format, details) = describe(path)?;
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    match format {
+        Format::Gguf => files.push((path.to_path_buf(), "model.gguf".to_string())),
+        Format::Safetensors => {
+            let dir = if path.is_dir() {
+                path.to_path_buf()
+            } else {
+                path.parent()
+                    .map(Path::to_path_buf)
+                    .ok_or_else(|| ImportError::Unsupported(path.to_path_buf()))?
+            };
+            let entries = std::fs::read_dir(&dir).map_err(|source| ImportError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            for entry in entries.flatten() {
+                let file_name = entry.file_name().to_string_lossy().into_owned();
+                if entry.path().is_file() && keep_file(&file_name) {
+                    files.push((entry.path(), file_name));
+                }
+            }
+            files.sort_by(|a, b| a.1.cmp(&b.1));
+        }
+    }
+    let mut layers: Vec<Layer> = Vec::with_capacity(files.len());
+    for (file, path_in_model) in &files {
+        let total = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let layer = store.add_blob(file, path_in_model, &mut |done| {
+            progress(path_in_model, done, total)
+        })?;
+        layers.push(layer);
+    }
+    let manifest = Manifest {
+        format,
+        layers,
+        parameters: Default::default(),
+        template: None,
+        system: None,
+        source: source.to_string(),
+        details,
+        created_at: crate::server::rfc3339(std::time::SystemTime::now()),
+    };
+    store.put_manifest(name, &manifest)?;
+    Ok(manifest)
+}

@@ -1,0 +1,19 @@
+//! The `mlxkit` server and command-line tool, composed from the workspace's crates.
+//!
+//! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`].
+//! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
+//!   transformers folders; [`modelfile`]: `create -f`.
+//! - [`engine`]: the MLX worker, the loaded model's session and its prefill/decode loop.
+//! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
+//! - [`server`]: Ollama's and OpenAI's HTTP APIs.
+//! - [`cli`]: the `mlxkit` commands.
+
+pub mod cli;
+pub mod engine;
+pub mod import;
+pub mod model_name;
+pub mod modelfile;
+pub mod pull;
+pub mod scheduler;
+pub mod server;
+pub mod store;

@@ -1,0 +1,317 @@
+//! Which model is loaded: load on first use, unload after `keep_alive`, one model at a time,
+//! and a bounded queue of requests in front of the engine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
+
+use crate::engine::{Engine, EngineError, ModelInfo};
+use crate::model_name::ModelName;
+use crate::store::{Store, StoreError};
+
+/// How long a model stays loaded after its last request, unless the request says otherwise.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(300);
+
+/// Why a request could not get the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    /// Too many requests are already waiting.
+    #[error("server busy: {0} requests are already queued, try again shortly")]
+    Busy(usize),
+    /// The store has no such model, or its files are damaged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Loading failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+struct Loaded {
+    info: Arc<ModelInfo>,
+    /// When the model may be unloaded; `None` keeps it forever (negative keep_alive). Behind
+    /// its own lock so a request holding the model can set it.
+    expires: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Loaded {
+    fn set_expiry(&self, keep_alive: KeepAlive) {
+        let expiry = keep_alive
+            .duration()
+            .and_then(|d| Instant::now().checked_add(d));
+        if let Ok(mut expires) = self.expires.lock() {
+            *expires = expiry;
+        }
+    }
+
+    fn expiry(&self) -> Option<Instant> {
+        self.expires.lock().ok().and_then(|e| *e)
+    }
+}
+
+/// The loaded model, shared by request handlers.
+pub struct Scheduler {
+    engine: Arc<Engine>,
+    store: Store,
+    loaded: Arc<RwLock<Option<Loaded>>>,
+    queue: Arc<Semaphore>,
+    capacity: usize,
+}
+
+/// A request's hold on the loaded model: while it lives, the model stays loaded.
+pub struct Lease {
+    /// The model.
+    pub info: Arc<ModelInfo>,
+    /// The engine running it.
+    pub engine: Arc<Engine>,
+    _model: OwnedRwLockReadGuard<Option<Loaded>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Scheduler {
+    /// A scheduler over `engine` admitting at most `capacity` requests at once (running or
+    /// waiting); the one after gets [`ScheduleError::Busy`].
+    pub fn new(engine: Arc<Engine>, store: Store, capacity: usize) -> Arc<Scheduler> {
+        let scheduler = Arc::new(Scheduler {
+            engine,
+            store,
+            loaded: Arc::new(RwLock::new(None)),
+            queue: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        });
+        Scheduler::start_reaper(&scheduler);
+        scheduler
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Takes a queue slot and the model `name`, loading it (and unloading another) if needed.
+    /// `keep_alive` sets how long it stays loaded after this request.
+    pub async fn acquire(
+        &self,
+        name: &ModelName,
+        keep_alive: Option<KeepAlive>,
+    ) -> Result<Lease, ScheduleError> {
+        let slot = self
+            .queue
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ScheduleError::Busy(self.capacity))?;
+        loop {
+            let guard = self.loaded.clone().read_owned().await;
+            if let Some(loaded) = guard.as_ref().filter(|l| l.info.name == *name) {
+                loaded.set_expiry(keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE)));
+                return Ok(Lease {
+                    info: loaded.info.clone(),
+                    engine: Arc::clone(&self.engine),
+                    _model: guard,
+                    _slot: slot,
+                });
+            }
+            drop(guard);
+            self.switch_to(name).await?;
+            // Another request may switch models before we read again; the loop takes care.
+        }
+    }
+
+    /// Loads `name` unless it already is, unloading the current model first.
+    async fn switch_to(&self, name: &ModelName) -> Result<(), ScheduleError> {
+        let mut slot = self.loaded.write().await;
+        if slot.as_ref().is_some_and(|l| l.info.name == *name) {
+            return Ok(());
+        }
+        let entry = self.store.get(name)?;
+        let store = self.store.clone();
+        let manifest = entry.manifest.clone();
+        let dir = tokio::task::spawn_blocking(move || store.materialize(&manifest))
+            .await
+            .map_err(|e| {
+                EngineError::Mlx(mlx::Error::Mlx(format!("verifying the model's files: {e}")))
+            })??;
+        *slot = None;
+        let info = self.engine.load(name.clone(), entry.manifest, dir).await?;
+        *slot = Some(Loaded {
+            info,
+            expires: std::sync::Mutex::new(Instant::now().checked_add(DEFAULT_KEEP_ALIVE)),
+        });
+        Ok(())
+    }
+
+    /// Sets the expiry of the loaded model `name` (a request with `keep_alive: 0` unloads it
+    /// right after; negative keeps it forever).
+    pub async fn set_keep_alive(&self, name: &ModelName, keep_alive: KeepAlive) {
+        if let Some(loaded) = self
+            .loaded
+            .read()
+            .await
+            .as_ref()
+            .filter(|l| l.info.name == *name)
+        {
+            loaded.set_expiry(keep_alive);
+        }
+    }
+
+    /// The loaded model and when it expires, for `ps`.
+    pub async fn running(&self) -> Option<(Arc<ModelInfo>, Option<Instant>)> {
+        self.loaded
+            .read()
+            .await
+            .as_ref()
+            .map(|l| (l.info.clone(), l.expiry()))
+    }
+
+    /// Unloads `name` if it is loaded (for `rm`, and `keep_alive: 0`).
+    pub async fn unload(&self, name: &ModelName) -> Result<bool, ScheduleError> {
+        let mut slot = self.loaded.write().await;
+        if slot.as_ref().is_some_and(|l| l.info.name == *name) {
+            *slot = None;
+            self.engine.unload().await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Unloads the model once its keep-alive has passed and no request holds it.
+    fn start_reaper(scheduler: &Arc<Scheduler>) {
+        let weak = Arc::downgrade(scheduler);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let Some(scheduler) = weak.upgrade() else {
+                    return;
+                };
+                let expired = |slot: &Option<Loaded>| {
+                    slot.as_ref()
+                        .and_then(Loaded::expiry)
+                        .is_some_and(|t| Instant::now() >= t)
+                };
+                if expired(&*scheduler.loaded.read().await) {
+                    // `try_write` fails while any request holds a lease: try again next tick.
+                    if let Ok(mut slot) = scheduler.loaded.try_write() {
+                        if expired(&slot) {
+                            *slot = None;
+                            let _ = scheduler.engine.unload().await;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// How long to keep a model loaded after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepAlive {
+    /// This long.
+    For(Duration),
+    /// Until unloaded explicitly or replaced.
+    Forever,
+}
+
+impl KeepAlive {
+    /// Parses Ollama's `keep_alive`: a number of seconds, or a duration like `5m`, `1h30m`,
+    /// `10s`; negative means forever.
+    pub fn parse(value: &serde_json::Value) -> Result<KeepAlive, String> {
+        let seconds = match value {
+            serde_json::Value::Number(n) => n.as_f64().ok_or("keep_alive is not a number")?,
+            serde_json::Value::String(s) => parse_duration(s)?,
+            other => {
+                return Err(format!(
+                    "keep_alive must be a number or a duration, got {other}"
+                ));
+            }
+        };
+        if seconds < 0.0 {
+            return Ok(KeepAlive::Forever);
+        }
+        if !seconds.is_finite() || seconds > 1e9 {
+            return Err(format!("keep_alive {seconds}s is too long"));
+        }
+        Ok(KeepAlive::For(Duration::from_secs_f64(seconds)))
+    }
+
+    /// The duration, `None` for forever.
+    pub fn duration(self) -> Option<Duration> {
+        match self {
+            KeepAlive::For(d) => Some(d),
+            KeepAlive::Forever => None,
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Ok(seconds);
+    }
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let mut total = 0.0;
+    let mut number = String::new();
+    let mut chars = body.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            number.push(c);
+            continue;
+        }
+        let unit = if c == 'm' && chars.peek() == Some(&'s') {
+            chars.next();
+            0.001
+        } else {
+            match c {
+                'h' => 3600.0,
+                'm' => 60.0,
+                's' => 1.0,
+                _ => return Err(format!("invalid duration `{text}`")),
+            }
+        };
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("invalid duration `{text}`"))?;
+        total += value * unit;
+        number.clear();
+        any = true;
+    }
+    if !number.is_empty() || !any {
+        return Err(format!("invalid duration `{text}`"));
+    }
+    Ok(if negative { -total } else { total })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_forms() {
+        use serde_json::json;
+        assert_eq!(
+            KeepAlive::parse(&json!(0)).unwrap(),
+            KeepAlive::For(Duration::ZERO)
+        );
+        assert_eq!(
+            KeepAlive::parse(&json!("5m")).unwrap(),
+            KeepAlive::For(Duration::from_secs(300))
+        );
+        assert_eq!(
+            KeepAlive::parse(&json!("1h30m")).unwrap(),
+            KeepAlive::For(Duration::from_secs(5400))
+        );
+        assert_eq!(KeepAlive::parse(&json!("-1")).unwrap(), KeepAlive::Forever);
+        assert_eq!(KeepAlive::parse(&json!(-1)).unwrap(), KeepAlive::Forever);
+        assert!(KeepAlive::parse(&json!("soon")).is_err());
+        assert!(KeepAlive::parse(&json!([1])).is_err());
+    }
+}

@@ -1,0 +1,103 @@
+//! API errors: a status and a message, rendered the way each API family expects.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// Which API shape an error is rendered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `{"error": "message"}`.
+    Ollama,
+    /// `{"error": {"message": …, "type": …, "code": …}}`.
+    OpenAi,
+}
+
+/// An error answered before a response starts streaming.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// What went wrong, for the client.
+    pub message: String,
+    /// The shape to render.
+    pub dialect: Dialect,
+}
+
+impl ApiError {
+    /// A 400 naming the problem with the request.
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A 404 (unknown model or route).
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    /// A 500 for failures that are not the client's doing.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// An error with any status.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            dialect: Dialect::Ollama,
+        }
+    }
+
+    /// The same error in OpenAI's shape.
+    pub fn openai(mut self) -> ApiError {
+        self.dialect = Dialect::OpenAi;
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = match self.dialect {
+            Dialect::Ollama => serde_json::json!({ "error": self.message }),
+            Dialect::OpenAi => serde_json::json!({
+                "error": {
+                    "message": self.message,
+                    "type": if self.status.is_server_error() { "server_error" } else { "invalid_request_error" },
+                    "param": null,
+                    "code": self.status.as_u16(),
+                }
+            }),
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<crate::scheduler::ScheduleError> for ApiError {
+    fn from(e: crate::scheduler::ScheduleError) -> ApiError {
+        use crate::scheduler::ScheduleError;
+        use crate::store::StoreError;
+        let status = match &e {
+            ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> ApiError {
+        let status = match &e {
+            crate::store::StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<crate::model_name::InvalidName> for ApiError {
+    fn from(e: crate::model_name::InvalidName) -> ApiError {
+        ApiError::bad_request(e.to_string())
+    }
+}

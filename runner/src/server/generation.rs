@@ -1,0 +1,270 @@
+//! The text side of a generation, shared by every endpoint: runs a job on the engine and turns
+//! its token stream into text pieces (never splitting a character), held back at stop strings,
+//! split into content, thinking and tool calls by the model's output parser.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokenizer::{Detokenizer, OutputParser, ParserConfig, ParserEvent, StopMatcher, ToolCall};
+use tokio::sync::mpsc;
+
+use crate::engine::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::scheduler::Lease;
+use crate::server::options::GenerationOptions;
+
+/// One alternative in a logprobs entry.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// The logprob of one generated token.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LogprobEntry {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// What a generation produces, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Text for the user, with the logprobs of the tokens it came from (when asked for).
+    Content(String, Vec<LogprobEntry>),
+    /// Reasoning text.
+    Thinking(String),
+    /// A complete tool call.
+    ToolCall(ToolCall),
+    /// The end, with why and the statistics.
+    Done(Summary),
+    /// A failure after the response started; nothing follows.
+    Error(String),
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// `stop` or `length`.
+    pub reason: DoneReason,
+    /// Engine statistics.
+    pub stats: Stats,
+    /// Wall time from the request's arrival.
+    pub total: Duration,
+    /// Time spent loading the model for this request.
+    pub load: Duration,
+}
+
+/// A prepared generation: prompt tokens and settings.
+pub struct Prepared {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Validated options.
+    pub options: GenerationOptions,
+    /// Top logprobs to report per token (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+    /// The output parser's settings (thinking and tool calls), when the model has any.
+    pub parser: Option<ParserConfig>,
+    /// When the request arrived.
+    pub started: Instant,
+    /// Time spent loading the model for this request.
+    pub load: Duration,
+}
+
+/// Starts `prepared` on the engine and returns its outputs. Dropping the receiver cancels the
+/// generation at its next step.
+pub fn start(lease: Lease, prepared: Prepared) -> mpsc::Receiver<Output> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        run(lease, prepared, tx).await;
+    });
+    rx
+}
+
+async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
+    let info = Arc::clone(&lease.info);
+    let context = prepared
+        .options
+        .num_ctx
+        .map(|n| n.min(info.context_length))
+        .unwrap_or(info.context_length);
+    let room = context.saturating_sub(prepared.prompt.len());
+    let max_tokens = prepared.options.num_predict.unwrap_or(room).min(room);
+    let mut sampling = prepared.options.sampling.clone();
+    sampling.logprobs = prepared.logprobs;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let job = Job {
+        prompt: prepared.prompt,
+        sampling,
+        max_tokens,
+        stop_tokens: info.tokenizer.stop_tokens().iter().copied().collect(),
+        events: events_tx,
+        cancel: Arc::clone(&cancel),
+    };
+    // Kept until the job ends: the lease keeps the model loaded, the completion keeps the job.
+    let completion = lease.engine.submit(job);
+    let mut text = TextPipeline::new(&info.tokenizer, &prepared.options.stop, prepared.parser);
+    let mut stopped_by_text = false;
+    let mut client_gone = false;
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Token { id, logprobs } => {
+                if stopped_by_text || client_gone {
+                    continue; // Draining what the engine produced before it saw `cancel`.
+                }
+                let entry = logprobs.map(|lp| LogprobEntry::new(&info.tokenizer, id, &lp));
+                let (outputs, stopped) = text.push(id, entry);
+                for output in outputs {
+                    let failed = matches!(output, Output::Error(_));
+                    if out.send(output).await.is_err() {
+                        client_gone = true;
+                    }
+                    if failed {
+                        // The parser gave up: report once and end the request.
+                        client_gone = true;
+                    }
+                }
+                if stopped || client_gone {
+                    stopped_by_text = stopped;
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            }
+            Event::Done { reason, stats } => {
+                if !client_gone {
+                    for output in text.finish() {
+                        let _ = out.send(output).await;
+                    }
+                    let reason = if stopped_by_text {
+                        DoneReason::Stop
+                    } else {
+                        reason
+                    };
+                    let _ = out
+                        .send(Output::Done(Summary {
+                            reason,
+                            stats,
+                            total: prepared.started.elapsed(),
+                            load: prepared.load,
+                        }))
+                        .await;
+                }
+                break;
+            }
+            Event::Failed(message) => {
+                let _ = out.send(Output::Error(message)).await;
+                break;
+            }
+        }
+    }
+    let _ = completion.await;
+}
+
+impl LogprobEntry {
+    fn new(tokenizer: &tokenizer::Tokenizer, id: u32, lp: &TokenLogprobs) -> LogprobEntry {
+        let token = token_text(tokenizer, id);
+        LogprobEntry {
+            bytes: token.clone().into_bytes(),
+            token,
+            logprob: lp.logprob,
+            top_logprobs: lp
+                .top
+                .iter()
+                .map(|&(tid, logprob)| {
+                    let token = token_text(tokenizer, tid);
+                    TopLogprob {
+                        bytes: token.clone().into_bytes(),
+                        token,
+                        logprob,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+fn token_text(tokenizer: &tokenizer::Tokenizer, id: u32) -> String {
+    tokenizer.decode(&[id], false).unwrap_or_default()
+}
+
+/// Token ids in, user-facing outputs out: detokenize, hold back stop strings, parse.
+struct TextPipeline<'t> {
+    detokenizer: Detokenizer<'t>,
+    stops: StopMatcher,
+    parser: Option<OutputParser>,
+    /// Logprobs of tokens whose text has not been released yet.
+    pending: Vec<LogprobEntry>,
+}
+
+impl<'t> TextPipeline<'t> {
+    fn new(
+        tokenizer: &'t tokenizer::Tokenizer,
+        stops: &[String],
+        parser: Option<ParserConfig>,
+    ) -> Self {
+        TextPipeline {
+            detokenizer: Detokenizer::new(tokenizer, true),
+            stops: StopMatcher::new(stops.iter().cloned()),
+            parser: parser.map(OutputParser::new),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Feeds one token; returns the outputs it releases and whether a stop string matched.
+    fn push(&mut self, id: u32, logprobs: Option<LogprobEntry>) -> (Vec<Output>, bool) {
+        self.pending.extend(logprobs);
+        let piece = match self.detokenizer.push(id) {
+            Ok(piece) => piece,
+            Err(e) => return (vec![Output::Error(format!("detokenizing: {e}"))], false),
+        };
+        let released = self.stops.push(&piece);
+        let stopped = released.stopped.is_some();
+        (self.parse(&released.text, false), stopped)
+    }
+
+    /// Flushes everything held back at the end of generation.
+    fn finish(&mut self) -> Vec<Output> {
+        let mut text = String::new();
+        if !self.stops.is_stopped() {
+            if let Ok(tail) = self.detokenizer.finish() {
+                text.push_str(&self.stops.push(&tail).text);
+            }
+            text.push_str(&self.stops.finish().text);
+        }
+        self.parse(&text, true)
+    }
+
+    fn parse(&mut self, text: &str, last: bool) -> Vec<Output> {
+        let events = match &mut self.parser {
+            Some(parser) => {
+                let mut events = parser.push(text);
+                if last {
+                    events.extend(parser.finish());
+                }
+                events
+            }
+            None if text.is_empty() => Vec::new(),
+            None => vec![ParserEvent::Content(text.to_string())],
+        };
+        let mut outputs = Vec::with_capacity(events.len());
+        for event in events {
+            outputs.push(match event {
+                ParserEvent::Content(c) => Output::Content(c, std::mem::take(&mut self.pending)),
+                ParserEvent::Thinking(t) => Output::Thinking(t),
+                ParserEvent::ToolCall(call) => Output::ToolCall(call),
+                ParserEvent::Error(e) => Output::Error(e),
+            });
+        }
+        outputs
+    }
+}

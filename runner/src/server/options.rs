@@ -1,0 +1,215 @@
+//! Request options (Ollama's `options`, OpenAI's top-level fields) checked and turned into
+//! what the engine takes.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::server::error::ApiError;
+
+/// Generation settings of one request, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationOptions {
+    /// Sampling options for the engine.
+    pub sampling: sampler::Options,
+    /// The most tokens to generate (`None`: until the context is full).
+    pub num_predict: Option<usize>,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Ollama's `num_ctx`: a lower context limit for this request.
+    pub num_ctx: Option<usize>,
+}
+
+impl Default for GenerationOptions {
+    fn default() -> Self {
+        GenerationOptions {
+            sampling: sampler::Options::default(),
+            num_predict: None,
+            stop: Vec::new(),
+            num_ctx: None,
+        }
+    }
+}
+
+/// The most tokens one request may ask for; larger numbers are refused rather than clamped so
+/// a typo does not silently become a multi-hour generation.
+const MAX_PREDICT: f64 = 1_048_576.0;
+
+fn number(key: &str, value: &Value) -> Result<f64, ApiError> {
+    let n = value.as_f64().ok_or_else(|| {
+        ApiError::bad_request(format!("option `{key}` must be a number, got {value}"))
+    })?;
+    if !n.is_finite() {
+        return Err(ApiError::bad_request(format!(
+            "option `{key}` must be finite"
+        )));
+    }
+    Ok(n)
+}
+
+fn in_range(key: &str, value: &Value, lo: f64, hi: f64) -> Result<f64, ApiError> {
+    let n = number(key, value)?;
+    if n < lo || n > hi {
+        return Err(ApiError::bad_request(format!(
+            "option `{key}` must be between {lo} and {hi}, got {n}"
+        )));
+    }
+    Ok(n)
+}
+
+fn count(key: &str, value: &Value, hi: f64) -> Result<usize, ApiError> {
+    let n = in_range(key, value, 0.0, hi)?;
+    if n.fract() != 0.0 {
+        return Err(ApiError::bad_request(format!(
+            "option `{key}` must be an integer, got {n}"
+        )));
+    }
+    Ok(n as usize)
+}
+
+impl GenerationOptions {
+    /// Applies Ollama-style options (`temperature`, `top_k`, …, `num_predict`, `stop`,
+    /// `seed`) over the current values. Unknown keys are ignored, as Ollama does, except that
+    /// a known key with a bad value is an error naming it.
+    pub fn apply(&mut self, options: &Map<String, Value>) -> Result<(), ApiError> {
+        for (key, value) in options {
+            if value.is_null() {
+                continue;
+            }
+            let s = &mut self.sampling;
+            match key.as_str() {
+                "temperature" => s.temperature = in_range(key, value, 0.0, 100.0)? as f32,
+                "top_k" => s.top_k = count(key, value, 1e9)?,
+                "top_p" => s.top_p = in_range(key, value, 0.0, 1.0)? as f32,
+                "min_p" => s.min_p = in_range(key, value, 0.0, 1.0)? as f32,
+                "repeat_penalty" => s.repeat_penalty = in_range(key, value, 0.0, 100.0)? as f32,
+                "repeat_last_n" => {
+                    // Ollama: -1 means the whole context.
+                    s.repeat_last_n = if number(key, value)? == -1.0 {
+                        sampler::MAX_REPEAT_LAST_N
+                    } else {
+                        count(key, value, sampler::MAX_REPEAT_LAST_N as f64)?
+                    }
+                }
+                "presence_penalty" => {
+                    s.presence_penalty = in_range(key, value, -100.0, 100.0)? as f32
+                }
+                "frequency_penalty" => {
+                    s.frequency_penalty = in_range(key, value, -100.0, 100.0)? as f32
+                }
+                "seed" => {
+                    let n = number(key, value)?;
+                    // Ollama: a negative seed means "random".
+                    s.seed = if n < 0.0 {
+                        None
+                    } else if n.fract() == 0.0 && n <= u64::MAX as f64 {
+                        Some(n as u64)
+                    } else {
+                        return Err(ApiError::bad_request(format!(
+                            "option `seed` must be an integer, got {n}"
+                        )));
+                    };
+                }
+                "num_predict" | "max_tokens" | "max_completion_tokens" => {
+                    let n = number(key, value)?;
+                    // Ollama: -1 (or -2) means "until the context is full".
+                    self.num_predict = if n < 0.0 {
+                        if n == -1.0 || n == -2.0 {
+                            None
+                        } else {
+                            return Err(ApiError::bad_request(format!(
+                                "option `{key}` must be -1 or a non-negative integer, got {n}"
+                            )));
+                        }
+                    } else {
+                        Some(count(key, value, MAX_PREDICT)?)
+                    };
+                }
+                "num_ctx" => self.num_ctx = Some(count(key, value, 1e8)?.max(1)),
+                "stop" => self.stop = stop_list(value)?,
+                "logit_bias" => s.logit_bias = logit_bias(value)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `stop` as a string or a list of strings.
+pub fn stop_list(value: &Value) -> Result<Vec<String>, ApiError> {
+    match value {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    ApiError::bad_request(format!("`stop` entries must be strings, got {v}"))
+                })
+            })
+            .collect(),
+        other => Err(ApiError::bad_request(format!(
+            "`stop` must be a string or a list, got {other}"
+        ))),
+    }
+}
+
+/// OpenAI's `logit_bias`: token id (as a string key) → bias in [-100, 100].
+fn logit_bias(value: &Value) -> Result<BTreeMap<u32, f32>, ApiError> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("`logit_bias` must be an object"))?;
+    map.iter()
+        .map(|(k, v)| {
+            let id: u32 = k.parse().map_err(|_| {
+                ApiError::bad_request(format!("`logit_bias` key `{k}` is not a token id"))
+            })?;
+            Ok((id, in_range("logit_bias", v, -100.0, 100.0)? as f32))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn apply(v: Value) -> Result<GenerationOptions, ApiError> {
+        let mut o = GenerationOptions::default();
+        o.apply(v.as_object().unwrap())?;
+        Ok(o)
+    }
+
+    #[test]
+    fn reads_ollama_options() {
+        let o = apply(
+            json!({"temperature": 0, "top_k": 5, "seed": 42, "num_predict": 16, "stop": ["\n"]}),
+        )
+        .unwrap();
+        assert_eq!(o.sampling.temperature, 0.0);
+        assert_eq!(o.sampling.top_k, 5);
+        assert_eq!(o.sampling.seed, Some(42));
+        assert_eq!(o.num_predict, Some(16));
+        assert_eq!(o.stop, vec!["\n"]);
+        assert_eq!(apply(json!({"num_predict": -1})).unwrap().num_predict, None);
+        assert_eq!(apply(json!({"seed": -1})).unwrap().sampling.seed, None);
+    }
+
+    #[test]
+    fn refuses_negative_or_absurd_values_by_name() {
+        for (bad, key) in [
+            (json!({"temperature": -1}), "temperature"),
+            (json!({"top_p": 3}), "top_p"),
+            (json!({"top_k": -5}), "top_k"),
+            (json!({"num_predict": 1e12}), "num_predict"),
+            (json!({"num_predict": -7}), "num_predict"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"stop": 5}), "stop"),
+            (json!({"repeat_last_n": 2.5}), "repeat_last_n"),
+        ] {
+            let err = apply(bad.clone()).unwrap_err();
+            assert_eq!(err.status, 400, "{bad}");
+            assert!(err.message.contains(key), "{bad}: {}", err.message);
+        }
+    }
+}

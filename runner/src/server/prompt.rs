@@ -1,0 +1,260 @@
+//! Turning a request into prompt tokens: chat messages through the model's template, media
+//! checked, the context enforced. Runs in the request's task, beside the engine's work.
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
+
+use crate::engine::ModelInfo;
+use crate::server::error::ApiError;
+
+/// The largest decoded image or audio payload accepted, in bytes.
+pub const MAX_MEDIA_BYTES: u64 = 32 << 20;
+
+/// A chat message as Ollama's and OpenAI's clients send it (the union of both shapes).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text, or (OpenAI) a list of content parts.
+    #[serde(default)]
+    pub content: Option<Value>,
+    /// Ollama: base64 images.
+    #[serde(default)]
+    pub images: Option<Vec<String>>,
+    /// Previous reasoning (Ollama `thinking`).
+    #[serde(default)]
+    pub thinking: Option<String>,
+    /// Previous reasoning (OpenAI-compatible servers' `reasoning_content`).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    /// Tool calls an assistant made.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// Tool result: the function's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Tool result: which call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// Ollama's tool result name field.
+    #[serde(default)]
+    pub tool_name: Option<String>,
+}
+
+/// Media attached to a request, decoded and checked.
+#[derive(Debug, Default)]
+pub struct Attachments {
+    /// Images found.
+    pub images: usize,
+    /// Audio clips found.
+    pub audio: usize,
+}
+
+impl Attachments {
+    /// Fails with a clear error when the model cannot take what was attached. Every text model
+    /// of this release lacks vision and audio encoders.
+    pub fn require_supported(&self, model: &str) -> Result<(), ApiError> {
+        if self.images > 0 {
+            return Err(ApiError::bad_request(format!(
+                "model `{model}` does not support images"
+            )));
+        }
+        if self.audio > 0 {
+            return Err(ApiError::bad_request(format!(
+                "model `{model}` does not support audio"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checks an Ollama `images` entry (base64) decodes to a real image.
+pub fn check_image_base64(payload: &str) -> Result<(), ApiError> {
+    let bytes = media::decode_ollama_image(payload, MAX_MEDIA_BYTES)
+        .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
+    check_image_bytes(&bytes)
+}
+
+fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
+    match media::detect(bytes) {
+        Ok(media::MediaFormat::Image(_)) => Ok(()),
+        _ => Err(ApiError::bad_request(
+            "invalid image: the data is not a PNG, JPEG, WebP or GIF image",
+        )),
+    }
+}
+
+/// Reads message content: a string, or OpenAI content parts (text parts joined; image and
+/// audio parts decoded and counted).
+fn content_text(
+    content: &Option<Value>,
+    attachments: &mut Attachments,
+) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+                match kind {
+                    "text" | "input_text" => {
+                        text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
+                    }
+                    "image_url" => {
+                        let url = part
+                            .get("image_url")
+                            .and_then(|u| u.get("url").or(Some(u)))
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| ApiError::bad_request("image_url part without a url"))?;
+                        let bytes = media::decode_image_url(url, MAX_MEDIA_BYTES)
+                            .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
+                        check_image_bytes(&bytes)?;
+                        attachments.images += 1;
+                    }
+                    "input_audio" => {
+                        let audio = part.get("input_audio").ok_or_else(|| {
+                            ApiError::bad_request("input_audio part without data")
+                        })?;
+                        let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
+                        let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
+                        media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
+                            .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))?;
+                        attachments.audio += 1;
+                    }
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "unsupported content part type `{other}`"
+                        )));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(other) => Err(ApiError::bad_request(format!(
+            "message content must be a string or a list of parts, got {other}"
+        ))),
+    }
+}
+
+/// Converts request messages to template messages, checking attached media.
+pub fn to_template_messages(
+    messages: &[ChatMessage],
+    attachments: &mut Attachments,
+) -> Result<Vec<Message>, ApiError> {
+    messages
+        .iter()
+        .map(|m| {
+            if m.role.is_empty() {
+                return Err(ApiError::bad_request("every message needs a role"));
+            }
+            for image in m.images.iter().flatten() {
+                check_image_base64(image)?;
+                attachments.images += 1;
+            }
+            let mut message = Message::new(m.role.clone(), content_text(&m.content, attachments)?);
+            message.reasoning_content = m.thinking.clone().or_else(|| m.reasoning_content.clone());
+            message.name = m.name.clone().or_else(|| m.tool_name.clone());
+            message.tool_call_id = m.tool_call_id.clone();
+            for call in m.tool_calls.iter().flatten() {
+                let function = call.get("function").unwrap_or(call);
+                let name = function
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::bad_request("a tool call without a function name"))?;
+                let arguments = match function.get("arguments") {
+                    // OpenAI sends arguments as a JSON string.
+                    Some(Value::String(s)) => {
+                        serde_json::from_str(s).unwrap_or(Value::String(s.clone()))
+                    }
+                    Some(v) => v.clone(),
+                    None => Value::Object(Default::default()),
+                };
+                message
+                    .tool_calls
+                    .push(MessageToolCall::new(name, arguments));
+            }
+            Ok(message)
+        })
+        .collect()
+}
+
+/// A rendered, tokenized prompt and how to parse the model's answer.
+pub struct RenderedPrompt {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Output parser settings.
+    pub parser: Option<ParserConfig>,
+}
+
+/// Renders `messages` with the model's template and tokenizes the result, with the model's
+/// default system prompt when the conversation has none.
+pub fn render_chat(
+    info: &ModelInfo,
+    mut messages: Vec<Message>,
+    tools: Option<&[Value]>,
+    think: Option<bool>,
+) -> Result<RenderedPrompt, ApiError> {
+    if let Some(system) = &info.manifest.system {
+        if !messages.iter().any(|m| m.role == "system") {
+            messages.insert(0, Message::new("system", system.clone()));
+        }
+    }
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        enable_thinking: think,
+        ..RenderOptions::default()
+    };
+    let text = info
+        .template
+        .render(&messages, tools.filter(|t| !t.is_empty()), &options)
+        .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
+    // The template writes the special tokens itself (BOS included) as text.
+    let tokens = info
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))?;
+    let parser = info.family.map(|family| {
+        let mut config = family.parser_config().with_think(think.unwrap_or(true));
+        if tools.is_none_or(|t| t.is_empty()) {
+            config = config.without_tools();
+        }
+        let opens = config.prompt_opens_thinking(&text);
+        config.starting_in_thinking(opens)
+    });
+    Ok(RenderedPrompt { tokens, parser })
+}
+
+/// Tokenizes raw text (no template), adding the model's BOS as configured.
+pub fn render_raw(info: &ModelInfo, text: &str) -> Result<RenderedPrompt, ApiError> {
+    let tokens = info
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))?;
+    Ok(RenderedPrompt {
+        tokens,
+        parser: None,
+    })
+}
+
+/// Refuses a prompt that leaves no room to generate within the context.
+pub fn check_context(
+    info: &ModelInfo,
+    tokens: &[u32],
+    num_ctx: Option<usize>,
+) -> Result<(), ApiError> {
+    let context = num_ctx
+        .map(|n| n.min(info.context_length))
+        .unwrap_or(info.context_length);
+    if tokens.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty"));
+    }
+    if tokens.len() >= context {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {} tokens, more than the context of {context} tokens allows",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,417 @@
+//! The model store: content-addressed blobs plus one manifest per `name:tag`.
+//!
+//! ```text
+//! $MLXKIT_HOME/                      (default ~/.mlxkit)
+//!   blobs/sha256-<hex>               file contents, named by their digest
+//!   manifests/<name>/<tag>           JSON: which blobs make up the model, and its settings
+//!   views/<manifest digest>/<path>   symlinks giving a model's files their original names
+//! ```
+//!
+//! Every write goes to a temporary file in the same folder and is renamed into place, so a
+//! reader never sees half a blob or half a manifest, and two pulls of the same model can run at
+//! once: both write identical content under the same final name.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::model_name::ModelName;
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file operation failed.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// No manifest for this name.
+    #[error("model `{0}` not found, try pulling it first")]
+    NotFound(String),
+    /// A blob's content does not hash to its name.
+    #[error("blob {digest} is corrupt (its content hashes to {actual}); pull the model again")]
+    Corrupt {
+        /// The digest the blob is filed under.
+        digest: String,
+        /// What its content hashes to.
+        actual: String,
+    },
+    /// A manifest could not be parsed.
+    #[error("manifest of `{name}` is unreadable: {message}")]
+    BadManifest {
+        /// The model.
+        name: String,
+        /// The parser's message.
+        message: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The checkpoint format of a model's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// One GGUF file.
+    Gguf,
+    /// A transformers / mlx-lm folder of safetensors and JSON files.
+    Safetensors,
+}
+
+/// One file of a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layer {
+    /// The file's name within the model (`model.gguf`, `config.json`, …).
+    pub path: String,
+    /// `sha256:<hex>` of its content.
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// What a model is, for listings: read once at import so listing never opens weights.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Details {
+    /// The architecture family (`llama`, `gemma3`, …).
+    pub family: String,
+    /// Parameters, human-readable (`135M`).
+    pub parameter_size: String,
+    /// How the weights are stored (`Q4_1`, `F32`, `affine4`, …).
+    pub quantization_level: String,
+    /// The context length.
+    pub context_length: usize,
+}
+
+/// Which blobs make up a model, and the settings it was created with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The weights' format.
+    pub format: Format,
+    /// The files.
+    pub layers: Vec<Layer>,
+    /// Default generation options (`PARAMETER` lines of a Modelfile).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, serde_json::Value>,
+    /// A chat template overriding the checkpoint's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// A default system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Where the model came from (a catalog package, a path, another model).
+    #[serde(default)]
+    pub source: String,
+    /// What the model is, read from its checkpoint at import.
+    #[serde(default)]
+    pub details: Details,
+    /// When the manifest was written, RFC 3339.
+    pub created_at: String,
+}
+
+impl Manifest {
+    /// Total bytes of the model's files.
+    pub fn size(&self) -> u64 {
+        self.layers.iter().map(|l| l.size).sum()
+    }
+
+    /// A digest identifying this exact manifest.
+    pub fn digest(&self) -> String {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        format!("sha256:{}", hex(&Sha256::digest(&bytes)))
+    }
+}
+
+/// A model known to the store.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Its name.
+    pub name: ModelName,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// When its manifest file was last written.
+    pub modified: std::time::SystemTime,
+}
+
+/// The store under one root folder.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// The store at `$MLXKIT_HOME`, else `~/.mlxkit`.
+    pub fn from_env() -> Result<Store> {
+        let root = match std::env::var_os("MLXKIT_HOME").filter(|v| !v.is_empty()) {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::var_os("HOME")
+                .map(|home| PathBuf::from(home).join(".mlxkit"))
+                .ok_or_else(|| StoreError::Io {
+                    what: "finding the home folder for",
+                    path: PathBuf::from("~/.mlxkit"),
+                    source: io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "HOME is not set; set MLXKIT_HOME",
+                    ),
+                })?,
+        };
+        Store::open(root)
+    }
+
+    /// The store at `root`, creating its folders.
+    pub fn open(root: PathBuf) -> Result<Store> {
+        for dir in ["blobs", "manifests", "views"] {
+            let path = root.join(dir);
+            fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
+        }
+        Ok(Store { root })
+    }
+
+    /// The root folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of the blob `digest` (`sha256:<hex>`).
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        self.root.join("blobs").join(digest.replace(':', "-"))
+    }
+
+    fn manifest_path(&self, name: &ModelName) -> PathBuf {
+        self.root.join("manifests").join(&name.name).join(&name.tag)
+    }
+
+    /// Copies `source` into the store, hashing it on the way; returns its layer record.
+    /// `progress` is called with the bytes copied so far.
+    pub fn add_blob(
+        &self,
+        source: &Path,
+        path_in_model: &str,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Layer> {
+        let mut input = fs::File::open(source).map_err(io_err("opening", source))?;
+        let blobs = self.root.join("blobs");
+        let mut temp = tempfile::NamedTempFile::new_in(&blobs)
+            .map_err(io_err("creating a file in", &blobs))?;
+        let mut hasher = Sha256::new();
+        let mut buffer = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let n = input.read(&mut buffer).map_err(io_err("reading", source))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+            temp.write_all(&buffer[..n])
+                .map_err(io_err("writing", temp.path()))?;
+            size += n as u64;
+            progress(size);
+        }
+        let digest = format!("sha256:{}", hex(&hasher.finalize()));
+        let target = self.blob_path(&digest);
+        if target.exists() {
+            // The same content is already stored (another model, or a concurrent pull).
+            drop(temp);
+        } else {
+            temp.as_file()
+                .sync_all()
+                .map_err(io_err("syncing", &target))?;
+            temp.persist(&target).map_err(|e| StoreError::Io {
+                what: "moving a blob into",
+                path: target.clone(),
+                source: e.error,
+            })?;
+        }
+        Ok(Layer {
+            path: path_in_model.to_string(),
+            digest,
+            size,
+        })
+    }
+
+    /// Checks that a blob's content still hashes to its digest.
+    pub fn verify_blob(&self, layer: &Layer) -> Result<()> {
+        let path = self.blob_path(&layer.digest);
+        let mut file = fs::File::open(&path).map_err(io_err("opening", &path))?;
+        let mut hasher = Sha256::new();
+        io::copy(&mut file, &mut hasher).map_err(io_err("reading", &path))?;
+        let actual = format!("sha256:{}", hex(&hasher.finalize()));
+        if actual != layer.digest {
+            return Err(StoreError::Corrupt {
+                digest: layer.digest.clone(),
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes `manifest` for `name`, replacing any previous one atomically.
+    pub fn put_manifest(&self, name: &ModelName, manifest: &Manifest) -> Result<()> {
+        let path = self.manifest_path(name);
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| StoreError::BadManifest {
+            name: name.to_string(),
+            message: e.to_string(),
+        })?;
+        let mut temp =
+            tempfile::NamedTempFile::new_in(&dir).map_err(io_err("creating a file in", &dir))?;
+        temp.write_all(&json).map_err(io_err("writing", &path))?;
+        temp.persist(&path).map_err(|e| StoreError::Io {
+            what: "writing",
+            path: path.clone(),
+            source: e.error,
+        })?;
+        Ok(())
+    }
+
+    /// The manifest of `name`.
+    pub fn get(&self, name: &ModelName) -> Result<Entry> {
+        let path = self.manifest_path(name);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound(name.to_string()));
+            }
+            Err(e) => return Err(io_err("reading", &path)(e)),
+        };
+        let manifest: Manifest =
+            serde_json::from_slice(&bytes).map_err(|e| StoreError::BadManifest {
+                name: name.to_string(),
+                message: e.to_string(),
+            })?;
+        let modified = fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+        Ok(Entry {
+            name: name.clone(),
+            manifest,
+            modified,
+        })
+    }
+
+    /// Every model in the store, by name.
+    pub fn list(&self) -> Result<Vec<Entry>> {
+        let manifests = self.root.join("manifests");
+        let mut entries = Vec::new();
+        for model in fs::read_dir(&manifests).map_err(io_err("listing", &manifests))? {
+            let model = model.map_err(io_err("listing", &manifests))?;
+            let Ok(tags) = fs::read_dir(model.path()) else {
+                continue;
+            };
+            for tag in tags.flatten() {
+                let name = ModelName {
+                    name: model.file_name().to_string_lossy().into_owned(),
+                    tag: tag.file_name().to_string_lossy().into_owned(),
+                };
+                // Skip temporary files of writes in progress and unreadable manifests.
+                if name.tag.starts_with('.') {
+                    continue;
+                }
+                if let Ok(entry) = self.get(&name) {
+                    entries.push(entry);
+                }
+            }
+        }
+        entries.sort_by(|a, b| a.name.to_string().cmp(&b.name.to_string()));
+        Ok(entries)
+    }
+
+    /// Removes `name`'s manifest and every blob no other model uses.
+    pub fn remove(&self, name: &ModelName) -> Result<()> {
+        let entry = self.get(name)?;
+        let path = self.manifest_path(name);
+        fs::remove_file(&path).map_err(io_err("removing", &path))?;
+        let still_used: std::collections::HashSet<String> = self
+            .list()?
+            .into_iter()
+            .flat_map(|e| e.manifest.layers.into_iter().map(|l| l.digest))
+            .collect();
+        let view = self
+            .root
+            .join("views")
+            .join(entry.manifest.digest().replace(':', "-"));
+        for layer in entry.manifest.layers {
+            if !still_used.contains(&layer.digest) {
+                let blob = self.blob_path(&layer.digest);
+                if let Err(e) = fs::remove_file(&blob) {
+                    if e.kind() != io::ErrorKind::NotFound {
+                        return Err(io_err("removing", &blob)(e));
+                    }
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(view);
+        Ok(())
+    }
+
+    /// Copies `from`'s manifest to `to`.
+    pub fn copy(&self, from: &ModelName, to: &ModelName) -> Result<()> {
+        let entry = self.get(from)?;
+        self.put_manifest(to, &entry.manifest)
+    }
+
+    /// A folder where the model's files appear under their original names (symlinks to the
+    /// blobs), after checking every blob's digest. Returns the folder and, for GGUF models, the
+    /// weights file.
+    pub fn materialize(&self, manifest: &Manifest) -> Result<PathBuf> {
+        for layer in &manifest.layers {
+            self.verify_blob(layer)?;
+        }
+        let view = self
+            .root
+            .join("views")
+            .join(manifest.digest().replace(':', "-"));
+        fs::create_dir_all(&view).map_err(io_err("creating", &view))?;
+        for layer in &manifest.layers {
+            let link = view.join(&layer.path);
+            if let Some(parent) = link.parent() {
+                fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+            }
+            let blob = self.blob_path(&layer.digest);
+            if fs::read_link(&link).ok().as_deref() == Some(blob.as_path()) {
+                continue;
+            }
+            let _ = fs::remove_file(&link);
+            symlink(&blob, &link).map_err(io_err("linking", &link))?;
+        }
+        Ok(view)
+    }
+}
+
+#[cfg(unix)]
+fn symlink(target: &Path, link: &Path) -> io::Result<()> {
+    std::os::unix::fs::symlink(target, link)
+}
+
+#[cfg(not(unix))]
+fn symlink(target: &Path, link: &Path) -> io::Result<()> {
+    fs::copy(target, link).map(|_| ())
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
