@@ -290,7 +290,9 @@ impl<R: Read> MetaReader<R> {
                     return self.fail(format!("unknown array element type {elem_type}"));
                 };
                 self.ensure_fits(count, min_size, "array")?;
-                let mut items = Vec::with_capacity(count as usize);
+                // Reserve for what fits in memory easily; larger arrays grow as their elements
+                // are actually read, so a count near the file size cannot demand 30x the file.
+                let mut items = Vec::with_capacity(count.min(1 << 20) as usize);
                 for _ in 0..count {
                     items.push(self.value(elem_type, depth + 1)?);
                 }
@@ -504,6 +506,22 @@ pub(crate) mod tests {
                 .to_string()
                 .contains("boolean")
         );
+    }
+
+    proptest::proptest! {
+        /// Arbitrary corruption of a valid file is an error or a parse, never a panic or an
+        /// allocation the file cannot back.
+        #[test]
+        fn corrupted_files_never_panic(
+            edits in proptest::collection::vec((0usize..400, proptest::num::u8::ANY), 1..8),
+        ) {
+            let mut bytes = sample();
+            for (at, value) in edits {
+                let len = bytes.len();
+                bytes[at % len] = value;
+            }
+            let _ = parse_gguf_metadata(&bytes);
+        }
     }
 
     #[test]
