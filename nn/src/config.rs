@@ -36,6 +36,14 @@ pub struct MoeConfig {
     pub mlp_only_layers: Vec<usize>,
 }
 
+impl MoeConfig {
+    /// Whether layer `layer` routes to experts (or keeps a dense MLP).
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
+}
+
 /// The hyperparameters of a decoder-only text model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextConfig {
@@ -258,10 +266,7 @@ impl TextConfig {
         let layers: u64 = (0..self.num_layers)
             .map(|i| {
                 let ff = match &self.moe {
-                    Some(moe)
-                        if !moe.mlp_only_layers.contains(&i)
-                            && (i + 1) % moe.decoder_sparse_step == 0 =>
-                    {
+                    Some(moe) if moe.is_moe_layer(i) => {
                         moe.num_experts as u64 * 3 * h * moe.expert_intermediate_size as u64
                             + h * moe.num_experts as u64
                     }

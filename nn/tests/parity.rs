@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use mlx::{Array, Dtype};
-use nn::{Batch, Model, Source, TextConfig, Weights, build_model};
+use nn::{Batch, Model, TextConfig, Weights, build_model};
 use quant::{SafetensorsFile, Tensor};
 
 const TOLERANCE: f32 = 1e-4;

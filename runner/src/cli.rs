@@ -211,8 +211,8 @@ fn run(command: Command) -> Result<()> {
         }
         Command::List => {
             println!(
-                "{:<32} {:<14} {:>10}  {:<12} {}",
-                "NAME", "ID", "SIZE", "FAMILY", "QUANT"
+                "{:<32} {:<14} {:>10}  {:<12} QUANT",
+                "NAME", "ID", "SIZE", "FAMILY"
             );
             for entry in store.list()? {
                 let digest = entry.manifest.digest();
@@ -380,10 +380,7 @@ async fn ps(host: String) -> Result<()> {
         .with_context(|| format!("is `mlxkit serve` running at {host}?"))?
         .json()
         .await?;
-    println!(
-        "{:<32} {:>10}  {:<10} {}",
-        "NAME", "SIZE", "CONTEXT", "UNTIL"
-    );
+    println!("{:<32} {:>10}  {:<10} UNTIL", "NAME", "SIZE", "CONTEXT");
     for m in body["models"].as_array().into_iter().flatten() {
         println!(
             "{:<32} {:>10}  {:<10} {}",
@@ -566,9 +563,11 @@ async fn bench(
             *first = (*first + run as u32 + 1) % info.tokenizer.vocab_size() as u32;
         }
         let lease = state.scheduler.acquire(&name, None).await?;
-        let mut options = GenerationOptions::default();
-        options.sampling = sampler::Options::greedy();
-        options.num_predict = Some(generate_tokens);
+        let options = GenerationOptions {
+            sampling: sampler::Options::greedy(),
+            num_predict: Some(generate_tokens),
+            ..GenerationOptions::default()
+        };
         let begin = Instant::now();
         let mut outputs = generation::start(
             lease,

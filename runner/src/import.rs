@@ -83,10 +83,10 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         })
         .or_else(|| {
             checkpoint
-                .config()
-                .get("gguf_file_type")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
+                .gguf()
+                .and_then(|g| g.get("general.file_type"))
+                .and_then(|t| t.as_u64())
+                .map(gguf_file_type_name)
         })
         .unwrap_or_else(|| {
             checkpoint
@@ -106,6 +106,31 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
             context_length: config.max_position_embeddings,
         },
     ))
+}
+
+/// llama.cpp's name of a GGUF `general.file_type` (the predominant tensor type).
+fn gguf_file_type_name(file_type: u64) -> String {
+    let name = match file_type {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        other => return format!("GGUF type {other}"),
+    };
+    name.to_string()
 }
 
 /// `135M`, `1.2B`.

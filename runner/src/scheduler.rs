@@ -196,11 +196,11 @@ impl Scheduler {
                 };
                 if expired(&*scheduler.loaded.read().await) {
                     // `try_write` fails while any request holds a lease: try again next tick.
-                    if let Ok(mut slot) = scheduler.loaded.try_write() {
-                        if expired(&slot) {
-                            *slot = None;
-                            let _ = scheduler.engine.unload().await;
-                        }
+                    if let Ok(mut slot) = scheduler.loaded.try_write()
+                        && expired(&slot)
+                    {
+                        *slot = None;
+                        let _ = scheduler.engine.unload().await;
                     }
                 }
             }

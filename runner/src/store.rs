@@ -329,7 +329,7 @@ impl Store {
                 }
             }
         }
-        entries.sort_by(|a, b| a.name.to_string().cmp(&b.name.to_string()));
+        entries.sort_by_key(|e| e.name.to_string());
         Ok(entries)
     }
 
@@ -350,10 +350,10 @@ impl Store {
         for layer in entry.manifest.layers {
             if !still_used.contains(&layer.digest) {
                 let blob = self.blob_path(&layer.digest);
-                if let Err(e) = fs::remove_file(&blob) {
-                    if e.kind() != io::ErrorKind::NotFound {
-                        return Err(io_err("removing", &blob)(e));
-                    }
+                if let Err(e) = fs::remove_file(&blob)
+                    && e.kind() != io::ErrorKind::NotFound
+                {
+                    return Err(io_err("removing", &blob)(e));
                 }
             }
         }

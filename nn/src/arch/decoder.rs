@@ -299,7 +299,7 @@ pub fn build_decoder(
             logit_softcap: config.attn_logit_softcapping,
         });
         let feedforward = match &config.moe {
-            Some(moe) if is_moe_layer(moe, i) => {
+            Some(moe) if moe.is_moe_layer(i) => {
                 FeedForward::Experts(build_moe(weights, &p, moe, hidden, activation)?)
             }
             _ => {
@@ -369,10 +369,6 @@ pub fn build_decoder(
         norm: final_norm,
         lm_head,
     })
-}
-
-fn is_moe_layer(moe: &MoeConfig, layer: usize) -> bool {
-    !moe.mlp_only_layers.contains(&layer) && (layer + 1) % moe.decoder_sparse_step == 0
 }
 
 fn build_moe(

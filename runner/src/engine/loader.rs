@@ -1,7 +1,6 @@
 //! Loading a stored model: weights onto the MLX worker, vocabulary and chat template beside.
 
 use std::path::Path;
-use std::time::Duration;
 
 use quant::Format as CheckpointFormat;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
@@ -51,14 +50,6 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// The transformers-style config (for `show`).
     pub config: serde_json::Value,
-    /// The architecture name.
-    pub architecture: String,
-    /// Total parameters.
-    pub parameter_count: u64,
-    /// Quantization of the weights as the checkpoint stores them (`Q4_1`, `F32`, …).
-    pub quantization: String,
-    /// Time the load took.
-    pub load_duration: Duration,
 }
 
 /// The files of a model whose manifest has been materialized into `dir`.
@@ -106,8 +97,6 @@ pub fn load(
     .map_err(tok_err)?;
     let config = loaded.model.config().clone();
     let context_length = config.max_position_embeddings.max(1);
-    let parameter_count = config.parameter_count();
-    let quantization = quantization_label(&loaded.config_json, manifest);
     let session = Session::new(loaded.model, context_length).map_err(|e| match e {
         crate::engine::session::SessionError::Model(source) => model_err(source),
         other => model_err(nn::Error::InvalidInput(other.to_string())),
@@ -121,32 +110,7 @@ pub fn load(
             tokenizer,
             template,
             context_length,
-            architecture: config.model_type.clone(),
             config: loaded.config_json,
-            parameter_count,
-            quantization,
-            load_duration: loaded.duration,
         },
     ))
-}
-
-/// A short label of how the checkpoint stores its weights.
-fn quantization_label(config: &serde_json::Value, manifest: &Manifest) -> String {
-    if let Some(q) = config.get("quantization") {
-        let bits = q.get("bits").and_then(|b| b.as_u64()).unwrap_or(0);
-        let mode = q.get("mode").and_then(|m| m.as_str()).unwrap_or("affine");
-        return format!("{mode}{bits}");
-    }
-    if let Some(file_type) = config.get("gguf_file_type").and_then(|t| t.as_str()) {
-        return file_type.to_string();
-    }
-    match manifest.format {
-        Format::Gguf => "gguf".into(),
-        Format::Safetensors => config
-            .get("torch_dtype")
-            .or_else(|| config.get("dtype"))
-            .and_then(|d| d.as_str())
-            .unwrap_or("unknown")
-            .to_uppercase(),
-    }
 }

@@ -247,7 +247,7 @@ impl Session {
                 reason = DoneReason::Cancelled;
                 break;
             }
-            if stats.generated_tokens % CLEAR_CACHE_EVERY == 0 {
+            if stats.generated_tokens.is_multiple_of(CLEAR_CACHE_EVERY) {
                 mlx::memory::clear_cache()?;
             }
             match next {
@@ -288,10 +288,10 @@ impl Session {
 
     /// Records the id of the token whose forward [`Session::step_device`] dispatched last.
     fn record_last(&mut self, token: u32) {
-        if let Some(last) = self.cached.last_mut() {
-            if *last == UNREAD {
-                *last = token;
-            }
+        if let Some(last) = self.cached.last_mut()
+            && *last == UNREAD
+        {
+            *last = token;
         }
     }
 

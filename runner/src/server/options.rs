@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use crate::server::error::ApiError;
 
 /// Generation settings of one request, validated.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerationOptions {
     /// Sampling options for the engine.
     pub sampling: sampler::Options,
@@ -18,17 +18,6 @@ pub struct GenerationOptions {
     pub stop: Vec<String>,
     /// Ollama's `num_ctx`: a lower context limit for this request.
     pub num_ctx: Option<usize>,
-}
-
-impl Default for GenerationOptions {
-    fn default() -> Self {
-        GenerationOptions {
-            sampling: sampler::Options::default(),
-            num_predict: None,
-            stop: Vec::new(),
-            num_ctx: None,
-        }
-    }
 }
 
 /// The most tokens one request may ask for; larger numbers are refused rather than clamped so

@@ -196,10 +196,10 @@ pub fn render_chat(
     tools: Option<&[Value]>,
     think: Option<bool>,
 ) -> Result<RenderedPrompt, ApiError> {
-    if let Some(system) = &info.manifest.system {
-        if !messages.iter().any(|m| m.role == "system") {
-            messages.insert(0, Message::new("system", system.clone()));
-        }
+    if let Some(system) = &info.manifest.system
+        && !messages.iter().any(|m| m.role == "system")
+    {
+        messages.insert(0, Message::new("system", system.clone()));
     }
     let options = RenderOptions {
         add_generation_prompt: true,

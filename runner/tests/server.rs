@@ -1,0 +1,627 @@
+//! End to end: the real server on a loopback port with `smollm2:135m`, every endpoint,
+//! streamed and not, bad input, cancellation and concurrency.
+//!
+//! The model is fetched through the project's own pull path into the per-user cache. When it
+//! cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice otherwise.
+//! Response shapes are insta snapshots with timings, ids and generated text redacted (greedy
+//! text can differ between CPUs in near ties; its shape cannot).
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use runner::engine::Engine;
+use runner::model_name::ModelName;
+use runner::scheduler::Scheduler;
+use runner::server::{AppState, router};
+use runner::store::Store;
+use serde_json::{Value, json};
+
+const MODEL: &str = "smollm2:135m";
+
+/// A 1×1 PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+struct Server {
+    base: String,
+    _runtime: tokio::runtime::Runtime,
+    _home: tempfile::TempDir,
+}
+
+/// The shared server, or `None` (after a notice) when the model cannot be fetched outside CI.
+fn server() -> Option<&'static Server> {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    SERVER.get_or_init(start).as_ref()
+}
+
+/// Tests run one at a time: they share one engine, and the cancellation test reads the
+/// prefix cache's state.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn start() -> Option<Server> {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let name = ModelName::parse(MODEL).unwrap();
+    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI is set and {MODEL} could not be pulled: {e}");
+        }
+        eprintln!("skipping the server tests: {MODEL} could not be pulled ({e})");
+        return None;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = runtime.block_on(async {
+        let engine = Arc::new(Engine::new().unwrap());
+        let scheduler = Scheduler::new(engine, store.clone(), 16);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, router(AppState { store, scheduler }))
+                .await
+                .unwrap();
+        });
+        format!("http://{addr}")
+    });
+    Some(Server {
+        base,
+        _runtime: runtime,
+        _home: home,
+    })
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .unwrap()
+}
+
+fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn get(s: &Server, path: &str) -> (u16, Value) {
+    let r = client().get(format!("{}{path}", s.base)).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+/// NDJSON lines of a streamed Ollama response.
+fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `data:` payloads of a streamed OpenAI response (`[DONE]` kept as a string).
+fn post_sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    r.text()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
+        .collect()
+}
+
+/// Replaces values that change from run to run with placeholders.
+fn redact(value: &Value) -> Value {
+    const VOLATILE: &[&str] = &[
+        "created_at",
+        "created",
+        "modified_at",
+        "expires_at",
+        "total_duration",
+        "load_duration",
+        "prompt_eval_duration",
+        "eval_duration",
+        "id",
+        "digest",
+        "size",
+        "system_fingerprint",
+        "response",
+        "content",
+        "text",
+        "token",
+        "bytes",
+        "logprob",
+        "arguments",
+        "reasoning_content",
+        "thinking",
+        "version",
+    ];
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let scalar = !v.is_null() && !v.is_object() && !v.is_array();
+                    let v = if VOLATILE.contains(&k.as_str()) && (scalar || k == "bytes") {
+                        json!(format!("[{k}]"))
+                    } else {
+                        redact(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(redact).collect()),
+        other => other.clone(),
+    }
+}
+
+fn greedy(n: u32) -> Value {
+    json!({ "temperature": 0, "num_predict": n })
+}
+
+#[test]
+fn model_management_endpoints() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let (status, version) = get(s, "/api/version");
+    assert_eq!(status, 200);
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
+    let (status, tags) = get(s, "/api/tags");
+    assert_eq!(status, 200);
+    insta::assert_json_snapshot!("tags", redact(&tags));
+    let (status, show) = post(s, "/api/show", json!({ "model": MODEL }));
+    assert_eq!(status, 200);
+    assert_eq!(show["details"]["family"], "llama");
+    assert_eq!(show["details"]["parameter_size"], "135M");
+    let (status, models) = get(s, "/v1/models");
+    assert_eq!(status, 200);
+    insta::assert_json_snapshot!("v1_models", redact(&models));
+
+    // copy, create (from a stored model, with a system prompt and parameters), delete.
+    let (status, _) = post(
+        s,
+        "/api/copy",
+        json!({ "source": MODEL, "destination": "mine:copy" }),
+    );
+    assert_eq!(status, 200);
+    let lines = post_ndjson(
+        s,
+        "/api/create",
+        json!({ "model": "mine:terse", "from": MODEL, "system": "Answer in one word.", "parameters": { "temperature": 0 } }),
+    );
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let (_, show) = post(s, "/api/show", json!({ "model": "mine:terse" }));
+    assert_eq!(show["system"], "Answer in one word.");
+    assert!(
+        show["parameters"]
+            .as_str()
+            .unwrap()
+            .contains("temperature 0")
+    );
+    let (status, _) = post(
+        s,
+        "/api/create",
+        json!({ "model": "bad", "modelfile": "FROM\n" }),
+    );
+    assert_eq!(status, 400);
+    let r = client()
+        .delete(format!("{}/api/delete", s.base))
+        .json(&json!({ "model": "mine:copy" }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = client()
+        .delete(format!("{}/api/delete", s.base))
+        .json(&json!({ "model": "mine:copy" }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    // Pulling a model already in the download cache streams progress and succeeds.
+    let lines = post_ndjson(s, "/api/pull", json!({ "model": MODEL }));
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    let (status, body) = post(
+        s,
+        "/api/pull",
+        json!({ "model": "nosuch:model", "stream": false }),
+    );
+    assert_eq!(status, 404, "{body}");
+
+    let (status, body) = post(s, "/api/embed", json!({ "model": MODEL, "input": "hi" }));
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not support embeddings")
+    );
+}
+
+#[test]
+fn ollama_generate_and_chat() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let (status, one) = post(
+        s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": "Name a color.", "stream": false, "options": greedy(8) }),
+    );
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["done"], true);
+    assert_eq!(one["eval_count"], 8);
+    assert_eq!(one["done_reason"], "length");
+    assert!(!one["response"].as_str().unwrap().is_empty());
+    insta::assert_json_snapshot!("generate", redact(&one));
+
+    // Streamed: the pieces join to the same text.
+    let lines = post_ndjson(
+        s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": "Name a color.", "options": greedy(8) }),
+    );
+    let joined: String = lines
+        .iter()
+        .filter_map(|l| l["response"].as_str())
+        .collect();
+    assert_eq!(joined, one["response"].as_str().unwrap());
+    assert_eq!(lines.last().unwrap()["done"], true);
+    insta::assert_json_snapshot!("generate_stream_last", redact(lines.last().unwrap()));
+
+    let chat = json!({
+        "model": MODEL,
+        "messages": [{ "role": "system", "content": "Be brief." }, { "role": "user", "content": "Say hello." }],
+        "stream": false,
+        "options": greedy(6),
+        "logprobs": true,
+        "top_logprobs": 2,
+    });
+    let (status, reply) = post(s, "/api/chat", chat.clone());
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["message"]["role"], "assistant");
+    assert_eq!(reply["logprobs"].as_array().unwrap().len(), 6);
+    assert_eq!(
+        reply["logprobs"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    insta::assert_json_snapshot!("chat", redact(&reply));
+    let mut streamed = chat;
+    streamed["stream"] = json!(true);
+    let lines = post_ndjson(s, "/api/chat", streamed);
+    let joined: String = lines
+        .iter()
+        .filter_map(|l| l["message"]["content"].as_str())
+        .collect();
+    assert_eq!(joined, reply["message"]["content"].as_str().unwrap());
+
+    // Stop strings end generation without leaking.
+    let (_, long) = post(
+        s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": "Count: 1, 2, 3,", "stream": false, "raw": true, "options": greedy(12) }),
+    );
+    let text = long["response"].as_str().unwrap();
+    if let Some(cut) = text
+        .char_indices()
+        .nth(3)
+        .map(|(i, _)| &text[i..])
+        .and_then(|t| t.get(..2))
+    {
+        let (_, stopped) = post(
+            s,
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "Count: 1, 2, 3,", "stream": false, "raw": true,
+                    "options": { "temperature": 0, "num_predict": 12, "stop": [cut] } }),
+        );
+        let out = stopped["response"].as_str().unwrap();
+        assert!(
+            !out.contains(cut),
+            "stop string {cut:?} leaked into {out:?}"
+        );
+        assert!(text.starts_with(out), "{out:?} is not a prefix of {text:?}");
+        assert_eq!(stopped["done_reason"], "stop");
+    }
+}
+
+#[test]
+fn openai_endpoints() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let body = json!({
+        "model": MODEL,
+        "messages": [{ "role": "user", "content": "Say hi." }],
+        "max_tokens": 6,
+        "temperature": 0,
+        "seed": 1,
+        "logprobs": true,
+        "top_logprobs": 3,
+    });
+    let (status, reply) = post(s, "/v1/chat/completions", body.clone());
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["object"], "chat.completion");
+    assert_eq!(reply["usage"]["completion_tokens"], 6);
+    assert_eq!(reply["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    insta::assert_json_snapshot!("chat_completion", redact(&reply));
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({ "include_usage": true });
+    let events = post_sse(s, "/v1/chat/completions", streamed);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let usage = &events[events.len() - 2];
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    let joined: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        joined,
+        reply["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    insta::assert_json_snapshot!("chat_completion_chunk_first", redact(&events[0]));
+
+    let (status, completion) = post(
+        s,
+        "/v1/completions",
+        json!({ "model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(completion["object"], "text_completion");
+    insta::assert_json_snapshot!("completion", redact(&completion));
+    let events = post_sse(
+        s,
+        "/v1/completions",
+        json!({ "model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "stream": true }),
+    );
+    let joined: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, completion["choices"][0]["text"].as_str().unwrap());
+
+    // Structured output is refused, never silently ignored.
+    let (status, err) = post(
+        s,
+        "/v1/chat/completions",
+        json!({ "model": MODEL, "messages": [{ "role": "user", "content": "x" }], "response_format": { "type": "json_object" } }),
+    );
+    assert_eq!(status, 501, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("response_format")
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_the_server_stays_healthy() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let healthy = |s: &Server| assert_eq!(get(s, "/api/version").0, 200);
+
+    let r = client()
+        .post(format!("{}/api/generate", s.base))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("invalid JSON"),
+        "{body}"
+    );
+    healthy(s);
+
+    let cases = [
+        (
+            "/api/generate",
+            json!({ "model": "nosuch:model", "prompt": "hi" }),
+            404,
+            "not found",
+        ),
+        (
+            "/api/chat",
+            json!({ "model": "", "messages": [] }),
+            400,
+            "model",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "options": { "temperature": -1 } }),
+            400,
+            "temperature",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "options": { "num_predict": 1e15 } }),
+            400,
+            "num_predict",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "options": { "top_p": 7 } }),
+            400,
+            "top_p",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "images": ["%%%not base64"] }),
+            400,
+            "invalid image",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "images": [PNG] }),
+            400,
+            "does not support images",
+        ),
+        (
+            "/api/chat",
+            json!({ "model": MODEL, "messages": [{ "role": "user", "content": "hi", "images": [PNG] }] }),
+            400,
+            "does not support images",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "word ".repeat(600), "options": { "num_ctx": 64 } }),
+            400,
+            "context",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "hi", "format": "json" }),
+            501,
+            "format",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": "../../etc", "prompt": "hi" }),
+            400,
+            "invalid model name",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({ "model": MODEL, "messages": [{ "role": "user", "content": "x" }], "temperature": "hot" }),
+            400,
+            "temperature",
+        ),
+    ];
+    for (path, body, status, needle) in cases {
+        let (got, reply) = post(s, path, body.clone());
+        assert_eq!(got, status, "{path} {body}: {reply}");
+        let message = reply["error"]
+            .as_str()
+            .or_else(|| reply["error"]["message"].as_str())
+            .unwrap_or_default()
+            .to_lowercase();
+        assert!(
+            message.contains(needle),
+            "{path}: `{message}` should mention `{needle}`"
+        );
+        healthy(s);
+    }
+    let (status, body) = get(s, "/api/nothing-here");
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("/api/nothing-here")
+    );
+    healthy(s);
+}
+
+#[test]
+fn a_cancelled_generation_leaves_a_healthy_server_and_a_warm_prefix() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let prompt = "Write a long story about a lighthouse keeper and the sea. ".repeat(8);
+    // Start streaming, read the first lines, then disconnect.
+    {
+        let mut r = client()
+            .post(format!("{}/api/generate", s.base))
+            .json(&json!({ "model": MODEL, "prompt": prompt, "options": greedy(400) }))
+            .send()
+            .unwrap();
+        let mut buffer = [0u8; 256];
+        let mut seen = 0;
+        while seen < 3 {
+            let n = std::io::Read::read(&mut r, &mut buffer).unwrap();
+            assert!(n > 0, "the stream ended early");
+            seen += buffer[..n].iter().filter(|&&b| b == b'\n').count();
+        }
+    }
+    // The server stays healthy, and the retry evaluates only what the cache lacks.
+    assert_eq!(get(s, "/api/version").0, 200);
+    let (status, retry) = post(
+        s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": prompt, "stream": false, "options": greedy(4) }),
+    );
+    assert_eq!(status, 200, "{retry}");
+    let evaluated = retry["prompt_eval_count"].as_u64().unwrap();
+    assert!(
+        evaluated <= 1,
+        "the retry evaluated {evaluated} prompt tokens instead of reusing the cache"
+    );
+}
+
+#[test]
+fn eight_concurrent_clients_all_get_complete_answers() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                scope.spawn(move || {
+                    let (status, reply) = post(
+                        s,
+                        "/api/generate",
+                        json!({ "model": MODEL, "prompt": format!("Client {}: name a fruit.", i % 2), "stream": false, "options": greedy(5) }),
+                    );
+                    assert_eq!(status, 200, "{reply}");
+                    reply
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a["done"], true);
+        assert_eq!(a["eval_count"], 5, "client {i}");
+        // Same prompt, greedy: the same answer, whichever order the queue ran them in.
+        assert_eq!(a["response"], answers[i % 2]["response"], "client {i}");
+    }
+}
+
+#[test]
+fn ps_reports_the_loaded_model() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let (status, _) = post(
+        s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": "hi", "stream": false, "options": greedy(1) }),
+    );
+    assert_eq!(status, 200);
+    let (status, ps) = get(s, "/api/ps");
+    assert_eq!(status, 200);
+    assert_eq!(ps["models"][0]["name"], MODEL);
+    insta::assert_json_snapshot!("ps", redact(&ps));
+}
