@@ -25,19 +25,21 @@ use quant::package::{self, Progress};
 
 /// Largest accepted absolute difference between our last-position logits and transformers'.
 ///
-/// Both sides compute with the same weight values: transformers dequantizes each GGUF block
-/// to f32 once, and MLX applies the identical per-group scale and offset in f32. What differs
-/// is summation order (MLX's quantized matmul accumulates within groups before scaling,
-/// PyTorch's BLAS sums dequantized products in its own blocking) and the rounding that
-/// compounds through 30 (SmolLM2) or 18 (Gemma) layers of f32 norms, softmax and residual
-/// sums. Measured over the whole vocabulary, with logits up to ~23 in magnitude: 4.6e-5
-/// (SmolLM2) and 2.9e-5 (Gemma 3); mlx-lm on the same f32 weights differs from transformers
-/// by 5.1e-5 on SmolLM2. 5e-4 is a 10x margin over the worst of these, for another BLAS or
-/// thread count. It is well below what a subtle mistake costs: mlx-lm's Gemma rounds the
-/// embedding scale sqrt(640) to bf16 and lands 1.0e-2 away; a wrong rope base, a missing norm
-/// offset or unpermuted Q/K rows move logits by 1 or more. The smallest top-2 gap along the
-/// greedy paths (3.2e-3, SmolLM2 step 12) is also 70x the measured error, so exact greedy ids
-/// are a fair demand.
+/// Both sides compute with the same weight values: transformers dequantizes each GGUF block to f32
+/// once, and `quant` repacks the same blocks for MLX's quantized matmul, which applies the same
+/// per-group scales and offsets in f32 (requantizing would not: mlx-lm's 4-bit group-32
+/// requantization of the dequantized SmolLM2 changes its greedy text at the fifth token). What
+/// differs is summation order (MLX's quantized kernels against PyTorch's BLAS on dequantized
+/// matrices) and the rounding that compounds through 30 (SmolLM2) or 18 (Gemma) layers of f32
+/// norms, softmax and residual sums. Measured over the whole vocabulary, with logits up to ~23 in
+/// magnitude: 4.6e-5 (SmolLM2) and 3.1e-5 (Gemma 3); mlx-lm on the same f32 weights differs from
+/// transformers by 5.1e-5 on SmolLM2, and transformers itself moves Gemma's logits by 2.1e-5
+/// between one and two PyTorch threads. 5e-4 is a 10x margin over the worst of these, for another
+/// BLAS or thread count. It is well below what a subtle mistake costs: mlx-lm's Gemma rounds the
+/// embedding scale sqrt(640) to bf16 and lands 1.0e-2 away; a wrong rope base moves logits by
+/// whole units (~10 on the tiny llama fixture). The smallest top-2 gap along the greedy
+/// paths (3.2e-3, SmolLM2 step 12) is also 70x the measured error, so exact greedy ids are a fair
+/// demand.
 const TOLERANCE: f32 = 5e-4;
 
 /// Tokens the greedy check generates.
