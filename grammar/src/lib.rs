@@ -1,5 +1,27 @@
-//! Structured output as per-step token masks.
+//! Structured output as per-step token masks, built on llguidance.
 //!
-//! This crate will own compiling `json`, JSON Schema, regular expressions, Lark grammars,
-//! structural tags and tool-call schemas with llguidance, and stepping them token by token:
-//! allowed-token bitmasks, consumption, rollback for speculation and accepting-state queries.
+//! A [`GrammarCompiler`] is made once per tokenizer; it compiles a [`GrammarSpec`] (any JSON
+//! object, a JSON Schema, a regular expression or a Lark grammar) into a [`Grammar`], which a
+//! generation loop steps token by token: [`Grammar::mask`] before sampling, [`Grammar::consume`]
+//! after, [`Grammar::rollback`] when speculative tokens are rejected. End tokens are allowed
+//! exactly when the output is complete.
+//!
+//! Files:
+//! - `spec`: what a request asks for, the mapping from Ollama's `format` and OpenAI's
+//!   `response_format`, and the caps on schema size and nesting.
+//! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
+//!   treated.
+//! - `compiler`: compiling specs, with the per-tokenizer factory and compiled-grammar caches.
+//! - `grammar`: stepping one compiled grammar.
+//! - `error`: the crate's error type.
+
+mod compiler;
+mod error;
+mod grammar;
+mod spec;
+mod token_env;
+
+pub use compiler::GrammarCompiler;
+pub use error::{Error, Result};
+pub use grammar::Grammar;
+pub use spec::{GrammarSpec, Limits};

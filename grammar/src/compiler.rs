@@ -1,0 +1,218 @@
+//! Compiling specs into matchers, with two caches: one parser factory per tokenizer for the
+//! whole process (building it walks the vocabulary, ≈0.2 s), and per tokenizer the compiled
+//! form of recent grammars (a repeated schema, such as a client's fixed tool set, costs a
+//! clone instead of a compile).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use serde_json::{Value, json};
+
+use crate::grammar::Grammar;
+use crate::spec::{GrammarSpec, Limits};
+use crate::{Error, Result, token_env};
+
+/// Whitespace the JSON grammars allow between tokens: at most 32 characters per gap (enough
+/// for pretty-printing 15 levels deep). An unbounded gap lets a model loop on newlines forever
+/// while the grammar stays satisfied.
+const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,32}";
+
+/// How many compiled grammars each tokenizer keeps.
+const COMPILED_CACHE_ENTRIES: usize = 128;
+
+/// Compiles grammars for one tokenizer. Cheap to create once the tokenizer has been seen:
+/// the factory is shared process-wide.
+pub struct GrammarCompiler {
+    shared: Arc<Shared>,
+    limits: Limits,
+}
+
+/// What every compiler of the same tokenizer shares.
+struct Shared {
+    factory: ParserFactory,
+    compiled: Mutex<CompiledCache>,
+    ends: Arc<[u32]>,
+    vocab_size: usize,
+}
+
+impl GrammarCompiler {
+    /// A compiler for `tokenizer` with the default [`Limits`].
+    pub fn new(tokenizer: &tokenizer::Tokenizer) -> Result<Self> {
+        Ok(Self {
+            shared: shared_for(tokenizer)?,
+            limits: Limits::default(),
+        })
+    }
+
+    /// Replaces the caps on schema size and nesting.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Tokens in the vocabulary the masks cover (`mask().len() == vocab_size().div_ceil(32)`).
+    pub fn vocab_size(&self) -> usize {
+        self.shared.vocab_size
+    }
+
+    /// The tokens that end generation; a mask allows them exactly when the output is complete.
+    pub fn end_tokens(&self) -> &[u32] {
+        &self.shared.ends
+    }
+
+    /// Compiles `spec` into a fresh matcher at the start of the output.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar> {
+        spec.check(&self.limits)?;
+        let key = cache_key(spec)?;
+        let cached = lock(&self.shared.compiled).get(&key);
+        let parser = match cached {
+            Some(parser) => parser,
+            None => {
+                let parser = self
+                    .shared
+                    .factory
+                    .create_parser(top_level(spec))
+                    .map_err(|e| compile_error(spec, e.to_string()))?;
+                lock(&self.shared.compiled).insert(key, parser.clone());
+                parser
+            }
+        };
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(message) = matcher.get_error() {
+            return Err(compile_error(spec, message));
+        }
+        Ok(Grammar::new(
+            matcher,
+            self.shared.vocab_size,
+            self.shared.ends.clone(),
+        ))
+    }
+}
+
+/// The llguidance form of a spec.
+fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
+    match spec {
+        GrammarSpec::JsonObject => {
+            TopLevelGrammar::from_json_schema(with_json_options(json!({"type": "object"})))
+        }
+        GrammarSpec::JsonSchema(schema) => {
+            TopLevelGrammar::from_json_schema(with_json_options(schema.clone()))
+        }
+        GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+    }
+}
+
+/// Our JSON compile options ride in the schema's `x-guidance` field; they replace any the
+/// client sent, so the whitespace bound always holds.
+fn with_json_options(mut schema: Value) -> Value {
+    if let Value::Object(map) = &mut schema {
+        map.insert(
+            "x-guidance".to_string(),
+            json!({ "whitespace_pattern": JSON_WHITESPACE }),
+        );
+    }
+    schema
+}
+
+/// Sorts a compiler message into "unsupported" (the input is valid but uses a feature the
+/// compiler lacks, such as `oneOf`) and "invalid".
+fn compile_error(spec: &GrammarSpec, message: String) -> Error {
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("not supported")
+        || lower.contains("unsupported")
+        || lower.contains("unimplemented")
+    {
+        Error::Unsupported(format!("{}: {message}", spec.kind()))
+    } else {
+        Error::Invalid {
+            kind: spec.kind(),
+            message,
+        }
+    }
+}
+
+fn cache_key(spec: &GrammarSpec) -> Result<String> {
+    Ok(match spec {
+        GrammarSpec::JsonObject => "object".to_string(),
+        GrammarSpec::JsonSchema(schema) => {
+            let text = serde_json::to_string(schema).map_err(|e| Error::Invalid {
+                kind: spec.kind(),
+                message: e.to_string(),
+            })?;
+            format!("schema:{text}")
+        }
+        GrammarSpec::Regex(rx) => format!("regex:{rx}"),
+        GrammarSpec::Lark(text) => format!("lark:{text}"),
+    })
+}
+
+/// Recently compiled parsers, oldest evicted first.
+#[derive(Default)]
+struct CompiledCache {
+    parsers: HashMap<String, TokenParser>,
+    order: VecDeque<String>,
+}
+
+impl CompiledCache {
+    fn get(&self, key: &str) -> Option<TokenParser> {
+        self.parsers.get(key).cloned()
+    }
+
+    fn insert(&mut self, key: String, parser: TokenParser) {
+        if self.parsers.contains_key(&key) {
+            return;
+        }
+        while self.order.len() >= COMPILED_CACHE_ENTRIES {
+            if let Some(oldest) = self.order.pop_front() {
+                self.parsers.remove(&oldest);
+            }
+        }
+        self.order.push_back(key.clone());
+        self.parsers.insert(key, parser);
+    }
+}
+
+/// A poisoned lock only means another request panicked mid-insert; the cache is still a
+/// valid map, so keep using it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The process-wide state for `tokenizer`, keyed by a hash of its serialized form and end
+/// tokens, so two loads of the same vocabulary share one factory.
+fn shared_for(tokenizer: &tokenizer::Tokenizer) -> Result<Arc<Shared>> {
+    static BY_TOKENIZER: OnceLock<Mutex<HashMap<u64, Arc<Shared>>>> = OnceLock::new();
+    let json = tokenizer
+        .hf()
+        .to_string(false)
+        .map_err(|e| Error::Vocabulary(format!("cannot serialize the tokenizer: {e}")))?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    json.hash(&mut hasher);
+    tokenizer.stop_tokens().hash(&mut hasher);
+    tokenizer.vocab_size().hash(&mut hasher);
+    let key = hasher.finish();
+
+    let table = BY_TOKENIZER.get_or_init(Default::default);
+    if let Some(shared) = lock(table).get(&key) {
+        return Ok(shared.clone());
+    }
+    // Built outside the lock: another tokenizer's requests need not wait ≈0.2 s.
+    let env = token_env::build(tokenizer, &json)?;
+    let mut factory = ParserFactory::new_simple(&env)
+        .map_err(|e| Error::Vocabulary(format!("grammar factory: {e}")))?;
+    factory.quiet();
+    let trie = env.tok_trie();
+    let shared = Arc::new(Shared {
+        ends: trie.eos_tokens().into(),
+        vocab_size: trie.vocab_size(),
+        factory,
+        compiled: Mutex::default(),
+    });
+    Ok(lock(table).entry(key).or_insert(shared).clone())
+}

@@ -1,0 +1,244 @@
+//! What a request asks for: the grammar kinds, how API request fields map onto them, and the
+//! caps that keep a hostile schema from costing unbounded compile time.
+
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+/// A constraint on the whole output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object: Ollama's `format: "json"`, OpenAI's `json_object`.
+    JsonObject,
+    /// A JSON Schema: Ollama's `format` object, OpenAI's `json_schema.schema`.
+    JsonSchema(Value),
+    /// A regular expression the whole output must match (Rust `regex` syntax, anchored).
+    Regex(String),
+    /// A Lark grammar in llguidance's dialect (which can embed `%json` schemas and name
+    /// special tokens such as `<|tool_call|>`).
+    Lark(String),
+}
+
+impl GrammarSpec {
+    /// Reads Ollama's `format` field: absent, `null` or `""` ask for nothing; `"json"` for any
+    /// object; an object is a JSON Schema. Anything else is an error, never ignored.
+    pub fn from_ollama_format(format: Option<&Value>) -> Result<Option<Self>> {
+        match format {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) if s == "json" => Ok(Some(Self::JsonObject)),
+            Some(Value::String(s)) => Err(Error::Unsupported(format!(
+                "format {s:?}: expected \"json\" or a JSON Schema object"
+            ))),
+            Some(Value::Object(_)) => Ok(format.cloned().map(Self::JsonSchema)),
+            Some(other) => Err(Error::Unsupported(format!(
+                "format must be \"json\" or a JSON Schema object, not {}",
+                json_kind(other)
+            ))),
+        }
+    }
+
+    /// Reads OpenAI's `response_format`: `{"type":"text"}` asks for nothing, `json_object` for
+    /// any object, `json_schema` for `json_schema.schema`.
+    pub fn from_openai_response_format(response_format: Option<&Value>) -> Result<Option<Self>> {
+        let Some(rf) = response_format else {
+            return Ok(None);
+        };
+        if rf.is_null() {
+            return Ok(None);
+        }
+        let kind = rf.get("type").and_then(Value::as_str).ok_or_else(|| {
+            Error::Unsupported("response_format needs a string field \"type\"".to_string())
+        })?;
+        match kind {
+            "text" => Ok(None),
+            "json_object" => Ok(Some(Self::JsonObject)),
+            "json_schema" => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|js| js.get("schema"))
+                    .ok_or_else(|| {
+                        Error::Unsupported(
+                            "response_format json_schema needs json_schema.schema".to_string(),
+                        )
+                    })?;
+                Ok(Some(Self::JsonSchema(schema.clone())))
+            }
+            other => Err(Error::Unsupported(format!(
+                "response_format type {other:?}: expected text, json_object or json_schema"
+            ))),
+        }
+    }
+
+    /// The kind's name, as error messages use it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonObject | Self::JsonSchema(_) => "JSON schema",
+            Self::Regex(_) => "regular expression",
+            Self::Lark(_) => "Lark grammar",
+        }
+    }
+
+    /// Checks the caps before the compiler sees the input.
+    pub(crate) fn check(&self, limits: &Limits) -> Result<()> {
+        let (bytes, depth) = match self {
+            Self::JsonObject => return Ok(()),
+            Self::JsonSchema(schema) => (
+                serde_json::to_string(schema).map_or(usize::MAX, |s| s.len()),
+                nesting_depth(schema),
+            ),
+            Self::Regex(text) | Self::Lark(text) => (text.len(), 0),
+        };
+        let over = |what, actual, limit| Error::TooLarge {
+            what,
+            actual,
+            limit,
+        };
+        if bytes > limits.max_bytes {
+            return Err(over("grammar source in bytes", bytes, limits.max_bytes));
+        }
+        if depth > limits.max_schema_depth {
+            return Err(over("schema nesting depth", depth, limits.max_schema_depth));
+        }
+        Ok(())
+    }
+}
+
+/// Caps on what a request may compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Size of the schema (as compact JSON) or grammar text.
+    pub max_bytes: usize,
+    /// Nesting of JSON values in a schema (each schema level costs about two).
+    pub max_schema_depth: usize,
+}
+
+impl Default for Limits {
+    /// 256 KiB and 64 levels: far beyond real tool schemas, far below what would stall a
+    /// request thread.
+    fn default() -> Self {
+        Self {
+            max_bytes: 256 * 1024,
+            max_schema_depth: 64,
+        }
+    }
+}
+
+/// Depth of nested arrays and objects; a scalar is 0. Iterative so a deep value cannot
+/// overflow the stack.
+fn nesting_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        stack.extend(children.map(|c| (c, depth + 1)));
+    }
+    deepest
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ollama_format_maps_each_form() {
+        assert_eq!(GrammarSpec::from_ollama_format(None).unwrap(), None);
+        assert_eq!(
+            GrammarSpec::from_ollama_format(Some(&json!(""))).unwrap(),
+            None
+        );
+        assert_eq!(
+            GrammarSpec::from_ollama_format(Some(&json!("json"))).unwrap(),
+            Some(GrammarSpec::JsonObject)
+        );
+        let schema = json!({"type": "object"});
+        assert_eq!(
+            GrammarSpec::from_ollama_format(Some(&schema)).unwrap(),
+            Some(GrammarSpec::JsonSchema(schema))
+        );
+        assert!(matches!(
+            GrammarSpec::from_ollama_format(Some(&json!("yaml"))),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            GrammarSpec::from_ollama_format(Some(&json!(3))),
+            Err(Error::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn openai_response_format_maps_each_form() {
+        let text = json!({"type": "text"});
+        assert_eq!(
+            GrammarSpec::from_openai_response_format(Some(&text)).unwrap(),
+            None
+        );
+        let obj = json!({"type": "json_object"});
+        assert_eq!(
+            GrammarSpec::from_openai_response_format(Some(&obj)).unwrap(),
+            Some(GrammarSpec::JsonObject)
+        );
+        let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true,
+            "schema": {"type": "integer"}}});
+        assert_eq!(
+            GrammarSpec::from_openai_response_format(Some(&schema)).unwrap(),
+            Some(GrammarSpec::JsonSchema(json!({"type": "integer"})))
+        );
+        for bad in [
+            json!({"type": "json_schema"}),
+            json!({"type": "xml"}),
+            json!({}),
+        ] {
+            assert!(matches!(
+                GrammarSpec::from_openai_response_format(Some(&bad)),
+                Err(Error::Unsupported(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn caps_reject_deep_and_large_inputs() {
+        let mut deep = json!({"type": "string"});
+        for _ in 0..40 {
+            deep = json!({"type": "object", "properties": {"x": deep}});
+        }
+        let err = GrammarSpec::JsonSchema(deep)
+            .check(&Limits::default())
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            Error::TooLarge {
+                what: "schema nesting depth",
+                actual: 81,
+                limit: 64
+            }
+        ));
+        let big = GrammarSpec::Regex("a".repeat(300 * 1024));
+        assert!(matches!(
+            big.check(&Limits::default()),
+            Err(Error::TooLarge { .. })
+        ));
+        assert!(
+            GrammarSpec::Regex("[a-z]+".into())
+                .check(&Limits::default())
+                .is_ok()
+        );
+    }
+}

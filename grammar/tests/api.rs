@@ -1,0 +1,235 @@
+//! The public API on the real SmolLM2 vocabulary: each grammar kind, end-token placement,
+//! errors, and the state a rejected token leaves behind.
+
+mod support;
+
+use grammar::{Error, Grammar, GrammarSpec};
+use serde_json::json;
+use support::{allowed, smollm2, smollm2_compiler};
+
+fn ids(text: &str) -> Vec<u32> {
+    smollm2().unwrap().encode(text, false).unwrap()
+}
+
+fn ends_allowed(g: &mut Grammar, ends: &[u32]) -> bool {
+    let mask = g.mask().unwrap();
+    let set: Vec<bool> = ends
+        .iter()
+        .map(|&e| mask[e as usize / 32] >> (e % 32) & 1 == 1)
+        .collect();
+    assert!(set.iter().all(|&b| b == set[0]), "end tokens disagree");
+    set[0]
+}
+
+/// Feeds `text`'s tokens, checking each is allowed and, when no proper prefix of `text` is a
+/// complete output (`no_early_end`), that no end token is allowed before the last one.
+fn feed(g: &mut Grammar, ends: &[u32], text: &str, no_early_end: bool) {
+    let tokens = ids(text);
+    for (i, &t) in tokens.iter().enumerate() {
+        let mask = g.mask().unwrap();
+        assert!(
+            mask[t as usize / 32] >> (t % 32) & 1 == 1,
+            "token {i} ({t}) of {text:?} not allowed"
+        );
+        if i > 0 && no_early_end {
+            assert!(!ends_allowed(g, ends), "end allowed inside {text:?} at {i}");
+        }
+        g.consume(t).unwrap();
+    }
+}
+
+#[test]
+fn json_object_ends_only_when_complete() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    assert!(!ends.is_empty());
+    let mut g = compiler.compile(&GrammarSpec::JsonObject).unwrap();
+    assert!(!g.is_accepting());
+    feed(
+        &mut g,
+        &ends,
+        r#"{"a": [1, 2.5, {"b": null}], "c": "x\n"}"#,
+        true,
+    );
+    assert!(g.is_accepting());
+    assert!(ends_allowed(&mut g, &ends));
+    g.consume(ends[0]).unwrap();
+    assert!(g.is_finished());
+    assert_eq!(allowed(&g.mask().unwrap(), g.vocab_size()), ends);
+}
+
+#[test]
+fn json_object_rejects_top_level_scalars_and_special_tokens() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let mut g = compiler.compile(&GrammarSpec::JsonObject).unwrap();
+    let quote = ids("\"")[0];
+    assert!(matches!(g.consume(quote), Err(Error::TokenRejected { .. })));
+    let im_start = smollm2().unwrap().token_to_id("<|im_start|>").unwrap();
+    feed(&mut g, compiler.end_tokens(), "{\"k\": \"", true);
+    let inside_string = g.mask().unwrap();
+    assert_eq!(
+        inside_string[im_start as usize / 32] >> (im_start % 32) & 1,
+        0
+    );
+}
+
+#[test]
+fn whitespace_between_tokens_is_bounded() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let mut g = compiler.compile(&GrammarSpec::JsonObject).unwrap();
+    g.consume(ids("{")[0]).unwrap();
+    let space = smollm2().unwrap().token_to_id("Ġ").unwrap();
+    for i in 0..32 {
+        g.consume(space)
+            .unwrap_or_else(|e| panic!("space {i} rejected: {e}"));
+    }
+    assert!(matches!(g.consume(space), Err(Error::TokenRejected { .. })));
+}
+
+#[test]
+fn rejected_token_leaves_state_unchanged() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let mut g = compiler
+        .compile(&GrammarSpec::JsonSchema(json!({"type": "integer"})))
+        .unwrap();
+    let before = g.mask().unwrap();
+    assert!(matches!(
+        g.consume(ids("a")[0]),
+        Err(Error::TokenRejected { token: _, .. })
+    ));
+    assert!(matches!(
+        g.consume(u32::MAX),
+        Err(Error::TokenRejected { .. })
+    ));
+    assert!(matches!(
+        g.consume(ends[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    assert_eq!(g.mask().unwrap(), before);
+    feed(&mut g, &ends, "42", false);
+    assert!(g.is_accepting());
+}
+
+#[test]
+fn regex_and_lark_grammars_constrain_the_whole_output() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let mut g = compiler
+        .compile(&GrammarSpec::Regex("[0-9]{3}-[a-z]{2}".into()))
+        .unwrap();
+    feed(&mut g, &ends, "123-ab", true);
+    assert!(g.is_accepting());
+    assert_eq!(allowed(&g.mask().unwrap(), g.vocab_size()), ends);
+
+    let lark = r#"start: answer " because " reason
+answer: "yes" | "no"
+reason: /[a-z ]{1,20}/"#;
+    let mut g = compiler.compile(&GrammarSpec::Lark(lark.into())).unwrap();
+    assert!(matches!(
+        g.consume(ids("maybe")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    feed(&mut g, &ends, "yes because it is", false);
+    assert!(g.is_accepting());
+}
+
+#[test]
+fn end_token_after_finish_rolls_back() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let mut g = compiler
+        .compile(&GrammarSpec::JsonSchema(json!({"enum": ["red", "green"]})))
+        .unwrap();
+    let start = g.mask().unwrap();
+    let tokens = ids("\"red\"");
+    for &t in &tokens {
+        g.consume(t).unwrap();
+    }
+    let done = g.mask().unwrap();
+    g.consume(ends[0]).unwrap();
+    assert!(g.is_finished());
+    assert_eq!(g.validate(&[ends[0], tokens[0]]).unwrap(), 1);
+    g.rollback(1).unwrap();
+    assert_eq!(g.mask().unwrap(), done);
+    g.rollback(tokens.len()).unwrap();
+    assert_eq!(g.mask().unwrap(), start);
+    assert!(matches!(g.rollback(1), Err(Error::Rollback { .. })));
+}
+
+#[test]
+fn invalid_and_unsupported_schemas_are_errors_with_the_compiler_message() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let invalid = [
+        json!({"type": "strin"}),
+        json!({"type": "string", "pattern": "(unclosed"}),
+        json!({"type": "integer", "minimum": 5, "maximum": 1}),
+    ];
+    for schema in invalid {
+        match compiler.compile(&GrammarSpec::JsonSchema(schema.clone())) {
+            Err(Error::Invalid { kind, message }) => {
+                assert_eq!(kind, "JSON schema");
+                assert!(!message.is_empty());
+            }
+            Err(other) => panic!("{schema}: expected Invalid, got {other}"),
+            Ok(_) => panic!("{schema}: compiled"),
+        }
+    }
+    let unsupported = [
+        json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true}),
+        json!({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}),
+    ];
+    for schema in unsupported {
+        match compiler.compile(&GrammarSpec::JsonSchema(schema.clone())) {
+            Err(Error::Unsupported(message)) => assert!(message.starts_with("JSON schema: ")),
+            Err(other) => panic!("{schema}: expected Unsupported, got {other}"),
+            Ok(_) => panic!("{schema}: compiled"),
+        }
+    }
+    assert!(matches!(
+        compiler.compile(&GrammarSpec::Regex("(".into())),
+        Err(Error::Invalid {
+            kind: "regular expression",
+            ..
+        })
+    ));
+    assert!(matches!(
+        compiler.compile(&GrammarSpec::Lark("start: undefined_rule".into())),
+        Err(Error::Invalid {
+            kind: "Lark grammar",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn cached_compiles_start_fresh_and_independent() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let spec = GrammarSpec::JsonSchema(json!({"type": "array", "items": {"type": "integer"}}));
+    let mut first = compiler.compile(&spec).unwrap();
+    let start = first.mask().unwrap();
+    first.consume(ids("[")[0]).unwrap();
+    let mut second = compiler.compile(&spec).unwrap();
+    assert_eq!(second.mask().unwrap(), start);
+    let again = grammar::GrammarCompiler::new(smollm2().unwrap()).unwrap();
+    assert_eq!(again.compile(&spec).unwrap().mask().unwrap(), start);
+    let mut fork = first.fork();
+    fork.consume(ids("1")[0]).unwrap();
+    assert_ne!(fork.mask().unwrap(), first.mask().unwrap());
+}
