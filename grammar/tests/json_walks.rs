@@ -104,6 +104,14 @@ fn random_walks_produce_valid_json() {
     };
     let tokenizer = smollm2().unwrap();
     let ends = compiler.end_tokens().to_vec();
+    let blank: Vec<bool> = (0..compiler.vocab_size() as u32)
+        .map(|t| {
+            tokenizer
+                .decode(&[t], false)
+                .is_ok_and(|s| !s.is_empty() && s.trim().is_empty())
+        })
+        .collect();
+    let mut distinct = std::collections::HashSet::new();
     for (name, schema) in schemas() {
         let validator = jsonschema::validator_for(&schema).expect("test schema is valid");
         for seed in 0..WALKS_PER_SCHEMA {
@@ -124,7 +132,19 @@ fn random_walks_produce_valid_json() {
                     "{name} seed {seed}: end tokens disagree with is_accepting after {:?}",
                     tokenizer.decode(&tokens, false).unwrap()
                 );
-                let pick = options[rng.random_range(0..options.len())];
+                // Most of the vocabulary's whitespace runs fit between any two JSON tokens, so
+                // uniform picks would mostly pad; prefer content so walks reach deep values.
+                let content: Vec<u32> = options
+                    .iter()
+                    .copied()
+                    .filter(|&t| !blank[t as usize])
+                    .collect();
+                let pool = if !content.is_empty() && rng.random_bool(0.9) {
+                    &content
+                } else {
+                    &options
+                };
+                let pick = pool[rng.random_range(0..pool.len())];
                 if ends.contains(&pick) {
                     break;
                 }
@@ -137,6 +157,13 @@ fn random_walks_produce_valid_json() {
             if let Err(e) = validator.validate(&value) {
                 panic!("{name} seed {seed}: {text:?} violates the schema: {e}");
             }
+            distinct.insert(value.to_string());
         }
     }
+    // The walks explore: nearly every one ends in a different value.
+    assert!(
+        distinct.len() as u64 > WALKS_PER_SCHEMA * 4,
+        "{}",
+        distinct.len()
+    );
 }
