@@ -71,10 +71,11 @@ impl GrammarCompiler {
         let parser = match cached {
             Some(parser) => parser,
             None => {
+                let grammar = top_level(spec, &self.shared)?;
                 let parser = self
                     .shared
                     .factory
-                    .create_parser(top_level(spec))
+                    .create_parser(grammar)
                     .map_err(|e| compile_error(spec, e.to_string()))?;
                 lock(&self.shared.compiled).insert(key, parser.clone());
                 parser
@@ -93,8 +94,8 @@ impl GrammarCompiler {
 }
 
 /// The llguidance form of a spec.
-fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
-    match spec {
+fn top_level(spec: &GrammarSpec, shared: &Shared) -> Result<TopLevelGrammar> {
+    Ok(match spec {
         GrammarSpec::JsonObject => {
             TopLevelGrammar::from_json_schema(with_json_options(json!({"type": "object"})))
         }
@@ -103,7 +104,87 @@ fn top_level(spec: &GrammarSpec) -> TopLevelGrammar {
         }
         GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
         GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+        GrammarSpec::AfterThinking {
+            open,
+            close,
+            already_open,
+            then,
+        } => TopLevelGrammar::from_lark(thinking_lark(open, close, *already_open, then, shared)?),
+    })
+}
+
+/// A Lark grammar: the region's text is one lazy lexeme that ends at the first `close`, so
+/// the region cannot hold its own closing marker; then optional whitespace and the body.
+fn thinking_lark(
+    open: &str,
+    close: &str,
+    already_open: bool,
+    then: &GrammarSpec,
+    shared: &Shared,
+) -> Result<String> {
+    let body = match then {
+        GrammarSpec::JsonObject => {
+            format!("%json {}", with_json_options(json!({"type": "object"})))
+        }
+        GrammarSpec::JsonSchema(schema) => {
+            format!("%json {}", with_json_options(schema.clone()))
+        }
+        GrammarSpec::Regex(rx) => format!("/{}/", llguidance::regex_to_lark(rx, "")),
+        GrammarSpec::Lark(_) | GrammarSpec::AfterThinking { .. } => {
+            return Err(Error::Unsupported(
+                "a thinking region can precede JSON or a regex; write it into the Lark grammar \
+                 itself instead"
+                    .to_string(),
+            ));
+        }
+    };
+    // A marker the vocabulary holds as a special token is matched as that token; text
+    // markers as text.
+    let special = |marker: &str| {
+        let mut bytes = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
+        bytes.extend_from_slice(marker.as_bytes());
+        shared
+            .factory
+            .tok_env()
+            .tok_trie()
+            .token_id_at_bytes(&bytes)
+    };
+    let open_rule = match special(open) {
+        Some(id) => format!("<[{id}]>"),
+        None => lark_string(open),
+    };
+    let region = match special(close) {
+        Some(id) => format!("/(?s:.*)/ <[{id}]>"),
+        None => format!(
+            "thought\nthought[lazy]: /(?s:.*){}/",
+            llguidance::regex_to_lark(&regex_escape(close), "")
+        ),
+    };
+    let start = if already_open {
+        "start: region WS? body"
+    } else {
+        "start: open region WS? body"
+    };
+    Ok(format!(
+        "{start}\nopen: {open_rule}\nregion: {region}\nWS: /{JSON_WHITESPACE}/\nbody: {body}\n"
+    ))
+}
+
+/// `text` as a Lark string literal (JSON string syntax is a subset Lark accepts).
+fn lark_string(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+/// `text` as a regex matching itself literally.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
     }
+    out
 }
 
 /// Our JSON compile options ride in the schema's `x-guidance` field; they replace any the
@@ -137,6 +218,17 @@ fn compile_error(spec: &GrammarSpec, message: String) -> Error {
 
 fn cache_key(spec: &GrammarSpec) -> Result<String> {
     Ok(match spec {
+        GrammarSpec::AfterThinking {
+            open,
+            close,
+            already_open,
+            then,
+        } => format!(
+            "thinking:{}:{}:{already_open}:{}",
+            lark_string(open),
+            lark_string(close),
+            cache_key(then)?
+        ),
         GrammarSpec::JsonObject => "object".to_string(),
         GrammarSpec::JsonSchema(schema) => {
             let text = serde_json::to_string(schema).map_err(|e| Error::Invalid {

@@ -7,7 +7,8 @@
 //! exactly when the output is complete.
 //!
 //! Files:
-//! - `spec`: what a request asks for, the mapping from Ollama's `format` and OpenAI's
+//! - `spec`: what a request asks for (including a thinking region that must close before the
+//!   constrained output), the mapping from Ollama's `format` and OpenAI's
 //!   `response_format`, and the caps on schema size and nesting.
 //! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
 //!   treated.

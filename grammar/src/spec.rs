@@ -17,6 +17,19 @@ pub enum GrammarSpec {
     /// A Lark grammar in llguidance's dialect (which can embed `%json` schemas and name
     /// special tokens such as `<|tool_call|>`).
     Lark(String),
+    /// A reasoning region of free text, `open` … `close`, that must close before the
+    /// constrained output `then` begins (a JSON kind or a regex). With `already_open` the
+    /// prompt has opened the region, so the output starts inside it.
+    AfterThinking {
+        /// The text or special token that opens the region, such as `<think>`.
+        open: String,
+        /// The text or special token that closes it, such as `</think>`.
+        close: String,
+        /// Whether the chat template already emitted `open`.
+        already_open: bool,
+        /// What must follow the region.
+        then: Box<GrammarSpec>,
+    },
 }
 
 impl GrammarSpec {
@@ -76,6 +89,7 @@ impl GrammarSpec {
             Self::JsonObject | Self::JsonSchema(_) => "JSON schema",
             Self::Regex(_) => "regular expression",
             Self::Lark(_) => "Lark grammar",
+            Self::AfterThinking { then, .. } => then.kind(),
         }
     }
 
@@ -88,6 +102,16 @@ impl GrammarSpec {
                 nesting_depth(schema),
             ),
             Self::Regex(text) | Self::Lark(text) => (text.len(), 0),
+            Self::AfterThinking {
+                open, close, then, ..
+            } => {
+                if open.is_empty() || close.is_empty() {
+                    return Err(Error::Unsupported(
+                        "a thinking region needs non-empty open and close markers".to_string(),
+                    ));
+                }
+                return then.check(limits);
+            }
         };
         let over = |what, actual, limit| Error::TooLarge {
             what,

@@ -233,3 +233,71 @@ fn cached_compiles_start_fresh_and_independent() {
     fork.consume(ids("1")[0]).unwrap();
     assert_ne!(fork.mask().unwrap(), first.mask().unwrap());
 }
+
+#[test]
+fn thinking_region_must_close_before_the_constrained_output() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let spec = GrammarSpec::AfterThinking {
+        open: "<think>".into(),
+        close: "</think>".into(),
+        already_open: false,
+        then: Box::new(GrammarSpec::JsonSchema(json!({"enum": ["red", "green"]}))),
+    };
+    let mut g = compiler.compile(&spec).unwrap();
+    assert!(matches!(
+        g.consume(ids("\"")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    // Inside the region anything goes, JSON-looking text included, but the output may not end.
+    feed(
+        &mut g,
+        &ends,
+        "<think>maybe {\"red\"} or \"green\"? </thin k> hmm</think>\n\"green\"",
+        true,
+    );
+    assert!(g.is_accepting());
+
+    let opened = GrammarSpec::AfterThinking {
+        open: "<think>".into(),
+        close: "</think>".into(),
+        already_open: true,
+        then: Box::new(GrammarSpec::Regex("[0-9]+".into())),
+    };
+    let mut g = compiler.compile(&opened).unwrap();
+    feed(&mut g, &ends, "7 is it</think>", true);
+    assert!(!g.is_accepting());
+    feed(&mut g, &ends, "42", false);
+    assert!(g.is_accepting());
+
+    // SmolLM2 holds these markers as special tokens: they are matched as those tokens.
+    let tokenizer = smollm2().unwrap();
+    let open_id = tokenizer.token_to_id("<filename>").unwrap();
+    let close_id = tokenizer.token_to_id("<file_sep>").unwrap();
+    let special = GrammarSpec::AfterThinking {
+        open: "<filename>".into(),
+        close: "<file_sep>".into(),
+        already_open: false,
+        then: Box::new(GrammarSpec::JsonObject),
+    };
+    let mut g = compiler.compile(&special).unwrap();
+    assert_eq!(allowed(&g.mask().unwrap(), g.vocab_size()), vec![open_id]);
+    g.consume(open_id).unwrap();
+    feed(&mut g, &ends, "a.txt", true);
+    g.consume(close_id).unwrap();
+    feed(&mut g, &ends, "{}", true);
+    assert!(g.is_accepting());
+
+    let lark_after = GrammarSpec::AfterThinking {
+        open: "<think>".into(),
+        close: "</think>".into(),
+        already_open: false,
+        then: Box::new(GrammarSpec::Lark("start: \"x\"".into())),
+    };
+    assert!(matches!(
+        compiler.compile(&lark_after),
+        Err(Error::Unsupported(_))
+    ));
+}
