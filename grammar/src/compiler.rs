@@ -110,6 +110,12 @@ fn top_level(spec: &GrammarSpec, shared: &Shared) -> Result<TopLevelGrammar> {
             already_open,
             then,
         } => TopLevelGrammar::from_lark(thinking_lark(open, close, *already_open, then, shared)?),
+        GrammarSpec::ToolCalls {
+            open,
+            close,
+            calls,
+            required,
+        } => TopLevelGrammar::from_lark(tool_calls_lark(open, close, calls, *required, shared)),
     })
 }
 
@@ -130,7 +136,9 @@ fn thinking_lark(
             format!("%json {}", with_json_options(schema.clone()))
         }
         GrammarSpec::Regex(rx) => format!("/{}/", llguidance::regex_to_lark(rx, "")),
-        GrammarSpec::Lark(_) | GrammarSpec::AfterThinking { .. } => {
+        GrammarSpec::Lark(_)
+        | GrammarSpec::AfterThinking { .. }
+        | GrammarSpec::ToolCalls { .. } => {
             return Err(Error::Unsupported(
                 "a thinking region can precede JSON or a regex; write it into the Lark grammar \
                  itself instead"
@@ -168,6 +176,60 @@ fn thinking_lark(
     Ok(format!(
         "{start}\nopen: {open_rule}\nregion: {region}\nWS: /{JSON_WHITESPACE}/\nbody: {body}\n"
     ))
+}
+
+/// A Lark grammar: free text up to the first `open` (a lazy lexeme), or free text that never
+/// contains `open` at all; then calls separated by whitespace, each body one of the schemas.
+fn tool_calls_lark(
+    open: &str,
+    close: &str,
+    calls: &[Value],
+    required: bool,
+    shared: &Shared,
+) -> String {
+    let body = with_json_options(json!({ "anyOf": calls }));
+    let (lead, plain, open_rule) = match special_token(shared, open) {
+        // Special tokens never occur inside text, so text needs no exclusion.
+        Some(id) => (
+            format!("/(?s:.*)/ <[{id}]>"),
+            "/(?s:.*)/".to_string(),
+            format!("<[{id}]>"),
+        ),
+        None => {
+            let open_rx = llguidance::regex_to_lark(&regex_escape(open), "");
+            (
+                format!("lead_text\nlead_text[lazy]: /(?s:.*){open_rx}/"),
+                format!("/(?s:.*)/ & ~/(?s:.*){open_rx}(?s:.*)/"),
+                lark_string(open),
+            )
+        }
+    };
+    let close_rule = match special_token(shared, close) {
+        Some(id) => format!("<[{id}]>"),
+        None => lark_string(close),
+    };
+    let start = if required {
+        "start: with_calls"
+    } else {
+        "start: PLAIN | with_calls"
+    };
+    format!(
+        "{start}\nwith_calls: lead call_rest (WS? open call_rest)* WS?\nlead: {lead}\n\
+         PLAIN: {plain}\nopen: {open_rule}\ncall_rest: WS? body WS? {close_rule}\n\
+         WS: /{JSON_WHITESPACE}/\nbody: %json {body}\n"
+    )
+}
+
+/// The id of `marker` when the vocabulary holds it as a special token; such markers are
+/// matched as that token, others as text.
+fn special_token(shared: &Shared, marker: &str) -> Option<u32> {
+    let mut bytes = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
+    bytes.extend_from_slice(marker.as_bytes());
+    shared
+        .factory
+        .tok_env()
+        .tok_trie()
+        .token_id_at_bytes(&bytes)
 }
 
 /// `text` as a Lark string literal (JSON string syntax is a subset Lark accepts).
@@ -218,6 +280,17 @@ fn compile_error(spec: &GrammarSpec, message: String) -> Error {
 
 fn cache_key(spec: &GrammarSpec) -> Result<String> {
     Ok(match spec {
+        GrammarSpec::ToolCalls {
+            open,
+            close,
+            calls,
+            required,
+        } => format!(
+            "tools:{}:{}:{required}:{}",
+            lark_string(open),
+            lark_string(close),
+            Value::Array(calls.clone())
+        ),
         GrammarSpec::AfterThinking {
             open,
             close,

@@ -7,8 +7,9 @@
 //! exactly when the output is complete.
 //!
 //! Files:
-//! - `spec`: what a request asks for (including a thinking region that must close before the
-//!   constrained output), the mapping from Ollama's `format` and OpenAI's
+//! - `spec`: what a request asks for (including structural forms: a thinking region that
+//!   must close before the constrained output, free text followed by tool calls pinned to
+//!   their schemas), the mapping from Ollama's `format` and OpenAI's
 //!   `response_format`, and the caps on schema size and nesting.
 //! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
 //!   treated.

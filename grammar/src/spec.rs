@@ -30,6 +30,20 @@ pub enum GrammarSpec {
         /// What must follow the region.
         then: Box<GrammarSpec>,
     },
+    /// Free text, then optionally (or, with `required`, necessarily) tool calls: each call is
+    /// `open`, a JSON value matching one of `calls`, `close`; only whitespace between and
+    /// after calls. Free text cannot contain `open`, so a call is never left unconstrained.
+    ToolCalls {
+        /// The marker that opens a call, such as `<tool_call>`.
+        open: String,
+        /// The marker that closes a call, such as `</tool_call>`.
+        close: String,
+        /// One schema per tool for the whole call object (for Hermes-style templates,
+        /// `{"name": {"const": …}, "arguments": <parameters>}`).
+        calls: Vec<Value>,
+        /// Whether at least one call must be made (OpenAI `tool_choice: "required"`).
+        required: bool,
+    },
 }
 
 impl GrammarSpec {
@@ -90,6 +104,7 @@ impl GrammarSpec {
             Self::Regex(_) => "regular expression",
             Self::Lark(_) => "Lark grammar",
             Self::AfterThinking { then, .. } => then.kind(),
+            Self::ToolCalls { .. } => "tool-call schema",
         }
     }
 
@@ -111,6 +126,20 @@ impl GrammarSpec {
                     ));
                 }
                 return then.check(limits);
+            }
+            Self::ToolCalls {
+                open, close, calls, ..
+            } => {
+                if open.is_empty() || close.is_empty() || calls.is_empty() {
+                    return Err(Error::Unsupported(
+                        "tool calls need non-empty markers and at least one schema".to_string(),
+                    ));
+                }
+                let all = Value::Array(calls.clone());
+                (
+                    serde_json::to_string(&all).map_or(usize::MAX, |s| s.len()),
+                    nesting_depth(&all),
+                )
             }
         };
         let over = |what, actual, limit| Error::TooLarge {

@@ -301,3 +301,91 @@ fn thinking_region_must_close_before_the_constrained_output() {
         Err(Error::Unsupported(_))
     ));
 }
+
+fn weather_call() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city", "days"],
+                "additionalProperties": false
+            }
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": false
+    })
+}
+
+#[test]
+fn tool_calls_are_pinned_to_their_schemas() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let spec = |required| GrammarSpec::ToolCalls {
+        open: "<tool_call>".into(),
+        close: "</tool_call>".into(),
+        calls: vec![
+            weather_call(),
+            json!({"type": "object", "properties": {"name": {"const": "now"}}, "required": ["name"], "additionalProperties": false}),
+        ],
+        required,
+    };
+    // Optional calls: plain text may end the output.
+    let mut g = compiler.compile(&spec(false)).unwrap();
+    feed(&mut g, &ends, "Sure, no tools needed.", false);
+    assert!(g.is_accepting());
+
+    // Text, then a call whose body must match one schema, then another call.
+    let mut g = compiler.compile(&spec(false)).unwrap();
+    feed(&mut g, &ends, "Checking.\n<tool_call>\n", false);
+    assert!(!g.is_accepting());
+    let before_body = g.mask().unwrap();
+    assert!(matches!(
+        g.consume(ids("hello")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    assert_eq!(g.mask().unwrap(), before_body);
+    feed(
+        &mut g,
+        &ends,
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}\n</tool_call>",
+        true,
+    );
+    assert!(g.is_accepting());
+    // After a call only another call (or whitespace) may follow, never free text.
+    let mut after = g.fork();
+    assert!(matches!(
+        after.consume(ids("Done")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    feed(&mut g, &ends, "\n", false);
+    feed(
+        &mut g,
+        &ends,
+        "<tool_call>{\"name\": \"now\"}</tool_call>",
+        true,
+    );
+    assert!(g.is_accepting());
+
+    // A call whose arguments break the schema is cut off where it breaks.
+    let mut g = compiler.compile(&spec(false)).unwrap();
+    feed(
+        &mut g,
+        &ends,
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": ",
+        false,
+    );
+    assert!(matches!(
+        g.consume(ids("9")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+
+    // Required: plain text alone never completes the output.
+    let mut g = compiler.compile(&spec(true)).unwrap();
+    feed(&mut g, &ends, "Sure, no tools needed.", true);
+    assert!(!g.is_accepting());
+}
