@@ -44,7 +44,8 @@ fn spec(name: &str) -> GrammarSpec {
     }
 }
 
-/// A seeded walk of up to 200 tokens that never picks an end token.
+/// A seeded walk of up to 200 tokens that never picks an end token and mostly avoids
+/// completing the output.
 fn path(spec: &GrammarSpec) -> Vec<u32> {
     let compiler = compiler();
     let mut g = compiler.compile(spec).unwrap();
@@ -58,7 +59,17 @@ fn path(spec: &GrammarSpec) -> Vec<u32> {
         if options.is_empty() {
             break;
         }
-        let pick = options[rng.random_range(0..options.len())];
+        // Prefer tokens that keep the grammar open (a `{}` token would end a JSON object at
+        // once); after a few tries take what comes.
+        let mut pick = options[rng.random_range(0..options.len())];
+        for _ in 0..32 {
+            let mut probe = g.fork();
+            probe.consume(pick).unwrap();
+            if !probe.is_accepting() {
+                break;
+            }
+            pick = options[rng.random_range(0..options.len())];
+        }
         g.consume(pick).unwrap();
         tokens.push(pick);
     }
