@@ -24,6 +24,18 @@ fn specs() -> Vec<GrammarSpec> {
             "additionalProperties": false
         })),
         GrammarSpec::Regex("(yes|no)( [0-9]{1,3}){0,4}".into()),
+        GrammarSpec::AfterThinking {
+            open: "<think>".into(),
+            close: "</think>".into(),
+            already_open: true,
+            then: Box::new(GrammarSpec::JsonObject),
+        },
+        GrammarSpec::ToolCalls {
+            open: "<tool_call>".into(),
+            close: "</tool_call>".into(),
+            calls: vec![json!({"type": "object", "properties": {"name": {"const": "f"}}})],
+            required: true,
+        },
     ]
 }
 
@@ -33,11 +45,11 @@ fn compiler() -> Option<&'static GrammarCompiler> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(40))]
 
     #[test]
     fn rolling_back_any_suffix_restores_the_masks(
-        spec_index in 0usize..3,
+        spec_index in 0usize..5,
         seed in any::<u64>(),
         steps in 1usize..40,
         back_fraction in 0.0f64..=1.0,
