@@ -12,6 +12,10 @@ use crate::registry::{build_model, default_dtype};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
+/// On a CPU, quantized models whose dense weights stay under this size are dequantized at load
+/// (see [`Weights::dequantized`]): SmolLM2-135M becomes 0.5 GB, Gemma 3 270M 1.1 GB.
+pub const DEQUANTIZE_BELOW_BYTES: u64 = 2 << 30;
+
 /// A model built from a checkpoint, with what it was built from.
 pub struct Loaded {
     /// The model, weights evaluated.
@@ -46,7 +50,12 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
             Ok((name, tensor))
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut weights = Weights::new(tensors, dtype);
+    let dense_bytes = config
+        .parameter_count()
+        .saturating_mul(dtype.size_of() as u64);
+    let on_cpu = !mlx::gpu_available()?;
+    let mut weights =
+        Weights::new(tensors, dtype).dequantized(on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES);
     let model = build_model(config, &mut weights)?;
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(
