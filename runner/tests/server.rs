@@ -197,6 +197,14 @@ fn model_management_endpoints() {
     let (status, show) = post(s, "/api/show", json!({ "model": MODEL }));
     assert_eq!(status, 200);
     assert_eq!(show["details"]["family"], "llama");
+    // `curl -d` labels JSON as a form; Ollama's documented examples rely on it being accepted.
+    let r = client()
+        .post(format!("{}/api/show", s.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(json!({ "model": MODEL }).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
     assert_eq!(show["details"]["parameter_size"], "135M");
     let (status, models) = get(s, "/v1/models");
     assert_eq!(status, 200);

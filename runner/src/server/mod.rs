@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post};
 
@@ -70,8 +70,9 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// A JSON body whose rejection (malformed JSON, a missing field, a wrong content type) is a
-/// 400 with a JSON error naming the problem, like every other error.
+/// A JSON body whose rejection (malformed JSON, a missing field) is a 400 with a JSON error
+/// naming the problem, like every other error. The content type is not checked: Ollama's own
+/// examples post JSON with `curl -d`, which labels it as a form.
 pub struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
@@ -83,23 +84,17 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let openai = req.uri().path().starts_with("/v1/");
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(value)) => Ok(JsonBody(value)),
-            Err(rejection) => {
-                let message = match &rejection {
-                    JsonRejection::JsonDataError(e) => {
-                        format!("invalid request: {}", e.body_text())
-                    }
-                    JsonRejection::JsonSyntaxError(e) => format!("invalid JSON: {}", e.body_text()),
-                    JsonRejection::MissingJsonContentType(_) => {
-                        "expected a JSON body with `Content-Type: application/json`".to_string()
-                    }
-                    other => other.body_text(),
-                };
-                let error = ApiError::new(rejection.status(), message);
-                Err(if openai { error.openai() } else { error })
-            }
-        }
+        let dialect = |e: ApiError| if openai { e.openai() } else { e };
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            dialect(ApiError::new(rejection.status(), rejection.body_text()))
+        })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            let message = match e.classify() {
+                serde_json::error::Category::Data => format!("invalid request: {e}"),
+                _ => format!("invalid JSON: {e}"),
+            };
+            dialect(ApiError::bad_request(message))
+        })
     }
 }
 
