@@ -14,31 +14,21 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
-use crate::scheduler::KeepAlive;
+use crate::scheduler::{KeepAlive, Lease};
 use crate::server::error::ApiError;
 use crate::server::generation::{self, Output, Prepared, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
 use crate::server::{AppState, JsonBody, rfc3339};
 
-/// `/api/generate`'s body.
+/// The fields `/api/generate` and `/api/chat` share.
 #[derive(Debug, Deserialize)]
-pub struct GenerateRequest {
+pub struct GenerationFields {
     model: String,
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    suffix: Option<String>,
-    #[serde(default)]
-    system: Option<String>,
-    #[serde(default)]
-    raw: bool,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
     format: Option<Value>,
-    #[serde(default)]
-    images: Option<Vec<String>>,
     #[serde(default)]
     options: Option<Map<String, Value>>,
     #[serde(default)]
@@ -51,28 +41,32 @@ pub struct GenerateRequest {
     top_logprobs: Option<usize>,
 }
 
+/// `/api/generate`'s body.
+#[derive(Debug, Deserialize)]
+pub struct GenerateRequest {
+    #[serde(flatten)]
+    fields: GenerationFields,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    suffix: Option<String>,
+    #[serde(default)]
+    system: Option<String>,
+    #[serde(default)]
+    raw: bool,
+    #[serde(default)]
+    images: Option<Vec<String>>,
+}
+
 /// `/api/chat`'s body.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    model: String,
+    #[serde(flatten)]
+    fields: GenerationFields,
     #[serde(default)]
     messages: Vec<ChatMessage>,
     #[serde(default)]
     tools: Option<Vec<Value>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    format: Option<Value>,
-    #[serde(default)]
-    options: Option<Map<String, Value>>,
-    #[serde(default)]
-    keep_alive: Option<Value>,
-    #[serde(default)]
-    think: Option<Value>,
-    #[serde(default)]
-    logprobs: bool,
-    #[serde(default)]
-    top_logprobs: Option<usize>,
 }
 
 /// The parts of a generation request both endpoints share.
@@ -88,18 +82,24 @@ struct Common {
 /// The most alternatives a client may ask for per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-#[allow(clippy::too_many_arguments)]
-fn common(
-    state: &AppState,
-    model: &str,
-    options: Option<&Map<String, Value>>,
-    keep_alive: Option<&Value>,
-    think: Option<&Value>,
-    format: Option<&Value>,
-    logprobs: bool,
-    top_logprobs: Option<usize>,
-    stream: Option<bool>,
-) -> Result<Common, ApiError> {
+fn common(state: &AppState, fields: &GenerationFields) -> Result<Common, ApiError> {
+    let GenerationFields {
+        model,
+        stream,
+        format,
+        options,
+        keep_alive,
+        think,
+        logprobs,
+        top_logprobs,
+    } = fields;
+    let (format, options, keep_alive, think) = (
+        format.as_ref(),
+        options.as_ref(),
+        keep_alive.as_ref(),
+        think.as_ref(),
+    );
+    let (logprobs, top_logprobs, stream) = (*logprobs, *top_logprobs, *stream);
     if model.is_empty() {
         return Err(ApiError::bad_request("`model` is required"));
     }
@@ -157,17 +157,7 @@ pub async fn generate(
     JsonBody(req): JsonBody<GenerateRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let c = common(
-        &state,
-        &req.model,
-        req.options.as_ref(),
-        req.keep_alive.as_ref(),
-        req.think.as_ref(),
-        req.format.as_ref(),
-        req.logprobs,
-        req.top_logprobs,
-        req.stream,
-    )?;
+    let c = common(&state, &req.fields)?;
     let mut attachments = Attachments::default();
     for image in req.images.iter().flatten() {
         prompt::check_image_base64(image)?;
@@ -208,29 +198,16 @@ pub async fn generate(
         messages.push(tokenizer::Message::new("user", prompt_text));
         prompt::render_chat(&info, messages, None, c.think)?
     };
-    prompt::check_context(&info, &rendered.tokens, c.options.num_ctx)?;
-    let outputs = generation::start(
+    let timing = (started, load);
+    run(
         lease,
-        Prepared {
-            prompt: rendered.tokens,
-            options: c.options,
-            logprobs: c.logprobs,
-            parser: rendered.parser,
-            started,
-            load,
-        },
-    );
-    let model = c.name.to_string();
-    let name = model.clone();
-    let shape = move |output: &Output| generate_chunk(&name, output);
-    Ok(respond(
-        outputs,
-        c.stream,
-        model,
-        shape,
+        c,
+        rendered,
+        timing,
+        generate_chunk,
         GenerateCollector::default(),
     )
-    .await)
+    .await
 }
 
 /// `POST /api/chat`.
@@ -239,17 +216,7 @@ pub async fn chat(
     JsonBody(req): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let c = common(
-        &state,
-        &req.model,
-        req.options.as_ref(),
-        req.keep_alive.as_ref(),
-        req.think.as_ref(),
-        req.format.as_ref(),
-        req.logprobs,
-        req.top_logprobs,
-        req.stream,
-    )?;
+    let c = common(&state, &req.fields)?;
     let mut attachments = Attachments::default();
     let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
     let lease = state.scheduler.acquire(&c.name, c.keep_alive).await?;
@@ -268,7 +235,28 @@ pub async fn chat(
     }
     let info = lease.info.clone();
     let rendered = prompt::render_chat(&info, messages, req.tools.as_deref(), c.think)?;
-    prompt::check_context(&info, &rendered.tokens, c.options.num_ctx)?;
+    let timing = (started, load);
+    run(
+        lease,
+        c,
+        rendered,
+        timing,
+        chat_chunk,
+        ChatCollector::default(),
+    )
+    .await
+}
+
+/// Checks the context, starts the generation and answers streamed or collected.
+async fn run<C: Collector>(
+    lease: Lease,
+    c: Common,
+    rendered: prompt::RenderedPrompt,
+    (started, load): (Instant, Duration),
+    chunk: fn(&str, &Output) -> Option<Value>,
+    collector: C,
+) -> Result<Response, ApiError> {
+    prompt::check_context(&lease.info, &rendered.tokens, c.options.num_ctx)?;
     let outputs = generation::start(
         lease,
         Prepared {
@@ -282,8 +270,8 @@ pub async fn chat(
     );
     let model = c.name.to_string();
     let name = model.clone();
-    let shape = move |output: &Output| chat_chunk(&name, output);
-    Ok(respond(outputs, c.stream, model, shape, ChatCollector::default()).await)
+    let shape = move |output: &Output| chunk(&name, output);
+    Ok(respond(outputs, c.stream, model, shape, collector).await)
 }
 
 fn done_fields(summary: &Summary) -> Map<String, Value> {
