@@ -115,7 +115,10 @@ fn top_level(spec: &GrammarSpec, shared: &Shared) -> Result<TopLevelGrammar> {
             close,
             calls,
             required,
-        } => TopLevelGrammar::from_lark(tool_calls_lark(open, close, calls, *required, shared)),
+            parallel,
+        } => TopLevelGrammar::from_lark(tool_calls_lark(
+            open, close, calls, *required, *parallel, shared,
+        )),
     })
 }
 
@@ -180,11 +183,15 @@ fn thinking_lark(
 
 /// A Lark grammar: free text up to the first `open` (a lazy lexeme), or free text that never
 /// contains `open` at all; then calls separated by whitespace, each body one of the schemas.
+/// A required call comes first, with no text before it: a model allowed a preamble can
+/// ramble until its budget runs out without ever calling. Without `parallel`, one call ends
+/// the output.
 fn tool_calls_lark(
     open: &str,
     close: &str,
     calls: &[Value],
     required: bool,
+    parallel: bool,
     shared: &Shared,
 ) -> String {
     let body = with_json_options(json!({ "anyOf": calls }));
@@ -209,12 +216,17 @@ fn tool_calls_lark(
         None => lark_string(close),
     };
     let start = if required {
-        "start: with_calls"
+        "start: WS? open call_rest more_calls"
     } else {
         "start: PLAIN | with_calls"
     };
+    let more_calls = if parallel {
+        "(WS? open call_rest)* WS?"
+    } else {
+        "WS?"
+    };
     format!(
-        "{start}\nwith_calls: lead call_rest (WS? open call_rest)* WS?\nlead: {lead}\n\
+        "{start}\nwith_calls: lead call_rest more_calls\nmore_calls: {more_calls}\nlead: {lead}\n\
          PLAIN: {plain}\nopen: {open_rule}\ncall_rest: WS? body WS? {close_rule}\n\
          WS: /{JSON_WHITESPACE}/\nbody: %json {body}\n"
     )
@@ -285,8 +297,9 @@ fn cache_key(spec: &GrammarSpec) -> Result<String> {
             close,
             calls,
             required,
+            parallel,
         } => format!(
-            "tools:{}:{}:{required}:{}",
+            "tools:{}:{}:{required}:{parallel}:{}",
             lark_string(open),
             lark_string(close),
             Value::Array(calls.clone())

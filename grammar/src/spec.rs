@@ -43,6 +43,8 @@ pub enum GrammarSpec {
         calls: Vec<Value>,
         /// Whether at least one call must be made (OpenAI `tool_choice: "required"`).
         required: bool,
+        /// Whether more than one call may be made (OpenAI `parallel_tool_calls`).
+        parallel: bool,
     },
 }
 

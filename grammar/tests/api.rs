@@ -325,7 +325,7 @@ fn tool_calls_are_pinned_to_their_schemas() {
         return;
     };
     let ends = compiler.end_tokens().to_vec();
-    let spec = |required| GrammarSpec::ToolCalls {
+    let spec = |required, parallel| GrammarSpec::ToolCalls {
         open: "<tool_call>".into(),
         close: "</tool_call>".into(),
         calls: vec![
@@ -333,14 +333,15 @@ fn tool_calls_are_pinned_to_their_schemas() {
             json!({"type": "object", "properties": {"name": {"const": "now"}}, "required": ["name"], "additionalProperties": false}),
         ],
         required,
+        parallel,
     };
     // Optional calls: plain text may end the output.
-    let mut g = compiler.compile(&spec(false)).unwrap();
+    let mut g = compiler.compile(&spec(false, true)).unwrap();
     feed(&mut g, &ends, "Sure, no tools needed.", false);
     assert!(g.is_accepting());
 
     // Text, then a call whose body must match one schema, then another call.
-    let mut g = compiler.compile(&spec(false)).unwrap();
+    let mut g = compiler.compile(&spec(false, true)).unwrap();
     feed(&mut g, &ends, "Checking.\n<tool_call>\n", false);
     assert!(!g.is_accepting());
     let before_body = g.mask().unwrap();
@@ -372,7 +373,7 @@ fn tool_calls_are_pinned_to_their_schemas() {
     assert!(g.is_accepting());
 
     // A call whose arguments break the schema is cut off where it breaks.
-    let mut g = compiler.compile(&spec(false)).unwrap();
+    let mut g = compiler.compile(&spec(false, true)).unwrap();
     feed(
         &mut g,
         &ends,
@@ -384,8 +385,32 @@ fn tool_calls_are_pinned_to_their_schemas() {
         Err(Error::TokenRejected { .. })
     ));
 
-    // Required: plain text alone never completes the output.
-    let mut g = compiler.compile(&spec(true)).unwrap();
-    feed(&mut g, &ends, "Sure, no tools needed.", true);
+    // Required: the output opens with a call; no text comes first.
+    let mut g = compiler.compile(&spec(true, true)).unwrap();
     assert!(!g.is_accepting());
+    assert!(matches!(
+        g.consume(ids("Sure")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
+    feed(
+        &mut g,
+        &ends,
+        "\n<tool_call>{\"name\": \"now\"}</tool_call>",
+        true,
+    );
+    assert!(g.is_accepting());
+
+    // Not parallel: one call, then only whitespace and the end.
+    let mut g = compiler.compile(&spec(false, false)).unwrap();
+    feed(
+        &mut g,
+        &ends,
+        "<tool_call>{\"name\": \"now\"}</tool_call>\n",
+        false,
+    );
+    assert!(g.is_accepting());
+    assert!(matches!(
+        g.consume(ids("<")[0]),
+        Err(Error::TokenRejected { .. })
+    ));
 }

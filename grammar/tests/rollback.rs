@@ -35,6 +35,7 @@ fn specs() -> Vec<GrammarSpec> {
             close: "</tool_call>".into(),
             calls: vec![json!({"type": "object", "properties": {"name": {"const": "f"}}})],
             required: true,
+            parallel: true,
         },
     ]
 }

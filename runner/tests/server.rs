@@ -1,139 +1,13 @@
 //! End to end: the real server on a loopback port with `smollm2:135m`, every endpoint,
 //! streamed and not, bad input, cancellation and concurrency.
 //!
-//! The model is fetched through the project's own pull path into the per-user cache. When it
-//! cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice otherwise.
 //! Response shapes are insta snapshots with timings, ids and generated text redacted (greedy
 //! text can differ between CPUs in near ties; its shape cannot).
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+mod support;
 
-use runner::engine::Engine;
-use runner::model_name::ModelName;
-use runner::scheduler::Scheduler;
-use runner::server::{AppState, router};
-use runner::store::Store;
 use serde_json::{Value, json};
-
-const MODEL: &str = "smollm2:135m";
-
-/// A 1×1 PNG.
-const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
-
-struct Server {
-    base: String,
-    _runtime: tokio::runtime::Runtime,
-    _home: tempfile::TempDir,
-}
-
-/// The shared server, or `None` (after a notice) when the model cannot be fetched outside CI.
-fn server() -> Option<&'static Server> {
-    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
-    SERVER.get_or_init(start).as_ref()
-}
-
-/// Tests run one at a time: they share one engine, and the cancellation test reads the
-/// prefix cache's state.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn start() -> Option<Server> {
-    let home = tempfile::tempdir().unwrap();
-    let store = Store::open(home.path().to_path_buf()).unwrap();
-    let name = ModelName::parse(MODEL).unwrap();
-    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set and {MODEL} could not be pulled: {e}");
-        }
-        eprintln!("skipping the server tests: {MODEL} could not be pulled ({e})");
-        return None;
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let base = runtime.block_on(async {
-        let engine = Arc::new(Engine::new().unwrap());
-        let scheduler = Scheduler::new(engine, store.clone(), 16);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, router(AppState { store, scheduler }))
-                .await
-                .unwrap();
-        });
-        format!("http://{addr}")
-    });
-    Some(Server {
-        base,
-        _runtime: runtime,
-        _home: home,
-    })
-}
-
-fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(600))
-        .build()
-        .unwrap()
-}
-
-fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn get(s: &Server, path: &str) -> (u16, Value) {
-    let r = client().get(format!("{}{path}", s.base)).send().unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
-}
-
-/// NDJSON lines of a streamed Ollama response.
-fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
-    let r = client()
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.text()
-        .unwrap()
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// `data:` payloads of a streamed OpenAI response (`[DONE]` kept as a string).
-fn post_sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
-    let r = client()
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["content-type"], "text/event-stream");
-    r.text()
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
-        .collect()
-}
+use support::{MODEL, PNG, Server, client, get, post, post_ndjson, post_sse, serial, server};
 
 /// Replaces values that change from run to run with placeholders.
 fn redact(value: &Value) -> Value {
@@ -420,20 +294,6 @@ fn openai_endpoints() {
         .filter_map(|e| e["choices"][0]["text"].as_str())
         .collect();
     assert_eq!(joined, completion["choices"][0]["text"].as_str().unwrap());
-
-    // Structured output is refused, never silently ignored.
-    let (status, err) = post(
-        s,
-        "/v1/chat/completions",
-        json!({ "model": MODEL, "messages": [{ "role": "user", "content": "x" }], "response_format": { "type": "json_object" } }),
-    );
-    assert_eq!(status, 501, "{err}");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("response_format")
-    );
 }
 
 #[test]

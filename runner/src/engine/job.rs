@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// One generation: an already tokenized prompt and how to continue it.
-#[derive(Debug)]
 pub struct Job {
     /// Prompt token ids (chat template applied, special tokens included).
     pub prompt: Vec<u32>,
@@ -17,6 +16,9 @@ pub struct Job {
     pub max_tokens: usize,
     /// Token ids that end generation (EOS and end-of-turn tokens); not streamed.
     pub stop_tokens: Vec<u32>,
+    /// The constraint every sampled token must satisfy (structured output), at the start of
+    /// the output. Its end tokens must be `stop_tokens`: it allows them only when complete.
+    pub grammar: Option<grammar::Grammar>,
     /// Where tokens and the final summary go. The job stops at its next step once the
     /// receiver is dropped (the client went away).
     pub events: UnboundedSender<Event>,

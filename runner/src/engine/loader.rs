@@ -1,6 +1,9 @@
 //! Loading a stored model: weights onto the MLX worker, vocabulary and chat template beside.
 
 use std::path::Path;
+use std::sync::OnceLock;
+
+use grammar::GrammarCompiler;
 
 use quant::Format as CheckpointFormat;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
@@ -50,6 +53,9 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// The transformers-style config (for `show`).
     pub config: serde_json::Value,
+    /// Compiles structured-output constraints for this vocabulary; built on first use
+    /// (≈0.2 s), or why it cannot be.
+    pub grammar_compiler: OnceLock<Result<GrammarCompiler, String>>,
 }
 
 /// The files of a model whose manifest has been materialized into `dir`.
@@ -111,6 +117,7 @@ pub fn load(
             template,
             context_length,
             config: loaded.config_json,
+            grammar_compiler: OnceLock::new(),
         },
     ))
 }

@@ -42,6 +42,9 @@ pub enum SessionError {
     /// The caches failed.
     #[error(transparent)]
     Cache(#[from] kvcache::Error),
+    /// The output constraint failed (a matcher error; a sampled token is always allowed).
+    #[error("structured output: {0}")]
+    Grammar(#[from] grammar::Error),
     /// The prompt cannot be run.
     #[error("{0}")]
     Invalid(String),
@@ -147,7 +150,7 @@ impl Session {
         Ok(out.hidden)
     }
 
-    fn generate(&mut self, job: Job) -> Result<(DoneReason, Stats)> {
+    fn generate(&mut self, mut job: Job) -> Result<(DoneReason, Stats)> {
         let start = Instant::now();
         mlx::memory::reset_peak_memory()?;
         let prompt = &job.prompt;
@@ -198,29 +201,41 @@ impl Session {
             return Ok((DoneReason::Length, stats));
         }
 
-        // Pipelined decode: the forward and sample of token n + 1 are dispatched before the
-        // host reads token n, so the device never waits for the host.
-        let seed = prompt[body_end];
-        let mut pending = self.step_host(seed)?;
+        // Pipelined decode: the forward of token n + 1 is dispatched before the host reads
+        // token n, so the device never waits for the host. Unconstrained, its sample is
+        // dispatched too; under a grammar the sample needs the mask that token n leads to,
+        // which the host computes while the device runs the forward.
+        let mut grammar = job.grammar.take();
+        let seed_hidden = self.forward(&[prompt[body_end]])?;
+        let seed_logits = self.logits(&seed_hidden)?;
+        let mut pending = self.sample(&seed_logits, grammar.as_mut())?;
         mlx::async_eval([&pending.tokens])?;
         let mut prompt_done: Option<Instant> = None;
         let decode_start = Instant::now();
         let mut reason = DoneReason::Length;
         while stats.generated_tokens < budget {
-            let next = if stats.generated_tokens + 1 < budget && !job.cancelled() {
-                let next = self.step_device(&pending.tokens)?;
-                mlx::async_eval([&next.tokens])?;
-                Some(next)
+            let next_logits = if stats.generated_tokens + 1 < budget && !job.cancelled() {
+                Some(self.forward_unread(&pending.tokens)?)
             } else {
                 None
             };
+            let mut next = None;
+            if let Some(logits) = &next_logits {
+                if grammar.is_none() {
+                    let sampled = self.sample(logits, None)?;
+                    mlx::async_eval([&sampled.tokens])?;
+                    next = Some(sampled);
+                } else {
+                    mlx::async_eval([logits])?;
+                }
+            }
             let token = pending
                 .tokens
                 .to_vec::<u32>()?
                 .first()
                 .copied()
                 .unwrap_or(UNREAD);
-            if next.is_some() {
+            if next_logits.is_some() {
                 self.record_last(token);
             }
             if prompt_done.is_none() {
@@ -230,6 +245,9 @@ impl Session {
             if job.stop_tokens.contains(&token) {
                 reason = DoneReason::Stop;
                 break;
+            }
+            if let Some(grammar) = grammar.as_mut() {
+                grammar.consume(token)?;
             }
             let logprobs = match (&pending.logprobs, want_logprobs) {
                 (Some(lp), Some(top)) => Some(read_logprobs(lp, top)?),
@@ -250,6 +268,11 @@ impl Session {
             if stats.generated_tokens.is_multiple_of(CLEAR_CACHE_EVERY) {
                 mlx::memory::clear_cache()?;
             }
+            if let (Some(logits), Some(grammar)) = (&next_logits, grammar.as_mut()) {
+                let sampled = self.sample(logits, Some(grammar))?;
+                mlx::async_eval([&sampled.tokens])?;
+                next = Some(sampled);
+            }
             match next {
                 Some(next) => pending = next,
                 None => {
@@ -267,26 +290,20 @@ impl Session {
         Ok((reason, stats))
     }
 
-    /// Forward of one host token, then a sample.
-    fn step_host(&mut self, token: u32) -> Result<sampler::Sampled> {
-        let hidden = self.forward(&[token])?;
-        self.sample(&hidden)
-    }
-
-    /// Forward of the token the previous step sampled, without reading it on the host. A
-    /// placeholder keeps `cached` in step with the caches until the caller reads the token
-    /// and records it with [`Session::record_last`].
-    fn step_device(&mut self, tokens: &Array) -> Result<sampler::Sampled> {
+    /// The forward of the token the previous step sampled, without reading it on the host;
+    /// returns the next logits. A placeholder keeps `cached` in step with the caches until
+    /// the caller reads the token and records it with [`Session::record_last`].
+    fn forward_unread(&mut self, tokens: &Array) -> Result<Array> {
         let batch = Batch {
             tokens: tokens.astype(Dtype::I32)?.reshape(&[1, 1])?,
             positions: vec![self.cached.len()],
         };
         let out = self.model.forward(&batch, &mut self.caches)?;
         self.cached.push(UNREAD);
-        self.sample(&out.hidden)
+        self.logits(&out.hidden)
     }
 
-    /// Records the id of the token whose forward [`Session::step_device`] dispatched last.
+    /// Records the id of the token whose forward [`Session::forward_unread`] dispatched last.
     fn record_last(&mut self, token: u32) {
         if let Some(last) = self.cached.last_mut()
             && *last == UNREAD
@@ -295,14 +312,35 @@ impl Session {
         }
     }
 
-    fn sample(&mut self, hidden: &Array) -> Result<sampler::Sampled> {
+    /// The f32 logits `[1, V]` after the last position of `hidden`.
+    fn logits(&self, hidden: &Array) -> Result<Array> {
         let last = hidden.slice_axis(1, -1, hidden.dim(1)?)?;
-        let logits = self
+        Ok(self
             .model
             .unembed(&last)?
             .squeeze(&[1])?
-            .astype(Dtype::F32)?;
-        Ok(self.sampler.sample(&[SLOT], &logits)?)
+            .astype(Dtype::F32)?)
+    }
+
+    /// Samples from `logits`, within what `grammar` allows next when there is one.
+    fn sample(
+        &mut self,
+        logits: &Array,
+        grammar: Option<&mut grammar::Grammar>,
+    ) -> Result<sampler::Sampled> {
+        let Some(grammar) = grammar else {
+            return Ok(self.sampler.sample(&[SLOT], logits)?);
+        };
+        let mut mask = grammar.mask()?;
+        // The model may have more output rows than the tokenizer has tokens (padding); the
+        // grammar never allows those.
+        let width = usize::try_from(logits.dim(1)?).unwrap_or(0);
+        if mask.len() < sampler::mask_words(width) {
+            mask.resize(sampler::mask_words(width), 0);
+        }
+        Ok(self
+            .sampler
+            .sample_masked(&[SLOT], logits, &[Some(mask.as_slice())])?)
     }
 }
 

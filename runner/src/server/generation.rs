@@ -75,6 +75,8 @@ pub struct Prepared {
     pub logprobs: Option<usize>,
     /// The output parser's settings (thinking and tool calls), when the model has any.
     pub parser: Option<ParserConfig>,
+    /// The compiled constraint on the output's shape, when the request asked for one.
+    pub grammar: Option<grammar::Grammar>,
     /// When the request arrived.
     pub started: Instant,
     /// Time spent loading the model for this request.
@@ -109,6 +111,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
         sampling,
         max_tokens,
         stop_tokens: info.tokenizer.stop_tokens().iter().copied().collect(),
+        grammar: prepared.grammar,
         events: events_tx,
         cancel: Arc::clone(&cancel),
     };

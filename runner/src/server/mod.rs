@@ -5,6 +5,7 @@
 //! - `generation`: the token stream → text pipeline every endpoint shares.
 //! - `prompt`: requests → prompt tokens (templates, media checks, context).
 //! - `options`: request options, validated.
+//! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
 //! - `error`: errors before a stream starts (JSON with a status); after it starts, errors are
 //!   sent inside the stream.
 
@@ -15,6 +16,7 @@ pub mod ollama;
 pub mod openai;
 pub mod options;
 pub mod prompt;
+pub mod structured;
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -6,11 +6,13 @@ use std::time::{Duration, Instant, SystemTime};
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::Receiver;
+
+use grammar::GrammarSpec;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
@@ -19,6 +21,7 @@ use crate::server::error::ApiError;
 use crate::server::generation::{self, Output, Prepared, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::structured::{self, Requested};
 use crate::server::{AppState, JsonBody, rfc3339};
 
 /// The fields `/api/generate` and `/api/chat` share.
@@ -72,6 +75,7 @@ pub struct ChatRequest {
 /// The parts of a generation request both endpoints share.
 struct Common {
     name: ModelName,
+    format: Option<GrammarSpec>,
     options: GenerationOptions,
     keep_alive: Option<KeepAlive>,
     think: Option<bool>,
@@ -104,14 +108,7 @@ fn common(state: &AppState, fields: &GenerationFields) -> Result<Common, ApiErro
         return Err(ApiError::bad_request("`model` is required"));
     }
     let name = ModelName::parse(model)?;
-    if let Some(format) = format.filter(|f| !f.is_null() && f.as_str() != Some("")) {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "structured output (`format`: {format}) is not supported by this server yet; refusing rather than returning unconstrained text"
-            ),
-        ));
-    }
+    let format = structured::ollama_format(format)?;
     let mut generation = GenerationOptions::default();
     if let Ok(entry) = state.store.get(&name) {
         let defaults: Map<String, Value> = entry.manifest.parameters.into_iter().collect();
@@ -143,6 +140,7 @@ fn common(state: &AppState, fields: &GenerationFields) -> Result<Common, ApiErro
     }
     Ok(Common {
         name,
+        format,
         options: generation,
         keep_alive,
         think,
@@ -198,11 +196,16 @@ pub async fn generate(
         messages.push(tokenizer::Message::new("user", prompt_text));
         prompt::render_chat(&info, messages, None, c.think)?
     };
+    let requested = Requested {
+        format: c.format.clone(),
+        ..Requested::none()
+    };
     let timing = (started, load);
     run(
         lease,
         c,
         rendered,
+        &requested,
         timing,
         generate_chunk,
         GenerateCollector::default(),
@@ -235,11 +238,17 @@ pub async fn chat(
     }
     let info = lease.info.clone();
     let rendered = prompt::render_chat(&info, messages, req.tools.as_deref(), c.think)?;
+    let requested = Requested {
+        format: c.format.clone(),
+        tools: req.tools.unwrap_or_default(),
+        ..Requested::none()
+    };
     let timing = (started, load);
     run(
         lease,
         c,
         rendered,
+        &requested,
         timing,
         chat_chunk,
         ChatCollector::default(),
@@ -252,11 +261,13 @@ async fn run<C: Collector>(
     lease: Lease,
     c: Common,
     rendered: prompt::RenderedPrompt,
+    requested: &Requested,
     (started, load): (Instant, Duration),
     chunk: fn(&str, &Output) -> Option<Value>,
     collector: C,
 ) -> Result<Response, ApiError> {
     prompt::check_context(&lease.info, &rendered.tokens, c.options.num_ctx)?;
+    let grammar = structured::prepare(&lease.info, requested, rendered.parser.as_ref()).await?;
     let outputs = generation::start(
         lease,
         Prepared {
@@ -264,6 +275,7 @@ async fn run<C: Collector>(
             options: c.options,
             logprobs: c.logprobs,
             parser: rendered.parser,
+            grammar,
             started,
             load,
         },

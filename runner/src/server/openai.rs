@@ -6,7 +6,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -19,6 +19,7 @@ use crate::server::generation::{self, LogprobEntry, Output, Prepared, Summary};
 use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody};
 
 /// The generation fields both completion endpoints share.
@@ -86,6 +87,10 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     tools: Option<Vec<Value>>,
     #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
     response_format: Option<Value>,
     #[serde(default)]
     logprobs: Option<bool>,
@@ -110,6 +115,9 @@ pub struct CompletionRequest {
     logprobs: Option<usize>,
     #[serde(default)]
     echo: bool,
+    /// Not in OpenAI's legacy API; accepted as the chat endpoint's, as other local servers do.
+    #[serde(default)]
+    response_format: Option<Value>,
     #[serde(flatten)]
     sampling: Sampling,
 }
@@ -191,17 +199,13 @@ pub async fn chat_completions(
     let started = Instant::now();
     let (name, defaults) = prepare_model(&state, &req.model).await?;
     let options = req.sampling.options(&defaults)?;
-    if let Some(format) = req
-        .response_format
-        .as_ref()
-        .filter(|f| f.get("type").and_then(Value::as_str) != Some("text"))
-    {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("`response_format` {format} is not supported by this server yet; refusing rather than returning unconstrained text"),
-        )
-        .openai());
-    }
+    let format = structured::openai_response_format(req.response_format.as_ref())?;
+    let choice = ToolChoice::from_openai(req.tool_choice.as_ref()).map_err(ApiError::openai)?;
+    // `none` withholds the tools from the model altogether.
+    let tools = match choice {
+        ToolChoice::None => None,
+        _ => req.tools.as_deref(),
+    };
     let top = req.top_logprobs.unwrap_or(0);
     if top > MAX_TOP_LOGPROBS {
         return Err(ApiError::bad_request(format!(
@@ -227,9 +231,17 @@ pub async fn chat_completions(
         .map_err(ApiError::openai)?;
     let info = lease.info.clone();
     let think = req.reasoning_effort.as_deref().map(|e| e != "none");
-    let rendered = prompt::render_chat(&info, messages, req.tools.as_deref(), think)
-        .map_err(ApiError::openai)?;
+    let rendered = prompt::render_chat(&info, messages, tools, think).map_err(ApiError::openai)?;
     prompt::check_context(&info, &rendered.tokens, None).map_err(ApiError::openai)?;
+    let requested = Requested {
+        format,
+        tools: tools.map(<[Value]>::to_vec).unwrap_or_default(),
+        choice,
+        parallel_calls: req.parallel_tool_calls.unwrap_or(true),
+    };
+    let grammar = structured::prepare(&info, &requested, rendered.parser.as_ref())
+        .await
+        .map_err(ApiError::openai)?;
     let outputs = generation::start(
         lease,
         Prepared {
@@ -237,6 +249,7 @@ pub async fn chat_completions(
             options,
             logprobs,
             parser: rendered.parser,
+            grammar,
             started,
             load,
         },
@@ -458,6 +471,7 @@ pub async fn completions(
             );
         }
     };
+    let format = structured::openai_response_format(req.response_format.as_ref())?;
     let top = req.logprobs.unwrap_or(0);
     if top > 5 {
         return Err(ApiError::bad_request("`logprobs` must be at most 5").openai());
@@ -471,6 +485,13 @@ pub async fn completions(
     let info = lease.info.clone();
     let rendered = prompt::render_raw(&info, &prompt_text).map_err(ApiError::openai)?;
     prompt::check_context(&info, &rendered.tokens, None).map_err(ApiError::openai)?;
+    let requested = Requested {
+        format,
+        ..Requested::none()
+    };
+    let grammar = structured::prepare(&info, &requested, None)
+        .await
+        .map_err(ApiError::openai)?;
     let outputs = generation::start(
         lease,
         Prepared {
@@ -478,6 +499,7 @@ pub async fn completions(
             options,
             logprobs: req.logprobs,
             parser: None,
+            grammar,
             started,
             load,
         },

@@ -1,0 +1,136 @@
+//! The end-to-end harness the server tests share: one real server per test binary on a
+//! loopback port with `smollm2:135m`, and blocking HTTP helpers.
+//!
+//! The model is fetched through the project's own pull path into the per-user cache. When it
+//! cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice otherwise.
+
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use runner::engine::Engine;
+use runner::model_name::ModelName;
+use runner::scheduler::Scheduler;
+use runner::server::{AppState, router};
+use runner::store::Store;
+use serde_json::Value;
+
+pub const MODEL: &str = "smollm2:135m";
+
+/// A 1×1 PNG.
+pub const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+pub struct Server {
+    pub base: String,
+    _runtime: tokio::runtime::Runtime,
+    _home: tempfile::TempDir,
+}
+
+/// The shared server, or `None` (after a notice) when the model cannot be fetched outside CI.
+pub fn server() -> Option<&'static Server> {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    SERVER.get_or_init(start).as_ref()
+}
+
+/// Tests run one at a time: they share one engine, and the cancellation test reads the
+/// prefix cache's state.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn start() -> Option<Server> {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let name = ModelName::parse(MODEL).unwrap();
+    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI is set and {MODEL} could not be pulled: {e}");
+        }
+        eprintln!("skipping the server tests: {MODEL} could not be pulled ({e})");
+        return None;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let base = runtime.block_on(async {
+        let engine = Arc::new(Engine::new().unwrap());
+        let scheduler = Scheduler::new(engine, store.clone(), 16);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, router(AppState { store, scheduler }))
+                .await
+                .unwrap();
+        });
+        format!("http://{addr}")
+    });
+    Some(Server {
+        base,
+        _runtime: runtime,
+        _home: home,
+    })
+}
+
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .unwrap()
+}
+
+pub fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+pub fn get(s: &Server, path: &str) -> (u16, Value) {
+    let r = client().get(format!("{}{path}", s.base)).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+/// NDJSON lines of a streamed Ollama response.
+pub fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.text()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `data:` payloads of a streamed OpenAI response (`[DONE]` kept as a string).
+pub fn post_sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    let r = client()
+        .post(format!("{}{path}", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    r.text()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
+        .collect()
+}
