@@ -18,6 +18,7 @@ use crate::pull::PullProgress;
 use crate::scheduler::Scheduler;
 use crate::server::generation::{self, Output, Prepared};
 use crate::server::options::GenerationOptions;
+use crate::server::structured::{self, Requested};
 use crate::server::{AppState, prompt};
 use crate::store::Store;
 
@@ -71,6 +72,9 @@ enum Command {
         /// The most tokens to generate.
         #[arg(long)]
         num_predict: Option<usize>,
+        /// Constrain answers: `json` for any JSON object, or a JSON Schema as JSON text.
+        #[arg(long)]
+        format: Option<String>,
     },
     /// Download a model from the catalog.
     Pull {
@@ -172,8 +176,20 @@ fn run(command: Command) -> Result<()> {
             temperature,
             seed,
             num_predict,
+            format,
         } => {
             let name = ModelName::parse(&model)?;
+            // Checked before the model loads: a typo should not cost a load.
+            let format = format
+                .map(|text| {
+                    let value = match serde_json::from_str::<serde_json::Value>(&text) {
+                        Ok(schema @ serde_json::Value::Object(_)) => schema,
+                        _ => serde_json::Value::String(text),
+                    };
+                    structured::ollama_format(Some(&value)).map_err(|e| anyhow::anyhow!(e.message))
+                })
+                .transpose()?
+                .flatten();
             ensure_pulled(&store, &name)?;
             let mut options = serde_json::Map::new();
             if let Some(t) = temperature {
@@ -186,7 +202,13 @@ fn run(command: Command) -> Result<()> {
                 options.insert("num_predict".into(), json!(n));
             }
             let prompt = prompt.join(" ");
-            runtime()?.block_on(chat(store, name, prompt, think, verbose, options))
+            let requested = Requested {
+                format,
+                ..Requested::none()
+            };
+            runtime()?.block_on(chat(
+                store, name, prompt, think, verbose, options, requested,
+            ))
         }
         Command::Pull { model } => {
             let name = ModelName::parse(&model)?;
@@ -401,6 +423,7 @@ async fn chat(
     think: bool,
     verbose: bool,
     options: serde_json::Map<String, serde_json::Value>,
+    requested: Requested,
 ) -> Result<()> {
     let state = app_state(store)?;
     let started = Instant::now();
@@ -450,6 +473,9 @@ async fn chat(
             .map_err(|e| anyhow::anyhow!(e.message))?;
         prompt::check_context(&info, &rendered.tokens, generation.num_ctx)
             .map_err(|e| anyhow::anyhow!(e.message))?;
+        let grammar = structured::prepare(&info, &requested, rendered.parser.as_ref())
+            .await
+            .map_err(|e| anyhow::anyhow!(e.message))?;
         let mut outputs = generation::start(
             lease,
             Prepared {
@@ -457,7 +483,7 @@ async fn chat(
                 options: generation.clone(),
                 logprobs: None,
                 parser: rendered.parser,
-                grammar: None,
+                grammar,
                 started: Instant::now(),
                 load,
             },
