@@ -208,6 +208,10 @@ impl Session {
         let mut grammar = job.grammar.take();
         let seed_hidden = self.forward(&[prompt[body_end]])?;
         let seed_logits = self.logits(&seed_hidden)?;
+        if grammar.is_some() {
+            // The prompt's last forward runs while the first mask is computed.
+            mlx::async_eval([&seed_logits])?;
+        }
         let mut pending = self.sample(&seed_logits, grammar.as_mut())?;
         mlx::async_eval([&pending.tokens])?;
         let mut prompt_done: Option<Instant> = None;
