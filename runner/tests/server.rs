@@ -373,8 +373,8 @@ fn bad_input_is_a_clear_error_and_the_server_stays_healthy() {
         ),
         (
             "/api/generate",
-            json!({ "model": MODEL, "prompt": "hi", "format": "json" }),
-            501,
+            json!({ "model": MODEL, "prompt": "hi", "format": "xml" }),
+            400,
             "format",
         ),
         (
