@@ -145,6 +145,15 @@ impl Array {
         Ok(out)
     }
 
+    /// Evaluates and copies the raw element bytes out in row-major order (native byte order),
+    /// whatever the dtype: for writers of file formats (safetensors) that store any dtype,
+    /// bf16 and f16 included, as bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.nbytes()];
+        ffi::array_read_bytes(self.raw(), &mut out)?;
+        Ok(out)
+    }
+
     /// Evaluates and copies a boolean array out in row-major order.
     pub fn to_bools(&self) -> Result<Vec<bool>> {
         let found = self.dtype();

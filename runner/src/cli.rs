@@ -89,6 +89,20 @@ enum Command {
         #[arg(short = 'f', long = "file", default_value = "Modelfile")]
         file: PathBuf,
     },
+    /// Write a stored model out as a transformers / mlx-lm folder (config.json,
+    /// model.safetensors, tokenizer.json).
+    Export {
+        /// The model.
+        model: String,
+        /// The folder to write (created if missing).
+        dir: PathBuf,
+        /// The dtype of dense weights and of quantization scales.
+        #[arg(long, value_enum, default_value_t = ExportDtype::F32)]
+        dtype: ExportDtype,
+        /// Keep quantized matrices quantized, in mlx-lm's layout, instead of dequantizing them.
+        #[arg(long)]
+        quantized: bool,
+    },
     /// List stored models.
     #[command(alias = "ls")]
     List,
@@ -124,6 +138,11 @@ enum Command {
         /// Prompt tokens.
         #[arg(long, default_value_t = 512)]
         prompt_tokens: usize,
+        /// A JSON array of prompt token ids to use instead of the synthetic prompt, so that
+        /// another engine can be given exactly the same prompt. The last run uses them
+        /// unchanged; earlier runs change one token.
+        #[arg(long, conflicts_with = "prompt_tokens")]
+        prompt_ids: Option<PathBuf>,
         /// Generated tokens.
         #[arg(long, default_value_t = 128)]
         generate_tokens: usize,
@@ -136,6 +155,24 @@ enum Command {
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
+}
+
+/// The dtypes `export` writes.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ExportDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ExportDtype {
+    fn dtype(self) -> mlx::Dtype {
+        match self {
+            ExportDtype::F32 => mlx::Dtype::F32,
+            ExportDtype::Bf16 => mlx::Dtype::Bf16,
+            ExportDtype::F16 => mlx::Dtype::F16,
+        }
+    }
 }
 
 /// Runs the command line; returns the process exit code.
@@ -231,6 +268,28 @@ fn run(command: Command) -> Result<()> {
             println!("created {name}");
             Ok(())
         }
+        Command::Export {
+            model,
+            dir,
+            dtype,
+            quantized,
+        } => {
+            let name = ModelName::parse(&model)?;
+            ensure_pulled(&store, &name)?;
+            let options = crate::export::ExportOptions {
+                dtype: dtype.dtype(),
+                quantized,
+            };
+            let summary = crate::export::export(&store, &name, &dir, options)?;
+            println!(
+                "exported {name} to {}: {} tensors ({} matrices quantized), {}",
+                dir.display(),
+                summary.tensors,
+                summary.quantized,
+                human_bytes(summary.bytes)
+            );
+            Ok(())
+        }
         Command::List => {
             println!(
                 "{:<32} {:<14} {:>10}  {:<12} QUANT",
@@ -294,16 +353,21 @@ fn run(command: Command) -> Result<()> {
         Command::Bench {
             model,
             prompt_tokens,
+            prompt_ids,
             generate_tokens,
             runs,
             json,
         } => {
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
+            let prompt = match prompt_ids {
+                Some(path) => BenchPrompt::Ids(read_prompt_ids(&path)?),
+                None => BenchPrompt::Synthetic(prompt_tokens),
+            };
             runtime()?.block_on(bench(
                 store,
                 name,
-                prompt_tokens,
+                prompt,
                 generate_tokens,
                 runs.max(1),
                 json,
@@ -560,11 +624,35 @@ fn read_message(
     Ok(Some(text))
 }
 
-/// `bench`: greedy runs over a synthetic prompt, reported per run.
+/// What `bench` prompts with.
+enum BenchPrompt {
+    /// Synthetic text cut to this many tokens.
+    Synthetic(usize),
+    /// Exactly these token ids.
+    Ids(Vec<u32>),
+}
+
+/// Reads a JSON array of token ids (`bench --prompt-ids`).
+fn read_prompt_ids(path: &std::path::Path) -> Result<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let ids: Vec<u32> = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a JSON array of token ids", path.display()))?;
+    if ids.len() < 2 {
+        bail!(
+            "{} holds {} token ids; bench needs at least 2",
+            path.display(),
+            ids.len()
+        );
+    }
+    Ok(ids)
+}
+
+/// `bench`: greedy runs over a synthetic prompt or given ids, reported per run.
 async fn bench(
     store: Store,
     name: ModelName,
-    prompt_tokens: usize,
+    prompt: BenchPrompt,
     generate_tokens: usize,
     runs: usize,
     as_json: bool,
@@ -575,19 +663,32 @@ async fn bench(
     let load = started.elapsed();
     let info = lease.info.clone();
     drop(lease);
-    // A prompt of distinct-enough text, cut to the requested token count.
-    let seed_text =
-        "The quick brown fox jumps over the lazy dog while counting stars and telling stories. ";
-    let mut tokens = info
-        .tokenizer
-        .encode(&seed_text.repeat(prompt_tokens / 8 + 8), true)?;
-    tokens.truncate(prompt_tokens.max(2));
+    let vocab_size = info.tokenizer.vocab_size() as u32;
+    let tokens = match prompt {
+        BenchPrompt::Synthetic(prompt_tokens) => {
+            // A prompt of distinct-enough text, cut to the requested token count.
+            let seed_text = "The quick brown fox jumps over the lazy dog while counting stars and telling stories. ";
+            let mut tokens = info
+                .tokenizer
+                .encode(&seed_text.repeat(prompt_tokens / 8 + 8), true)?;
+            tokens.truncate(prompt_tokens.max(2));
+            tokens
+        }
+        BenchPrompt::Ids(ids) => {
+            if let Some(&id) = ids.iter().find(|&&id| id >= vocab_size) {
+                bail!("prompt token id {id} is outside the vocabulary of {vocab_size}");
+            }
+            ids
+        }
+    };
     let mut results = Vec::new();
     for run in 0..runs {
-        // Each run changes the first token so the prefix cache cannot serve it.
+        // Each run changes the second token by a different amount so the prefix cache cannot
+        // serve it from an earlier run; the last run changes it by 0, so given ids are
+        // measured exactly as given (earlier runs are the warm-up).
         let mut prompt = tokens.clone();
-        if let Some(first) = prompt.get_mut(1) {
-            *first = (*first + run as u32 + 1) % info.tokenizer.vocab_size() as u32;
+        if let Some(second) = prompt.get_mut(1) {
+            *second = (*second + (runs - 1 - run) as u32) % vocab_size;
         }
         let lease = state.scheduler.acquire(&name, None).await?;
         let options = GenerationOptions {

@@ -2,7 +2,8 @@
 //!
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`].
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
-//!   transformers folders; [`modelfile`]: `create -f`.
+//!   transformers folders; [`modelfile`]: `create -f`; [`export`]: a stored model written out
+//!   as a transformers / mlx-lm folder.
 //! - [`engine`]: the MLX worker, the loaded model's session and its prefill/decode loop.
 //! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
 //! - [`server`]: Ollama's and OpenAI's HTTP APIs.
@@ -10,6 +11,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod import;
 pub mod model_name;
 pub mod modelfile;

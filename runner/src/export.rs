@@ -1,0 +1,436 @@
+//! Writing a stored model out as a transformers / mlx-lm folder.
+//!
+//! The folder is what both mlx-lm and `mlxkit create` load: `config.json` in transformers'
+//! key names (with `torch_dtype`, and mlx-lm's `quantization` section for a quantized export),
+//! one `model.safetensors` with transformers' tensor names, and the vocabulary as
+//! `tokenizer.json` + `tokenizer_config.json` + `generation_config.json`. Exporting the same
+//! weights for both engines is what lets `bench/compare` measure engine overhead alone
+//! (issue 11).
+//!
+//! Tensors come from [`quant::Checkpoint`], which already maps GGUF names to transformers'
+//! names and undoes llama.cpp's converter changes (the Q/K row permutation, Gemma's `+1` norm
+//! offset), so the folder holds what the original transformers checkpoint held up to
+//! quantization.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use mlx::Dtype;
+use mlx::quantized::{QuantMode, QuantSpec};
+use serde_json::{Map, Value, json};
+use tokenizer::Tokenizer;
+
+use crate::engine::loader::weights_path;
+use crate::model_name::ModelName;
+use crate::store::{Format, Store, StoreError};
+
+/// What went wrong while exporting.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The model is not in the store, or its files are not as its manifest says.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The manifest names no weights file.
+    #[error("model `{0}` has no weights file")]
+    NoWeights(String),
+    /// The checkpoint could not be read.
+    #[error("reading the weights: {0}")]
+    Checkpoint(#[from] quant::Error),
+    /// MLX failed converting a tensor.
+    #[error("converting tensor `{name}`: {source}")]
+    Tensor {
+        /// The tensor.
+        name: String,
+        /// Why.
+        source: mlx::Error,
+    },
+    /// A tensor cannot be written in mlx-lm's layout.
+    #[error("tensor `{name}` cannot be exported: {what}")]
+    Unsupported {
+        /// The tensor.
+        name: String,
+        /// Why.
+        what: String,
+    },
+    /// The vocabulary could not be read or serialized.
+    #[error("exporting the tokenizer: {0}")]
+    Tokenizer(String),
+    /// Writing the folder failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, ExportError>;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// How the weights are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// The dtype of dense weights and of quantization scales and biases.
+    pub dtype: Dtype,
+    /// Keep quantized matrices quantized (mlx-lm's `*.weight/*.scales/*.biases` layout)
+    /// instead of dequantizing them.
+    pub quantized: bool,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSummary {
+    /// Tensors in `model.safetensors`, quantization companions included.
+    pub tensors: usize,
+    /// Matrices written quantized.
+    pub quantized: usize,
+    /// Bytes of `model.safetensors`.
+    pub bytes: u64,
+}
+
+/// transformers' name of a dtype (`torch_dtype`); `None` for dtypes an export does not write.
+fn torch_dtype_name(dtype: Dtype) -> Option<&'static str> {
+    match dtype {
+        Dtype::F32 => Some("float32"),
+        Dtype::Bf16 => Some("bfloat16"),
+        Dtype::F16 => Some("float16"),
+        _ => None,
+    }
+}
+
+/// safetensors' name of a dtype.
+fn safetensors_dtype_name(dtype: Dtype) -> Option<&'static str> {
+    Some(match dtype {
+        Dtype::Bool => "BOOL",
+        Dtype::U8 => "U8",
+        Dtype::U16 => "U16",
+        Dtype::U32 => "U32",
+        Dtype::U64 => "U64",
+        Dtype::I8 => "I8",
+        Dtype::I16 => "I16",
+        Dtype::I32 => "I32",
+        Dtype::I64 => "I64",
+        Dtype::F16 => "F16",
+        Dtype::F32 => "F32",
+        Dtype::F64 => "F64",
+        Dtype::Bf16 => "BF16",
+        Dtype::Complex64 => return None,
+    })
+}
+
+/// mlx-lm's name of a quantization mode.
+fn mode_name(mode: QuantMode) -> &'static str {
+    match mode {
+        QuantMode::Affine => "affine",
+        QuantMode::Mxfp4 => "mxfp4",
+        QuantMode::Mxfp8 => "mxfp8",
+        QuantMode::Nvfp4 => "nvfp4",
+    }
+}
+
+fn spec_json(spec: QuantSpec) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("group_size".into(), json!(spec.group_size));
+    m.insert("bits".into(), json!(spec.bits));
+    m.insert("mode".into(), json!(mode_name(spec.mode)));
+    m
+}
+
+/// Writes model `name` from `store` into `dir` (created if missing; files of the same names
+/// are replaced).
+pub fn export(
+    store: &Store,
+    name: &ModelName,
+    dir: &Path,
+    options: ExportOptions,
+) -> Result<ExportSummary> {
+    let dtype_name = torch_dtype_name(options.dtype).ok_or_else(|| ExportError::Unsupported {
+        name: "*".into(),
+        what: format!("{:?} is not a floating-point dtype", options.dtype),
+    })?;
+    let entry = store.get(name)?;
+    let view = store.materialize(&entry.manifest)?;
+    let weights = weights_path(&view, &entry.manifest)
+        .ok_or_else(|| ExportError::NoWeights(name.to_string()))?;
+    let checkpoint = quant::Checkpoint::open(&weights)?;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+
+    let mut tensors: Vec<(String, mlx::Array)> = Vec::new();
+    // Module path → spec of every matrix kept quantized, for the config's section.
+    let mut specs: BTreeMap<String, QuantSpec> = BTreeMap::new();
+    for tensor_name in checkpoint.names() {
+        let tensor = checkpoint.tensor(&tensor_name)?;
+        let tensor_err = |source| ExportError::Tensor {
+            name: tensor_name.clone(),
+            source,
+        };
+        match tensor {
+            quant::Tensor::Quantized(q) if options.quantized => {
+                let module = tensor_name.strip_suffix(".weight").ok_or_else(|| {
+                    ExportError::Unsupported {
+                        name: tensor_name.clone(),
+                        what: "mlx-lm stores only `<module>.weight` matrices quantized".into(),
+                    }
+                })?;
+                // The microscaling modes store byte-coded scales; only affine ones are floats
+                // to cast.
+                let cast = |a: &mlx::Array| -> std::result::Result<mlx::Array, mlx::Error> {
+                    if a.dtype().is_float() {
+                        a.astype(options.dtype)
+                    } else {
+                        Ok(a.clone())
+                    }
+                };
+                tensors.push((
+                    format!("{module}.scales"),
+                    cast(&q.scales).map_err(tensor_err)?,
+                ));
+                if let Some(biases) = &q.biases {
+                    tensors.push((
+                        format!("{module}.biases"),
+                        cast(biases).map_err(tensor_err)?,
+                    ));
+                }
+                tensors.push((tensor_name.clone(), q.weights.clone()));
+                specs.insert(module.to_string(), q.spec);
+            }
+            other => {
+                let dense = other.into_dense(Some(options.dtype))?;
+                tensors.push((tensor_name.clone(), dense));
+            }
+        }
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let weights_file = dir.join("model.safetensors");
+    let bytes = write_safetensors(&weights_file, &tensors)?;
+
+    let mut config = checkpoint.config().clone();
+    if let Some(object) = config.as_object_mut() {
+        // A dense export of an MLX-quantized folder is no longer quantized.
+        object.remove("quantization");
+        object.remove("quantization_config");
+        object.insert("torch_dtype".into(), json!(dtype_name));
+        if let Some(section) = quantization_section(&specs) {
+            object.insert("quantization".into(), section);
+        }
+    }
+    write_json(&dir.join("config.json"), &config)?;
+
+    match entry.manifest.format {
+        Format::Gguf => write_gguf_vocabulary(&weights, dir, &config)?,
+        Format::Safetensors => copy_vocabulary(&view, dir)?,
+    }
+    Ok(ExportSummary {
+        tensors: tensors.len(),
+        quantized: specs.len(),
+        bytes,
+    })
+}
+
+/// mlx-lm's `quantization` section: the most common spec as the default, the others as
+/// per-module overrides (GGUF k-quant files mix 4-, 5- and 6-bit matrices). Modules left dense
+/// need no entry: mlx-lm and `quant` both quantize only modules whose `.scales` exist.
+fn quantization_section(specs: &BTreeMap<String, QuantSpec>) -> Option<Value> {
+    let mut counts: Vec<(QuantSpec, usize)> = Vec::new();
+    for spec in specs.values() {
+        match counts.iter_mut().find(|(s, _)| s == spec) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((*spec, 1)),
+        }
+    }
+    let (default, _) = counts.iter().max_by_key(|(_, n)| *n)?;
+    let mut section = spec_json(*default);
+    for (module, spec) in specs {
+        if spec != default {
+            section.insert(module.clone(), Value::Object(spec_json(*spec)));
+        }
+    }
+    Some(Value::Object(section))
+}
+
+/// Writes `tensors` (sorted by name) as one safetensors file; returns its size. The format is
+/// an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
+/// byte range, then the data; written here directly so runner needs no extra dependency.
+fn write_safetensors(path: &Path, tensors: &[(String, mlx::Array)]) -> Result<u64> {
+    let mut header = Map::new();
+    let mut metadata = Map::new();
+    // transformers refuses files whose format is not one it knows; mx.load ignores it.
+    metadata.insert("format".into(), json!("pt"));
+    header.insert("__metadata__".into(), Value::Object(metadata));
+    let mut offset = 0usize;
+    for (name, array) in tensors {
+        let dtype =
+            safetensors_dtype_name(array.dtype()).ok_or_else(|| ExportError::Unsupported {
+                name: name.clone(),
+                what: format!("safetensors has no {:?}", array.dtype()),
+            })?;
+        let end = offset + array.nbytes();
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": array.shape(), "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut header_bytes =
+        serde_json::to_vec(&Value::Object(header)).map_err(|e| ExportError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+    // Readers that map the file expect the data to start 8-byte aligned; spaces are allowed.
+    while header_bytes.len() % 8 != 0 {
+        header_bytes.push(b' ');
+    }
+    let file = File::create(path).map_err(io_err(path))?;
+    let mut out = BufWriter::new(file);
+    out.write_all(&(header_bytes.len() as u64).to_le_bytes())
+        .and_then(|()| out.write_all(&header_bytes))
+        .map_err(io_err(path))?;
+    for (name, array) in tensors {
+        // One tensor in host memory at a time.
+        let bytes = array.to_bytes().map_err(|source| ExportError::Tensor {
+            name: name.clone(),
+            source,
+        })?;
+        if cfg!(target_endian = "big") {
+            return Err(ExportError::Unsupported {
+                name: name.clone(),
+                what: "safetensors is little-endian; this host is not".into(),
+            });
+        }
+        out.write_all(&bytes).map_err(io_err(path))?;
+    }
+    out.flush().map_err(io_err(path))?;
+    Ok(8 + header_bytes.len() as u64 + offset as u64)
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| ExportError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(io_err(path))
+}
+
+/// The vocabulary of a GGUF file as `tokenizer.json`, `tokenizer_config.json` and
+/// `generation_config.json`.
+fn write_gguf_vocabulary(gguf: &Path, dir: &Path, config: &Value) -> Result<()> {
+    let tok = Tokenizer::from_gguf_file(gguf).map_err(|e| ExportError::Tokenizer(e.to_string()))?;
+    let text = tok
+        .hf()
+        .to_string(false)
+        .map_err(|e| ExportError::Tokenizer(e.to_string()))?;
+    let mut tokenizer_json: Value =
+        serde_json::from_str(&text).map_err(|e| ExportError::Tokenizer(e.to_string()))?;
+    let specials = tok.special_tokens();
+    let token_text = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id));
+    let bos = token_text(specials.bos);
+    let eos = token_text(specials.eos.first().copied());
+    // A GGUF vocabulary adds BOS/EOS in our encoder, a tokenizer.json in its post-processor:
+    // move the flags into one so the folder encodes plain text as the GGUF file did.
+    let mut template: Vec<Value> = Vec::new();
+    let mut special_map = Map::new();
+    let mut add_special = |text: &Option<String>, id: Option<u32>, template: &mut Vec<Value>| {
+        if let (Some(text), Some(id)) = (text, id) {
+            template.push(json!({"SpecialToken": {"id": text, "type_id": 0}}));
+            special_map.insert(
+                text.clone(),
+                json!({"id": text, "ids": [id], "tokens": [text]}),
+            );
+        }
+    };
+    if specials.add_bos {
+        add_special(&bos, specials.bos, &mut template);
+    }
+    template.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
+    if specials.add_eos {
+        add_special(&eos, specials.eos.first().copied(), &mut template);
+    }
+    if specials.add_bos || specials.add_eos {
+        let mut pair = template.clone();
+        pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
+        let processor = json!({
+            "type": "TemplateProcessing",
+            "single": template,
+            "pair": pair,
+            "special_tokens": special_map,
+        });
+        let existing = tokenizer_json
+            .get("post_processor")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let combined = if existing.is_null() {
+            processor
+        } else {
+            json!({"type": "Sequence", "processors": [existing, processor]})
+        };
+        if let Some(object) = tokenizer_json.as_object_mut() {
+            object.insert("post_processor".into(), combined);
+        }
+    }
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json)?;
+
+    let mut tokenizer_config = Map::new();
+    tokenizer_config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+    tokenizer_config.insert("bos_token".into(), json!(bos));
+    tokenizer_config.insert("eos_token".into(), json!(eos));
+    if let Some(pad) = token_text(specials.pad) {
+        tokenizer_config.insert("pad_token".into(), json!(pad));
+    }
+    if let Some(unk) = token_text(specials.unk) {
+        tokenizer_config.insert("unk_token".into(), json!(unk));
+    }
+    tokenizer_config.insert("add_bos_token".into(), json!(specials.add_bos));
+    tokenizer_config.insert("add_eos_token".into(), json!(specials.add_eos));
+    tokenizer_config.insert("clean_up_tokenization_spaces".into(), json!(false));
+    if let Some(length) = config.get("max_position_embeddings") {
+        tokenizer_config.insert("model_max_length".into(), length.clone());
+    }
+    if let Some(template) = tok.chat_template() {
+        tokenizer_config.insert("chat_template".into(), json!(template));
+    }
+    write_json(
+        &dir.join("tokenizer_config.json"),
+        &Value::Object(tokenizer_config),
+    )?;
+
+    let mut generation = Map::new();
+    if let Some(id) = specials.bos {
+        generation.insert("bos_token_id".into(), json!(id));
+    }
+    generation.insert(
+        "eos_token_id".into(),
+        json!(specials.eos.iter().collect::<Vec<_>>()),
+    );
+    write_json(
+        &dir.join("generation_config.json"),
+        &Value::Object(generation),
+    )
+}
+
+/// Copies the vocabulary and template files of a transformers folder unchanged.
+fn copy_vocabulary(source: &Path, dir: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(source).map_err(io_err(source))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err(source))?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let is_vocabulary = file_name.starts_with("tokenizer")
+            || file_name == "special_tokens_map.json"
+            || file_name == "generation_config.json"
+            || file_name.ends_with(".jinja");
+        if is_vocabulary {
+            let target = dir.join(&file_name);
+            std::fs::copy(entry.path(), &target).map_err(io_err(&target))?;
+        }
+    }
+    Ok(())
+}
