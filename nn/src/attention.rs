@@ -4,11 +4,10 @@
 use mlx::fast::{AttentionMask, RopeOffset};
 use mlx::{Array, Dtype};
 
-use crate::linear::{Linear, Tensor};
-use crate::mlp::fuse_rows;
+use crate::Result;
+use crate::linear::Linear;
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
-use crate::{Error, Result};
 
 /// Queries, keys and values of one forward, `[batch, heads, tokens, head_dim]`, with rotary
 /// positions applied to queries and keys.
@@ -21,90 +20,12 @@ pub struct Projected {
     pub values: Array,
 }
 
-/// The query, key and value projections.
-#[derive(Debug, Clone)]
-enum Projections {
-    /// One matmul over the three weights stacked by rows at load: a decode step is then one
-    /// matrix-vector product instead of three, and a prefill chunk one wider matmul.
-    Fused {
-        qkv: Linear,
-        q_rows: i32,
-        k_rows: i32,
-    },
-    /// Weights stored differently (quantized with different specs, or a bias on only some):
-    /// stacking would dequantize, so they stay three matmuls.
-    Separate { q: Linear, k: Linear, v: Linear },
-}
-
-impl Projections {
-    fn new(q: Linear, k: Linear, v: Linear) -> Result<Projections> {
-        let stackable = same_storage(q.weight(), k.weight())
-            && same_storage(q.weight(), v.weight())
-            && q.bias().is_some() == k.bias().is_some()
-            && q.bias().is_some() == v.bias().is_some();
-        if !stackable {
-            return Ok(Projections::Separate { q, k, v });
-        }
-        let (q_rows, k_rows) = (q.out_features()?, k.out_features()?);
-        let (q_w, q_b) = q.into_parts();
-        let (k_w, k_b) = k.into_parts();
-        let (v_w, v_b) = v.into_parts();
-        let (qk, _) = fuse_rows(q_w, k_w)?;
-        let (qkv, _) = fuse_rows(qk, v_w)?;
-        let bias = match (q_b, k_b, v_b) {
-            (Some(q), Some(k), Some(v)) => Some(mlx::concatenate(&[q, k, v], 0)?),
-            _ => None,
-        };
-        Ok(Projections::Fused {
-            qkv: Linear::new(qkv, bias),
-            q_rows,
-            k_rows,
-        })
-    }
-
-    fn collect_arrays(&self, out: &mut Vec<Array>) {
-        match self {
-            Projections::Fused { qkv, .. } => qkv.collect_arrays(out),
-            Projections::Separate { q, k, v } => {
-                for proj in [q, k, v] {
-                    proj.collect_arrays(out);
-                }
-            }
-        }
-    }
-
-    /// Queries, keys and values of `x`, each `[..., heads · head_dim]`.
-    fn forward(&self, x: &Array) -> Result<[Array; 3]> {
-        match self {
-            Projections::Fused {
-                qkv,
-                q_rows,
-                k_rows,
-            } => {
-                let parts = qkv.forward(x)?.split_at(&[*q_rows, q_rows + k_rows], -1)?;
-                <[Array; 3]>::try_from(parts)
-                    .map_err(|_| Error::Weights("q/k/v split did not give three parts".into()))
-            }
-            Projections::Separate { q, k, v } => Ok([q.forward(x)?, k.forward(x)?, v.forward(x)?]),
-        }
-    }
-}
-
-/// Whether two weights can be stacked without changing how either is stored.
-fn same_storage(a: &Tensor, b: &Tensor) -> bool {
-    match (a, b) {
-        (Tensor::Dense(a), Tensor::Dense(b)) => a.dtype() == b.dtype(),
-        (Tensor::Quantized(a), Tensor::Quantized(b)) => {
-            a.spec == b.spec && a.biases.is_some() == b.biases.is_some()
-        }
-        _ => false,
-    }
-}
-
 /// The attention block of one layer.
 #[derive(Debug, Clone)]
 pub struct Attention {
-    projections: Projections,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -145,11 +66,12 @@ pub struct AttentionParts {
 }
 
 impl Attention {
-    /// Assembles the block, stacking the query, key and value weights when they are stored
-    /// alike. Fails when MLX cannot stack them.
-    pub fn new(parts: AttentionParts) -> Result<Attention> {
-        Ok(Attention {
-            projections: Projections::new(parts.q_proj, parts.k_proj, parts.v_proj)?,
+    /// Assembles the block.
+    pub fn new(parts: AttentionParts) -> Attention {
+        Attention {
+            q_proj: parts.q_proj,
+            k_proj: parts.k_proj,
+            v_proj: parts.v_proj,
             o_proj: parts.o_proj,
             q_norm: parts.q_norm,
             k_norm: parts.k_norm,
@@ -159,13 +81,14 @@ impl Attention {
             head_dim: parts.head_dim,
             scale: parts.scale,
             logit_softcap: parts.logit_softcap,
-        })
+        }
     }
 
     /// Appends every array of the block to `out`.
     pub fn collect_arrays(&self, out: &mut Vec<Array>) {
-        self.projections.collect_arrays(out);
-        self.o_proj.collect_arrays(out);
+        for proj in [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj] {
+            proj.collect_arrays(out);
+        }
         for norm in [&self.q_norm, &self.k_norm].into_iter().flatten() {
             norm.collect_arrays(out);
         }
@@ -175,18 +98,17 @@ impl Attention {
     pub fn project(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Projected> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
-        let [q, k, v] = self.projections.forward(x)?;
-        let heads = |y: Array, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, l, n, self.head_dim])?;
+        let heads = |proj: &Linear, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
+            let y = proj.forward(x)?.reshape(&[b, l, n, self.head_dim])?;
             let y = match norm {
                 Some(norm) => norm.forward(&y)?,
                 None => y,
             };
             Ok(y.transpose(&[0, 2, 1, 3])?)
         };
-        let queries = heads(q, self.num_heads, self.q_norm.as_ref())?;
-        let keys = heads(k, self.num_kv_heads, self.k_norm.as_ref())?;
-        let values = heads(v, self.num_kv_heads, None)?;
+        let queries = heads(&self.q_proj, self.num_heads, self.q_norm.as_ref())?;
+        let keys = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref())?;
+        let values = heads(&self.v_proj, self.num_kv_heads, None)?;
         Ok(Projected {
             queries: self.rope.forward(&queries, offset)?,
             keys: self.rope.forward(&keys, offset)?,

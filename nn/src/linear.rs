@@ -36,16 +36,6 @@ impl Linear {
         &self.weight
     }
 
-    /// The bias, if any.
-    pub fn bias(&self) -> Option<&Array> {
-        self.bias.as_ref()
-    }
-
-    /// The weight and bias, consumed.
-    pub fn into_parts(self) -> (Tensor, Option<Array>) {
-        (self.weight, self.bias)
-    }
-
     /// The output features.
     pub fn out_features(&self) -> Result<i32> {
         Ok(match &self.weight {

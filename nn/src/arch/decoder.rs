@@ -297,7 +297,7 @@ pub fn build_decoder(
             head_dim,
             scale,
             logit_softcap: config.attn_logit_softcapping,
-        })?;
+        });
         let feedforward = match &config.moe {
             Some(moe) if moe.is_moe_layer(i) => {
                 FeedForward::Experts(build_moe(weights, &p, moe, hidden, activation)?)
