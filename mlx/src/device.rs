@@ -77,6 +77,13 @@ pub fn version() -> Result<String> {
     Ok(ffi::version()?)
 }
 
+/// Whether this build routes MLX's single-row f32 matmuls (one decode step's projections) to
+/// BLAS matrix-vector products instead of `sgemm`, which packs the whole weight matrix first.
+/// True on Linux CPU builds that link OpenBLAS.
+pub fn blas_gemv_forwarding() -> bool {
+    ffi::blas_gemv_forwarding()
+}
+
 /// Whether MLX was built with Metal and a Metal device is present.
 pub fn metal_available() -> Result<bool> {
     Ok(ffi::metal_is_available()?)

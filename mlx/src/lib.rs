@@ -40,7 +40,8 @@ pub use array::Array;
 pub use compile::{Compiled, compile};
 pub use conv::conv1d;
 pub use device::{
-    Device, Stream, cuda_available, gpu_available, metal_available, synchronize, version,
+    Device, Stream, blas_gemv_forwarding, cuda_available, gpu_available, metal_available,
+    synchronize, version,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};

@@ -36,8 +36,14 @@ fn main() {
     let include = mlx.join("include");
     let lib = mlx.join("lib");
 
-    cxx_build::bridge("src/lib.rs")
+    let openblas = openblas_override();
+    let mut bridge = cxx_build::bridge("src/lib.rs");
+    if openblas.is_some() {
+        bridge.define("MLXKIT_GEMV_FORWARD", None);
+    }
+    bridge
         .file("shim/shim.cc")
+        .file("shim/gemv.cc")
         .include(&include)
         .include("shim")
         .std("c++20")
@@ -49,8 +55,12 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=mlx");
 
     let mut link_args = vec![format!("-Wl,-rpath,{}", lib.display())];
-    if let Some(openblas) = openblas_override() {
+    if let Some(openblas) = openblas {
         link_args.push(openblas);
+        // `shim/gemv.cc` defines `cblas_sgemm` to route single-row products to `sgemv`: pull
+        // it into every executable and export it, so libmlx binds to it ahead of OpenBLAS.
+        link_args.push("-Wl,--undefined=cblas_sgemm".to_string());
+        link_args.push("-Wl,--export-dynamic-symbol=cblas_sgemm".to_string());
     }
     for arg in &link_args {
         println!("cargo:rustc-link-arg={arg}");

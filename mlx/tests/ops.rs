@@ -17,6 +17,36 @@ fn matmul_matches_reference() {
     assert_close(&got, &matmul(&a, &b, 7, 33, 5), 1e-5, "matmul");
 }
 
+/// One-row products take the `sgemv` route on OpenBLAS builds (`mlx-sys/shim/gemv.cc`); every
+/// operand layout MLX hands BLAS must still give the same product.
+#[test]
+fn single_row_matmul_matches_reference_in_every_layout() {
+    let (k, n) = (40, 9);
+    let (a, xa) = array(&[1, k], 5);
+    let (b, xb) = array(&[k, n], 6);
+    let expected = matmul(&a, &b, 1, k as usize, n as usize);
+    // B as stored (`[k, n]`) and as the transpose of an `[n, k]` weight, the way `Linear` runs.
+    let b_t = Array::from_slice(&transpose(&b, k as usize, n as usize), &[n, k]).unwrap();
+    let by_weight = xa.matmul(&b_t.transpose(&[1, 0]).unwrap()).unwrap();
+    // A as the transpose of a `[k, 1]` column.
+    let a_col = Array::from_slice(&a, &[k, 1]).unwrap();
+    let by_column = a_col.transpose(&[1, 0]).unwrap().matmul(&xb).unwrap();
+    for (got, what) in [
+        (xa.matmul(&xb).unwrap(), "row x matrix"),
+        (by_weight, "row x transposed weight"),
+        (by_column, "transposed column x matrix"),
+    ] {
+        assert_eq!(got.shape(), vec![1, n], "{what}");
+        assert_close(&got.to_vec::<f32>().unwrap(), &expected, 1e-5, what);
+    }
+}
+
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
+        .collect()
+}
+
 #[test]
 fn batched_matmul_broadcasts() {
     let (a, xa) = array(&[3, 4, 6], 3);

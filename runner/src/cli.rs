@@ -774,6 +774,10 @@ fn info() -> Result<()> {
         mlx::metal_available()?,
         mlx::cuda_available()?
     );
+    println!(
+        "single-row f32 matmul via sgemv: {}",
+        mlx::blas_gemv_forwarding()
+    );
     let dtype = if device == Device::Gpu {
         Dtype::Bf16
     } else {

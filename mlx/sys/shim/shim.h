@@ -33,6 +33,7 @@ enum class QuantMode : uint8_t;
 
 // Version and devices.
 rust::String version();
+bool blas_gemv_forwarding();
 bool metal_is_available();
 bool cuda_is_available();
 void set_default_device(bool gpu);

@@ -152,6 +152,8 @@ pub mod ffi {
         type Compiled;
 
         fn version() -> Result<String>;
+        /// Whether single-row f32 matmuls go to BLAS `sgemv` (see `shim/gemv.cc`).
+        fn blas_gemv_forwarding() -> bool;
         fn metal_is_available() -> Result<bool>;
         fn cuda_is_available() -> Result<bool>;
         fn set_default_device(gpu: bool) -> Result<()>;

@@ -1,0 +1,142 @@
+// Routes MLX's single-row f32 matmuls to BLAS matrix-vector products.
+//
+// MLX's CPU backend sends every f32 matmul to `cblas_sgemm`. For one row (a decode step),
+// OpenBLAS's sgemm still packs the whole weight matrix into a scratch buffer before
+// multiplying: for a 135M-parameter model that copy of every weight, every token, was about a
+// third of decode time (perf, issue 11). `sgemv` streams the weights once, unpacked.
+//
+// Built only when the build links OpenBLAS (`MLXKIT_GEMV_FORWARD`). This file defines
+// `cblas_sgemm` itself; the build exports it from the final executable
+// (`--export-dynamic-symbol`), so the dynamic linker binds libmlx's calls here first. Anything
+// that is not a row-major single-row product goes on, unchanged, to the next `cblas_sgemm` in
+// the lookup order (OpenBLAS, linked by the build). Single-row products also run OpenBLAS on
+// one thread (see `use_one_thread`); the next prefill-sized product gives the threads back.
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef MLXKIT_GEMV_FORWARD
+
+namespace {
+
+// The CBLAS enum values and 32-bit integer interface (Debian's OpenBLAS, MLX's wheel).
+using blasint = int;
+constexpr int kRowMajor = 101;
+constexpr int kNoTrans = 111;
+constexpr int kTrans = 112;
+
+using SgemmFn = void (*)(int, int, int, blasint, blasint, blasint, float, const float*,
+                         blasint, const float*, blasint, float, float*, blasint);
+using SgemvFn = void (*)(int, int, blasint, blasint, float, const float*, blasint,
+                         const float*, blasint, float, float*, blasint);
+using SetThreadsFn = void (*)(int);
+using GetThreadsFn = int (*)();
+
+struct Blas {
+  SgemmFn sgemm;
+  SgemvFn sgemv;
+  // OpenBLAS's thread controls; null with another BLAS.
+  SetThreadsFn set_threads;
+  GetThreadsFn get_threads;
+};
+
+const Blas& next_blas() {
+  // Resolved once; a thread-safe static (MLX calls BLAS from its stream threads).
+  static const Blas blas = {
+      reinterpret_cast<SgemmFn>(dlsym(RTLD_NEXT, "cblas_sgemm")),
+      reinterpret_cast<SgemvFn>(dlsym(RTLD_NEXT, "cblas_sgemv")),
+      reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")),
+      reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")),
+  };
+  return blas;
+}
+
+// Products with at least this many rows are prefill-sized: OpenBLAS gets its threads back.
+constexpr blasint kThreadedRows = 16;
+
+// OpenBLAS's thread count before single-row products lowered it to one; 0 while not lowered.
+std::atomic<int> lowered_from{0};
+
+// A matrix-vector product streams the weights once and is bound by memory bandwidth, which one
+// core nearly saturates on the machines we measure; a second OpenBLAS thread only adds a
+// hand-off per call and spins (sched_yield) between calls, taking the core MLX needs to build
+// the next step's graph. Decode with one thread measured ~1.25x faster (smollm2:135m, issue 11).
+// The count is switched at phase changes (decode <-> prefill), not per call.
+void use_one_thread(const Blas& blas) {
+  if (blas.set_threads == nullptr || blas.get_threads == nullptr ||
+      lowered_from.load(std::memory_order_relaxed) != 0) {
+    return;
+  }
+  int threads = blas.get_threads();
+  if (threads > 1) {
+    lowered_from.store(threads, std::memory_order_relaxed);
+    blas.set_threads(1);
+  }
+}
+
+void restore_threads(const Blas& blas) {
+  int threads = lowered_from.exchange(0, std::memory_order_relaxed);
+  if (threads > 1 && blas.set_threads != nullptr) {
+    blas.set_threads(threads);
+  }
+}
+
+}  // namespace
+
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, blasint m, blasint n,
+                            blasint k, float alpha, const float* a, blasint lda,
+                            const float* b, blasint ldb, float beta, float* c, blasint ldc) {
+  const Blas& blas = next_blas();
+  bool plain = (trans_a == kNoTrans || trans_a == kTrans) &&
+               (trans_b == kNoTrans || trans_b == kTrans);
+  if (blas.sgemv != nullptr && order == kRowMajor && m == 1 && n > 0 && k > 0 && plain) {
+    use_one_thread(blas);
+    // Row i of op(A) is A itself (stride 1) or column 0 of a K x 1 matrix (stride lda).
+    blasint inc_a = trans_a == kNoTrans ? 1 : lda;
+    if (beta == 0.0f) {
+      // C is fresh, uninitialized memory, and not every sgemv skips reading y when beta is 0
+      // (0 * NaN is NaN): start from zeros.
+      std::memset(c, 0, sizeof(float) * static_cast<size_t>(n));
+    }
+    if (trans_b == kTrans) {
+      // B is stored N x K: c = B a.
+      blas.sgemv(kRowMajor, kNoTrans, n, k, alpha, b, ldb, a, inc_a, beta, c, 1);
+    } else {
+      // B is stored K x N: c = Bᵀ a.
+      blas.sgemv(kRowMajor, kTrans, k, n, alpha, b, ldb, a, inc_a, beta, c, 1);
+    }
+    return;
+  }
+  if (blas.sgemm == nullptr) {
+    // No BLAS behind this one: returning would hand MLX an unwritten result.
+    std::fputs("mlxkit: no cblas_sgemm to forward to\n", stderr);
+    std::abort();
+  }
+  if (m >= kThreadedRows) {
+    restore_threads(blas);
+  }
+  blas.sgemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+namespace mlxkit {
+
+bool blas_gemv_forwarding() {
+  const Blas& blas = next_blas();
+  return blas.sgemm != nullptr && blas.sgemv != nullptr;
+}
+
+}  // namespace mlxkit
+
+#else
+
+namespace mlxkit {
+
+bool blas_gemv_forwarding() { return false; }
+
+}  // namespace mlxkit
+
+#endif
