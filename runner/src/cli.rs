@@ -152,6 +152,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Keep generating through end-of-sequence tokens, so every run has the asked length.
+        #[arg(long)]
+        ignore_eos: bool,
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
@@ -357,6 +360,7 @@ fn run(command: Command) -> Result<()> {
             generate_tokens,
             runs,
             json,
+            ignore_eos,
         } => {
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
@@ -368,7 +372,10 @@ fn run(command: Command) -> Result<()> {
                 store,
                 name,
                 prompt,
-                generate_tokens,
+                BenchLength {
+                    tokens: generate_tokens,
+                    ignore_eos,
+                },
                 runs.max(1),
                 json,
             ))
@@ -632,6 +639,14 @@ enum BenchPrompt {
     Ids(Vec<u32>),
 }
 
+/// How much `bench` generates per run.
+struct BenchLength {
+    /// Tokens per run (fewer when the model ends first, unless `ignore_eos`).
+    tokens: usize,
+    /// Generate through end-of-sequence tokens.
+    ignore_eos: bool,
+}
+
 /// Reads a JSON array of token ids (`bench --prompt-ids`).
 fn read_prompt_ids(path: &std::path::Path) -> Result<Vec<u32>> {
     let text =
@@ -653,7 +668,7 @@ async fn bench(
     store: Store,
     name: ModelName,
     prompt: BenchPrompt,
-    generate_tokens: usize,
+    length: BenchLength,
     runs: usize,
     as_json: bool,
 ) -> Result<()> {
@@ -693,7 +708,8 @@ async fn bench(
         let lease = state.scheduler.acquire(&name, None).await?;
         let options = GenerationOptions {
             sampling: sampler::Options::greedy(),
-            num_predict: Some(generate_tokens),
+            num_predict: Some(length.tokens),
+            ignore_eos: length.ignore_eos,
             ..GenerationOptions::default()
         };
         let begin = Instant::now();

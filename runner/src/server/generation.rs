@@ -110,7 +110,11 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
         prompt: prepared.prompt,
         sampling,
         max_tokens,
-        stop_tokens: info.tokenizer.stop_tokens().iter().copied().collect(),
+        stop_tokens: if prepared.options.ignore_eos {
+            Vec::new()
+        } else {
+            info.tokenizer.stop_tokens().iter().copied().collect()
+        },
         grammar: prepared.grammar,
         events: events_tx,
         cancel: Arc::clone(&cancel),

@@ -18,6 +18,9 @@ pub struct GenerationOptions {
     pub stop: Vec<String>,
     /// Ollama's `num_ctx`: a lower context limit for this request.
     pub num_ctx: Option<usize>,
+    /// Generate through end-of-sequence tokens, so a benchmark measures exactly the length
+    /// it asks for. Set by `mlxkit bench --ignore-eos`; no API request can set it.
+    pub ignore_eos: bool,
 }
 
 /// The most tokens one request may ask for; larger numbers are refused rather than clamped so
