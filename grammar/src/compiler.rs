@@ -149,22 +149,11 @@ fn thinking_lark(
             ));
         }
     };
-    // A marker the vocabulary holds as a special token is matched as that token; text
-    // markers as text.
-    let special = |marker: &str| {
-        let mut bytes = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
-        bytes.extend_from_slice(marker.as_bytes());
-        shared
-            .factory
-            .tok_env()
-            .tok_trie()
-            .token_id_at_bytes(&bytes)
-    };
-    let open_rule = match special(open) {
+    let open_rule = match special_token(shared, open) {
         Some(id) => format!("<[{id}]>"),
         None => lark_string(open),
     };
-    let region = match special(close) {
+    let region = match special_token(shared, close) {
         Some(id) => format!("/(?s:.*)/ <[{id}]>"),
         None => format!(
             "thought\nthought[lazy]: /(?s:.*){}/",
