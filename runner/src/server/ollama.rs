@@ -196,16 +196,12 @@ pub async fn generate(
         messages.push(tokenizer::Message::new("user", prompt_text));
         prompt::render_chat(&info, messages, None, c.think)?
     };
-    let requested = Requested {
-        format: c.format.clone(),
-        ..Requested::none()
-    };
     let timing = (started, load);
     run(
         lease,
         c,
         rendered,
-        &requested,
+        Vec::new(),
         timing,
         generate_chunk,
         GenerateCollector::default(),
@@ -238,17 +234,12 @@ pub async fn chat(
     }
     let info = lease.info.clone();
     let rendered = prompt::render_chat(&info, messages, req.tools.as_deref(), c.think)?;
-    let requested = Requested {
-        format: c.format.clone(),
-        tools: req.tools.unwrap_or_default(),
-        ..Requested::none()
-    };
     let timing = (started, load);
     run(
         lease,
         c,
         rendered,
-        &requested,
+        req.tools.unwrap_or_default(),
         timing,
         chat_chunk,
         ChatCollector::default(),
@@ -261,13 +252,19 @@ async fn run<C: Collector>(
     lease: Lease,
     c: Common,
     rendered: prompt::RenderedPrompt,
-    requested: &Requested,
+    tools: Vec<Value>,
     (started, load): (Instant, Duration),
     chunk: fn(&str, &Output) -> Option<Value>,
     collector: C,
 ) -> Result<Response, ApiError> {
     prompt::check_context(&lease.info, &rendered.tokens, c.options.num_ctx)?;
-    let grammar = structured::prepare(&lease.info, requested, rendered.parser.as_ref()).await?;
+    // Ollama has no `tool_choice`: calls are always the model's choice.
+    let requested = Requested {
+        format: c.format.clone(),
+        tools,
+        ..Requested::none()
+    };
+    let grammar = structured::prepare(&lease.info, &requested, rendered.parser.as_ref()).await?;
     let outputs = generation::start(
         lease,
         Prepared {

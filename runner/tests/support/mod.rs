@@ -102,15 +102,21 @@ pub fn get(s: &Server, path: &str) -> (u16, Value) {
     (status, r.json().unwrap_or(Value::Null))
 }
 
-/// NDJSON lines of a streamed Ollama response.
-pub fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
+/// Posts `body` and checks for a 200 before the body is read.
+fn post_ok(s: &Server, path: &str, body: Value) -> reqwest::blocking::Response {
     let r = client()
         .post(format!("{}{path}", s.base))
         .json(&body)
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
-    r.text()
+    r
+}
+
+/// NDJSON lines of a streamed Ollama response.
+pub fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
+    post_ok(s, path, body)
+        .text()
         .unwrap()
         .lines()
         .filter(|l| !l.is_empty())
@@ -120,12 +126,7 @@ pub fn post_ndjson(s: &Server, path: &str, body: Value) -> Vec<Value> {
 
 /// `data:` payloads of a streamed OpenAI response (`[DONE]` kept as a string).
 pub fn post_sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
-    let r = client()
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let r = post_ok(s, path, body);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     r.text()
         .unwrap()
