@@ -54,6 +54,19 @@ impl QuantSpec {
             mode: QuantMode::Affine,
         }
     }
+
+    /// Whether [`Quantized::matmul`] has a fast path for single decode rows on the CPU with
+    /// this layout: affine, 4 or 8 bits, groups a multiple of 16, f32 scales and activations.
+    /// MLX's own CPU kernel is a scalar loop, so without it dequantized weights are faster.
+    pub fn has_packed_cpu_matvec(self) -> bool {
+        self.mode == QuantMode::Affine && ffi::packed_matvec_available(self.group_size, self.bits)
+    }
+}
+
+/// The most rows of `x` for which [`Quantized::matmul`] takes the packed CPU kernel (see
+/// [`QuantSpec::has_packed_cpu_matvec`]); larger products go to MLX's quantized matmul.
+pub fn packed_cpu_matvec_max_rows() -> usize {
+    ffi::packed_matvec_rows() as usize
 }
 
 /// A quantized matrix: packed elements, scales and (affine only) biases.
@@ -117,7 +130,9 @@ impl Quantized {
         )?)
     }
 
-    /// `x @ wᵀ` (when `transpose`) or `x @ w` without dequantizing `w`.
+    /// `x @ wᵀ` (when `transpose`) or `x @ w` without dequantizing `w`. On the CPU, `x @ wᵀ`
+    /// with up to [`packed_cpu_matvec_max_rows`] rows and a layout [`QuantSpec::has_packed_cpu_matvec`] accepts goes through
+    /// mlxkit's own vectorised kernel (f32 accumulation) instead of MLX's.
     pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
         let (has_biases, biases) = self.biases_raw(&self.scales);
         Array::from_raw(ffi::quantized_matmul(

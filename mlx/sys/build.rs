@@ -44,6 +44,7 @@ fn main() {
     bridge
         .file("shim/shim.cc")
         .file("shim/gemv.cc")
+        .file("shim/qmv.cc")
         .include(&include)
         .include("shim")
         .std("c++20")

@@ -184,3 +184,57 @@ fn invalid_quantization_is_an_error() {
     assert!(quantize(&w, QuantSpec::affine(64, 9)).is_err());
     assert!(quantize(&w, QuantSpec::affine(64, 4)).is_ok());
 }
+
+/// Decode-sized products (1–4 rows) of 4- and 8-bit affine weights go through mlxkit's packed
+/// CPU kernel (`mlx-sys/shim/qmv.cc`); 5 rows go to MLX. Both must equal an f64 product with
+/// the dequantized weights, for every group size, batch shape and a strided `x`.
+#[test]
+fn packed_cpu_matvec_equals_dense_reference() {
+    let (out, inp) = (24, 256);
+    let (_, w) = array(&[out, inp], 26);
+    for spec in [
+        QuantSpec::affine(32, 4),
+        QuantSpec::affine(64, 4),
+        QuantSpec::affine(128, 4),
+        QuantSpec::affine(32, 8),
+        QuantSpec::affine(64, 8),
+    ] {
+        assert!(spec.has_packed_cpu_matvec(), "{spec:?}");
+        let q = quantize(&w, spec).unwrap();
+        let dense = q.dequantize(Some(Dtype::F32)).unwrap();
+        let dense_t = dense.transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
+        for rows in 1..=5 {
+            let (xs, x) = array(&[rows, inp], 27 + rows as u64);
+            // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
+            let batched = x.reshape(&[rows, 1, inp]).unwrap();
+            let strided = Array::from_slice(
+                &transpose_host(&xs, rows as usize, inp as usize),
+                &[inp, rows],
+            )
+            .unwrap()
+            .transpose(&[1, 0])
+            .unwrap();
+            let expected = common::matmul(&xs, &dense_t, rows as usize, inp as usize, out as usize);
+            for (input, what) in [(&x, "plain"), (&batched, "batched"), (&strided, "strided")] {
+                let got = q.matmul(input, true).unwrap();
+                assert_eq!(got.size(), (rows * out) as usize, "{spec:?} {what}");
+                // f32 sums of 256 products of magnitude ≤ 1, in another order than the f64
+                // reference: a random-walk rounding bound of √256 · 2⁻²⁴ · 256 ≈ 2.4e-4.
+                common::assert_close(
+                    &got.to_vec::<f32>().unwrap(),
+                    &expected,
+                    3e-4,
+                    &format!("{spec:?}, {rows} rows, {what}"),
+                );
+            }
+        }
+    }
+    assert!(!QuantSpec::affine(32, 3).has_packed_cpu_matvec());
+    assert!(!QuantSpec::affine(32, 6).has_packed_cpu_matvec());
+}
+
+fn transpose_host(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
+        .collect()
+}

@@ -10,26 +10,33 @@ use crate::linear::{Linear, Tensor};
 #[derive(Debug, Clone)]
 pub struct Embedding {
     table: Tensor,
+    /// The table packed, for a tied output head (see [`Linear::with_packed`]).
+    packed: Option<Quantized>,
 }
 
 impl Embedding {
     /// A dense table.
     pub fn dense(table: Array) -> Embedding {
-        Embedding {
-            table: Tensor::Dense(table),
-        }
+        Embedding::new(Tensor::Dense(table))
     }
 
     /// A quantized table: rows are gathered packed and dequantized after the gather.
     pub fn quantized(table: Quantized) -> Embedding {
-        Embedding {
-            table: Tensor::Quantized(table),
-        }
+        Embedding::new(Tensor::Quantized(table))
     }
 
     /// A table from a weight of either kind.
     pub fn new(table: Tensor) -> Embedding {
-        Embedding { table }
+        Embedding {
+            table,
+            packed: None,
+        }
+    }
+
+    /// Keeps the packed form of a dense table for the tied output head; lookups stay dense.
+    pub fn with_packed(mut self, packed: Option<Quantized>) -> Embedding {
+        self.packed = packed;
+        self
     }
 
     /// Looks up `ids` (any shape of integers) → `ids.shape + [dim]`, in `dtype` for dense
@@ -52,10 +59,13 @@ impl Embedding {
     /// Appends the table's arrays to `out`.
     pub fn collect_arrays(&self, out: &mut Vec<Array>) {
         crate::linear::tensor_arrays(&self.table, out);
+        if let Some(p) = &self.packed {
+            crate::linear::tensor_arrays(&Tensor::Quantized(p.clone()), out);
+        }
     }
 
     /// The table used as an output projection (`x Eᵀ`), for tied heads.
     pub fn as_linear(&self) -> Linear {
-        Linear::new(self.table.clone(), None)
+        Linear::new(self.table.clone(), None).with_packed(self.packed.clone())
     }
 }

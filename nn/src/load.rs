@@ -16,6 +16,13 @@ use crate::{Error, Result};
 /// (see [`Weights::dequantized`]): SmolLM2-135M becomes 0.5 GB, Gemma 3 270M 1.1 GB.
 pub const DEQUANTIZE_BELOW_BYTES: u64 = 2 << 30;
 
+/// Whether dequantized models keep packed copies for decode steps ([`Weights::with_packed_copies`]).
+/// `MLXKIT_PACKED_DECODE=0` turns them off, so a benchmark can measure the engine on exactly
+/// the dense f32 weights another engine reads.
+fn packed_decode_enabled() -> bool {
+    std::env::var("MLXKIT_PACKED_DECODE").map_or(true, |v| v != "0")
+}
+
 /// A model built from a checkpoint, with what it was built from.
 pub struct Loaded {
     /// The model, weights evaluated.
@@ -54,8 +61,10 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         .parameter_count()
         .saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
-    let mut weights =
-        Weights::new(tensors, dtype).dequantized(on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES);
+    let dequantize = on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
+    let mut weights = Weights::new(tensors, dtype)
+        .dequantized(dequantize)
+        .with_packed_copies(dequantize && packed_decode_enabled());
     let model = build_model(config, &mut weights)?;
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(

@@ -17,11 +17,21 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Builds the block; `gate` and `up` are concatenated along their output rows once, here.
-    pub fn new(gate: Tensor, up: Tensor, down: Linear, activation: Activation) -> Result<Mlp> {
-        let (gate_up, hidden) = fuse_rows(gate, up)?;
+    /// Builds the block; `gate` and `up` (bias-free) are concatenated along their output rows
+    /// once, here, and so are their packed copies when both have one of the same layout.
+    pub fn new(gate: Linear, up: Linear, down: Linear, activation: Activation) -> Result<Mlp> {
+        let packed = match (gate.packed(), up.packed()) {
+            (Some(a), Some(b)) if a.spec == b.spec => {
+                match fuse_rows(Tensor::Quantized(a.clone()), Tensor::Quantized(b.clone()))?.0 {
+                    Tensor::Quantized(q) => Some(q),
+                    Tensor::Dense(_) => None,
+                }
+            }
+            _ => None,
+        };
+        let (gate_up, hidden) = fuse_rows(gate.into_weight(), up.into_weight())?;
         Ok(Mlp {
-            gate_up: Linear::new(gate_up, None),
+            gate_up: Linear::new(gate_up, None).with_packed(packed),
             down,
             hidden,
             activation,

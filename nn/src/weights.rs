@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use mlx::quantized::Quantized;
 use mlx::{Array, Dtype};
 
 use crate::linear::{Linear, Tensor};
@@ -17,6 +18,7 @@ pub struct Weights {
     taken: BTreeSet<String>,
     dtype: Dtype,
     dequantize: bool,
+    packed_copies: bool,
 }
 
 impl Weights {
@@ -27,6 +29,7 @@ impl Weights {
             taken: BTreeSet::new(),
             dtype,
             dequantize: false,
+            packed_copies: false,
         }
     }
 
@@ -36,6 +39,32 @@ impl Weights {
     pub fn dequantized(mut self, yes: bool) -> Weights {
         self.dequantize = yes;
         self
+    }
+
+    /// With [`Weights::dequantized`], also keeps each quantized matrix's packed form when the
+    /// CPU has a packed kernel for its layout ([`mlx::quantized::QuantSpec::has_packed_cpu_matvec`]):
+    /// [`Weights::linear`], [`Weights::matrix`] and [`Weights::packed`] hand it out, and decode
+    /// steps read it while prompts go through BLAS on the dense copy.
+    pub fn with_packed_copies(mut self, yes: bool) -> Weights {
+        self.packed_copies = yes;
+        self
+    }
+
+    /// The packed form of quantized tensor `name`, scales and biases in the compute dtype, when
+    /// packed copies are kept for it (see [`Weights::with_packed_copies`]).
+    pub fn packed(&self, name: &str) -> Result<Option<Quantized>> {
+        if !(self.dequantize && self.packed_copies) {
+            return Ok(None);
+        }
+        match self.tensors.get(name) {
+            Some(Tensor::Quantized(q)) if q.spec.has_packed_cpu_matvec() => {
+                match Tensor::Quantized(q.clone()).to_dtype(self.dtype)? {
+                    Tensor::Quantized(q) => Ok(Some(q)),
+                    Tensor::Dense(_) => Ok(None),
+                }
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The compute dtype.
@@ -92,9 +121,9 @@ impl Weights {
         Ok(array)
     }
 
-    /// `prefix.weight` checked to be `[out, in]`, for projections that are fused before use
-    /// and so must not carry a bias.
-    pub fn matrix(&mut self, prefix: &str, out: i32, inp: i32) -> Result<Tensor> {
+    /// `prefix.weight` checked to be `[out, in]`, as a bias-free [`Linear`] (with its packed
+    /// copy, if kept), for projections that are fused before use and so must not carry a bias.
+    pub fn matrix(&mut self, prefix: &str, out: i32, inp: i32) -> Result<Linear> {
         if self.contains(&format!("{prefix}.bias")) {
             return Err(Error::Weights(format!(
                 "`{prefix}` has a bias, which this architecture does not support"
@@ -103,7 +132,7 @@ impl Weights {
         let name = format!("{prefix}.weight");
         let weight = self.weight(&name)?;
         check_matrix(&name, &weight, out, inp)?;
-        Ok(weight)
+        Ok(Linear::new(weight, None).with_packed(self.packed(&name)?))
     }
 
     /// `prefix.weight` and, when present, `prefix.bias` as a [`Linear`] of `[out, in]`.
@@ -128,7 +157,7 @@ impl Weights {
                 )));
             }
         };
-        Ok(Linear::new(weight, bias))
+        Ok(Linear::new(weight, bias).with_packed(self.packed(&name)?))
     }
 }
 

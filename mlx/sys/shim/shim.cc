@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mlx-sys/src/lib.rs.h"
+#include "qmv.h"
 
 namespace mlxkit {
 
@@ -521,8 +522,21 @@ std::unique_ptr<Array> quantized_matmul(
     int32_t group_size,
     int32_t bits,
     QuantMode mode) {
-  return own(mx::quantized_matmul(
-      x, w, scales, optional(has_biases, biases), transpose, group_size, bits, mode_name(mode)));
+  auto b = optional(has_biases, biases);
+  if (transpose && mode == QuantMode::Affine) {
+    if (auto y = packed_matvec(x, w, scales, b, group_size, bits)) {
+      return own(std::move(*y));
+    }
+  }
+  return own(mx::quantized_matmul(x, w, scales, b, transpose, group_size, bits, mode_name(mode)));
+}
+
+bool packed_matvec_available(int32_t group_size, int32_t bits) {
+  return packed_matvec_supports(group_size, bits);
+}
+
+int32_t packed_matvec_rows() {
+  return packed_matvec_max_rows();
 }
 
 std::unique_ptr<Array> gather_qmm(

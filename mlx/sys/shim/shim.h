@@ -194,6 +194,8 @@ std::unique_ptr<Array> quantized_matmul(
     int32_t group_size,
     int32_t bits,
     QuantMode mode);
+bool packed_matvec_available(int32_t group_size, int32_t bits);
+int32_t packed_matvec_rows();
 std::unique_ptr<Array> gather_qmm(
     const Array& x,
     const Array& w,

@@ -342,6 +342,8 @@ pub mod ffi {
             bits: i32,
             mode: QuantMode,
         ) -> Result<UniquePtr<Array>>;
+        fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
+        fn packed_matvec_rows() -> i32;
         #[allow(clippy::too_many_arguments)]
         fn gather_qmm(
             x: &Array,

@@ -242,7 +242,8 @@ pub fn build_decoder(
 
     let embed_weight = weights.weight("model.embed_tokens.weight")?;
     check_matrix("model.embed_tokens.weight", &embed_weight, vocab, hidden)?;
-    let embedding = Embedding::new(embed_weight);
+    let embedding =
+        Embedding::new(embed_weight).with_packed(weights.packed("model.embed_tokens.weight")?);
 
     let global_rope = Rope::new(&config.rope)?;
     let local_rope = config.rope_local.as_ref().map(Rope::new).transpose()?;
@@ -389,7 +390,10 @@ fn build_moe(
                 return Ok(StackedExperts::new(weights.weight(&fused)?));
             }
             let per_expert = (0..moe.num_experts)
-                .map(|e| weights.matrix(&format!("{p}.mlp.experts.{e}.{which}"), out, inp))
+                .map(|e| {
+                    let name = format!("{p}.mlp.experts.{e}.{which}");
+                    Ok(weights.matrix(&name, out, inp)?.into_weight())
+                })
                 .collect::<Result<Vec<_>>>()?;
             StackedExperts::stack(per_expert)
         };

@@ -1,0 +1,319 @@
+// A CPU matrix-vector product over MLX's packed affine weights, for decode steps.
+//
+// MLX's CPU `quantized_matmul` is a generic scalar loop: on a 3072x576 4-bit matrix it took
+// about three times as long as an f32 `sgemv` over the dequantized matrix (issue 11), so small
+// models were dequantized at load and read 4 bytes per weight every token. This kernel reads
+// the packed weights (4 or 8 bits, plus one f32 scale and bias per group) and accumulates in
+// f32, so a decode step reads 5-8x fewer bytes for the same values.
+//
+// Only products with at most `kMaxRows` rows of `x` take this path (a decode step has one);
+// larger ones stay with MLX, where the caller decides between its kernel and a dense copy.
+//
+// Layout (MLX affine): row n of `w` is a little-endian bit stream of `in` unsigned integers of
+// `bits` bits; element k of group g of row n is `scales[n, g] * q + biases[n, g]`.
+
+#include "qmv.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace mlxkit {
+
+namespace mx = mlx::core;
+
+namespace {
+
+constexpr int kMaxRows = 4;
+
+// The sums of `x` over each group: the bias term of a group is `bias * sum(x over group)`.
+void group_sums(const float* x, int in, int group, float* out) {
+  for (int g = 0; g < in / group; ++g) {
+    float sum = 0.0f;
+    for (int k = 0; k < group; ++k) {
+      sum += x[g * group + k];
+    }
+    out[g] = sum;
+  }
+}
+
+// Reference kernel for any machine: rows `[n0, n1)` of `y = x wᵀ` for `rows` rows of `x`.
+void matvec_portable(const float* x, int rows, int in, const uint8_t* w, const float* scales,
+                     const float* biases, int group, int bits, const float* sums, int n0,
+                     int n1, int out, float* y) {
+  const int groups = in / group;
+  const size_t row_bytes = static_cast<size_t>(in) * bits / 8;
+  const uint32_t mask = (1u << bits) - 1u;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    for (int m = 0; m < rows; ++m) {
+      const float* xm = x + static_cast<size_t>(m) * in;
+      float total = 0.0f;
+      for (int g = 0; g < groups; ++g) {
+        float dot = 0.0f;
+        for (int k = g * group; k < (g + 1) * group; ++k) {
+          const size_t bit = static_cast<size_t>(k) * bits;
+          const uint32_t q = (wr[bit / 8] >> (bit % 8)) & mask;
+          dot += static_cast<float>(q) * xm[k];
+        }
+        total += scales[n * groups + g] * dot + biases[n * groups + g] * sums[m * groups + g];
+      }
+      y[static_cast<size_t>(m) * out + n] = total;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+#define MLXKIT_AVX2 __attribute__((target("avx2,fma")))
+
+MLXKIT_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// How far ahead of the row being read the next rows are prefetched.
+constexpr size_t kPrefetchBytes = 1024;
+
+MLXKIT_AVX2 inline void prefetch(const void* start, size_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (size_t offset = 0; offset < bytes; offset += 64) {
+    _mm_prefetch(p + offset, _MM_HINT_T0);
+  }
+}
+
+// Eight packed bytes as eight f32 values (8-bit weights).
+MLXKIT_AVX2 inline __m256 bytes_to_floats(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// `M` rows of x against rows `[n0, n1)`. For 4 bits, `x` is given in nibble order (see
+// `nibble_order`): eight bytes hold elements 0..15, low nibbles the even ones, high nibbles the
+// odd ones, so each 16-element chunk of x is stored as its evens then its odds.
+template <int Bits, int M>
+MLXKIT_AVX2 void matvec_avx2(const float* x, int in, const uint8_t* w, const float* scales,
+                             const float* biases, int group, const float* sums, int n0, int n1,
+                             int out, float* y) {
+  const int groups = in / group;
+  const size_t row_bytes = static_cast<size_t>(in) * Bits / 8;
+  const __m256i low_nibble = _mm256_set1_epi32(0xF);
+  // Rows this far ahead are prefetched: the hardware prefetcher alone left the loop waiting on
+  // its loads (a 62M-parameter microbenchmark ran 2.8x faster with it).
+  const int ahead = std::max<int>(1, static_cast<int>(kPrefetchBytes / row_bytes));
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* wr = w + n * row_bytes;
+    const float* sr = scales + static_cast<size_t>(n) * groups;
+    const float* br = biases + static_cast<size_t>(n) * groups;
+    if (n + ahead < n1) {
+      prefetch(wr + ahead * row_bytes, row_bytes);
+      prefetch(sr + ahead * groups, groups * sizeof(float));
+      prefetch(br + ahead * groups, groups * sizeof(float));
+    }
+    __m256 total[M];
+    float bias_total[M];
+    for (int m = 0; m < M; ++m) {
+      total[m] = _mm256_setzero_ps();
+      bias_total[m] = 0.0f;
+    }
+    for (int g = 0; g < groups; ++g) {
+      // Two accumulators per row break the FMA dependency chain.
+      __m256 a0[M], a1[M];
+      for (int m = 0; m < M; ++m) {
+        a0[m] = _mm256_setzero_ps();
+        a1[m] = _mm256_setzero_ps();
+      }
+      const int k0 = g * group;
+      for (int k = k0; k < k0 + group; k += 16) {
+        __m256 lo, hi;
+        if constexpr (Bits == 4) {
+          const __m256i v =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + k / 2)));
+          lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low_nibble));
+          hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        } else {
+          lo = bytes_to_floats(wr + k);
+          hi = bytes_to_floats(wr + k + 8);
+        }
+        for (int m = 0; m < M; ++m) {
+          const float* xm = x + static_cast<size_t>(m) * in + k;
+          a0[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xm), a0[m]);
+          a1[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xm + 8), a1[m]);
+        }
+      }
+      const __m256 scale = _mm256_set1_ps(sr[g]);
+      for (int m = 0; m < M; ++m) {
+        total[m] = _mm256_fmadd_ps(_mm256_add_ps(a0[m], a1[m]), scale, total[m]);
+        bias_total[m] += br[g] * sums[m * groups + g];
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      y[static_cast<size_t>(m) * out + n] = horizontal_sum(total[m]) + bias_total[m];
+    }
+  }
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+#endif  // __x86_64__
+
+// Reorders each 16-element chunk of `x` as its even then its odd elements, the order in which
+// the 4-bit kernel unpacks eight bytes.
+void nibble_order(const float* x, size_t len, float* out) {
+  for (size_t c = 0; c < len; c += 16) {
+    for (int i = 0; i < 8; ++i) {
+      out[c + i] = x[c + 2 * i];
+      out[c + 8 + i] = x[c + 2 * i + 1];
+    }
+  }
+}
+
+void matvec(const float* x, int rows, int in, const uint8_t* w, const float* scales,
+            const float* biases, int group, int bits, int out, float* y) {
+  const int groups = in / group;
+  std::vector<float> sums(static_cast<size_t>(rows) * groups);
+  for (int m = 0; m < rows; ++m) {
+    group_sums(x + static_cast<size_t>(m) * in, in, group, sums.data() + m * groups);
+  }
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    const float* xs = x;
+    std::vector<float> reordered;
+    if (bits == 4) {
+      reordered.resize(static_cast<size_t>(rows) * in);
+      nibble_order(x, reordered.size(), reordered.data());
+      xs = reordered.data();
+    }
+    auto run = [&](auto kernel) {
+      kernel(xs, in, w, scales, biases, group, sums.data(), 0, out, out, y);
+    };
+    switch (bits * 10 + rows) {
+      case 41: return run(matvec_avx2<4, 1>);
+      case 42: return run(matvec_avx2<4, 2>);
+      case 43: return run(matvec_avx2<4, 3>);
+      case 44: return run(matvec_avx2<4, 4>);
+      case 81: return run(matvec_avx2<8, 1>);
+      case 82: return run(matvec_avx2<8, 2>);
+      case 83: return run(matvec_avx2<8, 3>);
+      case 84: return run(matvec_avx2<8, 4>);
+    }
+  }
+#endif
+  matvec_portable(x, rows, in, w, scales, biases, group, bits, sums.data(), 0, out, out, y);
+}
+
+void require_row_contiguous(const mx::array& a, const char* what) {
+  if (!a.flags().row_contiguous) {
+    throw std::invalid_argument(std::string("packed matvec: ") + what + " is not row-contiguous");
+  }
+}
+
+class PackedMatvec : public mx::UnaryPrimitive {
+ public:
+  PackedMatvec(mx::Stream stream, int group, int bits)
+      : mx::UnaryPrimitive(stream), group_(group), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
+    const auto& x = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    require_row_contiguous(x, "x");
+    require_row_contiguous(w, "the packed weight");
+    require_row_contiguous(scales, "the scales");
+    require_row_contiguous(biases, "the biases");
+    y.set_data(mx::allocator::malloc(y.nbytes()));
+
+    const int in = x.shape(-1);
+    const int rows = static_cast<int>(x.size() / in);
+    const int out = y.shape(-1);
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_input_array(scales);
+    encoder.set_input_array(biases);
+    encoder.set_output_array(y);
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                      scales = mx::array::unsafe_weak_copy(scales),
+                      biases = mx::array::unsafe_weak_copy(biases),
+                      y = mx::array::unsafe_weak_copy(y), in, rows, out, group = group_,
+                      bits = bits_]() mutable {
+      matvec(x.data<float>(), rows, in, w.data<uint8_t>(), scales.data<float>(),
+             biases.data<float>(), group, bits, out, y.data<float>());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("packed matvec runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return "PackedMatvec";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const PackedMatvec&>(other);
+    return group_ == o.group_ && bits_ == o.bits_;
+  }
+
+ private:
+  int group_;
+  int bits_;
+};
+
+}  // namespace
+
+int packed_matvec_max_rows() {
+  return kMaxRows;
+}
+
+bool packed_matvec_supports(int group, int bits) {
+  return (bits == 4 || bits == 8) && group >= 16 && group % 16 == 0;
+}
+
+std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
+                                       const mx::array& scales,
+                                       const std::optional<mx::array>& biases, int group,
+                                       int bits) {
+  if (mx::default_device() != mx::Device::cpu || !packed_matvec_supports(group, bits) ||
+      !biases || x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32 ||
+      x.dtype() != mx::float32 || scales.dtype() != mx::float32 ||
+      biases->dtype() != mx::float32) {
+    return std::nullopt;
+  }
+  const int in = x.shape(-1);
+  const int out = w.shape(0);
+  if (in == 0 || in % group != 0 || w.shape(1) * 32 != in * bits ||
+      scales.shape() != mx::Shape{out, in / group} || biases->shape() != scales.shape()) {
+    return std::nullopt;
+  }
+  const size_t rows = x.size() / in;
+  if (rows == 0 || rows > kMaxRows) {
+    return std::nullopt;
+  }
+  auto shape = x.shape();
+  shape.back() = out;
+  const auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(std::move(shape), mx::float32,
+                   std::make_shared<PackedMatvec>(stream, group, bits),
+                   {mx::contiguous(x), mx::contiguous(w), mx::contiguous(scales),
+                    mx::contiguous(*biases)});
+}
+
+}  // namespace mlxkit
