@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mlx::quantized::Quantized;
+use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
 use crate::linear::{Linear, Tensor};
@@ -56,14 +56,20 @@ impl Weights {
         if !(self.dequantize && self.packed_copies) {
             return Ok(None);
         }
-        match self.tensors.get(name) {
-            Some(Tensor::Quantized(q)) if q.spec.has_packed_cpu_matvec() => {
-                match Tensor::Quantized(q.clone()).to_dtype(self.dtype)? {
-                    Tensor::Quantized(q) => Ok(Some(q)),
-                    Tensor::Dense(_) => Ok(None),
-                }
-            }
-            _ => Ok(None),
+        let Some(Tensor::Quantized(q)) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        let q = if q.spec.has_packed_cpu_matvec() {
+            q.clone()
+        } else if q.spec.bits < 8 && (QuantSpec { bits: 8, ..q.spec }).has_packed_cpu_matvec() {
+            // 5- and 6-bit weights (GGUF Q5_0, Q5_K) widen to 8 bits exactly.
+            quant::widen_to_8_bits(q)?
+        } else {
+            return Ok(None);
+        };
+        match Tensor::Quantized(q).to_dtype(self.dtype)? {
+            Tensor::Quantized(q) => Ok(Some(q)),
+            Tensor::Dense(_) => Ok(None),
         }
     }
 

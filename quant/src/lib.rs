@@ -55,6 +55,7 @@ mod rope_permutation;
 mod safetensors;
 mod safetensors_dir;
 mod tensor;
+mod widen;
 
 pub use checkpoint::{Checkpoint, Format};
 pub use error::{Error, Result};
@@ -69,3 +70,4 @@ pub use rope_permutation::{permute_qk_rows, qk_rows_permuted, unpermute_qk_rows}
 pub use safetensors::{SafetensorsEntry, SafetensorsFile};
 pub use safetensors_dir::SafetensorsDir;
 pub use tensor::Tensor;
+pub use widen::widen_to_8_bits;
