@@ -170,16 +170,20 @@ impl Session {
         };
         stats.cached_tokens = self.reuse_prefix(prompt);
 
-        // Prefill all but the last prompt token in chunks; the last one seeds decoding.
-        let body_end = prompt.len() - 1;
-        while self.cached.len() < body_end {
+        // Prefill in chunks. The last chunk ends with the prompt's last token, whose hidden
+        // state seeds decoding: a short prompt is one forward, not a prompt forward plus a
+        // single-token one (on a CPU, each forward reads every weight once more).
+        let seed_hidden = loop {
             if job.cancelled() {
                 stats.prompt_eval = start.elapsed();
                 return Ok((DoneReason::Cancelled, stats));
             }
             let from = self.cached.len();
-            let to = (from + PREFILL_CHUNK).min(body_end);
+            let to = (from + PREFILL_CHUNK).min(prompt.len());
             let hidden = self.forward(&prompt[from..to])?;
+            if to == prompt.len() {
+                break hidden;
+            }
             // Sliding-window caches attend a gathered copy while prefilling, so their ring
             // writes are not inputs of `hidden`: evaluate the cache state explicitly.
             let mut arrays = vec![hidden];
@@ -191,7 +195,7 @@ impl Session {
             );
             mlx::eval(&arrays)?;
             mlx::memory::clear_cache()?;
-        }
+        };
 
         self.sampler.add(SLOT, job.sampling.clone(), prompt)?;
         let want_logprobs = job.sampling.logprobs;
@@ -206,7 +210,6 @@ impl Session {
         // dispatched too; under a grammar the sample needs the mask that token n leads to,
         // which the host computes while the device runs the forward.
         let mut grammar = job.grammar.take();
-        let seed_hidden = self.forward(&[prompt[body_end]])?;
         let seed_logits = self.logits(&seed_hidden)?;
         if grammar.is_some() {
             // The prompt's last forward runs while the first mask is computed.
