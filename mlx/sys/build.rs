@@ -48,6 +48,9 @@ fn main() {
         .include(&include)
         .include("shim")
         .std("c++20")
+        // The shim holds hot CPU kernels (`qmv.cc`); unoptimized, a debug build's decode (and
+        // so the test suite) runs several times slower.
+        .opt_level(2)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .compile("mlxkit-shim");
