@@ -268,8 +268,8 @@ class PackedMatvec : public mx::UnaryPrimitive {
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const PackedMatvec&>(other);
-    return group_ == o.group_ && bits_ == o.bits_;
+    const auto* o = dynamic_cast<const PackedMatvec*>(&other);
+    return o != nullptr && group_ == o->group_ && bits_ == o->bits_;
   }
 
  private:
