@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{array, assert_close, matmul, softmax_rows, values};
+use common::{array, assert_close, matmul, softmax_rows, transpose, values};
 use mlx::{Array, Dtype, Error};
 
 #[test]
@@ -39,12 +39,6 @@ fn single_row_matmul_matches_reference_in_every_layout() {
         assert_eq!(got.shape(), vec![1, n], "{what}");
         assert_close(&got.to_vec::<f32>().unwrap(), &expected, 1e-5, what);
     }
-}
-
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    (0..cols)
-        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
-        .collect()
 }
 
 #[test]

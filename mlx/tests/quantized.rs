@@ -208,7 +208,7 @@ fn packed_cpu_matvec_equals_dense_reference() {
             // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
             let batched = x.reshape(&[rows, 1, inp]).unwrap();
             let strided = Array::from_slice(
-                &transpose_host(&xs, rows as usize, inp as usize),
+                &common::transpose(&xs, rows as usize, inp as usize),
                 &[inp, rows],
             )
             .unwrap()
@@ -231,10 +231,4 @@ fn packed_cpu_matvec_equals_dense_reference() {
     }
     assert!(!QuantSpec::affine(32, 3).has_packed_cpu_matvec());
     assert!(!QuantSpec::affine(32, 6).has_packed_cpu_matvec());
-}
-
-fn transpose_host(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    (0..cols)
-        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
-        .collect()
 }

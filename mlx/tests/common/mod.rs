@@ -36,6 +36,13 @@ pub fn assert_close(actual: &[f32], expected: &[f64], tol: f64, what: &str) {
     }
 }
 
+/// The transpose of a row-major `[rows, cols]` matrix.
+pub fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| m[r * cols + c]))
+        .collect()
+}
+
 /// Row-major `[m, k] @ [k, n]` in f64.
 pub fn matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
     let mut out = vec![0.0; m * n];
