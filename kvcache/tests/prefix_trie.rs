@@ -80,7 +80,12 @@ fn run_request(
     let prompt = Prompt::new(prompt_ids, &[], Lookahead::None).unwrap();
     let begin = trie.begin(&prompt, &[]).unwrap();
     let restore_at = begin.restore_at;
-    for (layer, plan) in trie.restore_plan().unwrap().into_iter().enumerate() {
+    for (layer, plan) in trie
+        .restore_plan(begin.session)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
         let cache = &mut caches[layer];
         match plan {
             LayerRestore::Stateless => unreachable!("no stateless layers here"),
@@ -120,9 +125,13 @@ fn run_request(
     assert_matches(caches, &all, "after generation");
     let recorded = Prompt::new(&all, &[], Lookahead::None).unwrap();
     let caches_ref = &*caches;
-    trie.close(recorded.keys(), all.len(), captures, |layer, coverage| {
-        caches_ref[layer].snapshot_coverage(&coverage)
-    })
+    trie.close(
+        begin.session,
+        recorded.keys(),
+        all.len(),
+        captures,
+        |layer, coverage| caches_ref[layer].snapshot_coverage(&coverage),
+    )
     .unwrap();
     trie.evict(budget).unwrap();
 }

@@ -64,7 +64,12 @@ fn request(
 ) -> (usize, usize, Vec<f32>) {
     let prompt = Prompt::new(ids, &[], Lookahead::None).unwrap();
     let begin = trie.begin(&prompt, &[]).unwrap();
-    for (layer, plan) in trie.restore_plan().unwrap().into_iter().enumerate() {
+    for (layer, plan) in trie
+        .restore_plan(begin.session)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
         let Some(cache) = live[layer].as_mut() else {
             continue;
         };
@@ -95,12 +100,18 @@ fn request(
         }
     }
     let live_ref = &*live;
-    trie.close(prompt.keys(), ids.len(), captures, |layer, coverage| {
-        live_ref[layer]
-            .as_ref()
-            .expect("only stateful layers are paged out")
-            .snapshot_coverage(&coverage)
-    })
+    trie.close(
+        begin.session,
+        prompt.keys(),
+        ids.len(),
+        captures,
+        |layer, coverage| {
+            live_ref[layer]
+                .as_ref()
+                .expect("only stateful layers are paged out")
+                .snapshot_coverage(&coverage)
+        },
+    )
     .unwrap();
     (restored, ids.len() - restored, logits)
 }

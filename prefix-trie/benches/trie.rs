@@ -89,9 +89,9 @@ fn page_out(_layer: usize, coverage: Coverage) -> Result<Sized, Infallible> {
 fn serve_turn(trie: &mut PrefixTrie<Sized>, prompt: &Prompt) {
     let begin = trie.begin(prompt, &[]).expect("begin");
     let end = prompt.keys().len();
-    trie.attach(captures(begin.restore_at, end))
+    trie.attach(begin.session, captures(begin.restore_at, end))
         .expect("attach");
-    trie.close(prompt.keys(), end, Vec::new(), page_out)
+    trie.close(begin.session, prompt.keys(), end, Vec::new(), page_out)
         .expect("close");
 }
 
@@ -148,10 +148,10 @@ fn attach_next_turn(bencher: Bencher) {
         .with_inputs(|| {
             let mut trie = stored.clone();
             let begin = trie.begin(&next, &[]).expect("begin");
-            (trie, captures(begin.restore_at, end))
+            (trie, begin.session, captures(begin.restore_at, end))
         })
-        .bench_values(|(mut trie, captures)| {
-            trie.attach(captures).expect("attach");
+        .bench_values(|(mut trie, session, captures)| {
+            trie.attach(session, captures).expect("attach");
             trie
         });
 }
@@ -167,10 +167,10 @@ fn attach_splitting_stored_edges(bencher: Bencher) {
         .with_inputs(|| {
             let mut trie = stored.clone();
             let begin = trie.begin(&prompt, &[]).expect("begin");
-            (trie, captures(begin.restore_at, 50_050))
+            (trie, begin.session, captures(begin.restore_at, 50_050))
         })
-        .bench_values(|(mut trie, captures)| {
-            trie.attach(captures).expect("attach");
+        .bench_values(|(mut trie, session, captures)| {
+            trie.attach(session, captures).expect("attach");
             trie
         });
 }

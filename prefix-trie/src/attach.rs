@@ -1,4 +1,4 @@
-//! Attaching captured snapshots to the live path, and closing a request.
+//! Attaching captured snapshots to a session's path, and closing a session.
 
 use std::ops::Range;
 
@@ -7,7 +7,7 @@ use crate::key::Key;
 use crate::node::NodeId;
 use crate::prompt::span_containing;
 use crate::snapshot::{Coverage, LayerKind, Snapshot};
-use crate::trie::PrefixTrie;
+use crate::trie::{PrefixTrie, SessionId};
 
 /// One layer's snapshot captured during prefill.
 #[derive(Debug)]
@@ -45,36 +45,43 @@ pub struct CloseReport {
 }
 
 impl<S: Snapshot> PrefixTrie<S> {
-    /// Stores captured snapshots on the live path, growing it along the prompt's keys.
+    /// Stores a session's captured snapshots on its path, growing the path along its prompt's
+    /// keys.
     ///
     /// Each capture is clipped to node edges: a range capture gives each edge it fully covers
     /// the piece for that edge, a point capture goes to the node ending at its offset. A node
-    /// that already has a layer keeps it. Fails when no request is live, when a capture names a
-    /// missing layer or has the wrong shape (nothing is stored then), or when a snapshot split
-    /// fails.
-    pub fn attach(&mut self, captures: Vec<Capture<S>>) -> Result<AttachReport> {
-        let Some(live) = &self.live else {
-            return Err(Error::NoSession);
-        };
-        let limit = live.keys.len();
-        self.attach_up_to(captures, limit)
+    /// that already has a layer keeps it (another session may have stored it first). Fails when
+    /// the session is not live, when a capture names a missing layer or has the wrong shape
+    /// (nothing is stored then), or when a snapshot split fails; the session stays live.
+    pub fn attach(
+        &mut self,
+        session: SessionId,
+        captures: Vec<Capture<S>>,
+    ) -> Result<AttachReport> {
+        let limit = self.session(session)?.keys.len();
+        self.attach_up_to(session, captures, limit)
     }
 
-    /// Ends the live request.
+    /// Ends a live session.
     ///
     /// `keys` are all keys the request recorded (the prompt's, then the generated tokens');
-    /// the caches rest at `rest_at`, which for a cancelled prefill is where it stopped.
-    /// `captures` are the ones not yet attached. The trie records `keys[..rest_at]`, attaches
-    /// the captures, then asks `page_out` for every snapshot the path lacks: a point snapshot
-    /// at `rest_at` for the last node, and range snapshots for any edge without one (any
-    /// sub-range of `0..rest_at`, which a KV cache can hand out as a lazy view). At this moment
-    /// the caches rest exactly at the end of what is recorded, so every layer can be captured. Finally non-checkpoint segments are compacted and the frontier is marked used.
+    /// the session's caches rest at `rest_at`, which for a cancelled prefill is where it
+    /// stopped. `captures` are the ones not yet attached. The trie records `keys[..rest_at]`
+    /// on the session's path, attaches the captures, then asks `page_out` for every snapshot
+    /// that path lacks: a point snapshot at `rest_at` for the last node, and range snapshots for
+    /// any edge without one (any sub-range of `0..rest_at`, which a KV cache can hand out as a
+    /// lazy view). At this moment the session's caches rest exactly at the end of what is
+    /// recorded, so every layer can be captured. Finally the path's non-checkpoint segments are
+    /// compacted (never merging away another live session's restore node or frontier) and its
+    /// end is marked used.
     ///
-    /// The request ends even when close fails; the trie stays consistent. Fails when `keys` do
-    /// not extend the prompt, when `rest_at` is past `keys` or before the restore point, when a
-    /// capture or page-out is malformed, or when a snapshot operation fails.
+    /// The session ends even when close fails; the trie stays consistent. Fails when the
+    /// session is not live, when `keys` do not extend its prompt, when `rest_at` is past `keys`
+    /// or before the restore point, when a capture or page-out is malformed, or when a snapshot
+    /// operation fails.
     pub fn close<E, F>(
         &mut self,
+        session: SessionId,
         keys: &[Key],
         rest_at: usize,
         captures: Vec<Capture<S>>,
@@ -84,13 +91,14 @@ impl<S: Snapshot> PrefixTrie<S> {
         E: Into<BoxError>,
         F: FnMut(usize, Coverage) -> Result<S, E>,
     {
-        let result = self.close_live(keys, rest_at, captures, page_out);
-        self.live = None;
+        let result = self.close_session(session, keys, rest_at, captures, page_out);
+        self.sessions.remove(&session);
         result
     }
 
-    fn close_live<E, F>(
+    fn close_session<E, F>(
         &mut self,
+        session: SessionId,
         keys: &[Key],
         rest_at: usize,
         captures: Vec<Capture<S>>,
@@ -100,9 +108,7 @@ impl<S: Snapshot> PrefixTrie<S> {
         E: Into<BoxError>,
         F: FnMut(usize, Coverage) -> Result<S, E>,
     {
-        let Some(live) = &mut self.live else {
-            return Err(Error::NoSession);
-        };
+        let live = self.session_mut(session)?;
         let shared = live.keys.len().min(keys.len());
         if let Some(offset) = (0..shared).find(|&i| live.keys[i] != keys[i]) {
             return Err(Error::KeysDiverged { offset });
@@ -124,23 +130,24 @@ impl<S: Snapshot> PrefixTrie<S> {
 
         let mut report = CloseReport::default();
         let mut failure = None;
-        match self.attach_up_to(captures, rest_at) {
+        match self.attach_up_to(session, captures, rest_at) {
             Ok(attached) => report.attach = attached,
             Err(error) => failure = Some(error),
         }
         // The caches may rest below captures attached earlier (a rollback); those stay stored,
-        // but the live path ends where the caches are.
-        let frontier = self.live_boundary(rest_at)?;
-        self.frontier = frontier;
+        // but the session's path ends where its caches are.
+        let frontier = self.session_boundary(session, rest_at)?;
+        self.session_mut(session)?.frontier = frontier;
         if !rest_inside_media && failure.is_none() {
             match self.page_out_missing(frontier, &mut page_out) {
                 Ok(count) => report.paged_out = count,
                 Err(error) => failure = Some(error),
             }
         }
-        report.merged = self.compact_live_path()?;
+        // Ended before compacting, so its own restore node may merge into the recorded edge.
+        self.sessions.remove(&session);
+        report.merged = self.compact_path(frontier)?;
         self.clock += 1;
-        let frontier = self.frontier;
         self.nodes[frontier].last_used = self.clock;
         failure.map_or(Ok(report), Err)
     }
@@ -192,7 +199,12 @@ impl<S: Snapshot> PrefixTrie<S> {
         Ok(count)
     }
 
-    fn attach_up_to(&mut self, captures: Vec<Capture<S>>, limit: usize) -> Result<AttachReport> {
+    fn attach_up_to(
+        &mut self,
+        session: SessionId,
+        captures: Vec<Capture<S>>,
+        limit: usize,
+    ) -> Result<AttachReport> {
         for capture in &captures {
             self.check_capture(capture)?;
         }
@@ -201,20 +213,18 @@ impl<S: Snapshot> PrefixTrie<S> {
         let mut report = AttachReport::default();
         for capture in captures {
             let end = capture.snapshot.coverage().end();
-            let inside_media = self
-                .live
-                .as_ref()
-                .is_some_and(|live| span_containing(&live.non_causal, end).is_some());
+            let inside_media = span_containing(&self.session(session)?.non_causal, end).is_some();
             if end > limit {
                 report.past_live += 1;
             } else if inside_media {
                 report.inside_media += 1;
             } else {
-                let node = self.live_boundary(end)?;
+                let node = self.session_boundary(session, end)?;
                 self.place(node, capture, &mut report)?;
             }
         }
-        self.compact_live_path()?;
+        let frontier = self.session(session)?.frontier;
+        self.compact_path(frontier)?;
         Ok(report)
     }
 

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use crate::key::Lookahead;
 use crate::node::NodeId;
 use crate::snapshot::{LayerKind, Snapshot};
-use crate::trie::PrefixTrie;
+use crate::trie::{PrefixTrie, Session};
 
 /// Edges longer than this show their first and last few keys only.
 const SHOWN_KEYS: usize = 8;
@@ -14,26 +14,26 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// Renders the trie, one node per line, children indented under their parent in key order:
     ///
     /// ```text
-    /// 3 nodes, 96 bytes, frontier @12, idle
-    /// [0..0) root
-    ///   [0..12) keys 1 2 3 4 … 11 12 | layers RP | 96 B | used 2 | checkpoint frontier
+    /// 3 nodes, 96 bytes, 2 live
+    /// [0..0) root | restore s3
+    ///   [0..12) keys 1 2 3 4 … 11 12 | layers RP | 96 B | used 2 | checkpoint | restore s2 | frontier s2 s3
     /// ```
     ///
     /// Layer letters: `R` range snapshot, `P` point snapshot, `.` missing, `-` stateless.
+    /// `restore` lists the live sessions that restored at the node, `frontier` those whose
+    /// path ends there.
     pub fn dump(&self) -> String {
         let mut out = String::new();
-        let live = match &self.live {
-            Some(live) => format!("live from @{}", live.restore_at),
-            None => "idle".to_string(),
-        };
         let _ = writeln!(
             out,
-            "{} nodes, {} bytes, frontier @{}, {live}",
+            "{} nodes, {} bytes, {} live",
             self.nodes.len(),
             self.bytes,
-            self.frontier_offset()
+            self.sessions.len()
         );
-        let _ = writeln!(out, "[0..0) root");
+        out.push_str("[0..0) root");
+        self.dump_sessions(self.root, &mut out);
+        out.push('\n');
         let mut stack: Vec<(NodeId, usize)> = self
             .sorted_children(self.root)
             .into_iter()
@@ -92,9 +92,25 @@ impl<S: Snapshot> PrefixTrie<S> {
         if node.checkpoint {
             out.push_str(" | checkpoint");
         }
-        if id == self.frontier {
-            out.push_str(" frontier");
-        }
+        self.dump_sessions(id, out);
         out.push('\n');
+    }
+
+    fn dump_sessions(&self, id: NodeId, out: &mut String) {
+        let restore: fn(&Session) -> NodeId = |s| s.restore_node;
+        let frontier: fn(&Session) -> NodeId = |s| s.frontier;
+        for (label, of) in [("restore", restore), ("frontier", frontier)] {
+            let mut here = self
+                .sessions
+                .iter()
+                .filter(|(_, session)| of(session) == id)
+                .peekable();
+            if here.peek().is_some() {
+                let _ = write!(out, " | {label}");
+                for (session, _) in here {
+                    let _ = write!(out, " {session}");
+                }
+            }
+        }
     }
 }

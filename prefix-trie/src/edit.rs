@@ -1,5 +1,5 @@
-//! Structural edits: splitting an edge, merging a node into its only child, growing the live
-//! path, and compacting it.
+//! Structural edits: splitting an edge, merging a node into its only child, growing a
+//! session's path, and compacting it.
 //!
 //! Every edit keeps the rule that a range snapshot covers exactly its node's edge and a point
 //! snapshot sits at its node's end. When a snapshot's own split or merge fails, the edit still
@@ -9,11 +9,11 @@ use crate::error::{Error, Result};
 use crate::node::{Node, NodeId, Stored};
 use crate::restore::common_prefix;
 use crate::snapshot::{LayerKind, Snapshot};
-use crate::trie::PrefixTrie;
+use crate::trie::{PrefixTrie, SessionId};
 
 impl<S: Snapshot> PrefixTrie<S> {
     /// Splits `id` at `at` (strictly inside its edge). The existing id keeps the tail, so ids
-    /// held elsewhere (the frontier) stay valid; the new head is returned.
+    /// held elsewhere (sessions' frontiers and restore nodes) stay valid; the new head is returned.
     pub(crate) fn split(&mut self, id: NodeId, at: usize) -> Result<NodeId> {
         let layer_count = self.config.layers.len();
         let (head_keys, start, parent, last_used, tail_snapshots) = {
@@ -159,36 +159,32 @@ impl<S: Snapshot> PrefixTrie<S> {
         )))
     }
 
-    /// Makes `offset` a node boundary on the live path and returns the node ending there.
-    /// Past the frontier the path grows along the live keys, walking into stored nodes that
-    /// agree and splitting the edge where they stop agreeing; the frontier moves there.
-    /// Nodes ending at a scheduled offset become checkpoints.
-    pub(crate) fn live_boundary(&mut self, offset: usize) -> Result<NodeId> {
-        let frontier_end = self.frontier_offset();
-        let node = if offset <= frontier_end {
-            let path = self.path_to(self.frontier);
+    /// Makes `offset` a node boundary on the session's path and returns the node ending there.
+    /// Past the session's frontier the path grows along its keys, walking into stored nodes
+    /// that agree (another session's included) and splitting the edge where they stop
+    /// agreeing; the frontier moves there. Nodes ending at a scheduled offset become
+    /// checkpoints.
+    pub(crate) fn session_boundary(&mut self, session: SessionId, offset: usize) -> Result<NodeId> {
+        let frontier = self.session(session)?.frontier;
+        let node = if offset <= self.nodes[frontier].end() {
+            let path = self.path_to(frontier);
             self.boundary_on_path(&path[1..], offset)?
         } else {
-            let grown = self.grow_frontier(offset)?;
-            self.frontier = grown;
+            let grown = self.grow_frontier(session, offset)?;
+            self.session_mut(session)?.frontier = grown;
             grown
         };
-        let is_checkpoint = self
-            .live
-            .as_ref()
-            .is_some_and(|live| live.checkpoints.binary_search(&offset).is_ok());
-        if is_checkpoint {
+        let checkpoints = &self.session(session)?.checkpoints;
+        if checkpoints.binary_search(&offset).is_ok() {
             self.nodes[node].checkpoint = true;
         }
         Ok(node)
     }
 
-    fn grow_frontier(&mut self, offset: usize) -> Result<NodeId> {
-        let mut cursor = self.frontier;
-        let mut position = self.frontier_offset();
-        let Some(live) = &self.live else {
-            return Err(Error::NoSession);
-        };
+    fn grow_frontier(&mut self, session: SessionId, offset: usize) -> Result<NodeId> {
+        let live = self.session(session)?;
+        let mut cursor = live.frontier;
+        let mut position = self.nodes[cursor].end();
         let Some(keys) = live.keys.get(position..offset) else {
             return Err(Error::CacheAheadOfKeys {
                 rest_at: offset,
@@ -224,14 +220,20 @@ impl<S: Snapshot> PrefixTrie<S> {
         Ok(cursor)
     }
 
-    /// Merges each non-checkpoint node on the live path into its only child, from the frontier
-    /// up to the root, so one request's segments become one edge.
-    pub(crate) fn compact_live_path(&mut self) -> Result<usize> {
+    /// Merges each non-checkpoint node on the path to `frontier` into its only child, from
+    /// `frontier` up to the root, so one request's segments become one edge. Live sessions'
+    /// restore nodes and frontiers are never merged away.
+    pub(crate) fn compact_path(&mut self, frontier: NodeId) -> Result<usize> {
+        let pinned = self.pinned();
         let mut merged = 0;
-        let mut cursor = self.frontier;
+        let mut cursor = frontier;
         while let Some(parent) = self.nodes[cursor].parent {
             let upper = &self.nodes[parent];
-            if parent != self.root && upper.children.len() == 1 && !upper.checkpoint {
+            if parent != self.root
+                && upper.children.len() == 1
+                && !upper.checkpoint
+                && !pinned.contains(&parent)
+            {
                 self.merge_into_child(parent)?;
                 merged += 1;
             } else {

@@ -3,6 +3,7 @@
 use std::ops::Range;
 
 use crate::snapshot::{Coverage, LayerKind};
+use crate::trie::SessionId;
 
 /// Boxed error from a snapshot operation or a page-out callback.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -89,13 +90,22 @@ pub enum Error {
         /// What came back.
         got: Coverage,
     },
-    /// `begin` was called while another request is live.
-    #[error("a request is already live; close or abandon it first")]
-    SessionActive,
-    /// `attach`, `close` or `restore_plan` was called with no live request.
-    #[error("no request is live; call begin first")]
-    NoSession,
-    /// The keys given to `close` do not extend the keys the request began with.
+    /// `attach`, `close`, `restore_plan` or `frontier_offset` named a session that is not live
+    /// (never begun, or already closed or abandoned).
+    #[error("session {0} is not live; it was never begun or has ended")]
+    UnknownSession(SessionId),
+    /// A snapshot the session's restore plan needs is gone (a snapshot merge failed since
+    /// `begin`); the session should be abandoned.
+    #[error("session {session} cannot restore: node {node} lacks layer {layer}")]
+    RestoreUnavailable {
+        /// The session.
+        session: SessionId,
+        /// Arena index of the node on its restore path.
+        node: usize,
+        /// The missing layer.
+        layer: usize,
+    },
+    /// The keys given to `close` do not extend the keys the session began with.
     #[error("closing keys differ from the request's prompt keys at offset {offset}")]
     KeysDiverged {
         /// First offset where they differ.
@@ -109,7 +119,7 @@ pub enum Error {
         /// How many keys were recorded.
         keys: usize,
     },
-    /// The live caches rest before the point the request restored to.
+    /// The session's caches rest before the point it restored to.
     #[error("caches rest at offset {rest_at}, before the restore point {restore_at}")]
     RestBeforeRestorePoint {
         /// Where the caller says the caches rest.

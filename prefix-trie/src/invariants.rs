@@ -8,13 +8,12 @@ impl<S: Snapshot> PrefixTrie<S> {
     /// Checks every structural rule: edges chain (a child starts where its parent ends), only
     /// the root has an empty edge, siblings differ in their first key, parent and child links
     /// agree, every stored snapshot covers exactly its node's edge (range) or end (point) with
-    /// the shape its layer has, the byte counter is the sum of the stored counts, and the
-    /// frontier exists. Costs a walk over every node.
+    /// the shape its layer has, and the byte counter is the sum of the stored counts. For every
+    /// live session: its restore node and frontier exist, the restore node ends at its restore
+    /// point and lies on the path to the frontier, and that path's keys are a prefix of the
+    /// session's keys. Costs a walk over every node and every live path.
     pub fn check_invariants(&self) -> Result<()> {
         let fail = |message: String| Err(Error::Invariant(message));
-        if self.nodes.get(self.frontier).is_none() {
-            return fail("the frontier does not exist".into());
-        }
         let mut bytes = 0;
         for (id, node) in self.nodes.iter() {
             let name = id.index();
@@ -72,6 +71,43 @@ impl<S: Snapshot> PrefixTrie<S> {
                 if got != expected {
                     return fail(format!(
                         "node {name} layer {layer} covers {got:?}, its edge is {expected:?}"
+                    ));
+                }
+            }
+        }
+        for (session, live) in &self.sessions {
+            let (Some(frontier), Some(restore)) = (
+                self.nodes.get(live.frontier),
+                self.nodes.get(live.restore_node),
+            ) else {
+                return fail(format!("session {session} names a missing node"));
+            };
+            if restore.end() != live.restore_at {
+                return fail(format!(
+                    "session {session} restores at {} but its restore node ends at {}",
+                    live.restore_at,
+                    restore.end()
+                ));
+            }
+            if frontier.end() > live.keys.len() {
+                return fail(format!(
+                    "session {session} has {} keys but its path ends at {}",
+                    live.keys.len(),
+                    frontier.end()
+                ));
+            }
+            let path = self.path_to(live.frontier);
+            if !path.contains(&live.restore_node) {
+                return fail(format!(
+                    "session {session}'s restore node is not on its path"
+                ));
+            }
+            for &id in &path {
+                let node = &self.nodes[id];
+                if node.keys[..] != live.keys[node.start..node.end()] {
+                    return fail(format!(
+                        "session {session}'s path node {} differs from its keys",
+                        id.index()
                     ));
                 }
             }

@@ -4,17 +4,28 @@
 //! nothing about tensors: each cache slot's saved state is a [`Snapshot`], which says what it
 //! covers, how many bytes it holds, and how to split and merge itself. Full-attention KV
 //! snapshots are range-shaped; sliding-window and recurrent ones are point-shaped and restore
-//! only at the exact offset they were taken. The engine drives one request at a time:
+//! only at the exact offset they were taken.
+//!
+//! The engine serves many requests at once; each is a *session*, named by the [`SessionId`]
+//! that `begin` returns, with its own keys, restore point, scheduled checkpoints and path
+//! through the trie. Each session restores into fresh caches of its own:
 //!
 //! 1. [`PrefixTrie::begin`] matches the [`Prompt`]'s keys, picks the restore point (the deepest
 //!    offset every layer can restore to), splits the edge there if needed, and schedules
 //!    captures ([`Begin::capture_at`]);
-//! 2. the engine restores its caches from [`PrefixTrie::restore_plan`] and prefills from the
-//!    restore point, capturing snapshots at the scheduled offsets;
-//! 3. [`PrefixTrie::attach`] stores the captures, clipped to node edges;
+//! 2. the engine fills the session's caches from [`PrefixTrie::restore_plan`] and prefills
+//!    from the restore point, capturing snapshots at the scheduled offsets;
+//! 3. [`PrefixTrie::attach`] stores the captures on the session's path, clipped to node edges;
 //! 4. [`PrefixTrie::close`] records the request (finished or cancelled) and pages out the new
-//!    segment while the caches rest at its end;
+//!    segment while its caches rest at its end; [`PrefixTrie::abandon`] ends it without that;
 //! 5. [`PrefixTrie::evict`] keeps the stored bytes under a budget.
+//!
+//! Other sessions may begin, attach, close or be abandoned, and eviction may run, at any point
+//! between one session's `begin` and its `close`. Sessions with shared prefixes share nodes:
+//! the later one's path walks into the nodes the earlier one created and splits where they
+//! diverge. Every live session's restore node and frontier are pinned: eviction and compaction
+//! never remove or merge them away, so the session's path, its restore plan and its page-out
+//! stay correct.
 //!
 //! ```
 //! use prefix_trie::{Config, Coverage, LayerKind, Lookahead, PrefixTrie, Prompt, SchedulePolicy, Snapshot};
@@ -35,23 +46,36 @@
 //!     }
 //! }
 //!
+//! // Each session's caches hold exactly the range they were asked for.
+//! fn page_out(_layer: usize, coverage: Coverage) -> Result<Span, std::convert::Infallible> {
+//!     match coverage {
+//!         Coverage::Range(range) => Ok(Span(range)),
+//!         Coverage::Point(_) => unreachable!("no point layers here"),
+//!     }
+//! }
+//!
 //! let config = Config {
 //!     layers: vec![LayerKind::Range],
 //!     lookahead: Lookahead::None,
 //!     schedule: SchedulePolicy::default(),
 //! };
 //! let mut trie = PrefixTrie::<Span>::new(config)?;
-//! let first = Prompt::new(&[1, 2, 3, 4, 5], &[], Lookahead::None)?;
-//! let begin = trie.begin(&first, &[])?;
-//! assert_eq!(begin.restore_at, 0);
-//! // The engine prefilled and generated token 6; its caches rest after 6 tokens.
+//! // Two requests sharing a system prompt (1, 2, 3) are live at once.
+//! let a = Prompt::new(&[1, 2, 3, 4, 5], &[], Lookahead::None)?;
+//! let b = Prompt::new(&[1, 2, 3, 9, 9], &[], Lookahead::None)?;
+//! let first = trie.begin(&a, &[])?;
+//! let second = trie.begin(&b, &[])?;
+//! assert_eq!((first.restore_at, second.restore_at, trie.live_sessions()), (0, 0, 2));
+//! // A generated token 6; its caches rest after 6 tokens. B was cancelled after 4.
 //! let recorded = Prompt::new(&[1, 2, 3, 4, 5, 6], &[], Lookahead::None)?;
-//! trie.close(recorded.keys(), 6, Vec::new(), |_layer, coverage| match coverage {
-//!     Coverage::Range(range) => Ok::<_, std::convert::Infallible>(Span(range)),
-//!     Coverage::Point(_) => unreachable!("no point layers here"),
-//! })?;
+//! trie.close(first.session, recorded.keys(), 6, Vec::new(), page_out)?;
+//! trie.close(second.session, b.keys(), 4, Vec::new(), page_out)?;
+//! assert_eq!(trie.live_sessions(), 0);
+//! // Both conversations resume where they stopped; they share the node of 1, 2, 3.
 //! let next = Prompt::new(&[1, 2, 3, 4, 5, 6, 7, 8], &[], Lookahead::None)?;
 //! assert_eq!(trie.find(&next)?.restore_at, 6);
+//! assert_eq!(trie.find(&b)?.restore_at, 4);
+//! assert_eq!(trie.node_count(), 4);
 //! # Ok::<(), prefix_trie::Error>(())
 //! ```
 //!
@@ -60,7 +84,7 @@
 //! - `prompt.rs`: [`Prompt`] keys built from tokens and [`MediaItem`]s.
 //! - `snapshot.rs`: the [`Snapshot`] trait, [`Coverage`] and [`LayerKind`].
 //! - `node.rs`: nodes and their arena.
-//! - `trie.rs`: [`PrefixTrie`], its [`Config`], `begin` and the live request.
+//! - `trie.rs`: [`PrefixTrie`], its [`Config`], [`SessionId`], `begin` and `abandon`.
 //! - `restore.rs`: longest match, the restore point, [`LayerRestore`] plans.
 //! - `schedule.rs`: [`SchedulePolicy`], the offsets worth capturing.
 //! - `edit.rs`: splitting, merging, growing and compacting paths.
@@ -105,5 +129,5 @@ pub use prompt::{MediaItem, Prompt};
 pub use restore::{LayerRestore, MatchInfo};
 pub use schedule::SchedulePolicy;
 pub use snapshot::{Coverage, LayerKind, Snapshot};
-pub use trie::{Begin, Config, PrefixTrie};
+pub use trie::{Begin, Config, PrefixTrie, SessionId};
 pub use view::NodeView;

@@ -1,11 +1,11 @@
-//! Longest match, the restore point, and the snapshots a request restores from.
+//! Longest match, the restore point, and the snapshots a session restores from.
 
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::node::NodeId;
 use crate::prompt::{Prompt, span_containing};
 use crate::snapshot::{LayerKind, Snapshot};
-use crate::trie::PrefixTrie;
+use crate::trie::{PrefixTrie, SessionId};
 
 /// How much of a prompt the trie holds and where a request for it would resume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,14 +47,16 @@ impl<S: Snapshot> PrefixTrie<S> {
         })
     }
 
-    /// The snapshots that bring each layer to the live request's restore point.
+    /// The snapshots that bring each layer of a fresh cache to the session's restore point.
     ///
-    /// Fails when no request is live.
-    pub fn restore_plan(&self) -> Result<Vec<LayerRestore<'_, S>>> {
-        if self.live.is_none() {
-            return Err(Error::NoSession);
-        }
-        let path = self.path_to(self.frontier);
+    /// The engine calls it right after `begin`; it stays valid for the whole session, since
+    /// nothing on the path to a live session's restore point is removed or loses a layer
+    /// (other sessions' closes and evictions only concatenate range snapshots there). Fails
+    /// when the session is not live, or with [`Error::RestoreUnavailable`] when a snapshot
+    /// merge failed on that path since `begin`.
+    pub fn restore_plan(&self, session: SessionId) -> Result<Vec<LayerRestore<'_, S>>> {
+        let restore_node = self.session(session)?.restore_node;
+        let path = self.path_to(restore_node);
         let below_root = &path[1..];
         let mut plan = Vec::with_capacity(self.config.layers.len());
         for (layer, kind) in self.config.layers.iter().enumerate() {
@@ -64,24 +66,27 @@ impl<S: Snapshot> PrefixTrie<S> {
                 LayerKind::Range => {
                     let mut segments = Vec::with_capacity(below_root.len());
                     for &id in below_root {
-                        segments.push(self.snapshot_of(id, layer)?);
+                        segments.push(self.snapshot_of(session, id, layer)?);
                     }
                     LayerRestore::Range(segments)
                 }
-                LayerKind::Point => LayerRestore::Point(self.snapshot_of(self.frontier, layer)?),
+                LayerKind::Point => {
+                    LayerRestore::Point(self.snapshot_of(session, restore_node, layer)?)
+                }
             };
             plan.push(step);
         }
         Ok(plan)
     }
 
-    fn snapshot_of(&self, id: NodeId, layer: usize) -> Result<&S> {
+    fn snapshot_of(&self, session: SessionId, id: NodeId, layer: usize) -> Result<&S> {
         match &self.nodes[id].snapshots[layer] {
             Some(stored) => Ok(&stored.snapshot),
-            None => Err(Error::Invariant(format!(
-                "restore path node {} lacks layer {layer}",
-                id.index()
-            ))),
+            None => Err(Error::RestoreUnavailable {
+                session,
+                node: id.index(),
+                layer,
+            }),
         }
     }
 

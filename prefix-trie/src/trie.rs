@@ -1,5 +1,7 @@
-//! The `PrefixTrie` itself: configuration, the live request, `begin` and `abandon`.
+//! The `PrefixTrie` itself: configuration, live sessions, `begin` and `abandon`.
 
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
 use std::ops::Range;
 
 use crate::error::{Error, Result};
@@ -20,46 +22,62 @@ pub struct Config {
     pub schedule: SchedulePolicy,
 }
 
+/// Names one live request (a session) from `begin` to `close` or `abandon`. Ids are never
+/// reused, so an ended session's id stays unknown to the trie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}", self.0)
+    }
+}
+
 /// What `begin` decided for a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Begin {
+    /// The session to name in `restore_plan`, `attach`, `close` and `abandon`.
+    pub session: SessionId,
     /// How many prompt keys the trie holds.
     pub matched: usize,
     /// The offset the caches restore to: the deepest one every layer can restore to, not
     /// inside a non-causal media item, and leaving at least one token to evaluate.
     pub restore_at: usize,
-    /// Up to where the caches left live by the previous request already hold this prompt's
-    /// state, so range layers may rewind instead of paging in that part.
-    pub live_common: usize,
     /// Offsets worth capturing during prefill, ascending, all past `restore_at`.
     pub capture_at: Vec<usize>,
 }
 
-/// The request between `begin` and `close`.
+/// A request between `begin` and `close`.
 #[derive(Clone)]
-pub(crate) struct Live {
+pub(crate) struct Session {
     /// The keys the request records: the prompt's, extended by `close`.
     pub keys: Vec<Key>,
     pub non_causal: Vec<Range<usize>>,
     pub restore_at: usize,
     /// Scheduled offsets; nodes ending at one become checkpoints.
     pub checkpoints: Vec<usize>,
+    /// The node ending at `restore_at`; `restore_plan` reads the path to it.
+    pub restore_node: NodeId,
+    /// Where the session's path currently ends: its attached captures reach here.
+    pub frontier: NodeId,
 }
 
 /// A compressed trie of cached model states, keyed by prompt keys, generic over snapshots.
 ///
-/// Exactly one path is live: the one ending at the frontier, where the engine's caches rest.
-/// Cloning (when snapshots clone) forks the whole cache, e.g. to try a policy on a copy.
+/// Any number of sessions may be live at once. Each has its own path from the root to its
+/// frontier; paths share the nodes of their common prefix. Cloning (when snapshots clone) forks
+/// the whole cache, live sessions included, e.g. to try a policy on a copy.
 #[derive(Clone)]
 pub struct PrefixTrie<S> {
     pub(crate) config: Config,
     pub(crate) nodes: Arena<S>,
     pub(crate) root: NodeId,
-    pub(crate) frontier: NodeId,
-    pub(crate) live: Option<Live>,
+    /// Live sessions by id; ordered so dumps are stable.
+    pub(crate) sessions: BTreeMap<SessionId, Session>,
+    pub(crate) next_session: u64,
     /// Sum of the stored snapshots' last-read byte counts.
     pub(crate) bytes: usize,
-    /// Logical clock for least-recently-used ordering; advances once per request.
+    /// Logical clock for least-recently-used ordering; advances at every begin and close.
     pub(crate) clock: u64,
 }
 
@@ -83,8 +101,8 @@ impl<S: Snapshot> PrefixTrie<S> {
             config,
             nodes,
             root,
-            frontier: root,
-            live: None,
+            sessions: BTreeMap::new(),
+            next_session: 0,
             bytes: 0,
             clock: 0,
         })
@@ -105,14 +123,16 @@ impl<S: Snapshot> PrefixTrie<S> {
         self.nodes.len()
     }
 
-    /// The offset where the live path ends (the engine's caches rest there).
-    pub fn frontier_offset(&self) -> usize {
-        self.nodes[self.frontier].end()
+    /// Number of sessions between `begin` and `close` or `abandon`.
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.len()
     }
 
-    /// Whether a request is between `begin` and `close`.
-    pub fn is_live(&self) -> bool {
-        self.live.is_some()
+    /// The offset where a live session's path ends: how far its attached captures reach.
+    ///
+    /// Fails when the session is not live.
+    pub fn frontier_offset(&self, session: SessionId) -> Result<usize> {
+        Ok(self.nodes[self.session(session)?.frontier].end())
     }
 
     /// Re-reads every snapshot's byte count; lazy snapshots grow when they are copied out.
@@ -128,23 +148,16 @@ impl<S: Snapshot> PrefixTrie<S> {
         total
     }
 
-    /// Starts a request: matches the prompt, makes the restore point a node boundary (splitting
-    /// an edge when the request resumes inside it), moves the live path there and schedules
-    /// captures. `turn_starts` are offsets worth keeping as restore points, such as where the
-    /// last user message begins.
+    /// Starts a session: matches the prompt, makes the restore point a node boundary
+    /// (splitting an edge when the request resumes inside it), starts the session's path there
+    /// and schedules captures. `turn_starts` are offsets worth keeping as restore points, such
+    /// as where the last user message begins. Other live sessions are unaffected.
     ///
-    /// Fails when a request is already live, when the prompt was keyed with another look-ahead,
-    /// or when splitting a snapshot fails (the trie stays consistent; no request starts).
+    /// Fails when the prompt was keyed with another look-ahead, or when splitting a snapshot
+    /// fails (the trie stays consistent; no session starts).
     pub fn begin(&mut self, prompt: &Prompt, turn_starts: &[usize]) -> Result<Begin> {
-        if self.live.is_some() {
-            return Err(Error::SessionActive);
-        }
         let found = self.find_path(prompt)?;
-        let live_common = self
-            .common_with_live(&found.path, found.matched)
-            .min(found.restore_at);
         let restore_node = self.boundary_on_path(&found.path, found.restore_at)?;
-        self.frontier = restore_node;
         self.clock += 1;
         self.nodes[restore_node].last_used = self.clock;
         let capture_at = self.config.schedule.capture_offsets(
@@ -153,37 +166,52 @@ impl<S: Snapshot> PrefixTrie<S> {
             found.matched,
             turn_starts,
         );
-        self.live = Some(Live {
-            keys: prompt.keys().to_vec(),
-            non_causal: prompt.non_causal().to_vec(),
-            restore_at: found.restore_at,
-            checkpoints: capture_at.clone(),
-        });
+        let session = SessionId(self.next_session);
+        self.next_session += 1;
+        self.sessions.insert(
+            session,
+            Session {
+                keys: prompt.keys().to_vec(),
+                non_causal: prompt.non_causal().to_vec(),
+                restore_at: found.restore_at,
+                checkpoints: capture_at.clone(),
+                restore_node,
+                frontier: restore_node,
+            },
+        );
         Ok(Begin {
+            session,
             matched: found.matched,
             restore_at: found.restore_at,
-            live_common,
             capture_at,
         })
     }
 
-    /// Ends the live request without recording anything more (the caches are in an unknown
-    /// state). The live path stays where the request restored to.
-    pub fn abandon(&mut self) {
-        self.live = None;
+    /// Ends a session without recording anything more (its caches are in an unknown state).
+    /// What it attached stays stored. An unknown or ended session is ignored.
+    pub fn abandon(&mut self, session: SessionId) {
+        self.sessions.remove(&session);
     }
 
-    /// How far the path just matched agrees with the path the caches were left on.
-    fn common_with_live(&self, path: &[NodeId], matched: usize) -> usize {
-        let live_path = self.path_to(self.frontier);
-        let mut common = 0;
-        for (new, old) in path.iter().zip(live_path.iter().skip(1)) {
-            if new != old {
-                break;
-            }
-            common = self.nodes[*new].end();
-        }
-        common.min(matched).min(self.frontier_offset())
+    pub(crate) fn session(&self, session: SessionId) -> Result<&Session> {
+        self.sessions
+            .get(&session)
+            .ok_or(Error::UnknownSession(session))
+    }
+
+    pub(crate) fn session_mut(&mut self, session: SessionId) -> Result<&mut Session> {
+        self.sessions
+            .get_mut(&session)
+            .ok_or(Error::UnknownSession(session))
+    }
+
+    /// Nodes that must keep their id and place: every live session's restore node and
+    /// frontier. Eviction and compaction never merge or remove them.
+    pub(crate) fn pinned(&self) -> HashSet<NodeId> {
+        self.sessions
+            .values()
+            .flat_map(|session| [session.restore_node, session.frontier])
+            .collect()
     }
 
     /// The nodes from the root (included) down to `id`.

@@ -3,7 +3,7 @@
 use crate::key::Key;
 use crate::node::NodeId;
 use crate::snapshot::Snapshot;
-use crate::trie::PrefixTrie;
+use crate::trie::{PrefixTrie, SessionId};
 
 /// One node as seen from outside.
 #[derive(Debug)]
@@ -22,8 +22,11 @@ pub struct NodeView<'a, S> {
     pub snapshots: Vec<Option<&'a S>>,
     /// Whether it is a scheduled restore point (resists compaction).
     pub checkpoint: bool,
-    /// Whether the live path ends here.
-    pub frontier: bool,
+    /// The live sessions whose path ends here.
+    pub frontier_of: Vec<SessionId>,
+    /// Whether eviction and compaction leave the node in place: it is some live session's
+    /// restore node or frontier.
+    pub pinned: bool,
 }
 
 impl<S> NodeView<'_, S> {
@@ -36,7 +39,8 @@ impl<S> NodeView<'_, S> {
 impl<S: Snapshot> PrefixTrie<S> {
     /// Every node, the root included, in no particular order.
     pub fn nodes(&self) -> impl Iterator<Item = NodeView<'_, S>> {
-        self.nodes.iter().map(|(id, node)| NodeView {
+        let pinned = self.pinned();
+        self.nodes.iter().map(move |(id, node)| NodeView {
             id,
             parent: node.parent,
             children: node.children.len(),
@@ -48,7 +52,13 @@ impl<S: Snapshot> PrefixTrie<S> {
                 .map(|slot| slot.as_ref().map(|s| &s.snapshot))
                 .collect(),
             checkpoint: node.checkpoint,
-            frontier: id == self.frontier,
+            frontier_of: self
+                .sessions
+                .iter()
+                .filter(|(_, session)| session.frontier == id)
+                .map(|(&session, _)| session)
+                .collect(),
+            pinned: pinned.contains(&id),
         })
     }
 

@@ -58,23 +58,43 @@ fn a_trie_needs_layers() {
 }
 
 #[test]
-fn one_request_at_a_time() {
+fn unknown_and_ended_sessions_are_errors_and_others_may_be_live() {
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 10), &[]);
-    assert!(matches!(engine.trie.attach(vec![]), Err(Error::NoSession)));
-    assert!(matches!(engine.trie.restore_plan(), Err(Error::NoSession)));
+    let first = engine.trie.begin(&prompt, &[]).unwrap();
+    // A second session with the same prompt may begin while the first is live.
+    let second = engine.trie.begin(&prompt, &[]).unwrap();
+    assert_ne!(first.session, second.session);
+    assert_eq!(engine.trie.live_sessions(), 2);
+    engine.trie.abandon(first.session);
+    assert_eq!(engine.trie.live_sessions(), 1);
+    let ended = first.session;
     assert!(matches!(
-        engine.trie.close(prompt.keys(), 0, vec![], no_page_out),
-        Err(Error::NoSession)
+        engine.trie.attach(ended, vec![]),
+        Err(Error::UnknownSession(id)) if id == ended
     ));
-    engine.trie.begin(&prompt, &[]).unwrap();
     assert!(matches!(
-        engine.trie.begin(&prompt, &[]),
-        Err(Error::SessionActive)
+        engine.trie.restore_plan(ended),
+        Err(Error::UnknownSession(_))
     ));
-    engine.trie.abandon();
-    assert!(!engine.trie.is_live());
-    engine.trie.begin(&prompt, &[]).unwrap();
+    assert!(matches!(
+        engine.trie.frontier_offset(ended),
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
+        engine
+            .trie
+            .close(ended, prompt.keys(), 0, vec![], no_page_out),
+        Err(Error::UnknownSession(_))
+    ));
+    // Abandoning an ended session again is harmless; the other one is untouched.
+    engine.trie.abandon(ended);
+    assert_eq!(engine.trie.live_sessions(), 1);
+    assert_eq!(engine.trie.restore_plan(second.session).unwrap().len(), 2);
+    engine.check();
+    // Ids are never reused.
+    let third = engine.trie.begin(&prompt, &[]).unwrap();
+    assert!(third.session != first.session && third.session != second.session);
 }
 
 #[test]
@@ -95,7 +115,7 @@ fn prompts_keyed_with_another_look_ahead_are_refused() {
 fn malformed_captures_are_refused_before_anything_is_stored() {
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 10), &[]);
-    engine.trie.begin(&prompt, &[]).unwrap();
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
     let good = Capture {
         layer: 0,
         snapshot: range(0, 4),
@@ -104,7 +124,7 @@ fn malformed_captures_are_refused_before_anything_is_stored() {
         layer: 7,
         snapshot: range(0, 4),
     };
-    let result = engine.trie.attach(vec![good, wrong_layer]);
+    let result = engine.trie.attach(session, vec![good, wrong_layer]);
     assert!(matches!(
         result,
         Err(Error::LayerOutOfRange {
@@ -121,7 +141,7 @@ fn malformed_captures_are_refused_before_anything_is_stored() {
             bytes: 1,
         },
     };
-    let result = engine.trie.attach(vec![point_on_range]);
+    let result = engine.trie.attach(session, vec![point_on_range]);
     assert!(matches!(
         result,
         Err(Error::ShapeMismatch {
@@ -135,7 +155,7 @@ fn malformed_captures_are_refused_before_anything_is_stored() {
         snapshot: range(3, 3),
     };
     assert!(matches!(
-        engine.trie.attach(vec![empty]),
+        engine.trie.attach(session, vec![empty]),
         Err(Error::EmptyCoverage { layer: 0, .. })
     ));
     engine.check();
@@ -145,13 +165,16 @@ fn malformed_captures_are_refused_before_anything_is_stored() {
 fn captures_past_the_prompt_are_dropped_and_counted() {
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 10), &[]);
-    engine.trie.begin(&prompt, &[]).unwrap();
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
     let report = engine
         .trie
-        .attach(vec![Capture {
-            layer: 0,
-            snapshot: range(0, 12),
-        }])
+        .attach(
+            session,
+            vec![Capture {
+                layer: 0,
+                snapshot: range(0, 12),
+            }],
+        )
         .unwrap();
     assert_eq!(report.past_live, 1);
     assert_eq!(report.stored, 0);
@@ -161,11 +184,13 @@ fn captures_past_the_prompt_are_dropped_and_counted() {
 fn close_refuses_keys_that_do_not_extend_the_prompt_and_ends_the_request() {
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 10), &[]);
-    engine.trie.begin(&prompt, &[]).unwrap();
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
     let other = engine.prompt(&run(1, 12), &[]);
-    let result = engine.trie.close(other.keys(), 5, vec![], no_page_out);
+    let result = engine
+        .trie
+        .close(session, other.keys(), 5, vec![], no_page_out);
     assert!(matches!(result, Err(Error::KeysDiverged { offset: 0 })));
-    assert!(!engine.trie.is_live());
+    assert_eq!(engine.trie.live_sessions(), 0);
     engine.check();
 }
 
@@ -175,8 +200,11 @@ fn close_refuses_caches_ahead_of_the_keys_or_behind_the_restore_point() {
     let served = engine.serve(&run(0, 10), &[], &[], Outcome::CancelAt(6));
     assert_eq!(served.rest_at, 6);
     let prompt = engine.prompt(&run(0, 10), &[]);
-    assert_eq!(engine.trie.begin(&prompt, &[]).unwrap().restore_at, 6);
-    let result = engine.trie.close(prompt.keys(), 11, vec![], no_page_out);
+    let begin = engine.trie.begin(&prompt, &[]).unwrap();
+    assert_eq!(begin.restore_at, 6);
+    let result = engine
+        .trie
+        .close(begin.session, prompt.keys(), 11, vec![], no_page_out);
     assert!(matches!(
         result,
         Err(Error::CacheAheadOfKeys {
@@ -184,8 +212,10 @@ fn close_refuses_caches_ahead_of_the_keys_or_behind_the_restore_point() {
             keys: 10
         })
     ));
-    engine.trie.begin(&prompt, &[]).unwrap();
-    let result = engine.trie.close(prompt.keys(), 3, vec![], no_page_out);
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
+    let result = engine
+        .trie
+        .close(session, prompt.keys(), 3, vec![], no_page_out);
     assert!(matches!(
         result,
         Err(Error::RestBeforeRestorePoint {
@@ -200,14 +230,16 @@ fn close_refuses_caches_ahead_of_the_keys_or_behind_the_restore_point() {
 fn page_out_failures_are_reported_and_leave_a_consistent_trie() {
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 10), &[]);
-    engine.trie.begin(&prompt, &[]).unwrap();
-    let result = engine.trie.close(prompt.keys(), 9, vec![], no_page_out);
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
+    let result = engine
+        .trie
+        .close(session, prompt.keys(), 9, vec![], no_page_out);
     assert!(matches!(result, Err(Error::PageOut { layer: 0, .. })));
     engine.check();
 
-    engine.trie.begin(&prompt, &[]).unwrap();
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
     let wrong = |_layer: usize, _coverage: Coverage| Ok::<_, Infallible>(range(0, 3));
-    let result = engine.trie.close(prompt.keys(), 9, vec![], wrong);
+    let result = engine.trie.close(session, prompt.keys(), 9, vec![], wrong);
     assert!(matches!(
         result,
         Err(Error::PageOutCoverage { layer: 0, .. })
@@ -250,11 +282,17 @@ fn brittle_trie_with_one_edge() -> (PrefixTrie<Brittle>, Prompt) {
     };
     let mut trie = PrefixTrie::new(config).unwrap();
     let prompt = Prompt::new(&run(0, 10), &[], Lookahead::None).unwrap();
-    trie.begin(&prompt, &[]).unwrap();
-    trie.close(prompt.keys(), 9, vec![], |_, coverage| match coverage {
-        Coverage::Range(range) => Ok::<_, Infallible>(Brittle(range)),
-        Coverage::Point(_) => unreachable!(),
-    })
+    let session = trie.begin(&prompt, &[]).unwrap().session;
+    trie.close(
+        session,
+        prompt.keys(),
+        9,
+        vec![],
+        |_, coverage| match coverage {
+            Coverage::Range(range) => Ok::<_, Infallible>(Brittle(range)),
+            Coverage::Point(_) => unreachable!(),
+        },
+    )
     .unwrap();
     (trie, prompt)
 }
@@ -273,7 +311,7 @@ fn a_failed_split_drops_the_layer_and_reports_it() {
             ..
         })
     ));
-    assert!(!trie.is_live());
+    assert_eq!(trie.live_sessions(), 0);
     trie.check_invariants().unwrap();
     assert_eq!(trie.bytes(), 0);
     assert_eq!(trie.find(&diverging).unwrap().restore_at, 0);
@@ -284,11 +322,18 @@ fn a_failed_merge_during_compaction_drops_the_layer_and_reports_it() {
     let (mut trie, _) = brittle_trie_with_one_edge();
     // Extending the conversation compacts the first edge (not a checkpoint) into the new one.
     let longer = Prompt::new(&run(0, 14), &[], Lookahead::None).unwrap();
-    assert_eq!(trie.begin(&longer, &[]).unwrap().restore_at, 9);
-    trie.close(longer.keys(), 13, vec![], |_, coverage| match coverage {
-        Coverage::Range(range) => Ok::<_, FakeError>(Brittle(range)),
-        Coverage::Point(_) => unreachable!(),
-    })
+    let begin = trie.begin(&longer, &[]).unwrap();
+    assert_eq!(begin.restore_at, 9);
+    trie.close(
+        begin.session,
+        longer.keys(),
+        13,
+        vec![],
+        |_, coverage| match coverage {
+            Coverage::Range(range) => Ok::<_, FakeError>(Brittle(range)),
+            Coverage::Point(_) => unreachable!(),
+        },
+    )
     .unwrap_err();
     trie.check_invariants().unwrap();
     assert!(trie.dump().contains("layers ."), "{}", trie.dump());
@@ -299,11 +344,11 @@ fn caches_rolled_back_below_an_attached_capture_end_the_live_path_where_they_res
     let mut engine = kv_engine();
     let prompt = engine.prompt(&run(0, 20), &[]);
     let keys = prompt.keys().to_vec();
-    engine.trie.begin(&prompt, &[]).unwrap();
+    let session = engine.trie.begin(&prompt, &[]).unwrap().session;
     let mut captures = engine.capture(&keys, 0, 8);
     captures.extend(engine.capture(&keys, 8, 12));
-    engine.trie.attach(captures).unwrap();
-    assert_eq!(engine.trie.frontier_offset(), 12);
+    engine.trie.attach(session, captures).unwrap();
+    assert_eq!(engine.trie.frontier_offset(session).unwrap(), 12);
 
     let page_out = |_layer: usize, coverage: Coverage| -> Result<Fake, FakeError> {
         Ok(match coverage {
@@ -318,8 +363,12 @@ fn caches_rolled_back_below_an_attached_capture_end_the_live_path_where_they_res
             },
         })
     };
-    engine.trie.close(&keys, 10, vec![], page_out).unwrap();
-    assert_eq!(engine.trie.frontier_offset(), 10);
+    // Just before close the path ends at 12; close rolls it back to where the caches rest.
+    let report = engine
+        .trie
+        .close(session, &keys, 10, vec![], page_out)
+        .unwrap();
+    assert!(report.paged_out > 0);
     engine.check();
     // What was captured past the rollback stays usable.
     assert_eq!(engine.resume_point(&run(0, 20), &[]), 12);

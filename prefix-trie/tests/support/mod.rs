@@ -1,13 +1,14 @@
 //! A fake snapshot that records the keys it covers, and a fake engine that drives the trie the
-//! way the runner will: begin, restore, prefill with scheduled captures, attach, close.
+//! way the runner will: per session begin, restore into fresh caches, prefill with scheduled
+//! captures, attach, close; any number of sessions live at once.
 #![allow(dead_code)]
 
 use std::fmt;
 use std::ops::Range;
 
 use prefix_trie::{
-    Capture, Config, Coverage, Key, LayerKind, LayerRestore, Lookahead, MediaItem, PrefixTrie,
-    Prompt, SchedulePolicy, Snapshot,
+    AttachReport, Begin, Capture, Config, Coverage, Key, LayerKind, LayerRestore, Lookahead,
+    MediaItem, PrefixTrie, Prompt, SchedulePolicy, SessionId, Snapshot,
 };
 
 /// Bytes a fake range snapshot holds per key, and a fake point snapshot in all.
@@ -139,12 +140,34 @@ pub struct Served {
     pub tokens: Vec<u32>,
 }
 
+/// A session between begin and close, with what its own caches have prefilled.
+#[derive(Debug)]
+pub struct Live {
+    pub session: SessionId,
+    pub tokens: Vec<u32>,
+    pub media: Vec<MediaItem>,
+    pub prompt: Prompt,
+    pub begin: Begin,
+    /// Where the last capture was taken (the restore point before any): the next range
+    /// capture starts here.
+    pub captured_to: usize,
+    /// How far the session's caches have prefilled.
+    pub prefilled: usize,
+    /// Captures taken but not yet attached.
+    pub pending: Vec<Capture<Fake>>,
+}
+
+impl Live {
+    /// Where prefill ends: everything but the seed token, which decoding forwards first.
+    pub fn prefill_end(&self) -> usize {
+        self.prompt.resume_limit().max(self.begin.restore_at)
+    }
+}
+
 /// Drives a trie like the engine does, checking every restore against recomputation.
 pub struct Engine {
     pub trie: PrefixTrie<Fake>,
     pub sizes: Sizes,
-    /// What the live caches hold after the last request.
-    pub live: Vec<Key>,
     /// When set, the next request evicts down to this budget between prefill and close, as
     /// an engine under memory pressure may.
     pub evict_mid_request: Option<usize>,
@@ -166,7 +189,6 @@ impl Engine {
         Engine {
             trie,
             sizes,
-            live: Vec::new(),
             evict_mid_request: None,
         }
     }
@@ -198,15 +220,8 @@ impl Engine {
         Prompt::new(tokens, media, self.lookahead()).unwrap()
     }
 
-    /// Serves one request and returns what happened. Panics when a restore does not reproduce
-    /// the prompt's prefix or the trie breaks an invariant.
-    pub fn serve(
-        &mut self,
-        tokens: &[u32],
-        media: &[MediaItem],
-        turn_starts: &[usize],
-        outcome: Outcome,
-    ) -> Served {
+    /// Begins a session and checks its decisions and its restore against recomputation.
+    pub fn begin(&mut self, tokens: &[u32], media: &[MediaItem], turn_starts: &[usize]) -> Live {
         let prompt = self.prompt(tokens, media);
         let keys = prompt.keys();
         let begin = self.trie.begin(&prompt, turn_starts).unwrap();
@@ -223,73 +238,129 @@ impl Engine {
                 "capture inside media"
             );
         }
-        // The caches left live by the last request hold this prompt up to where they agree.
-        let agree = self
-            .live
-            .iter()
-            .zip(keys)
-            .take_while(|(a, b)| a == b)
-            .count();
-        assert_eq!(
-            begin.live_common,
-            agree.min(begin.restore_at),
-            "live_common"
-        );
-        self.check_restore(&keys[..begin.restore_at]);
-
-        // Prefill evaluates everything but the seed token, which decoding forwards first.
-        let prefill_end = prompt.resume_limit().max(begin.restore_at);
-        let stop = match &outcome {
-            Outcome::Finish(_) => prefill_end,
-            Outcome::CancelAt(at) => {
-                let at = (*at).clamp(begin.restore_at, prefill_end);
-                // Prefill never splits a non-causal item, so a cancel lands at one of its ends.
-                match inside(prompt.non_causal(), at) {
-                    Some(span) if span.end <= prefill_end => span.end,
-                    Some(span) => span.start,
-                    None => at,
-                }
-            }
+        let live = Live {
+            session: begin.session,
+            tokens: tokens.to_vec(),
+            media: media.to_vec(),
+            captured_to: begin.restore_at,
+            prefilled: begin.restore_at,
+            prompt,
+            begin,
+            pending: Vec::new(),
         };
-        let mut captures = Vec::new();
-        let mut base = begin.restore_at;
-        for &offset in begin.capture_at.iter().filter(|&&offset| offset <= stop) {
-            captures.extend(self.capture(keys, base, offset));
-            base = offset;
-        }
+        self.check_restore(&live);
+        self.check();
+        live
+    }
 
+    /// Prefills the session's caches up to `to` (clamped into the prefill, and never stopping
+    /// inside a non-causal item), taking the scheduled captures on the way.
+    pub fn prefill(&self, live: &mut Live, to: usize) {
+        let stop = self.stop_at(live, to);
+        if stop <= live.prefilled {
+            return;
+        }
+        let keys = live.prompt.keys();
+        let due: Vec<usize> = live
+            .begin
+            .capture_at
+            .iter()
+            .copied()
+            .filter(|&offset| live.prefilled < offset && offset <= stop)
+            .collect();
+        for offset in due {
+            let captures = self.capture(keys, live.captured_to, offset);
+            live.pending.extend(captures);
+            live.captured_to = offset;
+        }
+        live.prefilled = stop;
+    }
+
+    /// Where a prefill asked to stop at `to` stops: inside the prefill, at an end of any
+    /// non-causal item (prefill never splits one).
+    pub fn stop_at(&self, live: &Live, to: usize) -> usize {
+        let at = to.clamp(live.begin.restore_at, live.prefill_end());
+        match inside(live.prompt.non_causal(), at) {
+            Some(span) if span.end <= live.prefill_end() => span.end,
+            Some(span) => span.start,
+            None => at,
+        }
+    }
+
+    /// Attaches the session's pending captures.
+    pub fn attach(&mut self, live: &mut Live) -> AttachReport {
+        let captures = std::mem::take(&mut live.pending);
+        let report = self.trie.attach(live.session, captures).unwrap();
+        self.check();
+        report
+    }
+
+    /// Closes the session: a finished one prefills to its end and records the generated
+    /// tokens; a cancelled one rests where its prefill stopped (or where it already was, if it
+    /// got further). Pending captures go with the close; the page-out reads this session's
+    /// own keys only, so a page-out of another path's edge shows up as wrong content.
+    pub fn close(&mut self, mut live: Live, outcome: Outcome) -> Served {
         let (recorded_tokens, rest_at) = match &outcome {
             Outcome::Finish(generated) => {
-                self.trie.attach(captures).unwrap();
-                captures = Vec::new();
-                let mut all = tokens.to_vec();
+                let end = live.prefill_end();
+                self.prefill(&mut live, end);
+                let mut all = live.tokens.clone();
                 all.extend_from_slice(generated);
                 // Every token but the last sampled one entered the caches.
-                let rest_at = (all.len() - 1).max(stop);
+                let rest_at = (all.len() - 1).max(end);
                 (all, rest_at)
             }
-            Outcome::CancelAt(_) => (tokens.to_vec(), stop),
+            Outcome::CancelAt(at) => {
+                let stop = self.stop_at(&live, *at);
+                self.prefill(&mut live, stop);
+                (live.tokens.clone(), stop)
+            }
         };
-        if let Some(budget) = self.evict_mid_request.take() {
-            self.trie.evict(budget).unwrap();
-            self.trie.check_invariants().unwrap();
-        }
-        let recorded = Prompt::new(&recorded_tokens, media, self.lookahead()).unwrap();
+        let recorded = Prompt::new(&recorded_tokens, &live.media, self.lookahead()).unwrap();
         let history = recorded.keys().to_vec();
         let sizes = self.sizes;
         self.trie
-            .close(&history, rest_at, captures, |_layer, coverage| {
-                page_out(&history, rest_at, coverage, sizes)
-            })
+            .close(
+                live.session,
+                &history,
+                rest_at,
+                live.pending,
+                |_layer, coverage| page_out(&history, rest_at, coverage, sizes),
+            )
             .unwrap();
         self.check();
-        self.live = history[..rest_at].to_vec();
         Served {
-            matched: begin.matched,
-            restore_at: begin.restore_at,
+            matched: live.begin.matched,
+            restore_at: live.begin.restore_at,
             rest_at,
             tokens: recorded_tokens,
         }
+    }
+
+    /// Serves one request alone and returns what happened. Panics when a restore does not
+    /// reproduce the prompt's prefix or the trie breaks an invariant.
+    pub fn serve(
+        &mut self,
+        tokens: &[u32],
+        media: &[MediaItem],
+        turn_starts: &[usize],
+        outcome: Outcome,
+    ) -> Served {
+        let mut live = self.begin(tokens, media, turn_starts);
+        match &outcome {
+            Outcome::Finish(_) => {
+                let end = live.prefill_end();
+                self.prefill(&mut live, end);
+                self.attach(&mut live);
+            }
+            Outcome::CancelAt(at) => self.prefill(&mut live, *at),
+        }
+        if let Some(budget) = self.evict_mid_request.take() {
+            self.trie.evict(budget).unwrap();
+            self.check();
+            self.check_restore(&live);
+        }
+        self.close(live, outcome)
     }
 
     /// What every layer captures when the prefill crosses `offset`, its last capture at `base`.
@@ -316,9 +387,11 @@ impl Engine {
             .collect()
     }
 
-    /// Restores every layer from the live request's plan and compares with recomputation.
-    fn check_restore(&self, expected: &[Key]) {
-        let plan = self.trie.restore_plan().unwrap();
+    /// Restores fresh caches from the session's plan and compares every layer with
+    /// recomputing the prompt's keys up to the restore point.
+    pub fn check_restore(&self, live: &Live) {
+        let expected = &live.prompt.keys()[..live.begin.restore_at];
+        let plan = self.trie.restore_plan(live.session).unwrap();
         for (layer, step) in plan.into_iter().enumerate() {
             let state: Option<Vec<Key>> = match step {
                 LayerRestore::Stateless => None,
