@@ -5,7 +5,7 @@
 mod support;
 
 use insta::assert_snapshot;
-use prefix_trie::{LayerKind, Lookahead, MediaItem, SchedulePolicy};
+use prefix_trie::{Key, LayerKind, Lookahead, MediaItem, SchedulePolicy};
 use support::{Engine, Outcome, Sizes, cat, run};
 
 fn kv_only() -> Engine {
@@ -357,4 +357,176 @@ fn look_ahead_keys_reuse_a_pair_only_when_its_next_token_matched() {
     let served = engine.serve(&next, &[], &[], Outcome::Finish(vec![7]));
     assert_eq!((served.matched, served.restore_at), (10, 10));
     assert_snapshot!(engine.trie.dump());
+}
+
+/// How many children the node whose path is exactly `keys` has, if there is one.
+fn children_at(engine: &Engine, keys: &[Key]) -> Option<usize> {
+    engine
+        .trie
+        .nodes()
+        .find(|node| engine.trie.path_keys(node.id).as_deref() == Some(keys))
+        .map(|node| node.children)
+}
+
+/// Two conversations sharing a system prompt are live at once, twice over: both restore
+/// exactly, both close, the shared prefix becomes one branching node, and each next turn
+/// resumes at the end of its own history while the other one is live too.
+#[test]
+fn two_live_sessions_sharing_a_system_prompt() {
+    let mut engine = Engine::hybrid();
+    let system = run(0, 16);
+    let a_prompt = cat(&[&system, &run(100, 110)]);
+    let b_prompt = cat(&[&system, &run(200, 212)]);
+    let mut a = engine.begin(&a_prompt, &[], &[]);
+    let mut b = engine.begin(&b_prompt, &[], &[]);
+    assert_eq!(engine.trie.live_sessions(), 2);
+    // Interleaved prefill: A gets partway, B all the way, then A finishes.
+    engine.prefill(&mut a, 12);
+    engine.attach(&mut a);
+    let b_end = b.prefill_end();
+    engine.prefill(&mut b, b_end);
+    engine.attach(&mut b);
+    let mid_flight = engine.trie.dump();
+    let a_done = engine.close(a, Outcome::Finish(vec![1, 2, 3]));
+    assert_eq!(engine.trie.live_sessions(), 1);
+    let b_done = engine.close(b, Outcome::Finish(vec![4, 5]));
+    assert_eq!(engine.trie.live_sessions(), 0);
+
+    // The system prompt's keys (with look-ahead, up to the last pair inside it) are one node
+    // with a branch per conversation.
+    let a_keys = engine.prompt(&a_prompt, &[]).keys().to_vec();
+    let shared = &a_keys[..system.len() - 1];
+    assert_eq!(children_at(&engine, shared), Some(2));
+
+    // Both next turns live at once, each resuming at its own end.
+    let a_next = cat(&[&a_done.tokens, &run(300, 306)]);
+    let b_next = cat(&[&b_done.tokens, &run(400, 403)]);
+    let a2 = engine.begin(&a_next, &[], &[]);
+    let b2 = engine.begin(&b_next, &[], &[]);
+    assert_eq!(a2.begin.restore_at, a_done.rest_at);
+    assert_eq!(b2.begin.restore_at, b_done.rest_at);
+    let b2_done = engine.close(b2, Outcome::Finish(vec![9]));
+    let a2_done = engine.close(a2, Outcome::Finish(vec![8]));
+    // Alternating conversations both stay cached.
+    for done in [&a2_done, &b2_done] {
+        let continued = cat(&[&done.tokens, &[42]]);
+        assert_eq!(engine.resume_point(&continued, &[]), done.rest_at);
+    }
+    assert_snapshot!("two_live_sessions_mid_flight", mid_flight);
+    assert_snapshot!("two_live_sessions_after", engine.trie.dump());
+}
+
+/// Two sessions with the same prompt live at once: the second walks into the nodes the
+/// first created; each records its own reply as a branch.
+#[test]
+fn identical_prompts_live_at_once_share_their_nodes() {
+    let mut engine = Engine::hybrid();
+    let prompt = run(0, 20);
+    let mut a = engine.begin(&prompt, &[], &[]);
+    let mut b = engine.begin(&prompt, &[], &[]);
+    engine.prefill(&mut a, 9);
+    engine.attach(&mut a);
+    engine.prefill(&mut b, 18);
+    let report = engine.attach(&mut b);
+    // B's capture at 8 found A's already there.
+    assert!(report.kept_existing > 0);
+    let a_done = engine.close(a, Outcome::Finish(vec![1, 2]));
+    let b_done = engine.close(b, Outcome::Finish(vec![3, 4]));
+    for done in [&a_done, &b_done] {
+        let continued = cat(&[&done.tokens, &[42]]);
+        assert_eq!(engine.resume_point(&continued, &[]), done.rest_at);
+    }
+    let keys = engine.prompt(&prompt, &[]).keys().to_vec();
+    assert_eq!(children_at(&engine, &keys), Some(2));
+}
+
+/// Session B begins and closes while A is between begin and close; B splits A's attached
+/// edge where their prompts diverge and compacts its own path. A's later close still records
+/// its own keys and pages out only its own path.
+#[test]
+fn a_session_begun_and_closed_inside_another_leaves_it_intact() {
+    let mut engine = kv_only();
+    let a_prompt = run(0, 30);
+    let mut a = engine.begin(&a_prompt, &[], &[]);
+    // A's prefill captures only at 26 (4 before the end): attach it before B comes.
+    engine.prefill(&mut a, 29);
+    engine.attach(&mut a);
+    assert_eq!(engine.trie.frontier_offset(a.session).unwrap(), 26);
+    let a_frontier = engine
+        .trie
+        .nodes()
+        .find(|node| !node.frontier_of.is_empty());
+    assert_eq!(a_frontier.map(|node| node.end()), Some(26));
+
+    // B shares A's first 20 keys, which A's attached capture already covers.
+    let b_prompt = cat(&[&run(0, 20), &run(900, 910)]);
+    let b = engine.begin(&b_prompt, &[], &[]);
+    assert_eq!((b.begin.matched, b.begin.restore_at), (20, 20));
+    let b_done = engine.close(b, Outcome::Finish(vec![600, 601]));
+    assert_eq!(engine.trie.frontier_offset(a.session).unwrap(), 26);
+    engine.check_restore(&a);
+
+    let a_done = engine.close(a, Outcome::Finish(vec![500, 501]));
+    assert_eq!(a_done.rest_at, 31);
+    for done in [&a_done, &b_done] {
+        let continued = cat(&[&done.tokens, &[42]]);
+        assert_eq!(engine.resume_point(&continued, &[]), done.rest_at);
+    }
+    // The shared head is one node branching into both.
+    let shared = engine.prompt(&run(0, 20), &[]).keys().to_vec();
+    assert_eq!(children_at(&engine, &shared), Some(2));
+}
+
+/// Eviction between a session's begin and close (budget zero: everything it may take) leaves
+/// the session's restore plan and its path whole; its close then stores the whole turn.
+#[test]
+fn eviction_while_a_session_is_live_does_not_break_it() {
+    let mut engine = Engine::hybrid();
+    let first = engine.serve(&run(0, 30), &[], &[], Outcome::Finish(vec![1, 2, 3]));
+    let other = engine.serve(&run(500, 520), &[], &[], Outcome::Finish(vec![4]));
+    let next = cat(&[&first.tokens, &run(40, 60)]);
+    let mut live = engine.begin(&next, &[], &[]);
+    assert_eq!(live.begin.restore_at, first.rest_at);
+
+    engine.trie.evict(0).unwrap();
+    engine.check();
+    engine.check_restore(&live);
+    // The unrelated conversation went; the live one's restore point stayed.
+    assert!(engine.resume_point(&cat(&[&other.tokens, &[9]]), &[]) < other.rest_at);
+    assert_eq!(engine.resume_point(&next, &[]), first.rest_at);
+
+    engine.prefill(&mut live, 45);
+    engine.attach(&mut live);
+    engine.trie.evict(0).unwrap();
+    engine.check();
+    engine.check_restore(&live);
+    let done = engine.close(live, Outcome::Finish(vec![7, 8]));
+    let continued = cat(&[&done.tokens, &[42]]);
+    assert_eq!(engine.resume_point(&continued, &[]), done.rest_at);
+}
+
+/// Abandoning one live session ends only that one: the other still restores, attaches and
+/// closes; what the abandoned one attached stays stored.
+#[test]
+fn abandoning_one_session_leaves_the_other() {
+    let mut engine = Engine::hybrid();
+    let system = run(0, 12);
+    let mut a = engine.begin(&cat(&[&system, &run(100, 120)]), &[], &[]);
+    let mut b = engine.begin(&cat(&[&system, &run(200, 220)]), &[], &[]);
+    engine.prefill(&mut b, 17);
+    engine.attach(&mut b);
+    engine.trie.abandon(b.session);
+    assert_eq!(engine.trie.live_sessions(), 1);
+    engine.check();
+    assert!(engine.trie.attach(b.session, Vec::new()).is_err());
+    // B's checkpoint at 8 survives the abandon.
+    assert_eq!(engine.resume_point(&b.tokens, &[]), 16);
+
+    engine.check_restore(&a);
+    engine.prefill(&mut a, 20);
+    engine.attach(&mut a);
+    let done = engine.close(a, Outcome::Finish(vec![5]));
+    let continued = cat(&[&done.tokens, &[42]]);
+    assert_eq!(engine.resume_point(&continued, &[]), done.rest_at);
+    assert_eq!(engine.trie.live_sessions(), 0);
 }
