@@ -185,12 +185,13 @@ fn invalid_quantization_is_an_error() {
     assert!(quantize(&w, QuantSpec::affine(64, 4)).is_ok());
 }
 
-/// Decode-sized products (1–4 rows) of 4- and 8-bit affine weights go through mlxkit's packed
-/// CPU kernel (`mlx-sys/shim/qmv.cc`); 5 rows go to MLX. Both must equal an f64 product with
-/// the dequantized weights, for every group size, batch shape and a strided `x`.
+/// Decode-sized products (up to 16 rows: one per batched sequence) of 4- and 8-bit affine
+/// weights go through mlxkit's packed CPU kernel (`mlx-sys/shim/qmv.cc`); 17 rows go to MLX.
+/// Both must equal an f64 product with the dequantized weights, for every group size, batch
+/// shape and a strided `x`. 200 output rows cross the kernel's 128-row bands.
 #[test]
 fn packed_cpu_matvec_equals_dense_reference() {
-    let (out, inp) = (24, 256);
+    let (out, inp) = (200, 256);
     let (_, w) = array(&[out, inp], 26);
     for spec in [
         QuantSpec::affine(32, 4),
@@ -203,7 +204,7 @@ fn packed_cpu_matvec_equals_dense_reference() {
         let q = quantize(&w, spec).unwrap();
         let dense = q.dequantize(Some(Dtype::F32)).unwrap();
         let dense_t = dense.transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
-        for rows in 1..=5 {
+        for rows in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
             let (xs, x) = array(&[rows, inp], 27 + rows as u64);
             // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
             let batched = x.reshape(&[rows, 1, inp]).unwrap();
@@ -231,4 +232,30 @@ fn packed_cpu_matvec_equals_dense_reference() {
     }
     assert!(!QuantSpec::affine(32, 3).has_packed_cpu_matvec());
     assert!(!QuantSpec::affine(32, 6).has_packed_cpu_matvec());
+}
+
+/// A row's product does not depend on the rows it shares the kernel with: the engine batches
+/// sequences, and a request's output must equal its output alone.
+#[test]
+fn packed_cpu_matvec_rows_are_independent() {
+    let (out, inp) = (200, 256);
+    let (_, w) = array(&[out, inp], 31);
+    for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
+        let q = quantize(&w, spec).unwrap();
+        let (_, x) = array(&[13, inp], 32);
+        let together = q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap();
+        for row in [0, 3, 4, 7, 12] {
+            let alone = q
+                .matmul(&x.slice_axis(0, row, row + 1).unwrap(), true)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let start = row as usize * out as usize;
+            assert_eq!(
+                alone,
+                together[start..start + out as usize],
+                "{spec:?}, row {row}"
+            );
+        }
+    }
 }

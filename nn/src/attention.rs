@@ -125,12 +125,29 @@ impl Attention {
         values: &Array,
         mask: AttentionMask<'_>,
     ) -> Result<Array> {
-        let out = match self.logit_softcap {
+        self.output(&self.attend_heads(queries, keys, values, mask)?)
+    }
+
+    /// The attention itself, per head: `[batch, heads, tokens, head_dim]`, before the output
+    /// projection. Rows of a batch with different histories attend one call each and share
+    /// [`Attention::output`].
+    pub fn attend_heads(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array> {
+        Ok(match self.logit_softcap {
             None => {
                 mlx::fast::scaled_dot_product_attention(queries, keys, values, self.scale, mask)?
             }
             Some(cap) => self.softcapped(queries, keys, values, mask, cap)?,
-        };
+        })
+    }
+
+    /// Merges the heads of [`Attention::attend_heads`] and projects to `[batch, tokens, dim]`.
+    pub fn output(&self, out: &Array) -> Result<Array> {
         let shape = out.shape();
         let (b, l) = (shape[0], shape[2]);
         let out = out

@@ -8,8 +8,9 @@ use crate::{Error, Result};
 
 /// The tokens of one forward: `[rows, tokens]` int32 ids, and where each row starts.
 ///
-/// Positions are per row so several sequences at different offsets can share a forward later
-/// without changing any signature; today every row must start where its caches end.
+/// Each row is one sequence with its own caches ([`Model::forward_rows`]) and its own position:
+/// rows at different offsets share the forward's matrix products, while each attends only to
+/// its own history. Every row must start where its caches end.
 #[derive(Debug, Clone)]
 pub struct Batch {
     /// Token ids, `[rows, tokens]`, int32.
@@ -38,6 +39,64 @@ impl Batch {
             positions: vec![position],
         })
     }
+
+    /// Rows of host token ids, each with the position of its first token; every row has the
+    /// same number of tokens.
+    pub fn rows(rows: &[(&[u32], usize)]) -> Result<Batch> {
+        let Some(&(first, _)) = rows.first() else {
+            return Err(Error::InvalidInput(
+                "a forward needs at least one row".into(),
+            ));
+        };
+        let width = first.len();
+        let mut ids = Vec::with_capacity(rows.len() * width);
+        for (row, _) in rows {
+            if row.len() != width || width == 0 {
+                return Err(Error::InvalidInput(format!(
+                    "batch rows must have the same non-zero length, got {} and {}",
+                    width,
+                    row.len()
+                )));
+            }
+            for &id in *row {
+                ids.push(
+                    i32::try_from(id).map_err(|_| {
+                        Error::InvalidInput(format!("token id {id} is out of range"))
+                    })?,
+                );
+            }
+        }
+        Ok(Batch {
+            tokens: Array::from_slice(&ids, &[rows.len() as i32, width as i32])?,
+            positions: rows.iter().map(|&(_, position)| position).collect(),
+        })
+    }
+
+    /// Rows of ids already on the device (`[rows, tokens]`, any integer dtype), for a decode
+    /// step whose tokens the host has not read yet.
+    pub fn from_device(tokens: &Array, positions: Vec<usize>) -> Result<Batch> {
+        let shape = tokens.shape();
+        if shape.len() != 2 || usize::try_from(shape[0]).ok() != Some(positions.len()) {
+            return Err(Error::InvalidInput(format!(
+                "batch tokens of shape {shape:?} for {} rows",
+                positions.len()
+            )));
+        }
+        Ok(Batch {
+            tokens: tokens.astype(mlx::Dtype::I32)?,
+            positions,
+        })
+    }
+
+    /// How many rows (sequences) the batch has.
+    pub fn row_count(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Tokens per row.
+    pub fn width(&self) -> Result<usize> {
+        Ok(usize::try_from(self.tokens.dim(1)?).unwrap_or(0))
+    }
 }
 
 /// What a forward produces.
@@ -59,8 +118,19 @@ pub trait Model {
     /// Fresh caches, one slot per layer (`None` for a layer that keeps no state).
     fn new_caches(&self) -> Result<Vec<Option<LayerCache>>>;
 
-    /// Runs the layers over `batch`, appending to `caches`.
-    fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward>;
+    /// Runs the layers over a batch of one row, appending to `caches`.
+    fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward> {
+        self.forward_rows(batch, &mut [caches])
+    }
+
+    /// Runs the layers over `batch`, row `r` appending to `caches[r]` (one slot per layer,
+    /// as [`Model::new_caches`] builds them). A row's output does not depend on the other
+    /// rows beyond floating-point summation order in the shared matrix products.
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward>;
 
     /// Vocabulary logits of `hidden` (`[..., hidden]` → `[..., vocab]`).
     fn unembed(&self, hidden: &Array) -> Result<Array>;

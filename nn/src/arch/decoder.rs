@@ -111,54 +111,91 @@ impl Model for Decoder {
             .collect()
     }
 
-    fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward> {
-        if caches.len() != self.layers.len() {
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let rows = batch.row_count();
+        if caches.len() != rows {
             return Err(Error::InvalidInput(format!(
-                "{} caches for {} layers",
-                caches.len(),
-                self.layers.len()
+                "{} cache sets for a batch of {rows} rows",
+                caches.len()
             )));
         }
-        let position = match batch.positions.as_slice() {
-            [p] => *p,
-            _ => {
-                return Err(Error::InvalidInput(
-                    "only single-sequence batches are supported yet".into(),
-                ));
+        for (row, set) in caches.iter().enumerate() {
+            if set.len() != self.layers.len() {
+                return Err(Error::InvalidInput(format!(
+                    "row {row} has {} caches for {} layers",
+                    set.len(),
+                    self.layers.len()
+                )));
             }
+        }
+        let offsets = batch
+            .positions
+            .iter()
+            .map(|&p| {
+                i32::try_from(p)
+                    .map_err(|_| Error::InvalidInput(format!("position {p} is too large")))
+            })
+            .collect::<Result<Vec<i32>>>()?;
+        // One row keeps the scalar offset, the form every single-sequence forward used.
+        let per_row = match offsets.as_slice() {
+            [_] => None,
+            _ => Some(Array::from_slice(&offsets, &[rows as i32])?),
         };
-        let offset = i32::try_from(position)
-            .map_err(|_| Error::InvalidInput(format!("position {position} is too large")))?;
-        let queries = usize::try_from(batch.tokens.dim(1)?).unwrap_or(0);
+        let rope_offset = match &per_row {
+            Some(offsets) => RopeOffset::PerRow(offsets),
+            None => RopeOffset::Scalar(offsets[0]),
+        };
+        let queries = batch.width()?;
 
         let mut h = self.embedding.forward(&batch.tokens)?;
         if let Some(scale) = self.embedding_scale {
             h = h.multiply(scale)?;
         }
-        for (layer, slot) in self.layers.iter().zip(caches.iter_mut()) {
-            let cache = slot
-                .as_mut()
-                .ok_or_else(|| Error::InvalidInput("an attention layer has no cache".into()))?;
-            if cache.offset() != position {
-                return Err(Error::InvalidInput(format!(
-                    "cache holds {} positions but the batch starts at {position}",
-                    cache.offset()
-                )));
-            }
+        for (i, layer) in self.layers.iter().enumerate() {
             let x = layer.input_norm.forward(&h)?;
-            let projected = layer.attention.project(&x, RopeOffset::Scalar(offset))?;
-            let history = cache.update(&projected.keys, &projected.values)?;
+            let projected = layer.attention.project(&x, rope_offset)?;
             let logical = match layer.kind {
                 LayerAttention::Full => LogicalMask::Causal,
                 LayerAttention::Sliding => LogicalMask::SlidingWindow(self.window()?),
             };
-            let mask = history.mask.attention_mask(queries, logical)?;
-            let mut attended = layer.attention.attend(
-                &projected.queries,
-                &history.keys,
-                &history.values,
-                mask.as_mask(),
-            )?;
+            // Each row attends its own history; the projections around it are shared.
+            let mut heads = Vec::with_capacity(rows);
+            for (row, set) in caches.iter_mut().enumerate() {
+                let pick = |a: &Array| -> Result<Array> {
+                    if rows == 1 {
+                        Ok(a.clone())
+                    } else {
+                        Ok(a.slice_axis(0, row as i32, row as i32 + 1)?)
+                    }
+                };
+                let cache = set[i]
+                    .as_mut()
+                    .ok_or_else(|| Error::InvalidInput("an attention layer has no cache".into()))?;
+                let position = batch.positions[row];
+                if cache.offset() != position {
+                    return Err(Error::InvalidInput(format!(
+                        "row {row}: cache holds {} positions but the batch starts at {position}",
+                        cache.offset()
+                    )));
+                }
+                let history = cache.update(&pick(&projected.keys)?, &pick(&projected.values)?)?;
+                let mask = history.mask.attention_mask(queries, logical)?;
+                heads.push(layer.attention.attend_heads(
+                    &pick(&projected.queries)?,
+                    &history.keys,
+                    &history.values,
+                    mask.as_mask(),
+                )?);
+            }
+            let heads = match heads.len() {
+                1 => heads.swap_remove(0),
+                _ => mlx::concatenate(&heads, 0)?,
+            };
+            let mut attended = layer.attention.output(&heads)?;
             if let Some(norm) = &layer.post_attention_norm {
                 attended = norm.forward(&attended)?;
             }
