@@ -473,13 +473,20 @@ async fn ps(host: String) -> Result<()> {
         .with_context(|| format!("is `mlxkit serve` running at {host}?"))?
         .json()
         .await?;
-    println!("{:<32} {:>10}  {:<10} UNTIL", "NAME", "SIZE", "CONTEXT");
+    println!(
+        "{:<32} {:>10}  {:<8} {:>7} {:>6} {:>12}  UNTIL",
+        "NAME", "SIZE", "CONTEXT", "RUNNING", "QUEUED", "CACHE"
+    );
     for m in body["models"].as_array().into_iter().flatten() {
+        let count = |key: &str| m[key].as_u64().unwrap_or(0);
         println!(
-            "{:<32} {:>10}  {:<10} {}",
+            "{:<32} {:>10}  {:<8} {:>7} {:>6} {:>12}  {}",
             m["name"].as_str().unwrap_or(""),
-            human_bytes(m["size"].as_u64().unwrap_or(0)),
-            m["context_length"].as_u64().unwrap_or(0),
+            human_bytes(count("size")),
+            count("context_length"),
+            count("running_sequences"),
+            count("queued_requests"),
+            human_bytes(count("prefix_cache_bytes")),
             m["expires_at"].as_str().unwrap_or(""),
         );
     }
@@ -555,6 +562,7 @@ async fn chat(
                 logprobs: None,
                 parser: rendered.parser,
                 grammar,
+                turn_starts: rendered.turn_starts,
                 started: Instant::now(),
                 load,
             },
@@ -721,6 +729,7 @@ async fn bench(
                 logprobs: None,
                 parser: None,
                 grammar: None,
+                turn_starts: Vec::new(),
                 started: begin,
                 load,
             },

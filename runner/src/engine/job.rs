@@ -19,6 +19,9 @@ pub struct Job {
     /// The constraint every sampled token must satisfy (structured output), at the start of
     /// the output. Its end tokens must be `stop_tokens`: it allows them only when complete.
     pub grammar: Option<grammar::Grammar>,
+    /// Prompt offsets where a conversation turn starts (the last user message, say): the
+    /// prefix cache keeps restore points there, so an edited or regenerated turn resumes.
+    pub turn_starts: Vec<usize>,
     /// Where tokens and the final summary go. The job stops at its next step once the
     /// receiver is dropped (the client went away).
     pub events: UnboundedSender<Event>,
@@ -106,6 +109,6 @@ pub enum Event {
         /// Counts and timings.
         stats: Stats,
     },
-    /// The job failed; nothing follows.
+    /// The job failed (or the engine did); nothing follows.
     Failed(String),
 }

@@ -8,7 +8,7 @@ use grammar::GrammarCompiler;
 use quant::Format as CheckpointFormat;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
 
-use crate::engine::session::Session;
+use crate::engine::loaded::{LoadedModel, LoopConfig, StepError};
 use crate::model_name::ModelName;
 use crate::store::{Format, Manifest};
 
@@ -70,12 +70,14 @@ pub fn weights_path(dir: &Path, manifest: &Manifest) -> Option<std::path::PathBu
     }
 }
 
-/// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer.
+/// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer,
+/// ready to serve with `loop_config`.
 pub fn load(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
-) -> Result<(Session, ModelInfo), LoadError> {
+    loop_config: LoopConfig,
+) -> Result<(LoadedModel, ModelInfo), LoadError> {
     let weights =
         weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
     let model_err = |source| LoadError::Model {
@@ -103,10 +105,11 @@ pub fn load(
     .map_err(tok_err)?;
     let config = loaded.model.config().clone();
     let context_length = config.max_position_embeddings.max(1);
-    let session = Session::new(loaded.model, context_length).map_err(|e| match e {
-        crate::engine::session::SessionError::Model(source) => model_err(source),
-        other => model_err(nn::Error::InvalidInput(other.to_string())),
-    })?;
+    let session =
+        LoadedModel::new(loaded.model, context_length, loop_config).map_err(|e| match e {
+            StepError::Model(source) => model_err(source),
+            other => model_err(nn::Error::InvalidInput(other.to_string())),
+        })?;
     Ok((
         session,
         ModelInfo {

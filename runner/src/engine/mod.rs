@@ -1,30 +1,62 @@
-//! The engine: one MLX worker thread that owns the loaded model and runs jobs on it in order.
+//! The engine: one MLX worker thread that owns the loaded model and runs its step loop over
+//! every request at once.
 //!
 //! - `job`: what a generation asks for and what it streams back.
-//! - `session`: the loaded model, its live caches and the prefill/decode loop.
-//! - `loader`: building a session and the model's [`ModelInfo`] from a stored model.
+//! - `sequence`: one request's state inside the loop.
+//! - `loaded`: [`LoadedModel`], the loaded model and its step loop (batching, admission,
+//!   cancellation, retirement).
+//! - `prefix_cache`: the prefix trie behind every request.
+//! - `memory`: budgets, KV sizes and when MLX's pool is released.
+//! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
+//!
+//! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
+//! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
+//! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
 pub mod job;
+pub mod loaded;
 pub mod loader;
-pub mod session;
+pub mod memory;
+pub mod prefix_cache;
+pub mod sequence;
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_thread::{Completion, Worker};
 
 pub use job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
 pub use loader::{LoadError, ModelInfo};
 
 use crate::model_name::ModelName;
 use crate::store::Manifest;
-use session::Session;
 
 thread_local! {
     /// The loaded model lives on the worker thread: MLX arrays belong to the thread that
     /// builds their graphs.
-    static SESSION: RefCell<Option<Session>> = const { RefCell::new(None) };
+    static LOADED: RefCell<Option<LoadedModel>> = const { RefCell::new(None) };
+}
+
+/// What request handlers and the loop share.
+#[derive(Default)]
+struct Shared {
+    /// Jobs submitted and not yet handed to the loop.
+    inbox: Mutex<VecDeque<Job>>,
+    /// Whether the loop is queued or running on the worker.
+    running: AtomicBool,
+    /// The loop's last status.
+    status: Mutex<LoopStatus>,
+    /// The running loop's completion, kept so the queued loop is not cancelled.
+    loop_completion: Mutex<Option<Completion<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the engine can fail at.
@@ -47,6 +79,7 @@ pub enum EngineError {
 /// The MLX worker and the model it holds.
 pub struct Engine {
     worker: Worker,
+    shared: Arc<Shared>,
 }
 
 impl Engine {
@@ -57,7 +90,10 @@ impl Engine {
             let device = mlx::Device::best_available()?;
             device.set_default()
         })??;
-        Ok(Engine { worker })
+        Ok(Engine {
+            worker,
+            shared: Arc::default(),
+        })
     }
 
     /// Loads `manifest`'s model from `dir` (its materialized files), replacing any loaded one.
@@ -69,10 +105,11 @@ impl Engine {
     ) -> Result<Arc<ModelInfo>, EngineError> {
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
-            SESSION.with(|s| s.borrow_mut().take());
+            LOADED.with(|s| s.borrow_mut().take());
             let _ = mlx::memory::clear_cache();
-            let (session, info) = loader::load(&name, &manifest, &dir)?;
-            SESSION.with(|s| *s.borrow_mut() = Some(session));
+            let (loaded, info) = loader::load(&name, &manifest, &dir, LoopConfig::from_env())?;
+            LOADED.with(|s| *s.borrow_mut() = Some(loaded));
+            let _ = mlx::memory::clear_cache();
             Ok(info)
         });
         Ok(Arc::new(completion.await??))
@@ -82,30 +119,38 @@ impl Engine {
     pub async fn unload(&self) -> Result<(), EngineError> {
         self.worker
             .submit(|| {
-                SESSION.with(|s| s.borrow_mut().take());
+                LOADED.with(|s| s.borrow_mut().take());
                 let _ = mlx::memory::clear_cache();
             })
             .await?;
         Ok(())
     }
 
-    /// Queues `job`; its events arrive on the job's channel. The returned completion must be
-    /// kept (or awaited) until the job ends: dropping it before the job starts cancels it.
-    pub fn submit(&self, job: Job) -> Completion<()> {
-        self.worker.submit(move || {
-            SESSION.with(|s| match s.borrow_mut().as_mut() {
-                Some(session) => session.run(job),
-                None => {
-                    let _ = job
-                        .events
-                        .send(Event::Failed(EngineError::NotLoaded.to_string()));
-                }
-            })
-        })
+    /// Queues `job` for the loaded model's step loop; its events arrive on the job's channel,
+    /// ending with `Done` or `Failed`.
+    pub fn submit(&self, job: Job) {
+        lock(&self.shared.inbox).push_back(job);
+        if !self.shared.running.swap(true, Ordering::SeqCst) {
+            let shared = Arc::clone(&self.shared);
+            let completion = self.worker.submit(move || run_loop(&shared));
+            *lock(&self.shared.loop_completion) = Some(completion);
+        }
     }
 
-    /// Active and peak MLX memory, read on the worker.
+    /// What the step loop is doing (as of its last step).
+    pub fn status(&self) -> LoopStatus {
+        let mut status = *lock(&self.shared.status);
+        status.queued += lock(&self.shared.inbox).len();
+        status
+    }
+
+    /// Active and peak MLX memory: read on the worker when it is free, else as of the loop's
+    /// last step (a query must not wait behind running generations).
     pub async fn memory(&self) -> Result<(usize, usize), EngineError> {
+        if self.shared.running.load(Ordering::SeqCst) {
+            let status = *lock(&self.shared.status);
+            return Ok((status.active_memory, status.peak_memory));
+        }
         let result = self
             .worker
             .submit(|| -> Result<(usize, usize), mlx::Error> {
@@ -114,4 +159,50 @@ impl Engine {
             .await?;
         Ok(result?)
     }
+}
+
+/// The step loop: hands submitted jobs to the loaded model and steps until nothing runs or
+/// waits. A panic inside a step ends the sequences it concerned with an error, not the loop.
+fn run_loop(shared: &Shared) {
+    LOADED.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        loop {
+            let jobs: Vec<Job> = lock(&shared.inbox).drain(..).collect();
+            match slot.as_mut() {
+                Some(loaded) => jobs.into_iter().for_each(|job| loaded.submit(job)),
+                None => {
+                    for job in jobs {
+                        let message = EngineError::NotLoaded.to_string();
+                        let _ = job.events.send(Event::Failed(message));
+                    }
+                }
+            }
+            let idle = slot.as_ref().is_none_or(LoadedModel::is_idle);
+            if idle {
+                if let Some(loaded) = slot.as_ref() {
+                    *lock(&shared.status) = loaded.status();
+                }
+                shared.running.store(false, Ordering::SeqCst);
+                // A job submitted after the drain above saw the loop running and queued no
+                // new one: take it over unless a new loop was queued meanwhile.
+                if lock(&shared.inbox).is_empty() || shared.running.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            let Some(loaded) = slot.as_mut() else {
+                continue;
+            };
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step())) {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("the engine step panicked: {message}");
+                loaded.fail_all(&format!("internal error in the engine: {message}"));
+            }
+            *lock(&shared.status) = loaded.status();
+        }
+    })
 }

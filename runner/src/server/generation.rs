@@ -77,6 +77,8 @@ pub struct Prepared {
     pub parser: Option<ParserConfig>,
     /// The compiled constraint on the output's shape, when the request asked for one.
     pub grammar: Option<grammar::Grammar>,
+    /// Prompt offsets where conversation turns start (restore points for the prefix cache).
+    pub turn_starts: Vec<usize>,
     /// When the request arrived.
     pub started: Instant,
     /// Time spent loading the model for this request.
@@ -116,15 +118,30 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
             info.tokenizer.stop_tokens().iter().copied().collect()
         },
         grammar: prepared.grammar,
+        turn_starts: prepared.turn_starts,
         events: events_tx,
         cancel: Arc::clone(&cancel),
     };
-    // Kept until the job ends: the lease keeps the model loaded, the completion keeps the job.
-    let completion = lease.engine.submit(job);
+    // The lease, held until the job ends, keeps the model loaded.
+    lease.engine.submit(job);
     let mut text = TextPipeline::new(&info.tokenizer, &prepared.options.stop, prepared.parser);
     let mut stopped_by_text = false;
     let mut client_gone = false;
-    while let Some(event) = events.recv().await {
+    let mut ended = false;
+    loop {
+        // A client that goes away is noticed at once, not at the next token: a long prefill
+        // stops at its next chunk.
+        let event = tokio::select! {
+            event = events.recv() => event,
+            () = out.closed(), if !client_gone => {
+                client_gone = true;
+                cancel.store(true, Ordering::Relaxed);
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            break;
+        };
         match event {
             Event::Token { id, logprobs } => {
                 if stopped_by_text || client_gone {
@@ -166,15 +183,20 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
                         }))
                         .await;
                 }
+                ended = true;
                 break;
             }
             Event::Failed(message) => {
                 let _ = out.send(Output::Error(message)).await;
+                ended = true;
                 break;
             }
         }
     }
-    let _ = completion.await;
+    if !ended && !client_gone {
+        let message = "the engine stopped without finishing the generation".to_string();
+        let _ = out.send(Output::Error(message)).await;
+    }
 }
 
 impl LogprobEntry {

@@ -162,8 +162,15 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         None => "forever".to_string(),
     };
     let name = info.name.to_string();
+    let engine = state.scheduler.engine().status();
     Ok(Json(json!({
         "models": [{
+            "running_sequences": engine.running,
+            "prefilling_sequences": engine.prefilling,
+            "queued_requests": engine.queued,
+            "prefix_cache_bytes": engine.cache_bytes,
+            "prefix_cache_budget": engine.cache_budget,
+            "prefix_cache_nodes": engine.cache_nodes,
             "name": name,
             "model": name,
             "size": active,

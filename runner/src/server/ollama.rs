@@ -273,6 +273,7 @@ async fn run<C: Collector>(
             logprobs: c.logprobs,
             parser: rendered.parser,
             grammar,
+            turn_starts: rendered.turn_starts,
             started,
             load,
         },
@@ -297,6 +298,8 @@ fn done_fields(summary: &Summary) -> Map<String, Value> {
         json!(summary.load.as_nanos() as u64),
     );
     m.insert("prompt_eval_count".into(), json!(s.prompt_eval_count()));
+    // Not in Ollama's API: prompt tokens served from the prefix cache instead of evaluated.
+    m.insert("prompt_cached_count".into(), json!(s.cached_tokens));
     m.insert(
         "prompt_eval_duration".into(),
         json!(s.prompt_eval.as_nanos() as u64),

@@ -186,6 +186,9 @@ pub struct RenderedPrompt {
     pub tokens: Vec<u32>,
     /// Output parser settings.
     pub parser: Option<ParserConfig>,
+    /// Where the last message's turn starts, when there are earlier ones: a restore point for
+    /// the prefix cache, so a regenerated or edited last turn resumes there.
+    pub turn_starts: Vec<usize>,
 }
 
 /// Renders `messages` with the model's template and tokenizes the result, with the model's
@@ -223,7 +226,40 @@ pub fn render_chat(
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
-    Ok(RenderedPrompt { tokens, parser })
+    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens)
+        .into_iter()
+        .collect();
+    Ok(RenderedPrompt {
+        tokens,
+        parser,
+        turn_starts,
+    })
+}
+
+/// The offset where the last message begins: the tokens the conversation without it shares
+/// with the whole prompt. `None` for a single message or when the earlier part does not render.
+fn last_turn_start(
+    info: &ModelInfo,
+    messages: &[Message],
+    tools: Option<&[Value]>,
+    options: &RenderOptions,
+    tokens: &[u32],
+) -> Option<usize> {
+    let (_, earlier) = messages.split_last()?;
+    if earlier.is_empty() {
+        return None;
+    }
+    let options = RenderOptions {
+        add_generation_prompt: false,
+        ..options.clone()
+    };
+    let text = info
+        .template
+        .render(earlier, tools.filter(|t| !t.is_empty()), &options)
+        .ok()?;
+    let head = info.tokenizer.encode(&text, false).ok()?;
+    let shared = head.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+    (shared > 0).then_some(shared)
 }
 
 /// Tokenizes raw text (no template), adding the model's BOS as configured.
@@ -235,6 +271,7 @@ pub fn render_raw(info: &ModelInfo, text: &str) -> Result<RenderedPrompt, ApiErr
     Ok(RenderedPrompt {
         tokens,
         parser: None,
+        turn_starts: Vec::new(),
     })
 }
 

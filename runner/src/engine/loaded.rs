@@ -1,0 +1,738 @@
+//! `LoadedModel`: a loaded model and its step loop over many sequences at once.
+//!
+//! Each [`LoadedModel::step`]:
+//!
+//! 1. drops cancelled jobs from the queue and admits waiting ones while their KV fits the
+//!    budget: the prefix trie restores each new sequence's caches to its longest cached prefix;
+//! 2. gives prefilling sequences prompt chunks under a per-step token budget (smaller while
+//!    others decode, so decoding keeps moving behind a long prompt);
+//! 3. runs **one batched forward** over every decoding sequence, fed with the tokens sampled
+//!    the step before, which the host has not read yet (the device never waits for the host);
+//! 4. samples every row — decode rows and sequences whose prefill just ended — in one sampler
+//!    call (unconstrained: dispatched before the host reads; under a grammar: after the host
+//!    has advanced the matchers);
+//! 5. reads the previous step's tokens, streams them and applies stop tokens, budgets and
+//!    cancellation;
+//! 6. retires finished and cancelled sequences into the prefix trie, so a retry or the next
+//!    turn resumes where they stopped.
+//!
+//! Seams for speculation: a row may carry several tokens (`Batch` rows of any width), caches
+//! rewind, and the sampler hands out per-position distributions.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use mlx::{Array, Dtype};
+use nn::{Batch, Model};
+use sampler::{Sampled, Sampler};
+
+use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::engine::memory::{self, LONG_PREFILL, MemoryBudget};
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::sequence::{Phase, Sequence, SequenceId};
+
+/// What went wrong in a step.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] nn::Error),
+    /// MLX failed.
+    #[error(transparent)]
+    Mlx(#[from] mlx::Error),
+    /// The sampler refused the options or failed.
+    #[error(transparent)]
+    Sampler(#[from] sampler::Error),
+    /// The caches failed.
+    #[error(transparent)]
+    Cache(#[from] kvcache::Error),
+    /// The prefix cache failed.
+    #[error(transparent)]
+    Prefix(#[from] crate::engine::prefix_cache::PrefixError),
+    /// The output constraint failed (a matcher error; a sampled token is always allowed).
+    #[error("structured output: {0}")]
+    Grammar(#[from] grammar::Error),
+    /// The request cannot be run.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, StepError>;
+
+/// How the step loop schedules work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopConfig {
+    /// Prompt tokens per forward while prefilling. Smaller chunks bound the attention scratch
+    /// memory and let cancellation land sooner; larger ones amortize per-forward overhead.
+    pub prefill_chunk: usize,
+    /// Prompt tokens per step while other sequences decode: the most a long prompt delays
+    /// their next token.
+    pub prefill_budget_while_decoding: usize,
+    /// Sequences running at once; more wait in the queue.
+    pub max_sequences: usize,
+    /// Memory budgets (prefix cache, running KV).
+    pub memory: MemoryBudget,
+}
+
+impl LoopConfig {
+    /// Defaults, overridable by `MLXKIT_MAX_SEQUENCES`, `MLXKIT_CACHE_BYTES`,
+    /// `MLXKIT_KV_BYTES`.
+    pub fn from_env() -> LoopConfig {
+        let max_sequences = std::env::var("MLXKIT_MAX_SEQUENCES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(16);
+        LoopConfig {
+            prefill_chunk: 512,
+            prefill_budget_while_decoding: 128,
+            max_sequences,
+            memory: MemoryBudget::from_env(),
+        }
+    }
+}
+
+/// What the loop is doing, for `ps` and the stats endpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoopStatus {
+    /// Sequences admitted and not yet retired.
+    pub running: usize,
+    /// Of those, the ones still prefilling.
+    pub prefilling: usize,
+    /// Jobs waiting for admission.
+    pub queued: usize,
+    /// Bytes the prefix trie holds.
+    pub cache_bytes: usize,
+    /// Its budget.
+    pub cache_budget: usize,
+    /// Nodes in the trie.
+    pub cache_nodes: usize,
+    /// MLX's active memory after the last step.
+    pub active_memory: usize,
+    /// MLX's peak memory.
+    pub peak_memory: usize,
+}
+
+/// The tokens the last step sampled, not yet read, and whose rows they are.
+struct Pending {
+    sampled: Sampled,
+    rows: Vec<SequenceId>,
+}
+
+/// A loaded model, the sequences it serves and the jobs waiting for it.
+pub struct LoadedModel {
+    model: Box<dyn Model>,
+    context_length: usize,
+    config: LoopConfig,
+    sampler: Sampler,
+    prefix: PrefixCache,
+    queue: VecDeque<Job>,
+    sequences: Vec<Sequence>,
+    pending: Option<Pending>,
+    next_id: SequenceId,
+}
+
+impl LoadedModel {
+    /// Serves `model` with `context_length` tokens per sequence.
+    pub fn new(
+        model: Box<dyn Model>,
+        context_length: usize,
+        config: LoopConfig,
+    ) -> Result<LoadedModel> {
+        let prefix = PrefixCache::new(&model.new_caches()?, config.memory.cache_bytes)?;
+        Ok(LoadedModel {
+            model,
+            context_length,
+            config,
+            sampler: Sampler::new(),
+            prefix,
+            queue: VecDeque::new(),
+            sequences: Vec::new(),
+            pending: None,
+            next_id: 0,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// The prefix cache.
+    pub fn prefix_cache(&self) -> &PrefixCache {
+        &self.prefix
+    }
+
+    /// Queues a job; it is admitted at a coming step.
+    pub fn submit(&mut self, job: Job) {
+        self.queue.push_back(job);
+    }
+
+    /// Whether nothing runs and nothing waits.
+    pub fn is_idle(&self) -> bool {
+        self.sequences.is_empty() && self.queue.is_empty()
+    }
+
+    /// What the loop is doing.
+    pub fn status(&self) -> LoopStatus {
+        LoopStatus {
+            running: self.sequences.len(),
+            prefilling: self
+                .sequences
+                .iter()
+                .filter(|s| s.phase == Phase::Prefilling)
+                .count(),
+            queued: self.queue.len(),
+            cache_bytes: self.prefix.bytes(),
+            cache_budget: self.prefix.budget(),
+            cache_nodes: self.prefix.node_count(),
+            active_memory: mlx::memory::active_memory().unwrap_or(0),
+            peak_memory: mlx::memory::peak_memory().unwrap_or(0),
+        }
+    }
+
+    /// Runs one step (see the module docs). Failures end the sequences they concern with an
+    /// error event; the loop itself always goes on.
+    pub fn step(&mut self) {
+        self.drop_cancelled_queued();
+        self.admit();
+        if let Err(e) = self.advance() {
+            // A failed batched forward may leave any running cache half-written.
+            self.fail_all(&e.to_string());
+        }
+    }
+
+    /// Ends every running sequence with `message` (after a failure or panic in a step).
+    pub fn fail_all(&mut self, message: &str) {
+        self.pending = None;
+        for mut seq in std::mem::take(&mut self.sequences) {
+            self.prefix.abandon(&mut seq);
+            let _ = self.sampler.remove(seq.id);
+            let _ = seq.job.events.send(Event::Failed(message.to_string()));
+        }
+    }
+
+    fn drop_cancelled_queued(&mut self) {
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for job in self.queue.drain(..) {
+            if job.cancelled() {
+                let stats = Stats {
+                    prompt_tokens: job.prompt.len(),
+                    ..Stats::default()
+                };
+                let _ = job.events.send(Event::Done {
+                    reason: DoneReason::Cancelled,
+                    stats,
+                });
+            } else {
+                kept.push_back(job);
+            }
+        }
+        self.queue = kept;
+    }
+
+    /// KV bytes a job reserves: its prompt plus its whole budget, held to the context.
+    fn reservation(&self, job: &Job) -> usize {
+        let tokens = job
+            .prompt
+            .len()
+            .saturating_add(job.max_tokens)
+            .min(self.context_length);
+        memory::kv_bytes(self.model.config(), tokens)
+    }
+
+    fn admit(&mut self) {
+        let mut reserved: usize = self
+            .sequences
+            .iter()
+            .map(|s| self.reservation(&s.job))
+            .sum();
+        while self.sequences.len() < self.config.max_sequences {
+            let Some(job) = self.queue.front() else {
+                return;
+            };
+            let need = self.reservation(job);
+            if !self.sequences.is_empty()
+                && reserved.saturating_add(need) > self.config.memory.kv_bytes
+            {
+                return; // Waits until running sequences retire.
+            }
+            let Some(job) = self.queue.pop_front() else {
+                return;
+            };
+            if self.sequences.is_empty() {
+                let _ = mlx::memory::reset_peak_memory();
+            }
+            if let Some(seq) = self.start(job) {
+                reserved = reserved.saturating_add(need);
+                self.sequences.push(seq);
+            }
+        }
+    }
+
+    /// Turns `job` into a sequence whose caches hold its longest cached prefix, or ends it
+    /// with the error that keeps it from running.
+    fn start(&mut self, job: Job) -> Option<Sequence> {
+        let prompt_len = job.prompt.len();
+        if prompt_len == 0 {
+            return refuse(job, StepError::Invalid("the prompt is empty".into()));
+        }
+        if prompt_len >= self.context_length {
+            let message = format!(
+                "the prompt is {prompt_len} tokens, the model's context is {}",
+                self.context_length
+            );
+            return refuse(job, StepError::Invalid(message));
+        }
+        let mut caches = match self.model.new_caches() {
+            Ok(caches) => caches,
+            Err(e) => return refuse(job, e.into()),
+        };
+        let (session, restore_at) =
+            match self
+                .prefix
+                .begin(&job.prompt, &job.turn_starts, &mut caches)
+            {
+                Ok(restored) => (Some(restored.session), restored.restore_at),
+                Err(e) => {
+                    tracing::warn!("prefix cache not used for a request: {e}");
+                    match self.model.new_caches() {
+                        Ok(fresh) => caches = fresh,
+                        Err(e) => return refuse(job, e.into()),
+                    }
+                    (None, 0)
+                }
+            };
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Err(e) = self.sampler.add(id, job.sampling.clone(), &job.prompt) {
+            if let Some(session) = session {
+                self.prefix.abandon_session(session);
+            }
+            return refuse(job, e.into());
+        }
+        let budget = job.max_tokens.min(self.context_length - prompt_len);
+        let tokens = job.prompt[..restore_at].to_vec();
+        Some(Sequence {
+            id,
+            caches,
+            tokens,
+            trie_session: session,
+            phase: Phase::Prefilling,
+            budget,
+            stats: Stats {
+                prompt_tokens: prompt_len,
+                cached_tokens: restore_at,
+                ..Stats::default()
+            },
+            admitted: Instant::now(),
+            first_token: None,
+            captures: Vec::new(),
+            job,
+        })
+    }
+
+    fn index_of(&self, id: SequenceId) -> Option<usize> {
+        self.sequences.iter().position(|s| s.id == id)
+    }
+
+    fn has_grammar(&self, id: SequenceId) -> bool {
+        self.index_of(id)
+            .is_some_and(|i| self.sequences[i].job.grammar.is_some())
+    }
+
+    /// Steps 2–6 of the module docs.
+    fn advance(&mut self) -> Result<()> {
+        let mut ending = Ending::default();
+        for seq in &self.sequences {
+            if seq.cancelled() {
+                ending.add(seq.id, Outcome::Done(DoneReason::Cancelled));
+            }
+        }
+        let mut clear_pool = false;
+        let seeds = self.prefill(&mut ending, &mut clear_pool);
+
+        // The batched decode forward, fed with last step's unread tokens.
+        let previous = self.pending.take();
+        let mut fed: Vec<(SequenceId, usize)> = Vec::new();
+        if let Some(prev) = &previous {
+            let rows: HashMap<SequenceId, usize> = prev
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(r, &id)| (id, r))
+                .collect();
+            for seq in &self.sequences {
+                if let Some(&row) = rows.get(&seq.id)
+                    && !ending.contains(seq.id)
+                    && seq.may_continue()
+                {
+                    fed.push((seq.id, row));
+                }
+            }
+        }
+        let decode_logits = match &previous {
+            Some(prev) if !fed.is_empty() => Some(self.decode_forward(prev, &fed)?),
+            _ => None,
+        };
+
+        // One sampler call for every row that needs a next token.
+        let mut sample_ids: Vec<SequenceId> = fed.iter().map(|&(id, _)| id).collect();
+        let mut parts: Vec<Array> = decode_logits.into_iter().collect();
+        for (id, logits) in seeds {
+            sample_ids.push(id);
+            parts.push(logits);
+        }
+        let logits = match parts.len() {
+            0 => None,
+            1 => parts.pop(),
+            _ => Some(mlx::concatenate(&parts, 0)?),
+        };
+        let constrained = sample_ids.iter().any(|&id| self.has_grammar(id));
+        let mut sampled = None;
+        if let Some(logits) = &logits {
+            if constrained {
+                // The masks need the tokens read below; the forward runs meanwhile.
+                mlx::async_eval([logits])?;
+            } else {
+                let s = self.sampler.sample(&sample_ids, logits)?;
+                mlx::async_eval([&s.tokens])?;
+                sampled = Some(s);
+            }
+        }
+
+        // Read, stream and judge last step's tokens.
+        if let Some(prev) = &previous {
+            self.read_tokens(prev, &fed, &mut ending, &mut clear_pool)?;
+        }
+
+        if let (Some(logits), true) = (&logits, constrained) {
+            let masks = self.grammar_masks(&sample_ids, logits, &mut ending)?;
+            let borrowed: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
+            let s = self.sampler.sample_masked(&sample_ids, logits, &borrowed)?;
+            mlx::async_eval([&s.tokens])?;
+            sampled = Some(s);
+        }
+        self.pending = sampled.map(|sampled| Pending {
+            sampled,
+            rows: sample_ids,
+        });
+
+        for (id, outcome) in ending.outcomes {
+            self.retire(id, outcome);
+        }
+        if clear_pool {
+            mlx::memory::clear_cache()?;
+        }
+        Ok(())
+    }
+
+    /// Gives prefilling sequences their chunks under this step's token budget; returns the
+    /// last-position logits `[1, V]` of each sequence whose prompt is now fully evaluated.
+    fn prefill(&mut self, ending: &mut Ending, clear_pool: &mut bool) -> Vec<(SequenceId, Array)> {
+        let decoding = self
+            .sequences
+            .iter()
+            .any(|s| s.phase == Phase::Decoding && !ending.contains(s.id));
+        let mut budget = if decoding {
+            self.config.prefill_budget_while_decoding
+        } else {
+            self.config.prefill_chunk
+        };
+        let mut seeds = Vec::new();
+        for i in 0..self.sequences.len() {
+            if budget == 0 {
+                break;
+            }
+            let seq = &self.sequences[i];
+            if seq.phase != Phase::Prefilling || ending.contains(seq.id) {
+                continue;
+            }
+            let id = seq.id;
+            let n = seq
+                .prompt_left()
+                .min(budget)
+                .min(self.config.prefill_chunk)
+                .max(1);
+            budget = budget.saturating_sub(n);
+            match self.prefill_chunk(i, n) {
+                Ok(Some(logits)) => seeds.push((id, logits)),
+                Ok(None) => *clear_pool |= n >= LONG_PREFILL,
+                Err(e) => ending.add(id, Outcome::Failed(e.to_string())),
+            }
+        }
+        seeds
+    }
+
+    /// Evaluates the next `n` prompt tokens of sequence `index`. The chunk that ends the prompt
+    /// returns its last logits (its last token's hidden state seeds decoding: a short prompt is
+    /// one forward).
+    fn prefill_chunk(&mut self, index: usize, n: usize) -> Result<Option<Array>> {
+        let seq = &mut self.sequences[index];
+        let from = seq.tokens.len();
+        // A recurrent layer captures only at a forward's end: cut the chunk at its next
+        // scheduled capture.
+        let n = seq
+            .caches
+            .iter()
+            .flatten()
+            .filter_map(|c| c.next_capture_within(from, n))
+            .filter(|&at| at > from)
+            .map(|at| at - from)
+            .min()
+            .unwrap_or(n);
+        let to = (from + n).min(seq.job.prompt.len());
+        let chunk = &seq.job.prompt[from..to];
+        let batch = Batch::single(chunk, from)?;
+        let out = self.model.forward(&batch, &mut seq.caches)?;
+        seq.tokens.extend_from_slice(chunk);
+        if to == seq.job.prompt.len() {
+            seq.phase = Phase::Decoding;
+            return Ok(Some(last_logits(self.model.as_ref(), &out.hidden)?));
+        }
+        // Sliding-window caches attend a gathered copy while prefilling, so their ring writes
+        // are not inputs of `hidden`: evaluate the cache state explicitly.
+        let mut arrays = vec![out.hidden];
+        arrays.extend(seq.caches.iter().flatten().flat_map(|c| c.state_arrays()));
+        mlx::eval(&arrays)?;
+        Ok(None)
+    }
+
+    /// One forward over the decoding rows `fed` (sequence, row of `prev`), each fed the token
+    /// `prev` sampled for it; returns their logits `[rows, V]`.
+    fn decode_forward(&mut self, prev: &Pending, fed: &[(SequenceId, usize)]) -> Result<Array> {
+        let all_in_order =
+            fed.len() == prev.rows.len() && fed.iter().enumerate().all(|(i, &(_, row))| i == row);
+        let tokens = if all_in_order {
+            prev.sampled.tokens.clone()
+        } else {
+            let rows: Vec<i32> = fed.iter().map(|&(_, row)| row as i32).collect();
+            let rows = Array::from_slice(&rows, &[rows.len() as i32])?;
+            prev.sampled.tokens.take(&rows, 0)?
+        };
+        let tokens = tokens.reshape(&[fed.len() as i32, 1])?;
+        let positions: Vec<usize> = fed
+            .iter()
+            .filter_map(|&(id, _)| self.index_of(id))
+            .map(|i| self.sequences[i].tokens.len())
+            .collect();
+        let batch = Batch::from_device(&tokens, positions)?;
+        // `fed` follows the order of `self.sequences`, so its caches can be borrowed in order.
+        let mut wanted = fed.iter().map(|&(id, _)| id).peekable();
+        let mut caches: Vec<&mut [Option<kvcache::LayerCache>]> = Vec::with_capacity(fed.len());
+        for seq in self.sequences.iter_mut() {
+            if wanted.peek() == Some(&seq.id) {
+                wanted.next();
+                caches.push(seq.caches.as_mut_slice());
+            }
+        }
+        if caches.len() != fed.len() {
+            return Err(StepError::Invalid("decode rows out of order".into()));
+        }
+        let out = self.model.forward_rows(&batch, &mut caches)?;
+        last_logits(self.model.as_ref(), &out.hidden)
+    }
+
+    /// Reads the tokens `prev` sampled and hands each to its sequence: a token whose forward
+    /// was dispatched (`fed`) joins the sequence's cached tokens; stop tokens, budgets, the
+    /// grammar and the client decide whether it goes on.
+    fn read_tokens(
+        &mut self,
+        prev: &Pending,
+        fed: &[(SequenceId, usize)],
+        ending: &mut Ending,
+        clear_pool: &mut bool,
+    ) -> Result<()> {
+        let tokens = prev.sampled.tokens.to_vec::<u32>()?;
+        let logprobs = match &prev.sampled.logprobs {
+            Some(lp) => Some((
+                lp.chosen.to_vec::<f32>()?,
+                lp.top_ids.to_vec::<u32>()?,
+                lp.top_logprobs.to_vec::<f32>()?,
+            )),
+            None => None,
+        };
+        let now = Instant::now();
+        for (row, &id) in prev.rows.iter().enumerate() {
+            let Some(index) = self.index_of(id) else {
+                continue;
+            };
+            if ending.contains(id) {
+                continue; // Cancelled before its token was read: the token never happened.
+            }
+            let seq = &mut self.sequences[index];
+            let Some(&token) = tokens.get(row) else {
+                ending.add(
+                    id,
+                    Outcome::Failed("the sampler returned too few rows".into()),
+                );
+                continue;
+            };
+            let was_fed = fed.iter().any(|&(f, _)| f == id);
+            if was_fed {
+                seq.tokens.push(token);
+            }
+            if seq.first_token.is_none() {
+                seq.first_token = Some(now);
+                seq.stats.prompt_eval = now - seq.admitted;
+            }
+            if seq.job.stop_tokens.contains(&token) {
+                ending.add(id, Outcome::Done(DoneReason::Stop));
+                continue;
+            }
+            if let Some(grammar) = seq.job.grammar.as_mut()
+                && let Err(e) = grammar.consume(token)
+            {
+                ending.add(id, Outcome::Failed(format!("structured output: {e}")));
+                continue;
+            }
+            let before = seq.stats.generated_tokens;
+            seq.stats.generated_tokens += 1;
+            *clear_pool |= memory::crosses_clear_point(before, seq.stats.generated_tokens);
+            let entry = match (&logprobs, seq.job.sampling.logprobs) {
+                (Some((chosen, ids, values)), Some(top)) => {
+                    Some(logprobs_of_row(chosen, ids, values, row, top))
+                }
+                _ => None,
+            };
+            if !seq.send_token(token, entry) {
+                ending.add(id, Outcome::Done(DoneReason::Cancelled));
+            } else if !was_fed {
+                let reason = if seq.cancelled() {
+                    DoneReason::Cancelled
+                } else {
+                    DoneReason::Length
+                };
+                ending.add(id, Outcome::Done(reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// The grammar mask of each row to sample (`None`: unconstrained, or the sequence ends).
+    fn grammar_masks(
+        &mut self,
+        ids: &[SequenceId],
+        logits: &Array,
+        ending: &mut Ending,
+    ) -> Result<Vec<Option<Vec<u32>>>> {
+        let width = usize::try_from(logits.dim(1)?).unwrap_or(0);
+        let mut masks = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let index = self.index_of(id).filter(|_| !ending.contains(id));
+            let grammar = index.and_then(|i| self.sequences[i].job.grammar.as_mut());
+            let mask = match grammar.map(|g| g.mask()) {
+                Some(Ok(mut mask)) => {
+                    // The model may have more output rows than the tokenizer has tokens
+                    // (padding); the grammar never allows those.
+                    if mask.len() < sampler::mask_words(width) {
+                        mask.resize(sampler::mask_words(width), 0);
+                    }
+                    Some(mask)
+                }
+                Some(Err(e)) => {
+                    ending.add(id, Outcome::Failed(format!("structured output: {e}")));
+                    None
+                }
+                None => None,
+            };
+            masks.push(mask);
+        }
+        Ok(masks)
+    }
+
+    /// Ends sequence `id`: records what its caches hold in the prefix trie (finished or
+    /// cancelled; a failed one's caches are not trusted), releases its slot and reports.
+    fn retire(&mut self, id: SequenceId, outcome: Outcome) {
+        let Some(index) = self.index_of(id) else {
+            return;
+        };
+        let mut seq = self.sequences.remove(index);
+        let _ = self.sampler.remove(seq.id);
+        match &outcome {
+            Outcome::Done(_) => {
+                if let Err(e) = self.prefix.close(&mut seq) {
+                    tracing::warn!("prefix cache: recording a request failed: {e}");
+                }
+            }
+            Outcome::Failed(_) => self.prefix.abandon(&mut seq),
+        }
+        // Dropping the caches copies out the lazy snapshots the trie took of them.
+        seq.caches.clear();
+        if let Err(e) = self.prefix.evict() {
+            tracing::warn!("prefix cache: eviction failed: {e}");
+        }
+        let event = match outcome {
+            Outcome::Done(reason) => {
+                let mut stats = seq.stats;
+                match seq.first_token {
+                    Some(first) => stats.eval = first.elapsed(),
+                    None => stats.prompt_eval = seq.admitted.elapsed(),
+                }
+                stats.peak_memory = mlx::memory::peak_memory().unwrap_or(0);
+                Event::Done { reason, stats }
+            }
+            Outcome::Failed(message) => Event::Failed(message),
+        };
+        let _ = seq.job.events.send(event);
+    }
+}
+
+/// Ends a job that cannot run with `error`.
+fn refuse(job: Job, error: StepError) -> Option<Sequence> {
+    let _ = job.events.send(Event::Failed(error.to_string()));
+    None
+}
+
+/// How a sequence ends.
+enum Outcome {
+    Done(DoneReason),
+    Failed(String),
+}
+
+/// The sequences ending in this step, first outcome wins.
+#[derive(Default)]
+struct Ending {
+    outcomes: Vec<(SequenceId, Outcome)>,
+}
+
+impl Ending {
+    fn add(&mut self, id: SequenceId, outcome: Outcome) {
+        if !self.contains(id) {
+            self.outcomes.push((id, outcome));
+        }
+    }
+
+    fn contains(&self, id: SequenceId) -> bool {
+        self.outcomes.iter().any(|(f, _)| *f == id)
+    }
+}
+
+/// The f32 logits `[rows, V]` after the last position of `hidden` `[rows, tokens, H]`.
+fn last_logits(model: &dyn Model, hidden: &Array) -> Result<Array> {
+    let last = hidden.slice_axis(1, -1, hidden.dim(1)?)?;
+    Ok(model.unembed(&last)?.squeeze(&[1])?.astype(Dtype::F32)?)
+}
+
+/// Row `row` of a call's logprobs, keeping the `top` alternatives its request asked for.
+fn logprobs_of_row(
+    chosen: &[f32],
+    ids: &[u32],
+    values: &[f32],
+    row: usize,
+    top: usize,
+) -> TokenLogprobs {
+    let per_row = ids.len().checked_div(chosen.len()).unwrap_or(0);
+    let start = row * per_row;
+    let ids = ids.get(start..start + per_row).unwrap_or(&[]);
+    let values = values.get(start..start + per_row).unwrap_or(&[]);
+    TokenLogprobs {
+        logprob: chosen.get(row).copied().unwrap_or(f32::NEG_INFINITY),
+        top: ids
+            .iter()
+            .copied()
+            .zip(values.iter().copied())
+            .take(top)
+            .collect(),
+    }
+}

@@ -1,0 +1,125 @@
+//! Memory the engine plans with: the device's size, what a sequence's KV costs, the budgets
+//! admission and the prefix cache hold to, and when MLX's buffer pool is released.
+
+use nn::TextConfig;
+
+/// MLX's buffer pool is released whenever a sequence's generated count crosses a multiple of
+/// this many tokens (a multi-token round may step over it).
+pub const CLEAR_CACHE_EVERY: usize = 256;
+
+/// A prefill chunk at least this long releases the pool after it.
+pub const LONG_PREFILL: usize = 256;
+
+/// Whether going from `before` to `after` generated tokens crosses a multiple of
+/// [`CLEAR_CACHE_EVERY`].
+pub fn crosses_clear_point(before: usize, after: usize) -> bool {
+    after / CLEAR_CACHE_EVERY > before / CLEAR_CACHE_EVERY
+}
+
+/// Bytes of memory the device has: physical memory on a CPU (and on unified-memory GPUs).
+pub fn device_memory() -> usize {
+    const FALLBACK: usize = 8 << 30;
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return FALLBACK;
+    };
+    meminfo
+        .lines()
+        .find_map(|line| {
+            let kib = line.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?;
+            kib.trim().parse::<usize>().ok()?.checked_mul(1024)
+        })
+        .unwrap_or(FALLBACK)
+}
+
+/// The engine's memory settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Bytes the prefix trie may keep between requests.
+    pub cache_bytes: usize,
+    /// Bytes of KV the running sequences may reserve together; a sequence that would exceed
+    /// it waits (one sequence is always admitted).
+    pub kv_bytes: usize,
+}
+
+impl MemoryBudget {
+    /// Defaults from the device's memory: a quarter (at most 8 GiB) for the prefix cache, half
+    /// for running sequences' KV. `MLXKIT_CACHE_BYTES` and `MLXKIT_KV_BYTES` override them.
+    pub fn from_env() -> MemoryBudget {
+        let device = device_memory();
+        let read = |name: &str| -> Option<usize> { parse_bytes(&std::env::var(name).ok()?) };
+        MemoryBudget {
+            cache_bytes: read("MLXKIT_CACHE_BYTES").unwrap_or((device / 4).min(8 << 30)),
+            kv_bytes: read("MLXKIT_KV_BYTES").unwrap_or(device / 2),
+        }
+    }
+}
+
+/// Parses a byte count: a plain number, or one with a `K`, `M`, `G` (powers of 1024) suffix,
+/// optionally followed by `B` or `iB`.
+pub fn parse_bytes(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let upper = text.to_ascii_uppercase();
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let (number, shift) = match body.chars().last()? {
+        'K' => (&body[..body.len() - 1], 10),
+        'M' => (&body[..body.len() - 1], 20),
+        'G' => (&body[..body.len() - 1], 30),
+        'T' => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let value: f64 = number.trim().parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    let bytes = value * (1u64 << shift) as f64;
+    (bytes < usize::MAX as f64).then_some(bytes as usize)
+}
+
+/// KV bytes one sequence of `tokens` tokens holds (f32 keys and values; sliding-window layers
+/// hold at most their window).
+pub fn kv_bytes(config: &TextConfig, tokens: usize) -> usize {
+    let per_position = 2 * config.num_kv_heads * config.head_dim * 4;
+    (0..config.num_layers)
+        .map(|layer| {
+            let sliding = matches!(
+                config.layer_attention.get(layer),
+                Some(nn::config::LayerAttention::Sliding)
+            );
+            let held = match (sliding, config.sliding_window) {
+                (true, Some(window)) => tokens.min(window),
+                _ => tokens,
+            };
+            held.saturating_mul(per_position)
+        })
+        .fold(0usize, usize::saturating_add)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse() {
+        assert_eq!(parse_bytes("1024"), Some(1024));
+        assert_eq!(parse_bytes("4M"), Some(4 << 20));
+        assert_eq!(parse_bytes("2GiB"), Some(2 << 30));
+        assert_eq!(parse_bytes("1.5kb"), Some(1536));
+        assert_eq!(parse_bytes("lots"), None);
+        assert_eq!(parse_bytes("-1G"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn clear_points() {
+        assert!(!crosses_clear_point(0, 255));
+        assert!(crosses_clear_point(255, 256));
+        assert!(
+            crosses_clear_point(250, 260),
+            "a multi-token round steps over it"
+        );
+        assert!(!crosses_clear_point(256, 300));
+    }
+}

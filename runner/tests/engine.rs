@@ -1,0 +1,385 @@
+//! The step loop on tiny models (`nn/tests/fixtures`), driven step by step: batching, the
+//! prefix trie behind every request, cancellation, admission. Every answer is compared with a
+//! cold recompute (a fresh cache, one sequence, greedy).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proptest::prelude::*;
+use runner::engine::memory::MemoryBudget;
+use runner::engine::{DoneReason, Event, Job, LoadedModel, LoopConfig, Stats};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+const CONTEXT: usize = 256;
+
+fn model(name: &str) -> Box<dyn nn::Model> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nn/tests/fixtures")
+        .join(name);
+    nn::load::load(&dir, Some(mlx::Dtype::F32)).unwrap().model
+}
+
+fn config(cache_bytes: usize) -> LoopConfig {
+    LoopConfig {
+        prefill_chunk: 16,
+        prefill_budget_while_decoding: 8,
+        max_sequences: 8,
+        memory: MemoryBudget {
+            cache_bytes,
+            kv_bytes: 1 << 30,
+        },
+    }
+}
+
+fn engine(name: &str, cache_bytes: usize) -> LoadedModel {
+    LoadedModel::new(model(name), CONTEXT, config(cache_bytes)).unwrap()
+}
+
+/// A submitted job's receiving end.
+struct Handle {
+    events: UnboundedReceiver<Event>,
+    cancel: Arc<AtomicBool>,
+    tokens: Vec<u32>,
+    done: Option<(DoneReason, Stats)>,
+    failed: Option<String>,
+}
+
+impl Handle {
+    fn poll(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                Event::Token { id, .. } => self.tokens.push(id),
+                Event::Done { reason, stats } => self.done = Some((reason, stats)),
+                Event::Failed(message) => self.failed = Some(message),
+            }
+        }
+    }
+
+    fn ended(&mut self) -> bool {
+        self.poll();
+        self.done.is_some() || self.failed.is_some()
+    }
+
+    fn stats(&self) -> Stats {
+        match (&self.done, &self.failed) {
+            (Some((_, stats)), _) => *stats,
+            (None, Some(message)) => panic!("the job failed: {message}"),
+            (None, None) => panic!("the job has not ended"),
+        }
+    }
+}
+
+fn submit(engine: &mut LoadedModel, prompt: &[u32], max_tokens: usize) -> Handle {
+    let (tx, rx) = unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    engine.submit(Job {
+        prompt: prompt.to_vec(),
+        sampling: sampler::Options::greedy(),
+        max_tokens,
+        stop_tokens: Vec::new(),
+        grammar: None,
+        turn_starts: Vec::new(),
+        events: tx,
+        cancel: Arc::clone(&cancel),
+    });
+    Handle {
+        events: rx,
+        cancel,
+        tokens: Vec::new(),
+        done: None,
+        failed: None,
+    }
+}
+
+fn run_to_idle(engine: &mut LoadedModel) {
+    for _ in 0..100_000 {
+        if engine.is_idle() {
+            return;
+        }
+        engine.step();
+    }
+    panic!("the engine did not become idle");
+}
+
+/// One request alone, to completion.
+fn run(engine: &mut LoadedModel, prompt: &[u32], max_tokens: usize) -> Handle {
+    let mut handle = submit(engine, prompt, max_tokens);
+    run_to_idle(engine);
+    assert!(handle.ended());
+    handle
+}
+
+/// Greedy continuation of `prompt` by `model` from fresh caches, token by token.
+fn cold(model: &dyn nn::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut caches = model.new_caches().unwrap();
+    let mut out = Vec::new();
+    let mut feed = prompt.to_vec();
+    let mut position = 0;
+    for _ in 0..n {
+        let forward = model
+            .forward(&nn::Batch::single(&feed, position).unwrap(), &mut caches)
+            .unwrap();
+        position += feed.len();
+        let hidden = forward.hidden;
+        let last = hidden.slice_axis(1, -1, hidden.dim(1).unwrap()).unwrap();
+        let logits = model
+            .unembed(&last)
+            .unwrap()
+            .astype(mlx::Dtype::F32)
+            .unwrap();
+        let values = logits.to_vec::<f32>().unwrap();
+        let best = (0..values.len())
+            .max_by(|&a, &b| values[a].total_cmp(&values[b]))
+            .unwrap() as u32;
+        out.push(best);
+        feed = vec![best];
+    }
+    out
+}
+
+fn ids(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 31 + seed * 17 + 3) % 500)
+        .collect()
+}
+
+fn check_trie(engine: &LoadedModel) {
+    engine.prefix_cache().trie().check_invariants().unwrap();
+}
+
+#[test]
+fn one_request_equals_a_cold_recompute() {
+    let mut engine = engine("llama", 64 << 20);
+    let prompt = ids(1, 40);
+    let handle = run(&mut engine, &prompt, 12);
+    assert_eq!(handle.tokens, cold(engine.model(), &prompt, 12));
+    let stats = handle.stats();
+    assert_eq!((stats.prompt_tokens, stats.cached_tokens), (40, 0));
+    assert_eq!(stats.generated_tokens, 12);
+    assert_eq!(handle.done.unwrap().0, DoneReason::Length);
+    check_trie(&engine);
+}
+
+#[test]
+fn eight_at_once_equal_each_alone() {
+    for name in ["llama", "gemma3"] {
+        let mut engine = engine(name, 64 << 20);
+        let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
+        let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 20)).collect();
+        run_to_idle(&mut engine);
+        for (prompt, handle) in prompts.iter().zip(&mut handles) {
+            assert!(handle.ended());
+            assert_eq!(handle.tokens, cold(engine.model(), prompt, 20), "{name}");
+        }
+        check_trie(&engine);
+    }
+}
+
+#[test]
+fn alternating_conversations_both_stay_cached() {
+    let mut engine = engine("llama", 64 << 20);
+    let system = ids(9, 30);
+    let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();
+    let b: Vec<u32> = system.iter().copied().chain(ids(2, 8)).collect();
+    let first_a = run(&mut engine, &a, 6);
+    let first_b = run(&mut engine, &b, 6);
+    // B shares the system prompt with A.
+    assert_eq!(first_b.stats().cached_tokens, 30);
+    for _ in 0..2 {
+        for (prompt, first) in [(&a, &first_a), (&b, &first_b)] {
+            let again = run(&mut engine, prompt, 6);
+            assert_eq!(again.tokens, first.tokens);
+            assert!(
+                again.stats().prompt_eval_count() <= 1,
+                "{:?}",
+                again.stats()
+            );
+            check_trie(&engine);
+        }
+    }
+    // The next turn of A evaluates only what it adds.
+    let turn: Vec<u32> = a
+        .iter()
+        .copied()
+        .chain(first_a.tokens.iter().copied())
+        .chain(ids(5, 6))
+        .collect();
+    let next = run(&mut engine, &turn, 6);
+    assert!(
+        next.stats().prompt_eval_count() <= 6 + 1,
+        "{:?}",
+        next.stats()
+    );
+    assert_eq!(next.tokens, cold(engine.model(), &turn, 6));
+}
+
+#[test]
+fn forks_share_their_common_part() {
+    let mut engine = engine("llama", 64 << 20);
+    let base = ids(3, 50);
+    run(&mut engine, &base, 4);
+    for branch in [7, 8] {
+        let fork: Vec<u32> = base.iter().copied().chain(ids(branch, 10)).collect();
+        let handle = run(&mut engine, &fork, 4);
+        assert!(
+            handle.stats().cached_tokens >= 50 - 4,
+            "{:?}",
+            handle.stats()
+        );
+        assert_eq!(handle.tokens, cold(engine.model(), &fork, 4));
+    }
+    check_trie(&engine);
+}
+
+#[test]
+fn a_cancelled_prefill_resumes_where_it_stopped() {
+    let mut engine = engine("llama", 64 << 20);
+    let long = ids(4, 200);
+    let mut handle = submit(&mut engine, &long, 8);
+    for _ in 0..5 {
+        engine.step(); // 5 chunks of 16.
+    }
+    handle.cancel.store(true, Ordering::Relaxed);
+    // A short request sent right after runs at once.
+    let short = run(&mut engine, &ids(6, 3), 2);
+    assert_eq!(short.tokens, cold(engine.model(), &ids(6, 3), 2));
+    assert!(handle.ended());
+    assert_eq!(handle.done.unwrap().0, DoneReason::Cancelled);
+    let retry = run(&mut engine, &long, 8);
+    assert!(retry.stats().cached_tokens >= 5 * 16, "{:?}", retry.stats());
+    assert_eq!(retry.tokens, cold(engine.model(), &long, 8));
+    check_trie(&engine);
+}
+
+#[test]
+fn a_sliding_window_conversation_evaluates_only_new_turns() {
+    // The fixture's window is 8 tokens; every turn outgrows it.
+    let mut engine = engine("gemma3", 64 << 20);
+    let mut conversation = ids(2, 12);
+    for turn in 0..4 {
+        let handle = run(&mut engine, &conversation, 5);
+        assert_eq!(handle.tokens, cold(engine.model(), &conversation, 5));
+        if turn > 0 {
+            assert!(
+                handle.stats().prompt_eval_count() <= 6 + 1,
+                "{:?}",
+                handle.stats()
+            );
+        }
+        conversation.extend(&handle.tokens);
+        conversation.extend(ids(turn + 20, 6));
+    }
+}
+
+#[test]
+fn a_small_budget_bounds_the_trie() {
+    let budget = 200_000;
+    let mut engine = engine("llama", budget);
+    let mut conversations: Vec<Vec<u32>> = (0..6).map(|c| ids(c, 20)).collect();
+    for round in 0..50 {
+        let c = (round * 7) % conversations.len();
+        let prompt = conversations[c].clone();
+        let handle = run(&mut engine, &prompt, 4);
+        assert_eq!(handle.tokens, cold(engine.model(), &prompt, 4));
+        assert!(engine.prefix_cache().bytes() <= budget, "round {round}");
+        check_trie(&engine);
+        conversations[c].extend(&handle.tokens);
+        conversations[c].extend(ids(round as u32, 3));
+        if conversations[c].len() > 150 {
+            conversations[c].truncate(20);
+        }
+    }
+}
+
+#[test]
+fn bad_prompts_fail_and_the_loop_goes_on() {
+    let mut engine = engine("llama", 64 << 20);
+    let mut empty = run(&mut engine, &[], 4);
+    assert!(empty.ended() && empty.failed.is_some());
+    let mut long = run(&mut engine, &ids(1, CONTEXT), 4);
+    assert!(long.ended() && long.failed.as_deref().unwrap().contains("context"));
+    let mut out_of_vocab = run(&mut engine, &[1, 2, u32::MAX], 4);
+    assert!(out_of_vocab.ended() && out_of_vocab.failed.is_some());
+    let fine = run(&mut engine, &ids(1, 10), 3);
+    assert_eq!(fine.tokens, cold(engine.model(), &ids(1, 10), 3));
+}
+
+/// One event of the property test.
+#[derive(Debug, Clone)]
+enum Action {
+    /// Start a request: conversation, new-turn tokens, max tokens.
+    Start(usize, u32, usize),
+    /// Cancel the n-th running request.
+    Cancel(usize),
+    /// Run this many steps.
+    Steps(usize),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        (0..3usize, 0..4u32, 1..6usize).prop_map(|(c, t, n)| Action::Start(c, t, n)),
+        (0..4usize).prop_map(Action::Cancel),
+        (1..6usize).prop_map(Action::Steps),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Random interleavings of start / cancel / finish / new turn over several sequences:
+    /// every finished answer equals a cold recompute, a cancelled one is a prefix of it, and
+    /// the trie's invariants hold after every event.
+    #[test]
+    fn interleavings_match_a_cold_recompute(actions in prop::collection::vec(action(), 1..24)) {
+        let mut engine = engine("llama", 400_000);
+        let mut conversations: Vec<Vec<u32>> = (0..3).map(|c| ids(c + 40, 18)).collect();
+        let mut running: Vec<(Vec<u32>, usize, usize, Handle)> = Vec::new();
+        let mut finished = Vec::new();
+        for action in actions.into_iter().chain([Action::Steps(10_000)]) {
+            match action {
+                Action::Start(c, turn, n) => {
+                    let mut prompt = conversations[c].clone();
+                    prompt.extend(ids(turn + 60, 3));
+                    let handle = submit(&mut engine, &prompt, n);
+                    running.push((prompt, c, n, handle));
+                }
+                Action::Cancel(i) => {
+                    if let Some((_, _, _, handle)) = running.get(i) {
+                        handle.cancel.store(true, Ordering::Relaxed);
+                    }
+                }
+                Action::Steps(n) => {
+                    for _ in 0..n {
+                        if engine.is_idle() {
+                            break;
+                        }
+                        engine.step();
+                        check_trie(&engine);
+                    }
+                }
+            }
+            let mut still = Vec::new();
+            for (prompt, c, n, mut handle) in running.drain(..) {
+                if handle.ended() {
+                    if handle.done.as_ref().is_some_and(|(r, _)| *r == DoneReason::Length) {
+                        conversations[c] = prompt.iter().copied().chain(handle.tokens.iter().copied()).collect();
+                    }
+                    finished.push((prompt, n, handle));
+                } else {
+                    still.push((prompt, c, n, handle));
+                }
+            }
+            running = still;
+        }
+        prop_assert!(running.is_empty());
+        for (prompt, n, handle) in finished {
+            let expected = cold(engine.model(), &prompt, n);
+            let (reason, _) = handle.done.expect("no failures");
+            match reason {
+                DoneReason::Length => prop_assert_eq!(&handle.tokens, &expected),
+                _ => prop_assert_eq!(&handle.tokens[..], &expected[..handle.tokens.len()]),
+            }
+        }
+    }
+}
