@@ -155,6 +155,17 @@ enum Command {
         /// Keep generating through end-of-sequence tokens, so every run has the asked length.
         #[arg(long)]
         ignore_eos: bool,
+        /// Streams at once per run; the report adds aggregate decode tok/s and TTFT p50/p95.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// With `--concurrency`: give each stream its own prompt (one token changed) instead
+        /// of the same one.
+        #[arg(long)]
+        distinct: bool,
+        /// With `--concurrency`: one more stream, a short prompt of this many tokens sent once
+        /// the others decode; its time to first token is reported apart.
+        #[arg(long)]
+        late_short: Option<usize>,
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
@@ -361,6 +372,9 @@ fn run(command: Command) -> Result<()> {
             runs,
             json,
             ignore_eos,
+            concurrency,
+            distinct,
+            late_short,
         } => {
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
@@ -375,6 +389,11 @@ fn run(command: Command) -> Result<()> {
                 BenchLength {
                     tokens: generate_tokens,
                     ignore_eos,
+                },
+                BenchStreams {
+                    concurrency: concurrency.max(1),
+                    distinct,
+                    late_short,
                 },
                 runs.max(1),
                 json,
@@ -671,12 +690,94 @@ fn read_prompt_ids(path: &std::path::Path) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// `bench`: greedy runs over a synthetic prompt or given ids, reported per run.
+/// How many streams `bench` runs at once.
+struct BenchStreams {
+    /// Streams per run.
+    concurrency: usize,
+    /// Each stream with its own prompt.
+    distinct: bool,
+    /// One more stream with a short prompt, sent once the others decode.
+    late_short: Option<usize>,
+}
+
+/// What one stream of a `bench` run measured.
+struct StreamResult {
+    stats: crate::engine::Stats,
+    /// From the run's start to the stream's first token.
+    first_token: Duration,
+    /// From the run's start to the stream's end.
+    end: Duration,
+    /// From the stream's own start to its first token.
+    ttft: Duration,
+}
+
+/// Runs one greedy generation of `prompt` and times it against `run_start`.
+async fn bench_stream(
+    state: AppState,
+    name: ModelName,
+    prompt: Vec<u32>,
+    length: (usize, bool),
+    load: Duration,
+    run_start: Instant,
+) -> Result<StreamResult> {
+    let lease = state.scheduler.acquire(&name, None).await?;
+    let options = GenerationOptions {
+        sampling: sampler::Options::greedy(),
+        num_predict: Some(length.0),
+        ignore_eos: length.1,
+        ..GenerationOptions::default()
+    };
+    let begin = Instant::now();
+    let mut outputs = generation::start(
+        lease,
+        Prepared {
+            prompt,
+            options,
+            logprobs: None,
+            parser: None,
+            grammar: None,
+            turn_starts: Vec::new(),
+            started: begin,
+            load,
+        },
+    );
+    let mut first_token = None;
+    let mut summary = None;
+    while let Some(output) = outputs.recv().await {
+        match output {
+            Output::Content(..) if first_token.is_none() => first_token = Some(Instant::now()),
+            Output::Done(s) => summary = Some(s),
+            Output::Error(e) => bail!(e),
+            _ => {}
+        }
+    }
+    let end = Instant::now();
+    let summary = summary.context("the run ended without a result")?;
+    let first = first_token.unwrap_or(end);
+    Ok(StreamResult {
+        stats: summary.stats,
+        first_token: first - run_start,
+        end: end - run_start,
+        ttft: first - begin,
+    })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// `bench`: greedy runs over a synthetic prompt or given ids, one or several streams at once,
+/// reported per run.
 async fn bench(
     store: Store,
     name: ModelName,
     prompt: BenchPrompt,
     length: BenchLength,
+    streams: BenchStreams,
     runs: usize,
     as_json: bool,
 ) -> Result<()> {
@@ -687,16 +788,17 @@ async fn bench(
     let info = lease.info.clone();
     drop(lease);
     let vocab_size = info.tokenizer.vocab_size() as u32;
+    // A prompt of distinct-enough text, cut to the requested token count.
+    let synthetic = |count: usize| -> Result<Vec<u32>> {
+        let seed_text = "The quick brown fox jumps over the lazy dog while counting stars and telling stories. ";
+        let mut tokens = info
+            .tokenizer
+            .encode(&seed_text.repeat(count / 8 + 8), true)?;
+        tokens.truncate(count.max(2));
+        Ok(tokens)
+    };
     let tokens = match prompt {
-        BenchPrompt::Synthetic(prompt_tokens) => {
-            // A prompt of distinct-enough text, cut to the requested token count.
-            let seed_text = "The quick brown fox jumps over the lazy dog while counting stars and telling stories. ";
-            let mut tokens = info
-                .tokenizer
-                .encode(&seed_text.repeat(prompt_tokens / 8 + 8), true)?;
-            tokens.truncate(prompt_tokens.max(2));
-            tokens
-        }
+        BenchPrompt::Synthetic(prompt_tokens) => synthetic(prompt_tokens)?,
         BenchPrompt::Ids(ids) => {
             if let Some(&id) = ids.iter().find(|&&id| id >= vocab_size) {
                 bail!("prompt token id {id} is outside the vocabulary of {vocab_size}");
@@ -704,57 +806,105 @@ async fn bench(
             ids
         }
     };
+    let concurrency = streams.concurrency;
     let mut results = Vec::new();
     for run in 0..runs {
         // Each run changes the second token by a different amount so the prefix cache cannot
         // serve it from an earlier run; the last run changes it by 0, so given ids are
-        // measured exactly as given (earlier runs are the warm-up).
-        let mut prompt = tokens.clone();
-        if let Some(second) = prompt.get_mut(1) {
-            *second = (*second + (runs - 1 - run) as u32) % vocab_size;
-        }
-        let lease = state.scheduler.acquire(&name, None).await?;
-        let options = GenerationOptions {
-            sampling: sampler::Options::greedy(),
-            num_predict: Some(length.tokens),
-            ignore_eos: length.ignore_eos,
-            ..GenerationOptions::default()
-        };
-        let begin = Instant::now();
-        let mut outputs = generation::start(
-            lease,
-            Prepared {
-                prompt,
-                options,
-                logprobs: None,
-                parser: None,
-                grammar: None,
-                turn_starts: Vec::new(),
-                started: begin,
-                load,
-            },
-        );
-        let mut first_token = None;
-        let mut summary = None;
-        while let Some(output) = outputs.recv().await {
-            match output {
-                Output::Content(..) if first_token.is_none() => first_token = Some(begin.elapsed()),
-                Output::Done(s) => summary = Some(s),
-                Output::Error(e) => bail!(e),
-                _ => {}
+        // measured exactly as given (earlier runs are the warm-up). Distinct streams change
+        // the third token by their index too.
+        let shift = ((runs - 1 - run) * (concurrency + 1)) as u32;
+        let run_start = Instant::now();
+        let mut tasks = Vec::with_capacity(concurrency);
+        for stream in 0..concurrency {
+            let mut prompt = tokens.clone();
+            if let Some(second) = prompt.get_mut(1) {
+                *second = (*second + shift) % vocab_size;
             }
+            if streams.distinct
+                && let Some(third) = prompt.get_mut(2)
+            {
+                *third = (*third + stream as u32) % vocab_size;
+            }
+            tasks.push(tokio::spawn(bench_stream(
+                state.clone(),
+                name.clone(),
+                prompt,
+                (length.tokens, length.ignore_eos),
+                load,
+                run_start,
+            )));
         }
-        let summary = summary.context("the run ended without a result")?;
-        let s = summary.stats;
+        let late = match streams.late_short {
+            Some(short) => {
+                // Sent once every long stream has had time to start decoding.
+                while state.scheduler.engine().status().prefilling > 0
+                    || state.scheduler.engine().status().running < concurrency
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let mut prompt = synthetic(short)?;
+                if let Some(second) = prompt.get_mut(1) {
+                    *second = (*second + shift + 7) % vocab_size;
+                }
+                Some(
+                    bench_stream(
+                        state.clone(),
+                        name.clone(),
+                        prompt,
+                        (8, true),
+                        load,
+                        run_start,
+                    )
+                    .await?,
+                )
+            }
+            None => None,
+        };
+        let mut done = Vec::with_capacity(concurrency);
+        for task in tasks {
+            done.push(task.await.context("a bench stream panicked")??);
+        }
+        let per_stream: Vec<serde_json::Value> = done
+            .iter()
+            .map(|r| {
+                let s = &r.stats;
+                json!({
+                    "prompt_eval_tokens": s.prompt_eval_count(),
+                    "prefill_tok_s": s.prompt_eval_count() as f64 / s.prompt_eval.as_secs_f64().max(1e-9),
+                    "generated_tokens": s.generated_tokens,
+                    "decode_tok_s": s.generated_tokens.saturating_sub(1) as f64 / s.eval.as_secs_f64().max(1e-9),
+                    "ttft_ms": r.ttft.as_secs_f64() * 1e3,
+                })
+            })
+            .collect();
+        let mut ttfts: Vec<f64> = done.iter().map(|r| r.ttft.as_secs_f64() * 1e3).collect();
+        ttfts.sort_by(f64::total_cmp);
+        // Aggregate decode: every token after each stream's first, over the span from the
+        // first stream's first token to the last stream's end.
+        let decoded: usize = done
+            .iter()
+            .map(|r| r.stats.generated_tokens.saturating_sub(1))
+            .sum();
+        let span = done.iter().map(|r| r.end).max().unwrap_or_default()
+            - done.iter().map(|r| r.first_token).min().unwrap_or_default();
+        let first = &done[0];
+        let s = first.stats;
         results.push(json!({
             "run": run,
+            "streams": concurrency,
             "prompt_tokens": s.prompt_tokens,
             "prompt_eval_tokens": s.prompt_eval_count(),
-            "prefill_tok_s": s.prompt_eval_count() as f64 / s.prompt_eval.as_secs_f64().max(1e-9),
+            "prefill_tok_s": per_stream[0]["prefill_tok_s"],
             "generated_tokens": s.generated_tokens,
-            "decode_tok_s": s.generated_tokens.saturating_sub(1) as f64 / s.eval.as_secs_f64().max(1e-9),
-            "ttft_ms": first_token.unwrap_or(summary.total).as_secs_f64() * 1e3,
-            "peak_memory_bytes": s.peak_memory,
+            "decode_tok_s": per_stream[0]["decode_tok_s"],
+            "aggregate_decode_tok_s": decoded as f64 / span.as_secs_f64().max(1e-9),
+            "ttft_ms": first.ttft.as_secs_f64() * 1e3,
+            "ttft_p50_ms": percentile(&ttfts, 0.5),
+            "ttft_p95_ms": percentile(&ttfts, 0.95),
+            "late_short_ttft_ms": late.map(|r| r.ttft.as_secs_f64() * 1e3),
+            "peak_memory_bytes": done.iter().map(|r| r.stats.peak_memory).max(),
+            "per_stream": per_stream,
         }));
     }
     let report = json!({
@@ -764,22 +914,60 @@ async fn bench(
     });
     if as_json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!("{name}: loaded in {:.2}s", load.as_secs_f64());
+        return Ok(());
+    }
+    println!("{name}: loaded in {:.2}s", load.as_secs_f64());
+    if concurrency == 1 {
         println!(
             "{:>4} {:>8} {:>12} {:>8} {:>12} {:>10} {:>10}",
             "run", "prompt", "prefill t/s", "gen", "decode t/s", "ttft ms", "peak MB"
         );
-        for r in report["runs"].as_array().into_iter().flatten() {
+    } else {
+        println!(
+            "{:>4} {:>8} {:>8} {:>14} {:>16} {:>10} {:>10} {:>10}",
+            "run",
+            "streams",
+            "gen",
+            "decode t/s/str",
+            "aggregate t/s",
+            "ttft p50",
+            "ttft p95",
+            "late ttft"
+        );
+    }
+    for r in report["runs"].as_array().into_iter().flatten() {
+        let f = |key: &str| r[key].as_f64().unwrap_or(0.0);
+        if concurrency == 1 {
             println!(
                 "{:>4} {:>8} {:>12.1} {:>8} {:>12.1} {:>10.1} {:>10.1}",
                 r["run"],
                 r["prompt_eval_tokens"],
-                r["prefill_tok_s"].as_f64().unwrap_or(0.0),
+                f("prefill_tok_s"),
                 r["generated_tokens"],
-                r["decode_tok_s"].as_f64().unwrap_or(0.0),
-                r["ttft_ms"].as_f64().unwrap_or(0.0),
-                r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+                f("decode_tok_s"),
+                f("ttft_ms"),
+                f("peak_memory_bytes") / 1e6,
+            );
+        } else {
+            let per_stream: Vec<f64> = r["per_stream"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| s["decode_tok_s"].as_f64().unwrap_or(0.0))
+                .collect();
+            let mean = per_stream.iter().sum::<f64>() / per_stream.len().max(1) as f64;
+            println!(
+                "{:>4} {:>8} {:>8} {:>14.1} {:>16.1} {:>10.1} {:>10.1} {:>10}",
+                r["run"],
+                r["streams"],
+                r["generated_tokens"],
+                mean,
+                f("aggregate_decode_tok_s"),
+                f("ttft_p50_ms"),
+                f("ttft_p95_ms"),
+                r["late_short_ttft_ms"]
+                    .as_f64()
+                    .map_or("-".to_string(), |t| format!("{t:.1}")),
             );
         }
     }

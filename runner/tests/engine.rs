@@ -253,6 +253,23 @@ fn a_cancelled_prefill_resumes_where_it_stopped() {
 }
 
 #[test]
+fn a_request_copies_a_prefix_from_one_still_running() {
+    let mut engine = engine("llama", 64 << 20);
+    let long = ids(4, 120);
+    let mut first = submit(&mut engine, &long, 6);
+    for _ in 0..4 {
+        engine.step(); // 64 tokens prefilled, nothing in the trie yet.
+    }
+    let second_prompt: Vec<u32> = long[..60].iter().copied().chain(ids(8, 5)).collect();
+    let second = run(&mut engine, &second_prompt, 6);
+    assert_eq!(second.stats().cached_tokens, 60);
+    assert_eq!(second.tokens, cold(engine.model(), &second_prompt, 6));
+    assert!(first.ended());
+    assert_eq!(first.tokens, cold(engine.model(), &long, 6));
+    check_trie(&engine);
+}
+
+#[test]
 fn a_sliding_window_conversation_evaluates_only_new_turns() {
     // The fixture's window is 8 tokens; every turn outgrows it.
     let mut engine = engine("gemma3", 64 << 20);

@@ -195,6 +195,9 @@ impl LoadedModel {
     /// error event; the loop itself always goes on.
     pub fn step(&mut self) {
         self.drop_cancelled_queued();
+        // Cancelled sequences retire before anything is admitted, so a retry finds what they
+        // evaluated in the trie.
+        self.retire_cancelled();
         self.admit();
         if let Err(e) = self.advance() {
             // A failed batched forward may leave any running cache half-written.
@@ -209,6 +212,18 @@ impl LoadedModel {
             self.prefix.abandon(&mut seq);
             let _ = self.sampler.remove(seq.id);
             let _ = seq.job.events.send(Event::Failed(message.to_string()));
+        }
+    }
+
+    fn retire_cancelled(&mut self) {
+        let cancelled: Vec<SequenceId> = self
+            .sequences
+            .iter()
+            .filter(|s| s.cancelled())
+            .map(|s| s.id)
+            .collect();
+        for id in cancelled {
+            self.retire(id, Outcome::Done(DoneReason::Cancelled));
         }
     }
 
@@ -288,21 +303,46 @@ impl LoadedModel {
             Ok(caches) => caches,
             Err(e) => return refuse(job, e.into()),
         };
-        let (session, restore_at) =
+        let (mut session, mut restore_at, capture_at) =
             match self
                 .prefix
                 .begin(&job.prompt, &job.turn_starts, &mut caches)
             {
-                Ok(restored) => (Some(restored.session), restored.restore_at),
+                Ok(restored) => (
+                    Some(restored.session),
+                    restored.restore_at,
+                    restored.capture_at,
+                ),
                 Err(e) => {
                     tracing::warn!("prefix cache not used for a request: {e}");
                     match self.model.new_caches() {
                         Ok(fresh) => caches = fresh,
                         Err(e) => return refuse(job, e.into()),
                     }
-                    (None, 0)
+                    (None, 0, Vec::new())
                 }
             };
+        if let Some((from, common)) = self.live_share(&job.prompt, restore_at) {
+            match copy_from_live(
+                &self.sequences[from].caches,
+                &mut caches,
+                common,
+                &capture_at,
+            ) {
+                Ok(()) => restore_at = common,
+                Err(e) => {
+                    tracing::warn!("copying a prefix from a running request failed: {e}");
+                    if let Some(session) = session.take() {
+                        self.prefix.abandon_session(session);
+                    }
+                    match self.model.new_caches() {
+                        Ok(fresh) => caches = fresh,
+                        Err(e) => return refuse(job, e.into()),
+                    }
+                    restore_at = 0;
+                }
+            }
+        }
         let id = self.next_id;
         self.next_id += 1;
         if let Err(e) = self.sampler.add(id, job.sampling.clone(), &job.prompt) {
@@ -330,6 +370,35 @@ impl LoadedModel {
             captures: Vec::new(),
             job,
         })
+    }
+
+    /// The running sequence whose caches hold a longer prefix of `prompt` than `restored`
+    /// (the trie's), and that prefix's length: a request that shares a system prompt with one
+    /// still prefilling, or a retry that arrives before its cancelled attempt is noticed.
+    /// Whole-state layers (sliding windows, recurrent) can only be copied at the running
+    /// sequence's current offset.
+    fn live_share(&self, prompt: &[u32], restored: usize) -> Option<(usize, usize)> {
+        let limit = prompt.len() - 1;
+        self.sequences
+            .iter()
+            .enumerate()
+            .filter_map(|(i, seq)| {
+                let common = seq
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(limit);
+                let exact = common == seq.tokens.len();
+                let copyable = seq
+                    .caches
+                    .iter()
+                    .flatten()
+                    .all(|c| exact || c.layer_kind() == prefix_trie::LayerKind::Range);
+                (copyable && common > restored).then_some((i, common))
+            })
+            .max_by_key(|&(_, common)| common)
     }
 
     fn index_of(&self, id: SequenceId) -> Option<usize> {
@@ -676,6 +745,33 @@ impl LoadedModel {
         };
         let _ = seq.job.events.send(event);
     }
+}
+
+/// Brings the fresh-or-restored `caches` to `common` tokens copied from a running sequence's
+/// caches, and schedules the captures past that point.
+fn copy_from_live(
+    source: &[Option<kvcache::LayerCache>],
+    caches: &mut [Option<kvcache::LayerCache>],
+    common: usize,
+    capture_at: &[usize],
+) -> std::result::Result<(), kvcache::Error> {
+    let later: Vec<usize> = capture_at
+        .iter()
+        .copied()
+        .filter(|&at| at > common)
+        .collect();
+    for (from, to) in source.iter().zip(caches.iter_mut()) {
+        let (Some(from), Some(to)) = (from, to.as_mut()) else {
+            continue;
+        };
+        let snapshot = match from.layer_kind() {
+            prefix_trie::LayerKind::Range => from.snapshot(0..common)?,
+            _ => from.snapshot(common..common)?,
+        };
+        to.restore(&snapshot)?;
+        to.schedule_captures(&later)?;
+    }
+    Ok(())
 }
 
 /// Ends a job that cannot run with `error`.

@@ -32,6 +32,8 @@ pub struct Restored {
     pub session: SessionId,
     /// Prompt tokens its caches now hold.
     pub restore_at: usize,
+    /// The offsets its caches capture at.
+    pub capture_at: Vec<usize>,
 }
 
 /// The loaded model's prefix trie and its byte budget.
@@ -103,6 +105,7 @@ impl PrefixCache {
             Ok(()) => Ok(Restored {
                 session: begin.session,
                 restore_at: begin.restore_at,
+                capture_at: begin.capture_at,
             }),
             Err(e) => {
                 self.trie.abandon(begin.session);
