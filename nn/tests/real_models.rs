@@ -13,6 +13,8 @@
 //! real_models -- --nocapture` prints load time, peak memory and decode speed); a debug build
 //! works but is several times slower.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -222,6 +224,18 @@ fn check(name: &str, catalog_name: &str) {
         got[at],
         reference.last_logits[at]
     );
+
+    // Eight sequences of different lengths decoded together give what each gives alone.
+    let source: Vec<u32> = reference
+        .logits_prompt_ids
+        .iter()
+        .chain(&reference.greedy_prompt_ids)
+        .copied()
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..8)
+        .map(|r| source[r..(r + 4 + 3 * r).min(source.len())].to_vec())
+        .collect();
+    common::check_batch_invariance(model, &prompts, 12, 1);
 }
 
 #[test]

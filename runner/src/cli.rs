@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, LoopConfig};
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
 use crate::pull::PullProgress;
@@ -49,6 +49,13 @@ enum Command {
         /// Address to listen on.
         #[arg(long, env = "MLXKIT_HOST", default_value = DEFAULT_HOST)]
         host: String,
+        /// Bytes the prefix cache keeps between requests (`4G`, `512M`; default: a quarter of
+        /// the device's memory, at most 8 GiB).
+        #[arg(long, env = "MLXKIT_CACHE_BYTES")]
+        cache_bytes: Option<String>,
+        /// Requests decoded at once; more wait in the queue.
+        #[arg(long, env = "MLXKIT_MAX_SEQUENCES")]
+        max_sequences: Option<usize>,
     },
     /// Chat with a model (pulled first if needed): one prompt, or an interactive session.
     Run {
@@ -218,7 +225,24 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 fn run(command: Command) -> Result<()> {
     let store = Store::from_env()?;
     match command {
-        Command::Serve { host } => runtime()?.block_on(serve(store, host)),
+        Command::Serve {
+            host,
+            cache_bytes,
+            max_sequences,
+        } => {
+            let mut config = LoopConfig::from_env();
+            if let Some(text) = cache_bytes {
+                config.memory.cache_bytes = crate::engine::memory::parse_bytes(&text)
+                    .with_context(|| format!("--cache-bytes `{text}` is not a byte count"))?;
+            }
+            if let Some(n) = max_sequences {
+                if n == 0 {
+                    bail!("--max-sequences must be at least 1");
+                }
+                config.max_sequences = n;
+            }
+            runtime()?.block_on(serve(store, host, config))
+        }
         Command::Run {
             model,
             prompt,
@@ -462,13 +486,17 @@ fn human_bytes(n: u64) -> String {
 }
 
 fn app_state(store: Store) -> Result<AppState> {
-    let engine = Arc::new(Engine::new()?);
+    app_state_with(store, LoopConfig::from_env())
+}
+
+fn app_state_with(store: Store, config: LoopConfig) -> Result<AppState> {
+    let engine = Arc::new(Engine::with_config(config)?);
     let scheduler = Scheduler::new(engine, store.clone(), QUEUE_CAPACITY);
     Ok(AppState { store, scheduler })
 }
 
-async fn serve(store: Store, host: String) -> Result<()> {
-    let state = app_state(store)?;
+async fn serve(store: Store, host: String, config: LoopConfig) -> Result<()> {
+    let state = app_state_with(store, config)?;
     let listener = tokio::net::TcpListener::bind(&host)
         .await
         .with_context(|| format!("listening on {host}"))?;

@@ -25,6 +25,7 @@ fn config(cache_bytes: usize) -> LoopConfig {
         prefill_chunk: 16,
         prefill_budget_while_decoding: 8,
         max_sequences: 8,
+        capture_interval: 32,
         memory: MemoryBudget {
             cache_bytes,
             kv_bytes: 1 << 30,
@@ -159,6 +160,16 @@ fn one_request_equals_a_cold_recompute() {
     assert_eq!(stats.generated_tokens, 12);
     assert_eq!(handle.done.unwrap().0, DoneReason::Length);
     check_trie(&engine);
+}
+
+#[test]
+fn zero_tokens_asked_evaluates_the_prompt_only() {
+    let mut engine = engine("llama", 64 << 20);
+    let handle = run(&mut engine, &ids(1, 20), 0);
+    assert!(handle.tokens.is_empty());
+    assert_eq!(handle.done.unwrap().0, DoneReason::Length);
+    // What it evaluated is cached.
+    assert_eq!(run(&mut engine, &ids(1, 20), 2).stats().cached_tokens, 19);
 }
 
 #[test]

@@ -41,6 +41,7 @@ fn redact(value: &Value) -> Value {
         "prefix_cache_bytes",
         "prefix_cache_budget",
         "prefix_cache_nodes",
+        "prefilled_tokens",
     ];
     match value {
         Value::Object(map) => Value::Object(

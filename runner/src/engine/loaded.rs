@@ -70,6 +70,8 @@ pub struct LoopConfig {
     pub prefill_budget_while_decoding: usize,
     /// Sequences running at once; more wait in the queue.
     pub max_sequences: usize,
+    /// Prefix-cache capture interval while prefilling.
+    pub capture_interval: usize,
     /// Memory budgets (prefix cache, running KV).
     pub memory: MemoryBudget,
 }
@@ -84,9 +86,10 @@ impl LoopConfig {
             .filter(|&n| n > 0)
             .unwrap_or(16);
         LoopConfig {
-            prefill_chunk: 512,
+            prefill_chunk: 256,
             prefill_budget_while_decoding: 128,
             max_sequences,
+            capture_interval: crate::engine::prefix_cache::CAPTURE_INTERVAL,
             memory: MemoryBudget::from_env(),
         }
     }
@@ -99,6 +102,8 @@ pub struct LoopStatus {
     pub running: usize,
     /// Of those, the ones still prefilling.
     pub prefilling: usize,
+    /// Prompt tokens the prefilling ones have evaluated so far.
+    pub prefilled_tokens: usize,
     /// Jobs waiting for admission.
     pub queued: usize,
     /// Bytes the prefix trie holds.
@@ -139,7 +144,11 @@ impl LoadedModel {
         context_length: usize,
         config: LoopConfig,
     ) -> Result<LoadedModel> {
-        let prefix = PrefixCache::new(&model.new_caches()?, config.memory.cache_bytes)?;
+        let prefix = PrefixCache::new(
+            &model.new_caches()?,
+            config.memory.cache_bytes,
+            config.capture_interval,
+        )?;
         Ok(LoadedModel {
             model,
             context_length,
@@ -182,6 +191,12 @@ impl LoadedModel {
                 .iter()
                 .filter(|s| s.phase == Phase::Prefilling)
                 .count(),
+            prefilled_tokens: self
+                .sequences
+                .iter()
+                .filter(|s| s.phase == Phase::Prefilling)
+                .map(|s| s.tokens.len() - s.stats.cached_tokens)
+                .sum(),
             queued: self.queue.len(),
             cache_bytes: self.prefix.bytes(),
             cache_budget: self.prefix.budget(),
@@ -353,6 +368,12 @@ impl LoadedModel {
         }
         let budget = job.max_tokens.min(self.context_length - prompt_len);
         let tokens = job.prompt[..restore_at].to_vec();
+        tracing::debug!(
+            sequence = id,
+            prompt = prompt_len,
+            restored = restore_at,
+            "admitted"
+        );
         Some(Sequence {
             id,
             caches,
@@ -509,14 +530,20 @@ impl LoadedModel {
             self.config.prefill_chunk
         };
         let mut seeds = Vec::new();
-        for i in 0..self.sequences.len() {
+        // Shortest remaining prompt first: a short request is never queued behind a long
+        // prompt's chunks.
+        let mut order: Vec<usize> = (0..self.sequences.len())
+            .filter(|&i| {
+                let seq = &self.sequences[i];
+                seq.phase == Phase::Prefilling && !ending.contains(seq.id)
+            })
+            .collect();
+        order.sort_by_key(|&i| self.sequences[i].prompt_left());
+        for i in order {
             if budget == 0 {
                 break;
             }
             let seq = &self.sequences[i];
-            if seq.phase != Phase::Prefilling || ending.contains(seq.id) {
-                continue;
-            }
             let id = seq.id;
             let n = seq
                 .prompt_left()
@@ -525,6 +552,10 @@ impl LoadedModel {
                 .max(1);
             budget = budget.saturating_sub(n);
             match self.prefill_chunk(i, n) {
+                // Asked for no tokens (or no room left): done once the prompt is evaluated.
+                Ok(Some(_)) if self.sequences[i].budget == 0 => {
+                    ending.add(id, Outcome::Done(DoneReason::Length));
+                }
                 Ok(Some(logits)) => seeds.push((id, logits)),
                 Ok(None) => *clear_pool |= n >= LONG_PREFILL,
                 Err(e) => ending.add(id, Outcome::Failed(e.to_string())),
@@ -718,6 +749,16 @@ impl LoadedModel {
         };
         let mut seq = self.sequences.remove(index);
         let _ = self.sampler.remove(seq.id);
+        tracing::debug!(
+            sequence = id,
+            cached = seq.tokens.len(),
+            generated = seq.stats.generated_tokens,
+            outcome = match &outcome {
+                Outcome::Done(reason) => reason.as_str(),
+                Outcome::Failed(_) => "failed",
+            },
+            "retired"
+        );
         match &outcome {
             Outcome::Done(_) => {
                 if let Err(e) = self.prefix.close(&mut seq) {

@@ -80,11 +80,18 @@ pub enum EngineError {
 pub struct Engine {
     worker: Worker,
     shared: Arc<Shared>,
+    loop_config: LoopConfig,
 }
 
 impl Engine {
-    /// Starts the worker and picks the device (a GPU when MLX has one, else the CPU).
+    /// Starts the worker and picks the device (a GPU when MLX has one, else the CPU); models
+    /// are served with [`LoopConfig::from_env`].
     pub fn new() -> Result<Engine, EngineError> {
+        Engine::with_config(LoopConfig::from_env())
+    }
+
+    /// Like [`Engine::new`], serving every model with `loop_config`.
+    pub fn with_config(loop_config: LoopConfig) -> Result<Engine, EngineError> {
         let worker = Worker::builder().name("mlx-engine").spawn()?;
         worker.try_run(|| -> Result<(), mlx::Error> {
             let device = mlx::Device::best_available()?;
@@ -93,6 +100,7 @@ impl Engine {
         Ok(Engine {
             worker,
             shared: Arc::default(),
+            loop_config,
         })
     }
 
@@ -103,11 +111,12 @@ impl Engine {
         manifest: Manifest,
         dir: PathBuf,
     ) -> Result<Arc<ModelInfo>, EngineError> {
+        let loop_config = self.loop_config;
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
             let _ = mlx::memory::clear_cache();
-            let (loaded, info) = loader::load(&name, &manifest, &dir, LoopConfig::from_env())?;
+            let (loaded, info) = loader::load(&name, &manifest, &dir, loop_config)?;
             LOADED.with(|s| *s.borrow_mut() = Some(loaded));
             let _ = mlx::memory::clear_cache();
             Ok(info)

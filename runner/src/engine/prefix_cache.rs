@@ -11,8 +11,8 @@ use prefix_trie::{
 
 use crate::engine::sequence::Sequence;
 
-/// Periodic capture interval: a prefill that fails mid-way (a cancelled one is paged out
-/// whole at retirement) loses at most this many tokens.
+/// The default periodic capture interval: a prefill that fails mid-way (a cancelled one is
+/// paged out whole at retirement) loses at most this many tokens.
 pub const CAPTURE_INTERVAL: usize = 2048;
 
 /// What went wrong between the trie and the caches.
@@ -44,8 +44,12 @@ pub struct PrefixCache {
 
 impl PrefixCache {
     /// A trie for caches shaped like `caches` (fresh ones from the model), holding at most
-    /// `budget` bytes of snapshots between requests.
-    pub fn new(caches: &[Option<LayerCache>], budget: usize) -> Result<PrefixCache, PrefixError> {
+    /// `budget` bytes of snapshots between requests and capturing every `interval` tokens.
+    pub fn new(
+        caches: &[Option<LayerCache>],
+        budget: usize,
+        interval: usize,
+    ) -> Result<PrefixCache, PrefixError> {
         let layers = caches
             .iter()
             .map(|c| {
@@ -57,7 +61,7 @@ impl PrefixCache {
             layers,
             lookahead: Lookahead::None,
             schedule: SchedulePolicy {
-                interval: CAPTURE_INTERVAL,
+                interval,
                 ..SchedulePolicy::default()
             },
         })?;

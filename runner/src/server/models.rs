@@ -167,6 +167,7 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         "models": [{
             "running_sequences": engine.running,
             "prefilling_sequences": engine.prefilling,
+            "prefilled_tokens": engine.prefilled_tokens,
             "queued_requests": engine.queued,
             "prefix_cache_bytes": engine.cache_bytes,
             "prefix_cache_budget": engine.cache_budget,

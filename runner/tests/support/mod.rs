@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use runner::engine::Engine;
+use runner::engine::{Engine, LoopConfig};
 use runner::model_name::ModelName;
 use runner::scheduler::Scheduler;
 use runner::server::{AppState, router};
@@ -41,15 +41,23 @@ pub fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn start() -> Option<Server> {
+    start_server(&[MODEL], LoopConfig::from_env())
+}
+
+/// A server of its own with `models` pulled, serving them with `config`; `None` (after a
+/// notice) when a model cannot be fetched outside CI.
+pub fn start_server(models: &[&str], config: LoopConfig) -> Option<Server> {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open(home.path().to_path_buf()).unwrap();
-    let name = ModelName::parse(MODEL).unwrap();
-    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set and {MODEL} could not be pulled: {e}");
+    for model in models {
+        let name = ModelName::parse(model).unwrap();
+        if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set and {model} could not be pulled: {e}");
+            }
+            eprintln!("skipping the server tests: {model} could not be pulled ({e})");
+            return None;
         }
-        eprintln!("skipping the server tests: {MODEL} could not be pulled ({e})");
-        return None;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -57,7 +65,7 @@ fn start() -> Option<Server> {
         .build()
         .unwrap();
     let base = runtime.block_on(async {
-        let engine = Arc::new(Engine::new().unwrap());
+        let engine = Arc::new(Engine::with_config(config).unwrap());
         let scheduler = Scheduler::new(engine, store.clone(), 16);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
