@@ -158,10 +158,15 @@ fn greedy(model: &dyn Model, prompt: &[u32], steps: usize) -> (Vec<u32>, Duratio
     (tokens, start.elapsed())
 }
 
-fn check(name: &str, catalog_name: &str) {
-    let _device = DEVICE
+/// The device, held for one test at a time.
+fn lock_device() -> std::sync::MutexGuard<'static, ()> {
+    DEVICE
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn check(name: &str, catalog_name: &str) {
+    let _device = lock_device();
     let Some(gguf) = fetch(catalog_name) else {
         return;
     };
@@ -229,9 +234,7 @@ fn check(name: &str, catalog_name: &str) {
 /// Eight sequences of different lengths decoded together give what each gives alone
 /// (tolerances in `common`).
 fn batch_invariance(name: &str, catalog_name: &str) {
-    let _device = DEVICE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _device = lock_device();
     let Some(gguf) = fetch(catalog_name) else {
         return;
     };
