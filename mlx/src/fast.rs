@@ -2,6 +2,7 @@
 
 use mlx_sys::ffi;
 
+use crate::list::to_list;
 use crate::{Array, Result};
 
 /// RMS normalization over the last axis, scaled by `weight` when given.
@@ -124,4 +125,36 @@ pub fn scaled_dot_product_attention(
         has_mask,
         mask_array.raw(),
     )?)
+}
+
+/// Attention of one new token per row over each row's own history, in one op:
+/// `queries: [rows, heads, 1, head_dim]`, and for row r `history[r] = (keys, values)`, each
+/// `[1, kv_heads, len_r, head_dim]` with every column visible. Logits are `q · k · scale`,
+/// soft-capped as `cap · tanh(logit / cap)` when `softcap` is set.
+///
+/// The keys and values are read where they lie (cache views are not copied), and each row's
+/// result is independent of the others, bit for bit: a sequence gets the same output alone as
+/// in a batch. `None` when the fused kernel does not apply (a GPU default device, dtypes other
+/// than f32, shapes it does not take); attend row by row with
+/// [`scaled_dot_product_attention`] then.
+pub fn decode_attention(
+    queries: &Array,
+    history: &[(&Array, &Array)],
+    scale: f32,
+    softcap: Option<f32>,
+) -> Result<Option<Array>> {
+    let keys = to_list(history.iter().map(|(k, _)| *k))?;
+    let values = to_list(history.iter().map(|(_, v)| *v))?;
+    let raw = ffi::decode_attention(
+        queries.raw(),
+        &keys,
+        &values,
+        scale,
+        softcap.is_some(),
+        softcap.unwrap_or(0.0),
+    )?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    Array::from_raw(raw).map(Some)
 }

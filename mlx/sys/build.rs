@@ -45,6 +45,7 @@ fn main() {
         .file("shim/shim.cc")
         .file("shim/gemv.cc")
         .file("shim/qmv.cc")
+        .file("shim/attend.cc")
         .include(&include)
         .include("shim")
         .std("c++20")

@@ -146,6 +146,23 @@ impl Attention {
         })
     }
 
+    /// One new token per row, each over its own whole history (`[1, kv_heads, len_r, head_dim]`,
+    /// every column visible), in one op: `queries` is `[rows, heads, 1, head_dim]`. Each row's
+    /// result is the same alone as in a batch. `None` where the fused kernel does not apply (a
+    /// GPU, other dtypes); then attend each row with [`Attention::attend_heads`].
+    pub fn attend_rows(
+        &self,
+        queries: &Array,
+        history: &[(&Array, &Array)],
+    ) -> Result<Option<Array>> {
+        Ok(mlx::fast::decode_attention(
+            queries,
+            history,
+            self.scale,
+            self.logit_softcap,
+        )?)
+    }
+
     /// Merges the heads of [`Attention::attend_heads`] and projects to `[batch, tokens, dim]`.
     pub fn output(&self, out: &Array) -> Result<Array> {
         let shape = out.shape();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mlx-sys/src/lib.rs.h"
+#include "attend.h"
 #include "qmv.h"
 
 namespace mlxkit {
@@ -537,6 +538,22 @@ bool packed_matvec_available(int32_t group_size, int32_t bits) {
 
 int32_t packed_matvec_rows() {
   return packed_matvec_max_rows();
+}
+
+std::unique_ptr<Array> decode_attention(
+    const Array& queries,
+    const ArrayList& keys,
+    const ArrayList& values,
+    float scale,
+    bool has_softcap,
+    float softcap) {
+  auto y = mlxkit::decode_attention(
+      queries, keys.items, values.items, scale,
+      has_softcap ? std::optional<float>(softcap) : std::nullopt);
+  if (!y) {
+    return nullptr;
+  }
+  return own(std::move(*y));
 }
 
 std::unique_ptr<Array> gather_qmm(

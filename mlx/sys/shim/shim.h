@@ -196,6 +196,14 @@ std::unique_ptr<Array> quantized_matmul(
     QuantMode mode);
 bool packed_matvec_available(int32_t group_size, int32_t bits);
 int32_t packed_matvec_rows();
+// Null when the fused decode attention does not apply (see attend.h).
+std::unique_ptr<Array> decode_attention(
+    const Array& queries,
+    const ArrayList& keys,
+    const ArrayList& values,
+    float scale,
+    bool has_softcap,
+    float softcap);
 std::unique_ptr<Array> gather_qmm(
     const Array& x,
     const Array& w,

@@ -348,6 +348,15 @@ pub mod ffi {
         ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
         fn packed_matvec_rows() -> i32;
+        /// Null when the fused kernel does not apply.
+        fn decode_attention(
+            queries: &Array,
+            keys: &ArrayList,
+            values: &ArrayList,
+            scale: f32,
+            has_softcap: bool,
+            softcap: f32,
+        ) -> Result<UniquePtr<Array>>;
         #[allow(clippy::too_many_arguments)]
         fn gather_qmm(
             x: &Array,

@@ -3,7 +3,10 @@
 //! architecture file decides the options (norm convention, extra norms, biases, MoE layers,
 //! sliding windows, scaling) and builds one of these.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{
+    AttentionMaskOwned, KvCache, KvHistory, LayerCache, LogicalMask, RotatingConfig,
+    RotatingKvCache,
+};
 use mlx::Array;
 use mlx::fast::RopeOffset;
 
@@ -163,15 +166,8 @@ impl Model for Decoder {
                 LayerAttention::Sliding => LogicalMask::SlidingWindow(self.window()?),
             };
             // Each row attends its own history; the projections around it are shared.
-            let mut heads = Vec::with_capacity(rows);
+            let mut histories = Vec::with_capacity(rows);
             for (row, set) in caches.iter_mut().enumerate() {
-                let pick = |a: &Array| -> Result<Array> {
-                    if rows == 1 {
-                        Ok(a.clone())
-                    } else {
-                        Ok(a.slice_axis(0, row as i32, row as i32 + 1)?)
-                    }
-                };
                 let cache = set[i]
                     .as_mut()
                     .ok_or_else(|| Error::InvalidInput("an attention layer has no cache".into()))?;
@@ -182,19 +178,14 @@ impl Model for Decoder {
                         cache.offset()
                     )));
                 }
-                let history = cache.update(&pick(&projected.keys)?, &pick(&projected.values)?)?;
+                let history = cache.update(
+                    &pick_row(&projected.keys, row, rows)?,
+                    &pick_row(&projected.values, row, rows)?,
+                )?;
                 let mask = history.mask.attention_mask(queries, logical)?;
-                heads.push(layer.attention.attend_heads(
-                    &pick(&projected.queries)?,
-                    &history.keys,
-                    &history.values,
-                    mask.as_mask(),
-                )?);
+                histories.push((history, mask));
             }
-            let heads = match heads.len() {
-                1 => heads.swap_remove(0),
-                _ => mlx::concatenate(&heads, 0)?,
-            };
+            let heads = attend_histories(&layer.attention, &projected.queries, &histories)?;
             let mut attended = layer.attention.output(&heads)?;
             if let Some(norm) = &layer.post_attention_norm {
                 attended = norm.forward(&attended)?;
@@ -240,6 +231,53 @@ impl Model for Decoder {
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
         out
+    }
+}
+
+/// Row `row` of a `[rows, …]` array (the array itself when it has one row).
+fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
+    if rows == 1 {
+        Ok(a.clone())
+    } else {
+        Ok(a.slice_axis(0, row as i32, row as i32 + 1)?)
+    }
+}
+
+/// Attention of every row's queries over its own history: one fused op when each row adds one
+/// token and sees its whole history (every decode step), otherwise one call per row.
+fn attend_histories(
+    attention: &Attention,
+    queries: &Array,
+    histories: &[(KvHistory, AttentionMaskOwned)],
+) -> Result<Array> {
+    let rows = histories.len();
+    let whole = histories
+        .iter()
+        .all(|(_, mask)| matches!(mask, AttentionMaskOwned::None));
+    if queries.dim(2)? == 1 && whole {
+        let views: Vec<(&Array, &Array)> = histories
+            .iter()
+            .map(|(h, _)| (&h.keys, &h.values))
+            .collect();
+        if let Some(heads) = attention.attend_rows(queries, &views)? {
+            return Ok(heads);
+        }
+    }
+    let mut heads = histories
+        .iter()
+        .enumerate()
+        .map(|(row, (history, mask))| {
+            attention.attend_heads(
+                &pick_row(queries, row, rows)?,
+                &history.keys,
+                &history.values,
+                mask.as_mask(),
+            )
+        })
+        .collect::<Result<Vec<Array>>>()?;
+    match heads.len() {
+        1 => Ok(heads.swap_remove(0)),
+        _ => Ok(mlx::concatenate(&heads, 0)?),
     }
 }
 
