@@ -62,9 +62,19 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         .saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
     let dequantize = on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
+    let packed_copies = dequantize && packed_decode_enabled();
+    let mut packed_forms = Vec::new();
+    if packed_copies {
+        for (name, _) in &tensors {
+            if let Some(form) = checkpoint.packed_16(name)? {
+                packed_forms.push((name.clone(), form));
+            }
+        }
+    }
     let mut weights = Weights::new(tensors, dtype)
         .dequantized(dequantize)
-        .with_packed_copies(dequantize && packed_decode_enabled());
+        .with_packed_copies(packed_copies)
+        .with_packed_forms(packed_forms);
     let model = build_model(config, &mut weights)?;
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(

@@ -19,6 +19,7 @@ pub struct Weights {
     dtype: Dtype,
     dequantize: bool,
     packed_copies: bool,
+    packed_forms: BTreeMap<String, Quantized>,
 }
 
 impl Weights {
@@ -30,6 +31,7 @@ impl Weights {
             dtype,
             dequantize: false,
             packed_copies: false,
+            packed_forms: BTreeMap::new(),
         }
     }
 
@@ -50,14 +52,26 @@ impl Weights {
         self
     }
 
+    /// Packed forms of tensors that load dense (GGUF's 16-element-group k-quants, see
+    /// `quant::Checkpoint::packed_16`), handed out like the packed copies of quantized ones.
+    pub fn with_packed_forms(
+        mut self,
+        forms: impl IntoIterator<Item = (String, Quantized)>,
+    ) -> Weights {
+        self.packed_forms.extend(forms);
+        self
+    }
+
     /// The packed form of quantized tensor `name`, scales and biases in the compute dtype, when
     /// packed copies are kept for it (see [`Weights::with_packed_copies`]).
     pub fn packed(&self, name: &str) -> Result<Option<Quantized>> {
         if !(self.dequantize && self.packed_copies) {
             return Ok(None);
         }
-        let Some(Tensor::Quantized(q)) = self.tensors.get(name) else {
-            return Ok(None);
+        let q = match (self.tensors.get(name), self.packed_forms.get(name)) {
+            (_, Some(form)) => form,
+            (Some(Tensor::Quantized(q)), None) => q,
+            _ => return Ok(None),
         };
         let q = if q.spec.has_packed_cpu_matvec() {
             q.clone()

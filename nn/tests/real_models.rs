@@ -269,14 +269,11 @@ fn smollm2_135m_decodes_the_same_in_a_batch() {
     batch_invariance("smollm2", "smollm2:135m");
 }
 
-/// Not yet within the bound: the log-probabilities of row 2 at step 2 differ by 4.9e-4 (with
-/// the fused decode attention; 1.47e-4 before it), over the issue's 1e-4. The cause is
-/// confirmed: Gemma 3's Q6_K `ffn_down` matrices have no packed form and stay dense f32, which
-/// one row multiplies through OpenBLAS's sgemv and several rows through sgemm, summing in
-/// another order (multiplying those rows one by one made this test pass). Run it with
-/// `cargo test --release -p nn --test real_models -- --ignored`.
+/// Gemma 3's Q6_K `ffn_down` matrices load dense; decode steps read their packed 16-element-group
+/// form, so every matrix a decode step multiplies goes through the packed kernel and a batched
+/// row's logits equal its solo run's. (Through OpenBLAS, sgemv for one row and sgemm for
+/// several summed in different orders: 4.9e-4 apart, over the bound.)
 #[test]
-#[ignore = "known gap (issue 16): 4.9e-4 > 1e-4 in a batch, see the comment"]
 fn gemma3_270m_decodes_the_same_in_a_batch() {
     batch_invariance("gemma3", "gemma3:270m");
 }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use mlx::Dtype;
+use mlx::quantized::Quantized;
 use serde_json::Value;
 
 use crate::gguf::GgufFile;
@@ -135,6 +136,15 @@ impl Checkpoint {
         match &self.source {
             Source::Safetensors(dir) => dir.tensor(name),
             Source::Gguf(gguf) => gguf.tensor(name),
+        }
+    }
+
+    /// The packed decode form of tensor `name` when it has one apart from [`Checkpoint::tensor`]:
+    /// GGUF types with 16-element groups, which load dense (see [`crate::gguf_packed_16`]).
+    pub fn packed_16(&self, name: &str) -> Result<Option<Quantized>> {
+        match &self.source {
+            Source::Safetensors(_) => Ok(None),
+            Source::Gguf(gguf) => gguf.packed_16(name),
         }
     }
 

@@ -11,10 +11,12 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::gguf::{GgufFile, MetaValue};
+use mlx::quantized::Quantized;
+
+use crate::gguf::{GgufFile, GgufTensorInfo, MetaValue};
 use crate::gguf_config::hf_config;
 use crate::gguf_names::hf_tensor_name;
-use crate::gguf_tensor::gguf_tensor;
+use crate::gguf_tensor::{gguf_packed_16, gguf_tensor};
 use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
@@ -93,7 +95,25 @@ impl GgufCheckpoint {
 
     /// Tensor `name` (HF name) as the HF checkpoint would hold it.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        let tensor = self.raw_tensor(name)?;
+        self.undo_converter(name, self.raw_tensor(name)?)
+    }
+
+    /// The packed decode form of tensor `name` when its type has 16-element groups (see
+    /// [`gguf_packed_16`]), with the same converter changes undone as [`GgufCheckpoint::tensor`].
+    pub fn packed_16(&self, name: &str) -> Result<Option<Quantized>> {
+        let info = self.info(name)?;
+        let bytes = self.file.tensor_bytes(info)?;
+        let Some(packed) = gguf_packed_16(name, info.ggml_type, &info.shape, bytes)? else {
+            return Ok(None);
+        };
+        match self.undo_converter(name, Tensor::Quantized(packed))? {
+            Tensor::Quantized(q) => Ok(Some(q)),
+            Tensor::Dense(_) => Ok(None),
+        }
+    }
+
+    /// Undoes what llama.cpp's converter changed in tensor `name`.
+    fn undo_converter(&self, name: &str, tensor: Tensor) -> Result<Tensor> {
         if qk_rows_permuted(&self.architecture) {
             let heads_key = if name.contains(".self_attn.q_proj.") {
                 Some("attention.head_count")
@@ -121,13 +141,17 @@ impl GgufCheckpoint {
 
     /// Tensor `name` (HF name) exactly as stored, without undoing converter changes.
     pub fn raw_tensor(&self, name: &str) -> Result<Tensor> {
+        let info = self.info(name)?;
+        let bytes = self.file.tensor_bytes(info)?;
+        gguf_tensor(name, info.ggml_type, &info.shape, bytes)
+    }
+
+    fn info(&self, name: &str) -> Result<&GgufTensorInfo> {
         let &index = self
             .names
             .get(name)
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let info = &self.file.tensors()[index];
-        let bytes = self.file.tensor_bytes(info)?;
-        gguf_tensor(name, info.ggml_type, &info.shape, bytes)
+        Ok(&self.file.tensors()[index])
     }
 
     fn head_count(&self, key: &str, tensor: &str) -> Result<usize> {

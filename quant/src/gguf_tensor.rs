@@ -50,11 +50,36 @@ pub fn gguf_tensor(name: &str, ty: GgmlType, shape: &[i32], bytes: &[u8]) -> Res
     check_length(name, ty, layout, bytes)?;
     check_shape(name, ty, layout, shape, bytes)?;
     if layout.group_size == 32 {
-        Ok(Tensor::Quantized(repack_affine(ty, layout, shape, bytes)?))
+        Ok(Tensor::Quantized(repack_affine(
+            ty,
+            layout,
+            shape,
+            bytes,
+            layout.bits,
+        )?))
     } else {
         let values = dequantize_blocks(ty, layout, bytes);
         Ok(Tensor::Dense(Array::from_slice(&values, shape)?))
     }
+}
+
+/// The packed form of a GGUF tensor whose groups are 16 elements wide (Q2_K, Q3_K, Q6_K), for
+/// mlxkit's packed CPU matvec: the same integers widened to a byte each, and each group's map
+/// as an f32 scale and bias, so it stands for exactly the values [`gguf_tensor`] dequantizes
+/// to. MLX's own kernels take no 16-element groups, so only decode-sized products may read it
+/// (see `mlx::quantized::QuantSpec::has_packed_cpu_matvec`). `None` for every other type.
+pub fn gguf_packed_16(
+    name: &str,
+    ty: GgmlType,
+    shape: &[i32],
+    bytes: &[u8],
+) -> Result<Option<Quantized>> {
+    let Some(layout) = block_shape(ty).filter(|l| l.group_size == 16) else {
+        return Ok(None);
+    };
+    check_length(name, ty, layout, bytes)?;
+    check_shape(name, ty, layout, shape, bytes)?;
+    repack_affine(ty, layout, shape, bytes, 8).map(Some)
 }
 
 /// Dequantizes GGML data of type `ty` into f32, exactly as GGML's reference code does.
@@ -151,15 +176,17 @@ fn dequantize_blocks(ty: GgmlType, layout: BlockShape, bytes: &[u8]) -> Vec<f32>
     out
 }
 
+/// GGUF blocks as an MLX affine matrix of `bits`-bit integers (`bits` ≥ the type's own).
 fn repack_affine(
     ty: GgmlType,
     layout: BlockShape,
     shape: &[i32],
     bytes: &[u8],
+    bits: u32,
 ) -> Result<Quantized> {
     let blocks = bytes.len() / layout.block_bytes;
     let groups_per_block = layout.block_elements / layout.group_size;
-    let words_per_block = layout.block_elements * layout.bits as usize / 32;
+    let words_per_block = layout.block_elements * bits as usize / 32;
     let mut words = Vec::with_capacity(blocks * words_per_block);
     let mut scales = Vec::with_capacity(blocks * groups_per_block);
     let mut biases = Vec::with_capacity(blocks * groups_per_block);
@@ -167,7 +194,7 @@ fn repack_affine(
     let mut groups = vec![Group::default(); groups_per_block];
     for block in bytes.chunks_exact(layout.block_bytes) {
         decode_block(ty, block, &mut q, &mut groups);
-        pack_bits(&q, layout.bits, &mut words);
+        pack_bits(&q, bits, &mut words);
         for group in &groups {
             scales.push(group.scale);
             biases.push(group.mlx_bias());
@@ -176,13 +203,13 @@ fn repack_affine(
     let (&cols, outer) = shape
         .split_last()
         .unwrap_or_else(|| unreachable!("check_shape refuses empty shapes"));
-    let bits = layout.bits as i32;
+    let group = layout.group_size as i32;
     let with_last = |last: i32| -> Vec<i32> { outer.iter().copied().chain([last]).collect() };
     Ok(Quantized {
-        weights: Array::from_slice(&words, &with_last(cols / 32 * bits))?,
-        scales: Array::from_slice(&scales, &with_last(cols / 32))?,
-        biases: Some(Array::from_slice(&biases, &with_last(cols / 32))?),
-        spec: QuantSpec::affine(32, bits),
+        weights: Array::from_slice(&words, &with_last(cols / 32 * bits as i32))?,
+        scales: Array::from_slice(&scales, &with_last(cols / group))?,
+        biases: Some(Array::from_slice(&biases, &with_last(cols / group))?),
+        spec: QuantSpec::affine(group, bits as i32),
     })
 }
 

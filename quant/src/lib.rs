@@ -5,7 +5,8 @@
 //! [`Checkpoint::config`], HF tensor names, and [`Tensor`]s that are either dense MLX arrays
 //! or MLX [`Quantized`](mlx::quantized::Quantized) matrices. GGUF's Q4_0, Q4_1, Q5_0, Q5_1,
 //! Q8_0, Q4_K and Q5_K weights become MLX affine-quantized matrices without dequantizing;
-//! Q2_K, Q3_K and Q6_K are dequantized in Rust.
+//! Q2_K, Q3_K and Q6_K are dequantized in Rust, and [`Checkpoint::packed_16`] also hands out
+//! their exact packed form for decode steps on a CPU.
 //!
 //! ```no_run
 //! # fn main() -> quant::Result<()> {
@@ -64,7 +65,7 @@ pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
 pub use gguf_checkpoint::GgufCheckpoint;
 pub use gguf_config::hf_config;
 pub use gguf_names::hf_tensor_name;
-pub use gguf_tensor::{dequantize, gguf_tensor, maps_to_mlx_affine};
+pub use gguf_tensor::{dequantize, gguf_packed_16, gguf_tensor, maps_to_mlx_affine};
 pub use mlx_quantization::{QuantizationConfig, mode_from_name};
 pub use rope_permutation::{permute_qk_rows, qk_rows_permuted, unpermute_qk_rows};
 pub use safetensors::{SafetensorsEntry, SafetensorsFile};

@@ -236,3 +236,49 @@ fn version_2_and_custom_alignment_read_the_same() {
         assert_eq!(file.tensor_bytes(b).unwrap(), &data[68..]);
     }
 }
+
+#[test]
+fn sixteen_wide_k_quants_have_a_packed_form_the_cpu_kernel_reads() {
+    // Q2_K, Q3_K and Q6_K load dense; their packed form (8-bit integers in 16-element groups)
+    // is what decode steps read through mlxkit's packed CPU kernel, so a product with it must
+    // equal the product with the dense values. 2 rows of x take the packed kernel.
+    let (_dir, path, _) = build_file(5);
+    let file = GgufFile::open(&path).unwrap();
+    for type_name in BLOCK_TYPES {
+        let info = file.tensor_info(type_name).unwrap();
+        let bytes = file.tensor_bytes(info).unwrap();
+        let packed = quant::gguf_packed_16(type_name, info.ggml_type, &info.shape, bytes).unwrap();
+        let Some(packed) = packed else {
+            assert!(quant::maps_to_mlx_affine(info.ggml_type), "{type_name}");
+            continue;
+        };
+        assert_eq!(
+            (packed.spec.group_size, packed.spec.bits),
+            (16, 8),
+            "{type_name}"
+        );
+        assert!(packed.spec.has_packed_cpu_matvec(), "{type_name}");
+        let dense = quant::gguf_tensor(type_name, info.ggml_type, &info.shape, bytes)
+            .unwrap()
+            .into_dense(Some(Dtype::F32))
+            .unwrap();
+        let cols = info.shape[1];
+        let mut rng = Rng::new(19);
+        let xs: Vec<f32> = (0..2 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let x = mlx::Array::from_slice(&xs, &[2, cols]).unwrap();
+        let got = packed.matmul(&x, true).unwrap().to_vec::<f32>().unwrap();
+        let expected = x
+            .matmul(&dense.transpose(&[1, 0]).unwrap())
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(got.len(), 2 * ROWS as usize);
+        // Sums of 512 products in another order: f32 rounding, relative to the magnitude.
+        for (a, b) in got.iter().zip(&expected) {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                "{type_name}: {a} vs {b}"
+            );
+        }
+    }
+}
