@@ -1,4 +1,5 @@
-//! MLX's fused kernels: normalization, rotary embedding and attention.
+//! Fused kernels: MLX's normalization, rotary embedding and attention, and mlxkit's own CPU
+//! kernels for batched decode attention and gated activations.
 
 use mlx_sys::ffi;
 
@@ -153,6 +154,30 @@ pub fn decode_attention(
         softcap.is_some(),
         softcap.unwrap_or(0.0),
     )?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    Array::from_raw(raw).map(Some)
+}
+
+/// The nonlinearity of [`gated_activation`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// `x · sigmoid(x)`.
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+}
+
+/// `act(gate) · up` elementwise on the CPU with a vectorized `exp` (MLX's CPU kernels evaluate
+/// `exp` one lane at a time). Relative error a few f32 ulps. `None` when the kernel does not
+/// apply (a GPU default device, dtypes other than f32, shapes that differ); use MLX's ops then.
+pub fn gated_activation(kind: Gate, gate: &Array, up: &Array) -> Result<Option<Array>> {
+    let code = match kind {
+        Gate::Silu => 0,
+        Gate::GeluTanh => 1,
+    };
+    let raw = ffi::gated_activation(code, gate.raw(), up.raw())?;
     if raw.is_null() {
         return Ok(None);
     }

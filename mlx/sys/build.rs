@@ -46,6 +46,7 @@ fn main() {
         .file("shim/gemv.cc")
         .file("shim/qmv.cc")
         .file("shim/attend.cc")
+        .file("shim/gated.cc")
         .include(&include)
         .include("shim")
         .std("c++20")

@@ -1,7 +1,9 @@
-//! Gated activations `act(gate) · up`, compiled once per thread into one fused kernel.
+//! Gated activations `act(gate) · up`: mlxkit's vectorized CPU kernel, or MLX's ops compiled
+//! once per thread into one fused kernel.
 
 use std::cell::OnceCell;
 
+use mlx::fast::Gate;
 use mlx::{Array, Compiled};
 
 use crate::{Error, Result};
@@ -36,8 +38,18 @@ impl Activation {
         }
     }
 
-    /// `act(gate) · up`, fused.
+    /// `act(gate) · up`, fused: mlxkit's CPU kernel where it applies, else MLX's ops compiled.
     pub fn gated(self, gate: &Array, up: &Array) -> Result<Array> {
+        let kernel = match self {
+            Activation::Silu => Some(Gate::Silu),
+            Activation::GeluTanh => Some(Gate::GeluTanh),
+            Activation::Gelu => None,
+        };
+        if let Some(kind) = kernel
+            && let Some(out) = mlx::fast::gated_activation(kind, gate, up)?
+        {
+            return Ok(out);
+        }
         thread_local! {
             // MLX graphs and compiled functions belong to the thread that built them.
             static COMPILED: [OnceCell<Option<Compiled>>; 3] = const { [OnceCell::new(), OnceCell::new(), OnceCell::new()] };

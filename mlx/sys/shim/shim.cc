@@ -7,6 +7,7 @@
 
 #include "mlx-sys/src/lib.rs.h"
 #include "attend.h"
+#include "gated.h"
 #include "qmv.h"
 
 namespace mlxkit {
@@ -538,6 +539,17 @@ bool packed_matvec_available(int32_t group_size, int32_t bits) {
 
 int32_t packed_matvec_rows() {
   return packed_matvec_max_rows();
+}
+
+std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up) {
+  if (kind > 1) {
+    throw std::invalid_argument("gated activation: unknown kind");
+  }
+  auto y = mlxkit::gated_activation(kind == 0 ? Gate::Silu : Gate::GeluTanh, gate, up);
+  if (!y) {
+    return nullptr;
+  }
+  return own(std::move(*y));
 }
 
 std::unique_ptr<Array> decode_attention(

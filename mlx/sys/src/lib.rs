@@ -348,6 +348,8 @@ pub mod ffi {
         ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
         fn packed_matvec_rows() -> i32;
+        /// Null when the CPU kernel does not apply.
+        fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
         /// Null when the fused kernel does not apply.
         fn decode_attention(
             queries: &Array,
