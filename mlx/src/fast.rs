@@ -1,5 +1,5 @@
 //! Fused kernels: MLX's normalization, rotary embedding and attention, and mlxkit's own CPU
-//! kernels for batched decode attention and gated activations.
+//! kernels for attention over per-row histories and gated activations.
 
 use mlx_sys::ffi;
 
@@ -128,28 +128,43 @@ pub fn scaled_dot_product_attention(
     )?)
 }
 
-/// Attention of one new token per row over each row's own history, in one op:
-/// `queries: [rows, heads, 1, head_dim]`, and for row r `history[r] = (keys, values)`, each
-/// `[1, kv_heads, len_r, head_dim]` with every column visible. Logits are `q · k · scale`,
-/// soft-capped as `cap · tanh(logit / cap)` when `softcap` is set.
+/// What one row of [`rows_attention`] attends: its keys and values `[1, kv_heads, len, head_dim]`
+/// and how its queries see them.
+#[derive(Debug, Clone, Copy)]
+pub struct RowHistory<'a> {
+    /// The row's keys.
+    pub keys: &'a Array,
+    /// The row's values.
+    pub values: &'a Array,
+    /// `false`: every query sees every column. `true`: the queries are the last positions of
+    /// the history and query i of n sees columns up to `len - n + i` (as
+    /// [`AttentionMask::Causal`]).
+    pub causal: bool,
+}
+
+/// Attention of each row's queries over the row's own history, in one op: `queries` is
+/// `[rows, heads, length, head_dim]` and row r attends `history[r]`. Logits are
+/// `q · k · scale`, soft-capped as `cap · tanh(logit / cap)` when `softcap` is set.
 ///
-/// The keys and values are read where they lie (cache views are not copied), and each row's
-/// result is independent of the others, bit for bit: a sequence gets the same output alone as
-/// in a batch. `None` when the fused kernel does not apply (a GPU default device, dtypes other
-/// than f32, shapes it does not take); attend row by row with
-/// [`scaled_dot_product_attention`] then.
-pub fn decode_attention(
+/// The keys and values are read where they lie (cache views are not copied), one query's
+/// scores at a time (no score matrix), and each row's result is independent of the others, bit
+/// for bit: a sequence gets the same output alone as in a batch. `None` when the kernel does
+/// not apply (a GPU default device, dtypes other than f32, shapes it does not take); attend row
+/// by row with [`scaled_dot_product_attention`] then.
+pub fn rows_attention(
     queries: &Array,
-    history: &[(&Array, &Array)],
+    history: &[RowHistory<'_>],
     scale: f32,
     softcap: Option<f32>,
 ) -> Result<Option<Array>> {
-    let keys = to_list(history.iter().map(|(k, _)| *k))?;
-    let values = to_list(history.iter().map(|(_, v)| *v))?;
-    let raw = ffi::decode_attention(
+    let keys = to_list(history.iter().map(|h| h.keys))?;
+    let values = to_list(history.iter().map(|h| h.values))?;
+    let causal: Vec<bool> = history.iter().map(|h| h.causal).collect();
+    let raw = ffi::rows_attention(
         queries.raw(),
         &keys,
         &values,
+        &causal,
         scale,
         softcap.is_some(),
         softcap.unwrap_or(0.0),

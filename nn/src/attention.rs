@@ -1,7 +1,7 @@
 //! `Attention`: multi-head attention with grouped key/value heads, optional q/k norms, rotary
 //! positions, soft-capped logits, over the history a cache hands back.
 
-use mlx::fast::{AttentionMask, RopeOffset};
+use mlx::fast::{AttentionMask, RopeOffset, RowHistory};
 use mlx::{Array, Dtype};
 
 use crate::Result;
@@ -146,16 +146,17 @@ impl Attention {
         })
     }
 
-    /// One new token per row, each over its own whole history (`[1, kv_heads, len_r, head_dim]`,
-    /// every column visible), in one op: `queries` is `[rows, heads, 1, head_dim]`. Each row's
-    /// result is the same alone as in a batch. `None` where the fused kernel does not apply (a
-    /// GPU, other dtypes); then attend each row with [`Attention::attend_heads`].
+    /// Each row's queries over its own history, in one op: `queries` is
+    /// `[rows, heads, tokens, head_dim]`, `history[r]` row r's keys and values and whether its
+    /// queries see them causally. Each row's result is the same alone as in a batch. `None`
+    /// where the kernel does not apply (a GPU, other dtypes); then attend each row with
+    /// [`Attention::attend_heads`].
     pub fn attend_rows(
         &self,
         queries: &Array,
-        history: &[(&Array, &Array)],
+        history: &[RowHistory<'_>],
     ) -> Result<Option<Array>> {
-        Ok(mlx::fast::decode_attention(
+        Ok(mlx::fast::rows_attention(
             queries,
             history,
             self.scale,

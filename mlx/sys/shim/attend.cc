@@ -1,13 +1,16 @@
-// Attention of one new token per row over each row's own history, for batched decode steps.
+// Attention of each row's queries over the row's own history, for batched decode steps and
+// prompt chunks.
 //
 // A decode step over B sequences has B histories of different lengths. Attending them with
 // MLX's `scaled_dot_product_attention` takes one call per row, and on the CPU each call is a
 // handful of small ops (slices, the GQA reshape, two matmuls, a softmax): on SmolLM2 with 8
 // rows that was about a fifth of the step. This primitive takes every row's keys and values
 // as they lie in the caches (strided views, nothing copied) and attends them all in one op.
+// For a prompt chunk it computes one query's scores at a time (never the whole score matrix)
+// with a vectorized `exp`, where MLX's CPU softmax evaluates `exp` one lane at a time.
 //
-// Each (row, head) runs the same operations in the same order whatever the other rows are, so
-// a row's result does not depend on the batch it is in.
+// Each (row, head, query) runs the same operations in the same order whatever the other rows
+// are, so a row's result does not depend on the batch it is in.
 
 #include "attend.h"
 
@@ -19,6 +22,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "vexp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -95,40 +99,107 @@ bool has_avx2() {
 
 #endif  // __x86_64__
 
+// `scores[t] = scale · q·k_t` for `t < len`.
+void scores_portable(const float* q, View keys, const float* kh, int len, int head_dim,
+                     float scale, float* scores) {
+  for (int t = 0; t < len; ++t) {
+    scores[t] = dot_portable(q, kh + t * keys.token, head_dim) * scale;
+  }
+}
+
+// `scores[t] = exp(scores[t] - max)` for `t < len`; returns their sum.
+float exp_portable(float* scores, int len, float max) {
+  float total = 0.0f;
+  for (int t = 0; t < len; ++t) {
+    scores[t] = std::exp(scores[t] - max);
+    total += scores[t];
+  }
+  return total;
+}
+
+#if defined(__x86_64__)
+
+// Eight keys at a time: eight dot products in eight accumulators, reduced together, so no
+// key pays a horizontal sum of its own. `head_dim` a multiple of 8.
+MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int len, int head_dim,
+                             float scale, float* scores) {
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  int t = 0;
+  for (; t + 8 <= len; t += 8) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) {
+      acc[j] = _mm256_setzero_ps();
+    }
+    for (int d = 0; d < head_dim; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kh + (t + j) * keys.token + d), acc[j]);
+      }
+    }
+    // hadd pairs within each 128-bit half; the halves then add into the eight sums.
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+                                        _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+                                        _mm256_hadd_ps(acc[6], acc[7]));
+    const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(s0123), _mm256_extractf128_ps(s0123, 1));
+    const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(s4567), _mm256_extractf128_ps(s4567, 1));
+    _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), scale8));
+  }
+  for (; t < len; ++t) {
+    scores[t] = dot_avx2(q, kh + t * keys.token, head_dim) * scale;
+  }
+}
+
+MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
+  const __m256 max8 = _mm256_set1_ps(max);
+  __m256 total8 = _mm256_setzero_ps();
+  int t = 0;
+  for (; t + 8 <= len; t += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + t), max8));
+    _mm256_storeu_ps(scores + t, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(total8), _mm256_extractf128_ps(total8, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h) + exp_portable(scores + t, len - t, max);
+}
+
+#endif  // __x86_64__
+
 struct Kernels {
-  float (*dot)(const float*, const float*, int);
+  void (*scores)(const float*, View, const float*, int, int, float, float*);
+  float (*exp_sum)(float*, int, float);
   void (*axpy)(float, const float*, int, float*);
 };
 
 Kernels kernels_for(int head_dim) {
 #if defined(__x86_64__)
   if (has_avx2() && head_dim % 8 == 0) {
-    return {dot_avx2, axpy_avx2};
+    return {scores_avx2, exp_avx2_sum, axpy_avx2};
   }
 #endif
-  return {dot_portable, axpy_portable};
+  return {scores_portable, exp_portable, axpy_portable};
 }
 
-// One head of one row: `out = softmax(scale · K q) V` over `len` tokens.
-void attend_head(const Kernels& k, const float* q, View keys, View values, int kv_head, int len,
-                 int head_dim, float scale, std::optional<float> softcap, float* scores,
-                 float* out) {
+// One query of one head: `out = softmax(scale · K q) V` over the first `len` tokens.
+void attend_query(const Kernels& k, const float* q, View keys, View values, int kv_head, int len,
+                  int head_dim, float scale, std::optional<float> softcap, float* scores,
+                  float* out) {
   const float* kh = keys.data + kv_head * keys.head;
   const float* vh = values.data + kv_head * values.head;
+  k.scores(q, keys, kh, len, head_dim, scale, scores);
+  if (softcap) {
+    for (int t = 0; t < len; ++t) {
+      scores[t] = *softcap * std::tanh(scores[t] / *softcap);
+    }
+  }
   float max = -INFINITY;
   for (int t = 0; t < len; ++t) {
-    float s = k.dot(q, kh + t * keys.token, head_dim) * scale;
-    if (softcap) {
-      s = *softcap * std::tanh(s / *softcap);
-    }
-    scores[t] = s;
-    max = std::max(max, s);
+    max = std::max(max, scores[t]);
   }
-  float total = 0.0f;
-  for (int t = 0; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - max);
-    total += scores[t];
-  }
+  const float total = k.exp_sum(scores, len, max);
   std::fill(out, out + head_dim, 0.0f);
   for (int t = 0; t < len; ++t) {
     k.axpy(scores[t], vh + t * values.token, head_dim, out);
@@ -139,19 +210,21 @@ void attend_head(const Kernels& k, const float* q, View keys, View values, int k
   }
 }
 
-class DecodeAttention : public mx::UnaryPrimitive {
+class RowsAttention : public mx::UnaryPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, float scale, std::optional<float> softcap)
-      : mx::UnaryPrimitive(stream), scale_(scale), softcap_(softcap) {}
+  RowsAttention(mx::Stream stream, float scale, std::optional<float> softcap,
+                std::vector<bool> causal)
+      : mx::UnaryPrimitive(stream), scale_(scale), softcap_(softcap), causal_(std::move(causal)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
     const auto& queries = inputs[0];
     const int rows = queries.shape(0);
     const int heads = queries.shape(1);
+    const int length = queries.shape(2);
     const int head_dim = queries.shape(3);
     for (const auto& a : inputs) {
       if (a.strides().back() != 1) {
-        throw std::invalid_argument("decode attention: head_dim is not contiguous");
+        throw std::invalid_argument("rows attention: head_dim is not contiguous");
       }
     }
     y.set_data(mx::allocator::malloc(y.nbytes()));
@@ -164,7 +237,8 @@ class DecodeAttention : public mx::UnaryPrimitive {
     }
     encoder.set_output_array(y);
     encoder.dispatch([held = std::move(held), y = mx::array::unsafe_weak_copy(y), rows, heads,
-                      head_dim, scale = scale_, softcap = softcap_]() mutable {
+                      length, head_dim, scale = scale_, softcap = softcap_,
+                      causal = causal_]() mutable {
       const Kernels k = kernels_for(head_dim);
       const auto& queries = held[0];
       int longest = 0;
@@ -173,15 +247,21 @@ class DecodeAttention : public mx::UnaryPrimitive {
       }
       std::vector<float> scores(longest);
       float* out = y.data<float>();
+      const auto& qs = queries.strides();
       for (int r = 0; r < rows; ++r) {
         const auto& keys = held[1 + 2 * r];
         const auto& values = held[2 + 2 * r];
         const int group = heads / keys.shape(1);
-        const View q = view_of(queries, r);
+        const int history = keys.shape(2);
         for (int h = 0; h < heads; ++h) {
-          attend_head(k, q.data + h * q.head, view_of(keys), view_of(values), h / group,
-                      keys.shape(2), head_dim, scale, softcap, scores.data(),
-                      out + (static_cast<size_t>(r) * heads + h) * head_dim);
+          for (int i = 0; i < length; ++i) {
+            // Causal: query i of `length` sits at position history - length + i.
+            const int visible = causal[r] ? history - length + i + 1 : history;
+            const float* q = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
+            attend_query(k, q, view_of(keys), view_of(values), h / group, visible, head_dim,
+                         scale, softcap, scores.data(),
+                         out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim);
+          }
         }
       }
     });
@@ -192,34 +272,38 @@ class DecodeAttention : public mx::UnaryPrimitive {
   }
 
   const char* name() const override {
-    return "DecodeAttention";
+    return "RowsAttention";
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto* o = dynamic_cast<const DecodeAttention*>(&other);
-    return o != nullptr && scale_ == o->scale_ && softcap_ == o->softcap_;
+    const auto* o = dynamic_cast<const RowsAttention*>(&other);
+    return o != nullptr && scale_ == o->scale_ && softcap_ == o->softcap_ &&
+           causal_ == o->causal_;
   }
 
  private:
   float scale_;
   std::optional<float> softcap_;
+  std::vector<bool> causal_;
 };
 
 }  // namespace
 
-std::optional<mx::array> decode_attention(const mx::array& queries,
-                                          const std::vector<mx::array>& keys,
-                                          const std::vector<mx::array>& values, float scale,
-                                          std::optional<float> softcap) {
+std::optional<mx::array> rows_attention(const mx::array& queries,
+                                        const std::vector<mx::array>& keys,
+                                        const std::vector<mx::array>& values,
+                                        const std::vector<bool>& causal, float scale,
+                                        std::optional<float> softcap) {
   if (mx::default_device() != mx::Device::cpu || queries.ndim() != 4 ||
-      queries.dtype() != mx::float32 || queries.shape(2) != 1) {
+      queries.dtype() != mx::float32) {
     return std::nullopt;
   }
   const int rows = queries.shape(0);
   const int heads = queries.shape(1);
+  const int length = queries.shape(2);
   const int head_dim = queries.shape(3);
-  if (rows == 0 || head_dim == 0 || keys.size() != static_cast<size_t>(rows) ||
-      values.size() != keys.size()) {
+  if (rows == 0 || length == 0 || head_dim == 0 || keys.size() != static_cast<size_t>(rows) ||
+      values.size() != keys.size() || causal.size() != keys.size()) {
     return std::nullopt;
   }
   std::vector<mx::array> inputs{queries};
@@ -229,15 +313,17 @@ std::optional<mx::array> decode_attention(const mx::array& queries,
     const auto& v = values[r];
     if (k.ndim() != 4 || k.shape() != v.shape() || k.dtype() != mx::float32 ||
         v.dtype() != mx::float32 || k.shape(0) != 1 || k.shape(1) == 0 ||
-        heads % k.shape(1) != 0 || k.shape(2) == 0 || k.shape(3) != head_dim) {
+        heads % k.shape(1) != 0 || k.shape(2) == 0 || k.shape(3) != head_dim ||
+        (causal[r] && k.shape(2) < length)) {
       return std::nullopt;
     }
     inputs.push_back(k);
     inputs.push_back(v);
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array(mx::Shape{rows, heads, 1, head_dim}, mx::float32,
-                   std::make_shared<DecodeAttention>(stream, scale, softcap), std::move(inputs));
+  return mx::array(queries.shape(), mx::float32,
+                   std::make_shared<RowsAttention>(stream, scale, softcap, causal),
+                   std::move(inputs));
 }
 
 }  // namespace mlxkit

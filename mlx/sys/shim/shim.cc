@@ -552,15 +552,16 @@ std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const A
   return own(std::move(*y));
 }
 
-std::unique_ptr<Array> decode_attention(
+std::unique_ptr<Array> rows_attention(
     const Array& queries,
     const ArrayList& keys,
     const ArrayList& values,
+    rust::Slice<const bool> causal,
     float scale,
     bool has_softcap,
     float softcap) {
-  auto y = mlxkit::decode_attention(
-      queries, keys.items, values.items, scale,
+  auto y = mlxkit::rows_attention(
+      queries, keys.items, values.items, std::vector<bool>(causal.begin(), causal.end()), scale,
       has_softcap ? std::optional<float>(softcap) : std::nullopt);
   if (!y) {
     return nullptr;

@@ -198,11 +198,12 @@ bool packed_matvec_available(int32_t group_size, int32_t bits);
 int32_t packed_matvec_rows();
 // `act(gate) · up` (0 SiLU, 1 GELU tanh); null when the CPU kernel does not apply (see gated.h).
 std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up);
-// Null when the fused decode attention does not apply (see attend.h).
-std::unique_ptr<Array> decode_attention(
+// Null when the rows attention kernel does not apply (see attend.h).
+std::unique_ptr<Array> rows_attention(
     const Array& queries,
     const ArrayList& keys,
     const ArrayList& values,
+    rust::Slice<const bool> causal,
     float scale,
     bool has_softcap,
     float softcap);

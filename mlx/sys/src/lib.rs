@@ -350,11 +350,13 @@ pub mod ffi {
         fn packed_matvec_rows() -> i32;
         /// Null when the CPU kernel does not apply.
         fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
-        /// Null when the fused kernel does not apply.
-        fn decode_attention(
+        /// Null when the rows attention kernel does not apply.
+        #[allow(clippy::too_many_arguments)]
+        fn rows_attention(
             queries: &Array,
             keys: &ArrayList,
             values: &ArrayList,
+            causal: &[bool],
             scale: f32,
             has_softcap: bool,
             softcap: f32,

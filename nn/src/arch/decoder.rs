@@ -8,7 +8,7 @@ use kvcache::{
     RotatingKvCache,
 };
 use mlx::Array;
-use mlx::fast::RopeOffset;
+use mlx::fast::{RopeOffset, RowHistory};
 
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
@@ -243,42 +243,53 @@ fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
     }
 }
 
-/// Attention of every row's queries over its own history: one fused op when each row adds one
-/// token and sees its whole history (every decode step), otherwise one call per row.
+/// Attention of every row's queries over its own history: one op for all rows whose mask is
+/// "every column" or causal (every decode step, and prompt chunks over full-attention caches),
+/// MLX's attention for a row that needs a mask array. Which path a row takes depends on that
+/// row alone, so its result does not depend on the batch.
 fn attend_histories(
     attention: &Attention,
     queries: &Array,
     histories: &[(KvHistory, AttentionMaskOwned)],
 ) -> Result<Array> {
     let rows = histories.len();
-    let whole = histories
-        .iter()
-        .all(|(_, mask)| matches!(mask, AttentionMaskOwned::None));
-    if queries.dim(2)? == 1 && whole {
-        let views: Vec<(&Array, &Array)> = histories
-            .iter()
-            .map(|(h, _)| (&h.keys, &h.values))
-            .collect();
-        if let Some(heads) = attention.attend_rows(queries, &views)? {
-            return Ok(heads);
-        }
+    let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
+    if let Some(all) = all
+        && let Some(heads) = attention.attend_rows(queries, &all)?
+    {
+        return Ok(heads);
     }
-    let mut heads = histories
-        .iter()
-        .enumerate()
-        .map(|(row, (history, mask))| {
-            attention.attend_heads(
-                &pick_row(queries, row, rows)?,
-                &history.keys,
-                &history.values,
-                mask.as_mask(),
-            )
-        })
-        .collect::<Result<Vec<Array>>>()?;
+    let mut heads = Vec::with_capacity(rows);
+    for (row, entry) in histories.iter().enumerate() {
+        let q = pick_row(queries, row, rows)?;
+        let fused = match row_history(entry) {
+            Some(one) => attention.attend_rows(&q, &[one])?,
+            None => None,
+        };
+        let (history, mask) = entry;
+        heads.push(match fused {
+            Some(h) => h,
+            None => attention.attend_heads(&q, &history.keys, &history.values, mask.as_mask())?,
+        });
+    }
     match heads.len() {
         1 => Ok(heads.swap_remove(0)),
         _ => Ok(mlx::concatenate(&heads, 0)?),
     }
+}
+
+/// A row's history as [`Attention::attend_rows`] takes it, or `None` when it needs a mask array.
+fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowHistory<'_>> {
+    let causal = match mask {
+        AttentionMaskOwned::None => false,
+        AttentionMaskOwned::Causal => true,
+        AttentionMaskOwned::Array(_) => return None,
+    };
+    Some(RowHistory {
+        keys: &history.keys,
+        values: &history.values,
+        causal,
+    })
 }
 
 /// The choices that distinguish one family's decoder from another's.

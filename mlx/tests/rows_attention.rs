@@ -1,0 +1,245 @@
+//! `fast::rows_attention`: one op attending every row's queries over the row's own history.
+
+mod common;
+
+use common::{array, assert_close};
+use mlx::Array;
+use mlx::fast::{AttentionMask, RowHistory, rows_attention, scaled_dot_product_attention};
+
+const HEADS: usize = 6;
+const KV_HEADS: usize = 2;
+/// A buffer longer than any history, so each history is a strided view as a cache hands it.
+const CAPACITY: usize = 40;
+
+struct Row {
+    /// The whole buffer, `[1, kv_heads, CAPACITY, head_dim]`.
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    len: usize,
+}
+
+fn rows(lens: &[usize], head_dim: usize, seed: u64) -> Vec<Row> {
+    lens.iter()
+        .enumerate()
+        .map(|(r, &len)| Row {
+            keys: common::values(KV_HEADS * CAPACITY * head_dim, seed + 2 * r as u64),
+            values: common::values(KV_HEADS * CAPACITY * head_dim, seed + 2 * r as u64 + 1),
+            len,
+        })
+        .collect()
+}
+
+/// Row `r`'s keys and values: the first `len` tokens of its buffer, a view with the buffer's
+/// strides.
+fn views(row: &Row, head_dim: usize) -> (Array, Array) {
+    let shape = [1, KV_HEADS as i32, CAPACITY as i32, head_dim as i32];
+    let view = |data: &[f32]| {
+        Array::from_slice(data, &shape)
+            .unwrap()
+            .slice_axis(2, 0, row.len as i32)
+            .unwrap()
+    };
+    (view(&row.keys), view(&row.values))
+}
+
+/// The f64 reference: for each row, head and query, softmax over the keys it sees, then the
+/// values. With `causal`, query i of `length` sees the first `len - length + i + 1` keys.
+fn reference(
+    queries: &[f32],
+    rows: &[Row],
+    length: usize,
+    head_dim: usize,
+    scale: f64,
+    softcap: Option<f64>,
+    causal: bool,
+) -> Vec<f64> {
+    let group = HEADS / KV_HEADS;
+    let mut out = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        for h in 0..HEADS {
+            for i in 0..length {
+                let q = &queries[((r * HEADS + h) * length + i) * head_dim..][..head_dim];
+                let at = |data: &[f32], t: usize| {
+                    data[((h / group) * CAPACITY + t) * head_dim..][..head_dim].to_vec()
+                };
+                let visible = if causal {
+                    row.len - length + i + 1
+                } else {
+                    row.len
+                };
+                let logits: Vec<f64> = (0..visible)
+                    .map(|t| {
+                        let k = at(&row.keys, t);
+                        let s = q
+                            .iter()
+                            .zip(&k)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * scale;
+                        softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                    })
+                    .collect();
+                let probs = common::softmax_rows(&logits, visible);
+                for d in 0..head_dim {
+                    out.push(
+                        (0..visible)
+                            .map(|t| probs[t] * at(&row.values, t)[d] as f64)
+                            .sum(),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+fn attend(
+    queries: &Array,
+    rows: &[Row],
+    head_dim: usize,
+    softcap: Option<f32>,
+    causal: bool,
+) -> Array {
+    let held: Vec<(Array, Array)> = rows.iter().map(|row| views(row, head_dim)).collect();
+    let history: Vec<RowHistory<'_>> = held
+        .iter()
+        .map(|(keys, values)| RowHistory {
+            keys,
+            values,
+            causal,
+        })
+        .collect();
+    rows_attention(queries, &history, 0.3, softcap)
+        .unwrap()
+        .expect("the kernel takes f32 on the CPU")
+}
+
+/// Rows of different lengths, grouped heads, with and without a soft cap, one query per row
+/// (a decode step) and several (a prompt chunk, causal), for a head size the vector kernels
+/// take (64) and one they do not (12), against f64. The tolerance: sums of at most 64 f32
+/// products of magnitude ≤ 1 and a softmax over ≤ 37 terms, so a few 1e-7 of rounding per
+/// step; 1e-5 leaves room for `exp`'s error without hiding a wrong index.
+#[test]
+fn rows_attention_equals_f64_reference() {
+    for head_dim in [64usize, 12] {
+        let lens = [9, 7, 37, 16];
+        let rows = rows(&lens, head_dim, 40);
+        for (length, causal) in [(1usize, false), (5, true), (7, true)] {
+            let (qs, queries) = array(
+                &[
+                    lens.len() as i32,
+                    HEADS as i32,
+                    length as i32,
+                    head_dim as i32,
+                ],
+                41,
+            );
+            for softcap in [None, Some(0.5f32)] {
+                let got = attend(&queries, &rows, head_dim, softcap, causal);
+                assert_eq!(got.shape(), queries.shape());
+                let expected = reference(
+                    &qs,
+                    &rows,
+                    length,
+                    head_dim,
+                    0.3,
+                    softcap.map(f64::from),
+                    causal,
+                );
+                assert_close(
+                    &got.to_vec::<f32>().unwrap(),
+                    &expected,
+                    1e-5,
+                    &format!("head_dim {head_dim}, {length} queries, softcap {softcap:?}"),
+                );
+            }
+        }
+    }
+}
+
+/// The op agrees with MLX's own attention, row by row (what the decoder falls back to), for a
+/// decode step and for a causal prompt chunk.
+#[test]
+fn rows_attention_matches_mlx_attention() {
+    let head_dim = 64;
+    let lens = [5, 29];
+    let rows = rows(&lens, head_dim, 50);
+    for (length, causal, mask) in [
+        (1, false, AttentionMask::None),
+        (4, true, AttentionMask::Causal),
+    ] {
+        let (_, queries) = array(&[2, HEADS as i32, length, head_dim as i32], 51);
+        let fused = attend(&queries, &rows, head_dim, None, causal)
+            .to_vec::<f32>()
+            .unwrap();
+        for (r, row) in rows.iter().enumerate() {
+            let (k, v) = views(row, head_dim);
+            let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
+            let mlx = scaled_dot_product_attention(&q, &k, &v, 0.3, mask)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let expected: Vec<f64> = mlx.iter().map(|&x| f64::from(x)).collect();
+            let n = HEADS * length as usize * head_dim;
+            assert_close(
+                &fused[r * n..][..n],
+                &expected,
+                1e-5,
+                &format!("row {r}, {length} queries"),
+            );
+        }
+    }
+}
+
+/// A row's result is bit-identical alone and in a batch: the engine batches sequences, and a
+/// request's output must not depend on the others.
+#[test]
+fn rows_attention_rows_are_independent() {
+    let head_dim = 64;
+    let lens = [3, 33, 12, 1, 20];
+    let rows = rows(&lens, head_dim, 60);
+    let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 1, head_dim as i32], 61);
+    let together = attend(&queries, &rows, head_dim, None, false)
+        .to_vec::<f32>()
+        .unwrap();
+    let n = HEADS * head_dim;
+    for (r, row) in rows.iter().enumerate() {
+        let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
+        let alone = attend(&q, std::slice::from_ref(row), head_dim, None, false)
+            .to_vec::<f32>()
+            .unwrap();
+        assert_eq!(alone, together[r * n..][..n], "row {r}");
+    }
+}
+
+/// Shapes the kernel does not take come back as `None`, for the caller to attend row by row.
+#[test]
+fn rows_attention_declines_what_it_does_not_take() {
+    let (_, keys) = array(&[1, KV_HEADS as i32, 4, 8], 71);
+    let row = |causal| RowHistory {
+        keys: &keys,
+        values: &keys,
+        causal,
+    };
+    // More causal queries than the history holds.
+    let (_, five) = array(&[1, HEADS as i32, 5, 8], 70);
+    assert!(
+        rows_attention(&five, &[row(true)], 1.0, None)
+            .unwrap()
+            .is_none()
+    );
+    // A history per row is required.
+    let (_, two) = array(&[2, HEADS as i32, 1, 8], 72);
+    assert!(
+        rows_attention(&two, &[row(false)], 1.0, None)
+            .unwrap()
+            .is_none()
+    );
+    // Heads that do not group.
+    let (_, odd) = array(&[1, 5, 1, 8], 73);
+    assert!(
+        rows_attention(&odd, &[row(false)], 1.0, None)
+            .unwrap()
+            .is_none()
+    );
+}
