@@ -24,9 +24,7 @@
 #include "mlx/primitives.h"
 #include "vexp.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "x86.h"
 
 namespace mlxkit {
 
@@ -60,45 +58,6 @@ void axpy_portable(float p, const float* v, int n, float* out) {
   }
 }
 
-#if defined(__x86_64__)
-
-#define MLXKIT_AVX2 __attribute__((target("avx2,fma")))
-
-// `n` a multiple of 8.
-MLXKIT_AVX2 float dot_avx2(const float* a, const float* b, int n) {
-  __m256 s0 = _mm256_setzero_ps();
-  __m256 s1 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  if (i < n) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  }
-  const __m256 s = _mm256_add_ps(s0, s1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
-
-// `n` a multiple of 8.
-MLXKIT_AVX2 void axpy_avx2(float p, const float* v, int n, float* out) {
-  const __m256 scale = _mm256_set1_ps(p);
-  for (int i = 0; i < n; i += 8) {
-    _mm256_storeu_ps(out + i,
-                     _mm256_fmadd_ps(scale, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
-  }
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-
-#endif  // __x86_64__
-
 // `scores[t] = scale · q·k_t` for `t < len`.
 void scores_portable(const float* q, View keys, const float* kh, int len, int head_dim,
                      float scale, float* scores) {
@@ -118,6 +77,30 @@ float exp_portable(float* scores, int len, float max) {
 }
 
 #if defined(__x86_64__)
+
+// `n` a multiple of 8.
+MLXKIT_AVX2 float dot_avx2(const float* a, const float* b, int n) {
+  __m256 s0 = _mm256_setzero_ps();
+  __m256 s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  if (i < n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  }
+  return horizontal_sum(_mm256_add_ps(s0, s1));
+}
+
+// `n` a multiple of 8.
+MLXKIT_AVX2 void axpy_avx2(float p, const float* v, int n, float* out) {
+  const __m256 scale = _mm256_set1_ps(p);
+  for (int i = 0; i < n; i += 8) {
+    _mm256_storeu_ps(out + i,
+                     _mm256_fmadd_ps(scale, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+  }
+}
 
 // Eight keys at a time: eight dot products in eight accumulators, reduced together, so no
 // key pays a horizontal sum of its own. `head_dim` a multiple of 8.
@@ -160,10 +143,7 @@ MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
     _mm256_storeu_ps(scores + t, e);
     total8 = _mm256_add_ps(total8, e);
   }
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(total8), _mm256_extractf128_ps(total8, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h) + exp_portable(scores + t, len - t, max);
+  return horizontal_sum(total8) + exp_portable(scores + t, len - t, max);
 }
 
 #endif  // __x86_64__

@@ -16,6 +16,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "vexp.h"
+#include "x86.h"
 
 namespace mlxkit {
 
@@ -38,7 +39,7 @@ void gated_portable(Gate kind, const float* gate, const float* up, size_t n, flo
 
 #if defined(__x86_64__)
 
-__attribute__((target("avx2,fma"))) void gated_avx2(Gate kind, const float* gate,
+MLXKIT_AVX2 void gated_avx2(Gate kind, const float* gate,
                                                      const float* up, size_t n, float* out) {
   const __m256 one = _mm256_set1_ps(1.0f);
   size_t i = 0;
@@ -56,10 +57,6 @@ __attribute__((target("avx2,fma"))) void gated_avx2(Gate kind, const float* gate
   gated_portable(kind, gate + i, up + i, n - i, out + i);
 }
 
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 
 #endif  // __x86_64__
 

@@ -27,9 +27,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "x86.h"
 
 namespace mlxkit {
 
@@ -82,15 +80,6 @@ void matvec_portable(const float* x, int rows, int in, const uint8_t* w, const f
 }
 
 #if defined(__x86_64__)
-
-#define MLXKIT_AVX2 __attribute__((target("avx2,fma")))
-
-MLXKIT_AVX2 inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 MLXKIT_AVX2 inline void prefetch(const void* start, size_t bytes) {
   const char* p = static_cast<const char*>(start);
@@ -203,10 +192,6 @@ MLXKIT_AVX2 void matvec_avx2(const float* x, int in, const uint8_t* w, const flo
   }
 }
 
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 
 #endif  // __x86_64__
 

@@ -4,12 +4,13 @@
 // 0, above ln(FLT_MAX) +inf.
 #pragma once
 
+#include "x86.h"
+
 #if defined(__x86_64__)
-#include <immintrin.h>
 
 namespace mlxkit {
 
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+MLXKIT_AVX2 inline __m256 exp_avx2(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.72283905206835f);  // ln(FLT_MAX)
   const __m256 lo = _mm256_set1_ps(-87.3365f);
   const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
