@@ -9,9 +9,12 @@
 //! - `DEP_MLX_LINK_ARGS`: link arguments (an rpath to that folder, and OpenBLAS ahead of the
 //!   wheel's reference BLAS on Linux), separated by `\u{1f}`.
 //!
-//! The shim also holds two CPU fast paths MLX lacks: `shim/gemv.cc` sends single-row f32
-//! matmuls to BLAS `sgemv` (when OpenBLAS is linked), and `shim/qmv.cc` multiplies decode rows
-//! by packed 4- and 8-bit affine weights without dequantizing them.
+//! The shim also holds CPU fast paths MLX lacks: `shim/gemv.cc` sends single-row f32 matmuls to
+//! BLAS `sgemv` (when OpenBLAS is linked); `shim/qmv.cc` multiplies decode rows by packed 4- and
+//! 8-bit affine weights without dequantizing them; `shim/attend.cc` attends each row's queries
+//! over its own history in one op; `shim/gated.cc` computes gated activations with the
+//! vectorized `exp` of `shim/vexp.h`. The x86 kernels are chosen at run time (`shim/x86.h`),
+//! with portable fallbacks.
 //!
 //! A crate whose binaries or tests link MLX forwards them in a three-line `build.rs`:
 //!
