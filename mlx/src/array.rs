@@ -24,6 +24,14 @@ impl Array {
         Ok(Array { raw })
     }
 
+    /// `None` for a null handle: the shim's word for "this kernel does not apply".
+    pub(crate) fn from_raw_optional(raw: UniquePtr<ffi::Array>) -> Result<Option<Array>> {
+        if raw.is_null() {
+            return Ok(None);
+        }
+        Array::from_raw(raw).map(Some)
+    }
+
     pub(crate) fn raw(&self) -> &ffi::Array {
         // `from_raw` is the only constructor and rejects null handles.
         self.raw

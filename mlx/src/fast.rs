@@ -160,7 +160,7 @@ pub fn rows_attention(
     let keys = to_list(history.iter().map(|h| h.keys))?;
     let values = to_list(history.iter().map(|h| h.values))?;
     let causal: Vec<bool> = history.iter().map(|h| h.causal).collect();
-    let raw = ffi::rows_attention(
+    Array::from_raw_optional(ffi::rows_attention(
         queries.raw(),
         &keys,
         &values,
@@ -168,11 +168,7 @@ pub fn rows_attention(
         scale,
         softcap.is_some(),
         softcap.unwrap_or(0.0),
-    )?;
-    if raw.is_null() {
-        return Ok(None);
-    }
-    Array::from_raw(raw).map(Some)
+    )?)
 }
 
 /// The nonlinearity of [`gated_activation`].
@@ -192,9 +188,5 @@ pub fn gated_activation(kind: Gate, gate: &Array, up: &Array) -> Result<Option<A
         Gate::Silu => 0,
         Gate::GeluTanh => 1,
     };
-    let raw = ffi::gated_activation(code, gate.raw(), up.raw())?;
-    if raw.is_null() {
-        return Ok(None);
-    }
-    Array::from_raw(raw).map(Some)
+    Array::from_raw_optional(ffi::gated_activation(code, gate.raw(), up.raw())?)
 }

@@ -53,6 +53,11 @@ std::unique_ptr<Array> own(Array a) {
   return std::make_unique<Array>(std::move(a));
 }
 
+// Null for "this kernel does not apply", for the mlxkit kernels that decline some inputs.
+std::unique_ptr<Array> own_if(std::optional<Array> a) {
+  return a ? own(std::move(*a)) : nullptr;
+}
+
 std::unique_ptr<ArrayList> own_list(std::vector<Array> items) {
   auto list = std::make_unique<ArrayList>();
   list->items = std::move(items);
@@ -545,11 +550,7 @@ std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const A
   if (kind > 1) {
     throw std::invalid_argument("gated activation: unknown kind");
   }
-  auto y = mlxkit::gated_activation(kind == 0 ? Gate::Silu : Gate::GeluTanh, gate, up);
-  if (!y) {
-    return nullptr;
-  }
-  return own(std::move(*y));
+  return own_if(mlxkit::gated_activation(kind == 0 ? Gate::Silu : Gate::GeluTanh, gate, up));
 }
 
 std::unique_ptr<Array> rows_attention(
@@ -560,13 +561,9 @@ std::unique_ptr<Array> rows_attention(
     float scale,
     bool has_softcap,
     float softcap) {
-  auto y = mlxkit::rows_attention(
+  return own_if(mlxkit::rows_attention(
       queries, keys.items, values.items, std::vector<bool>(causal.begin(), causal.end()), scale,
-      has_softcap ? std::optional<float>(softcap) : std::nullopt);
-  if (!y) {
-    return nullptr;
-  }
-  return own(std::move(*y));
+      has_softcap ? std::optional<float>(softcap) : std::nullopt));
 }
 
 std::unique_ptr<Array> gather_qmm(

@@ -254,17 +254,19 @@ fn attend_histories(
 ) -> Result<Array> {
     let rows = histories.len();
     let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
-    if let Some(all) = all
-        && let Some(heads) = attention.attend_rows(queries, &all)?
+    if let Some(all) = &all
+        && let Some(heads) = attention.attend_rows(queries, all)?
     {
         return Ok(heads);
     }
+    // When the kernel declined every row at once (a GPU, another dtype), it declines each too.
+    let kernel_declined = all.is_some();
     let mut heads = Vec::with_capacity(rows);
     for (row, entry) in histories.iter().enumerate() {
         let q = pick_row(queries, row, rows)?;
         let fused = match row_history(entry) {
-            Some(one) => attention.attend_rows(&q, &[one])?,
-            None => None,
+            Some(one) if !kernel_declined => attention.attend_rows(&q, &[one])?,
+            _ => None,
         };
         let (history, mask) = entry;
         heads.push(match fused {
