@@ -84,6 +84,20 @@ pub fn blas_gemv_forwarding() -> bool {
     ffi::blas_gemv_forwarding()
 }
 
+/// Threads the shim's CPU kernels (packed matvec, rows attention) spread their work over: the
+/// thread MLX evaluates on plus helpers. By default the CPUs this process may use, at most 8;
+/// `MLXKIT_THREADS` sets it at start.
+pub fn cpu_threads() -> usize {
+    usize::try_from(ffi::cpu_threads()).unwrap_or(1)
+}
+
+/// Uses `threads` kernel threads from now on (1 to 64), starting helpers if needed; returns the
+/// number in effect. A kernel's result does not depend on it.
+pub fn set_cpu_threads(threads: usize) -> usize {
+    let n = i32::try_from(threads).unwrap_or(i32::MAX);
+    usize::try_from(ffi::set_cpu_threads(n)).unwrap_or(1)
+}
+
 /// Whether MLX was built with Metal and a Metal device is present.
 pub fn metal_available() -> Result<bool> {
     Ok(ffi::metal_is_available()?)

@@ -259,3 +259,32 @@ fn packed_cpu_matvec_rows_are_independent() {
         }
     }
 }
+
+/// The kernel splits a product's output rows over the shim's threads; each output is summed the
+/// same way whichever thread computes it, so the result does not depend on the thread count.
+#[test]
+fn packed_cpu_matvec_does_not_depend_on_the_thread_count() {
+    let (out, inp) = (1003, 512); // not a multiple of the 8-row tiles
+    let (_, w) = array(&[out, inp], 33);
+    let before = mlx::cpu_threads();
+    for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
+        let q = quantize(&w, spec).unwrap();
+        for rows in [1, 5, 13] {
+            let (_, x) = array(&[rows, inp], 34 + rows as u64);
+            let mut results = Vec::new();
+            for threads in [1, 3, 2] {
+                assert_eq!(mlx::set_cpu_threads(threads), threads);
+                results.push(q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap());
+            }
+            assert_eq!(
+                results[0], results[1],
+                "{spec:?}, {rows} rows, 1 against 3 threads"
+            );
+            assert_eq!(
+                results[0], results[2],
+                "{spec:?}, {rows} rows, 1 against 2 threads"
+            );
+        }
+    }
+    mlx::set_cpu_threads(before);
+}

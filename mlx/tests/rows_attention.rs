@@ -121,7 +121,7 @@ fn attend(
 /// step; 1e-5 leaves room for `exp`'s error without hiding a wrong index.
 #[test]
 fn rows_attention_equals_f64_reference() {
-    for head_dim in [64usize, 12] {
+    for head_dim in [64usize, 80, 12] {
         let lens = [9, 7, 37, 16];
         let rows = rows(&lens, head_dim, 40);
         for (length, causal) in [(1usize, false), (5, true), (7, true)] {
@@ -210,6 +210,29 @@ fn rows_attention_rows_are_independent() {
             .unwrap();
         assert_eq!(alone, together[r * n..][..n], "row {r}");
     }
+}
+
+/// The kernel splits its (row, head) pairs over the shim's threads; the result does not depend
+/// on how many there are (a request's output must not depend on the machine's core count).
+#[test]
+fn rows_attention_does_not_depend_on_the_thread_count() {
+    let head_dim = 80; // 64 dimensions in registers and a tail of 16
+    let lens = [30, 33, 12, 25, 40, 18];
+    let rows = rows(&lens, head_dim, 70);
+    let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 8, head_dim as i32], 71);
+    let before = mlx::cpu_threads();
+    let mut results = Vec::new();
+    for threads in [1, 3, 2] {
+        assert_eq!(mlx::set_cpu_threads(threads), threads);
+        results.push(
+            attend(&queries, &rows, head_dim, Some(5.0), true)
+                .to_vec::<f32>()
+                .unwrap(),
+        );
+    }
+    mlx::set_cpu_threads(before);
+    assert_eq!(results[0], results[1], "1 thread against 3");
+    assert_eq!(results[0], results[2], "1 thread against 2");
 }
 
 /// Shapes the kernel does not take come back as `None`, for the caller to attend row by row.

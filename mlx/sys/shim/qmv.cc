@@ -27,6 +27,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
+#include "pool.h"
 #include "x86.h"
 
 namespace mlxkit {
@@ -206,6 +207,23 @@ void nibble_order(const float* x, size_t len, float* out) {
   }
 }
 
+// Runs `range(n0, n1)` over consecutive ranges of the `out` weight rows, spread over the pool's
+// threads when the product is large enough to pay for handing work over (a few microseconds).
+template <typename Range>
+void split_rows(int rows, int in, int out, const Range& range) {
+  constexpr int64_t kMinMacsPerPart = 1 << 17;
+  const int64_t macs = static_cast<int64_t>(rows) * in * out;
+  const int parts = static_cast<int>(
+      std::min<int64_t>({pool_threads() * 4LL, macs / kMinMacsPerPart, out / 8}));
+  if (parts <= 1) {
+    range(0, out);
+    return;
+  }
+  // Ranges start on multiples of 8 weight rows, the widest tile.
+  auto bound = [&](int p) { return p == parts ? out : (out / 8 * p / parts) * 8; };
+  parallel_for(parts, [&](int p) { range(bound(p), bound(p + 1)); });
+}
+
 void matvec(const float* x, int rows, int in, const uint8_t* w, const float* scales,
             const float* biases, int group, int bits, int out, float* y) {
   const int groups = in / group;
@@ -232,23 +250,27 @@ void matvec(const float* x, int rows, int in, const uint8_t* w, const float* sca
     };
     if (bits == 4 || bits == 8) {
       Kernel* by_rows = kernels[bits == 8 ? 1 : 0];
-      // Each row's sums run in the same order whatever block it is in, so a row's result does
-      // not depend on how many rows share the product.
+      // Each row's sums run in the same order whatever block or part it is in, so a row's
+      // result depends neither on how many rows share the product nor on the thread count.
       const int band = rows <= kBlockRows ? out : kBandRows;
-      for (int n0 = 0; n0 < out; n0 += band) {
-        const int n1 = std::min(out, n0 + band);
-        for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
-          const int m = std::min(kBlockRows, rows - m0);
-          by_rows[m - 1](xs + static_cast<size_t>(m0) * in, in, w, scales, biases, group,
-                         sums.data() + static_cast<size_t>(m0) * groups, n0, n1, out,
-                         y + static_cast<size_t>(m0) * out);
+      split_rows(rows, in, out, [&](int p0, int p1) {
+        for (int n0 = p0; n0 < p1; n0 += band) {
+          const int n1 = std::min(p1, n0 + band);
+          for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
+            const int m = std::min(kBlockRows, rows - m0);
+            by_rows[m - 1](xs + static_cast<size_t>(m0) * in, in, w, scales, biases, group,
+                           sums.data() + static_cast<size_t>(m0) * groups, n0, n1, out,
+                           y + static_cast<size_t>(m0) * out);
+          }
         }
-      }
+      });
       return;
     }
   }
 #endif
-  matvec_portable(x, rows, in, w, scales, biases, group, bits, sums.data(), 0, out, out, y);
+  split_rows(rows, in, out, [&](int n0, int n1) {
+    matvec_portable(x, rows, in, w, scales, biases, group, bits, sums.data(), n0, n1, out, y);
+  });
 }
 
 void require_row_contiguous(const mx::array& a, const char* what) {

@@ -8,6 +8,7 @@
 #include "mlx-sys/src/lib.rs.h"
 #include "attend.h"
 #include "gated.h"
+#include "pool.h"
 #include "qmv.h"
 
 namespace mlxkit {
@@ -544,6 +545,14 @@ bool packed_matvec_available(int32_t group_size, int32_t bits) {
 
 int32_t packed_matvec_rows() {
   return packed_matvec_max_rows();
+}
+
+int32_t cpu_threads() {
+  return mlxkit::pool_threads();
+}
+
+int32_t set_cpu_threads(int32_t threads) {
+  return mlxkit::set_pool_threads(threads);
 }
 
 std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up) {

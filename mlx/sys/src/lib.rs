@@ -14,7 +14,8 @@
 //! 8-bit affine weights without dequantizing them; `shim/attend.cc` attends each row's queries
 //! over its own history in one op; `shim/gated.cc` computes gated activations with the
 //! vectorized `exp` of `shim/vexp.h`. The x86 kernels are chosen at run time (`shim/x86.h`),
-//! with portable fallbacks.
+//! with portable fallbacks. The packed matvec and the rows attention split their work over
+//! `shim/pool.cc`'s helper threads, because MLX runs a CPU stream's ops on one thread.
 //!
 //! A crate whose binaries or tests link MLX forwards them in a three-line `build.rs`:
 //!
@@ -351,6 +352,8 @@ pub mod ffi {
         ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
         fn packed_matvec_rows() -> i32;
+        fn cpu_threads() -> i32;
+        fn set_cpu_threads(threads: i32) -> i32;
         /// Null when the CPU kernel does not apply.
         fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
         /// Null when the rows attention kernel does not apply.
