@@ -1,4 +1,5 @@
-//! Matmul throughput on the default device: dense f32 and 4-bit quantized matvec.
+//! Matmul throughput on the default device: dense f32, 4-bit quantized matvec, and the shim's
+//! packed CPU matvec per instruction set and thread count.
 //!
 //! Run `cargo bench -p mlx`. The dense numbers depend on the BLAS the binary loaded: build once
 //! with `MLXKIT_NO_OPENBLAS=1` (in another target dir) to measure the wheel's reference BLAS.
@@ -42,4 +43,38 @@ fn quantized_4bit_1x4096_by_4096x4096(bencher: divan::Bencher, activations: Dtyp
         let y = q.matmul(&x, true).expect("qmm");
         y.eval().expect("eval");
     });
+}
+
+/// The packed CPU matvec (`mlx-sys/shim/qmv.cc`) on a SmolLM2 MLP shape, 4-bit groups of 32,
+/// for one decode row and a batch of 8, with the CPU's best kernels and with AVX2 (on one
+/// thread and on all).
+fn packed_matvec(bencher: divan::Bencher, rows: i32, kernels: mlx::CpuKernels, threads: usize) {
+    let w = random_matrix(1536, 576, 5);
+    let q = quantize(&w, QuantSpec::affine(32, 4)).expect("quantize");
+    mlx::eval([&q.weights, &q.scales]).expect("eval");
+    let x = random_matrix(rows, 576, 6);
+    let before = (mlx::cpu_kernels(), mlx::cpu_threads());
+    mlx::set_cpu_kernels(kernels);
+    mlx::set_cpu_threads(threads);
+    bencher.bench_local(|| {
+        let y = q.matmul(&x, true).expect("qmm");
+        y.eval().expect("eval");
+    });
+    mlx::set_cpu_kernels(before.0);
+    mlx::set_cpu_threads(before.1);
+}
+
+#[divan::bench(args = [1, 8], sample_count = 200)]
+fn packed_4bit_576x1536_best_one_thread(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(bencher, rows, mlx::CpuKernels::Avx512, 1);
+}
+
+#[divan::bench(args = [1, 8], sample_count = 200)]
+fn packed_4bit_576x1536_avx2_one_thread(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(bencher, rows, mlx::CpuKernels::Avx2, 1);
+}
+
+#[divan::bench(args = [1, 8], sample_count = 200)]
+fn packed_4bit_576x1536_best_all_threads(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(bencher, rows, mlx::CpuKernels::Avx512, 8);
 }

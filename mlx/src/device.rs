@@ -98,6 +98,45 @@ pub fn set_cpu_threads(threads: usize) -> usize {
     usize::try_from(ffi::set_cpu_threads(n)).unwrap_or(1)
 }
 
+/// The instruction sets the shim's CPU kernels come in, from least to most capable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CpuKernels {
+    /// Plain C++, on any CPU.
+    Portable,
+    /// x86-64 AVX2 with FMA.
+    Avx2,
+    /// x86-64 AVX-512 (foundation).
+    Avx512,
+}
+
+impl CpuKernels {
+    fn from_level(level: i32) -> CpuKernels {
+        match level {
+            l if l >= 2 => CpuKernels::Avx512,
+            1 => CpuKernels::Avx2,
+            _ => CpuKernels::Portable,
+        }
+    }
+}
+
+/// The kernels in use: the best this CPU runs, capped by `MLXKIT_CPU_KERNELS` (`portable`,
+/// `avx2`, `avx512`) at start or [`set_cpu_kernels`]. Results may differ in rounding between
+/// instruction sets (summation order), never between row counts or thread counts.
+pub fn cpu_kernels() -> CpuKernels {
+    CpuKernels::from_level(ffi::cpu_kernel_level())
+}
+
+/// Caps the kernels at `most` from now on (tests run every path on one machine this way);
+/// returns the kernels in effect.
+pub fn set_cpu_kernels(most: CpuKernels) -> CpuKernels {
+    let level = match most {
+        CpuKernels::Portable => 0,
+        CpuKernels::Avx2 => 1,
+        CpuKernels::Avx512 => 2,
+    };
+    CpuKernels::from_level(ffi::set_cpu_kernel_level(level))
+}
+
 /// Whether MLX was built with Metal and a Metal device is present.
 pub fn metal_available() -> Result<bool> {
     Ok(ffi::metal_is_available()?)

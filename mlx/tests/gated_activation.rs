@@ -1,5 +1,7 @@
 //! `fast::gated_activation`: `act(gate) · up` with mlxkit's vectorized `exp`, against f64.
 
+mod common;
+
 use mlx::Array;
 use mlx::fast::{Gate, gated_activation};
 
@@ -30,34 +32,37 @@ fn reference(kind: Gate, g: f64) -> f64 {
 /// reduction is orders larger.
 #[test]
 fn gated_activation_equals_f64_reference() {
-    let n = 1001;
-    let gate: Vec<f32> = (0..n)
-        .map(|i| -120.0 + 240.0 * i as f32 / (n - 1) as f32)
-        .collect();
-    let up: Vec<f32> = (0..n)
-        .map(|i| if i % 3 == 0 { -1.5 } else { 0.75 })
-        .collect();
-    let g = Array::from_slice(&gate, &[7, 143]).unwrap();
-    let u = Array::from_slice(&up, &[7, 143]).unwrap();
-    for kind in [Gate::Silu, Gate::GeluTanh] {
-        let out = gated_activation(kind, &g, &u)
-            .unwrap()
-            .expect("the CPU kernel takes f32")
-            .to_vec::<f32>()
-            .unwrap();
-        assert_eq!(out.len(), n);
-        for i in 0..n {
-            let expected = reference(kind, f64::from(gate[i])) * f64::from(up[i]);
-            let err = (f64::from(out[i]) - expected).abs();
-            let bound = (8e-7 + 3e-7 * argument(kind, f64::from(gate[i])).abs()) * expected.abs();
-            assert!(
-                err <= bound + 1e-30,
-                "{kind:?} at gate {}: got {}, expected {expected} (error {err:e})",
-                gate[i],
-                out[i]
-            );
+    common::each_kernel_level(|_| {
+        let n = 1001;
+        let gate: Vec<f32> = (0..n)
+            .map(|i| -120.0 + 240.0 * i as f32 / (n - 1) as f32)
+            .collect();
+        let up: Vec<f32> = (0..n)
+            .map(|i| if i % 3 == 0 { -1.5 } else { 0.75 })
+            .collect();
+        let g = Array::from_slice(&gate, &[7, 143]).unwrap();
+        let u = Array::from_slice(&up, &[7, 143]).unwrap();
+        for kind in [Gate::Silu, Gate::GeluTanh] {
+            let out = gated_activation(kind, &g, &u)
+                .unwrap()
+                .expect("the CPU kernel takes f32")
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(out.len(), n);
+            for i in 0..n {
+                let expected = reference(kind, f64::from(gate[i])) * f64::from(up[i]);
+                let err = (f64::from(out[i]) - expected).abs();
+                let bound =
+                    (8e-7 + 3e-7 * argument(kind, f64::from(gate[i])).abs()) * expected.abs();
+                assert!(
+                    err <= bound + 1e-30,
+                    "{kind:?} at gate {}: got {}, expected {expected} (error {err:e})",
+                    gate[i],
+                    out[i]
+                );
+            }
         }
-    }
+    });
 }
 
 /// Other dtypes and mismatched shapes are declined, for the caller to use MLX's ops.

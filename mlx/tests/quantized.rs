@@ -191,100 +191,107 @@ fn invalid_quantization_is_an_error() {
 /// shape and a strided `x`. 200 output rows cross the kernel's 128-row bands.
 #[test]
 fn packed_cpu_matvec_equals_dense_reference() {
-    let (out, inp) = (200, 256);
-    let (_, w) = array(&[out, inp], 26);
-    for spec in [
-        QuantSpec::affine(32, 4),
-        QuantSpec::affine(64, 4),
-        QuantSpec::affine(128, 4),
-        QuantSpec::affine(32, 8),
-        QuantSpec::affine(64, 8),
-    ] {
-        assert!(spec.has_packed_cpu_matvec(), "{spec:?}");
-        let q = quantize(&w, spec).unwrap();
-        let dense = q.dequantize(Some(Dtype::F32)).unwrap();
-        let dense_t = dense.transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
-        for rows in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
-            let (xs, x) = array(&[rows, inp], 27 + rows as u64);
-            // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
-            let batched = x.reshape(&[rows, 1, inp]).unwrap();
-            let strided = Array::from_slice(
-                &common::transpose(&xs, rows as usize, inp as usize),
-                &[inp, rows],
-            )
-            .unwrap()
-            .transpose(&[1, 0])
-            .unwrap();
-            let expected = common::matmul(&xs, &dense_t, rows as usize, inp as usize, out as usize);
-            for (input, what) in [(&x, "plain"), (&batched, "batched"), (&strided, "strided")] {
-                let got = q.matmul(input, true).unwrap();
-                assert_eq!(got.size(), (rows * out) as usize, "{spec:?} {what}");
-                // f32 sums of 256 products of magnitude ≤ 1, in another order than the f64
-                // reference: a random-walk rounding bound of √256 · 2⁻²⁴ · 256 ≈ 2.4e-4.
-                common::assert_close(
-                    &got.to_vec::<f32>().unwrap(),
-                    &expected,
-                    3e-4,
-                    &format!("{spec:?}, {rows} rows, {what}"),
-                );
+    common::each_kernel_level(|_| {
+        let (out, inp) = (200, 256);
+        let (_, w) = array(&[out, inp], 26);
+        for spec in [
+            QuantSpec::affine(32, 4),
+            QuantSpec::affine(64, 4),
+            QuantSpec::affine(128, 4),
+            QuantSpec::affine(32, 8),
+            QuantSpec::affine(64, 8),
+        ] {
+            assert!(spec.has_packed_cpu_matvec(), "{spec:?}");
+            let q = quantize(&w, spec).unwrap();
+            let dense = q.dequantize(Some(Dtype::F32)).unwrap();
+            let dense_t = dense.transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
+            for rows in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
+                let (xs, x) = array(&[rows, inp], 27 + rows as u64);
+                // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
+                let batched = x.reshape(&[rows, 1, inp]).unwrap();
+                let strided = Array::from_slice(
+                    &common::transpose(&xs, rows as usize, inp as usize),
+                    &[inp, rows],
+                )
+                .unwrap()
+                .transpose(&[1, 0])
+                .unwrap();
+                let expected =
+                    common::matmul(&xs, &dense_t, rows as usize, inp as usize, out as usize);
+                for (input, what) in [(&x, "plain"), (&batched, "batched"), (&strided, "strided")] {
+                    let got = q.matmul(input, true).unwrap();
+                    assert_eq!(got.size(), (rows * out) as usize, "{spec:?} {what}");
+                    // f32 sums of 256 products of magnitude ≤ 1, in another order than the f64
+                    // reference: a random-walk rounding bound of √256 · 2⁻²⁴ · 256 ≈ 2.4e-4.
+                    common::assert_close(
+                        &got.to_vec::<f32>().unwrap(),
+                        &expected,
+                        3e-4,
+                        &format!("{spec:?}, {rows} rows, {what}"),
+                    );
+                }
             }
         }
-    }
-    assert!(!QuantSpec::affine(32, 3).has_packed_cpu_matvec());
-    assert!(!QuantSpec::affine(32, 6).has_packed_cpu_matvec());
+        assert!(!QuantSpec::affine(32, 3).has_packed_cpu_matvec());
+        assert!(!QuantSpec::affine(32, 6).has_packed_cpu_matvec());
+    });
 }
 
 /// A row's product does not depend on the rows it shares the kernel with: the engine batches
 /// sequences, and a request's output must equal its output alone.
 #[test]
 fn packed_cpu_matvec_rows_are_independent() {
-    let (out, inp) = (200, 256);
-    let (_, w) = array(&[out, inp], 31);
-    for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
-        let q = quantize(&w, spec).unwrap();
-        let (_, x) = array(&[13, inp], 32);
-        let together = q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap();
-        for row in [0, 3, 4, 7, 12] {
-            let alone = q
-                .matmul(&x.slice_axis(0, row, row + 1).unwrap(), true)
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap();
-            let start = row as usize * out as usize;
-            assert_eq!(
-                alone,
-                together[start..start + out as usize],
-                "{spec:?}, row {row}"
-            );
+    common::each_kernel_level(|_| {
+        let (out, inp) = (200, 256);
+        let (_, w) = array(&[out, inp], 31);
+        for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
+            let q = quantize(&w, spec).unwrap();
+            let (_, x) = array(&[13, inp], 32);
+            let together = q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap();
+            for row in [0, 3, 4, 7, 12] {
+                let alone = q
+                    .matmul(&x.slice_axis(0, row, row + 1).unwrap(), true)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let start = row as usize * out as usize;
+                assert_eq!(
+                    alone,
+                    together[start..start + out as usize],
+                    "{spec:?}, row {row}"
+                );
+            }
         }
-    }
+    });
 }
 
 /// The kernel splits a product's output rows over the shim's threads; each output is summed the
 /// same way whichever thread computes it, so the result does not depend on the thread count.
 #[test]
 fn packed_cpu_matvec_does_not_depend_on_the_thread_count() {
-    let (out, inp) = (1003, 512); // not a multiple of the 8-row tiles
-    let (_, w) = array(&[out, inp], 33);
-    let before = mlx::cpu_threads();
-    for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
-        let q = quantize(&w, spec).unwrap();
-        for rows in [1, 5, 13] {
-            let (_, x) = array(&[rows, inp], 34 + rows as u64);
-            let mut results = Vec::new();
-            for threads in [1, 3, 2] {
-                assert_eq!(mlx::set_cpu_threads(threads), threads);
-                results.push(q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap());
+    common::each_kernel_level(|_| {
+        let (out, inp) = (1003, 512); // not a multiple of the 8-row tiles
+        let (_, w) = array(&[out, inp], 33);
+        let before = mlx::cpu_threads();
+        for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
+            let q = quantize(&w, spec).unwrap();
+            for rows in [1, 5, 13] {
+                let (_, x) = array(&[rows, inp], 34 + rows as u64);
+                let mut results = Vec::new();
+                for threads in [1, 3, 2] {
+                    assert_eq!(mlx::set_cpu_threads(threads), threads);
+                    results.push(q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap());
+                }
+                assert_eq!(
+                    results[0], results[1],
+                    "{spec:?}, {rows} rows, 1 against 3 threads"
+                );
+                assert_eq!(
+                    results[0], results[2],
+                    "{spec:?}, {rows} rows, 1 against 2 threads"
+                );
             }
-            assert_eq!(
-                results[0], results[1],
-                "{spec:?}, {rows} rows, 1 against 3 threads"
-            );
-            assert_eq!(
-                results[0], results[2],
-                "{spec:?}, {rows} rows, 1 against 2 threads"
-            );
         }
-    }
-    mlx::set_cpu_threads(before);
+        mlx::set_cpu_threads(before);
+    });
 }

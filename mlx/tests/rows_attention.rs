@@ -121,118 +121,126 @@ fn attend(
 /// step; 1e-5 leaves room for `exp`'s error without hiding a wrong index.
 #[test]
 fn rows_attention_equals_f64_reference() {
-    for head_dim in [64usize, 80, 12] {
-        let lens = [9, 7, 37, 16];
-        let rows = rows(&lens, head_dim, 40);
-        for (length, causal) in [(1usize, false), (5, true), (7, true)] {
-            let (qs, queries) = array(
-                &[
-                    lens.len() as i32,
-                    HEADS as i32,
-                    length as i32,
-                    head_dim as i32,
-                ],
-                41,
-            );
-            for softcap in [None, Some(0.5f32)] {
-                let got = attend(&queries, &rows, head_dim, softcap, causal);
-                assert_eq!(got.shape(), queries.shape());
-                let expected = reference(
-                    &qs,
-                    &rows,
-                    length,
-                    head_dim,
-                    0.3,
-                    softcap.map(f64::from),
-                    causal,
+    common::each_kernel_level(|_| {
+        for head_dim in [64usize, 80, 12] {
+            let lens = [9, 7, 37, 16];
+            let rows = rows(&lens, head_dim, 40);
+            for (length, causal) in [(1usize, false), (5, true), (7, true)] {
+                let (qs, queries) = array(
+                    &[
+                        lens.len() as i32,
+                        HEADS as i32,
+                        length as i32,
+                        head_dim as i32,
+                    ],
+                    41,
                 );
-                assert_close(
-                    &got.to_vec::<f32>().unwrap(),
-                    &expected,
-                    1e-5,
-                    &format!("head_dim {head_dim}, {length} queries, softcap {softcap:?}"),
-                );
+                for softcap in [None, Some(0.5f32)] {
+                    let got = attend(&queries, &rows, head_dim, softcap, causal);
+                    assert_eq!(got.shape(), queries.shape());
+                    let expected = reference(
+                        &qs,
+                        &rows,
+                        length,
+                        head_dim,
+                        0.3,
+                        softcap.map(f64::from),
+                        causal,
+                    );
+                    assert_close(
+                        &got.to_vec::<f32>().unwrap(),
+                        &expected,
+                        1e-5,
+                        &format!("head_dim {head_dim}, {length} queries, softcap {softcap:?}"),
+                    );
+                }
             }
         }
-    }
+    });
 }
 
 /// The op agrees with MLX's own attention, row by row (what the decoder falls back to), for a
 /// decode step and for a causal prompt chunk.
 #[test]
 fn rows_attention_matches_mlx_attention() {
-    let head_dim = 64;
-    let lens = [5, 29];
-    let rows = rows(&lens, head_dim, 50);
-    for (length, causal, mask) in [
-        (1, false, AttentionMask::None),
-        (4, true, AttentionMask::Causal),
-    ] {
-        let (_, queries) = array(&[2, HEADS as i32, length, head_dim as i32], 51);
-        let fused = attend(&queries, &rows, head_dim, None, causal)
-            .to_vec::<f32>()
-            .unwrap();
-        for (r, row) in rows.iter().enumerate() {
-            let (k, v) = views(row, head_dim);
-            let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
-            let mlx = scaled_dot_product_attention(&q, &k, &v, 0.3, mask)
-                .unwrap()
+    common::each_kernel_level(|_| {
+        let head_dim = 64;
+        let lens = [5, 29];
+        let rows = rows(&lens, head_dim, 50);
+        for (length, causal, mask) in [
+            (1, false, AttentionMask::None),
+            (4, true, AttentionMask::Causal),
+        ] {
+            let (_, queries) = array(&[2, HEADS as i32, length, head_dim as i32], 51);
+            let fused = attend(&queries, &rows, head_dim, None, causal)
                 .to_vec::<f32>()
                 .unwrap();
-            let expected: Vec<f64> = mlx.iter().map(|&x| f64::from(x)).collect();
-            let n = HEADS * length as usize * head_dim;
-            assert_close(
-                &fused[r * n..][..n],
-                &expected,
-                1e-5,
-                &format!("row {r}, {length} queries"),
-            );
+            for (r, row) in rows.iter().enumerate() {
+                let (k, v) = views(row, head_dim);
+                let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
+                let mlx = scaled_dot_product_attention(&q, &k, &v, 0.3, mask)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let expected: Vec<f64> = mlx.iter().map(|&x| f64::from(x)).collect();
+                let n = HEADS * length as usize * head_dim;
+                assert_close(
+                    &fused[r * n..][..n],
+                    &expected,
+                    1e-5,
+                    &format!("row {r}, {length} queries"),
+                );
+            }
         }
-    }
+    });
 }
 
 /// A row's result is bit-identical alone and in a batch: the engine batches sequences, and a
 /// request's output must not depend on the others.
 #[test]
 fn rows_attention_rows_are_independent() {
-    let head_dim = 64;
-    let lens = [3, 33, 12, 1, 20];
-    let rows = rows(&lens, head_dim, 60);
-    let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 1, head_dim as i32], 61);
-    let together = attend(&queries, &rows, head_dim, None, false)
-        .to_vec::<f32>()
-        .unwrap();
-    let n = HEADS * head_dim;
-    for (r, row) in rows.iter().enumerate() {
-        let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
-        let alone = attend(&q, std::slice::from_ref(row), head_dim, None, false)
+    common::each_kernel_level(|_| {
+        let head_dim = 64;
+        let lens = [3, 33, 12, 1, 20];
+        let rows = rows(&lens, head_dim, 60);
+        let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 1, head_dim as i32], 61);
+        let together = attend(&queries, &rows, head_dim, None, false)
             .to_vec::<f32>()
             .unwrap();
-        assert_eq!(alone, together[r * n..][..n], "row {r}");
-    }
+        let n = HEADS * head_dim;
+        for (r, row) in rows.iter().enumerate() {
+            let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
+            let alone = attend(&q, std::slice::from_ref(row), head_dim, None, false)
+                .to_vec::<f32>()
+                .unwrap();
+            assert_eq!(alone, together[r * n..][..n], "row {r}");
+        }
+    });
 }
 
 /// The kernel splits its (row, head) pairs over the shim's threads; the result does not depend
 /// on how many there are (a request's output must not depend on the machine's core count).
 #[test]
 fn rows_attention_does_not_depend_on_the_thread_count() {
-    let head_dim = 80; // 64 dimensions in registers and a tail of 16
-    let lens = [30, 33, 12, 25, 40, 18];
-    let rows = rows(&lens, head_dim, 70);
-    let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 8, head_dim as i32], 71);
-    let before = mlx::cpu_threads();
-    let mut results = Vec::new();
-    for threads in [1, 3, 2] {
-        assert_eq!(mlx::set_cpu_threads(threads), threads);
-        results.push(
-            attend(&queries, &rows, head_dim, Some(5.0), true)
-                .to_vec::<f32>()
-                .unwrap(),
-        );
-    }
-    mlx::set_cpu_threads(before);
-    assert_eq!(results[0], results[1], "1 thread against 3");
-    assert_eq!(results[0], results[2], "1 thread against 2");
+    common::each_kernel_level(|_| {
+        let head_dim = 80; // 64 dimensions in registers and a tail of 16
+        let lens = [30, 33, 12, 25, 40, 18];
+        let rows = rows(&lens, head_dim, 70);
+        let (_, queries) = array(&[lens.len() as i32, HEADS as i32, 8, head_dim as i32], 71);
+        let before = mlx::cpu_threads();
+        let mut results = Vec::new();
+        for threads in [1, 3, 2] {
+            assert_eq!(mlx::set_cpu_threads(threads), threads);
+            results.push(
+                attend(&queries, &rows, head_dim, Some(5.0), true)
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+        }
+        mlx::set_cpu_threads(before);
+        assert_eq!(results[0], results[1], "1 thread against 3");
+        assert_eq!(results[0], results[2], "1 thread against 2");
+    });
 }
 
 /// Shapes the kernel does not take come back as `None`, for the caller to attend row by row.

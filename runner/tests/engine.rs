@@ -24,6 +24,7 @@ fn config(cache_bytes: usize) -> LoopConfig {
     LoopConfig {
         prefill_chunk: 16,
         prefill_budget_while_decoding: 8,
+        prefill_budget_idle: 32,
         max_sequences: 8,
         capture_interval: 32,
         memory: MemoryBudget {

@@ -194,15 +194,111 @@ MLXKIT_AVX2 void matvec_avx2(const float* x, int in, const uint8_t* w, const flo
 }
 
 
+// The AVX-512 kernels: the same tiles over 32 weights at a time, in sixteen-lane registers.
+// They need groups of a multiple of 32 elements.
+
+// Dequantizes 32 consecutive weights of one row from `k` on, scaled. For 4 bits the 16 bytes
+// hold elements k..k+31: `lo` gets the even ones, `hi` the odd ones (`x` in that order, see
+// `nibble_order`); for 8 bits `lo` gets k..k+15 and `hi` k+16..k+31.
+template <int Bits>
+MLXKIT_AVX512 inline void dequantize32(const uint8_t* row, int k, __m512 scale, __m512& lo,
+                                       __m512& hi) {
+  if constexpr (Bits == 4) {
+    const __m512i v = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  } else {
+    lo = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
+    hi = _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16))));
+  }
+  lo = _mm512_mul_ps(lo, scale);
+  hi = _mm512_mul_ps(hi, scale);
+}
+
+// As `tile`, sixteen lanes wide. Every (row, weight row) pair runs the same operations in the
+// same order whatever M and N are.
+template <int Bits, int M, int N>
+MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
+    const float* x, int in, const uint8_t* w, const float* scales, const float* biases,
+    int group, const float* sums, int n, int out, float* y) {
+  const int groups = in / group;
+  const size_t row_bytes = static_cast<size_t>(in) * Bits / 8;
+  __m512 acc[M][N];
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      acc[m][j] = _mm512_setzero_ps();
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    __m512 scale[N];
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      scale[j] = _mm512_set1_ps(scales[static_cast<size_t>(n + j) * groups + g]);
+    }
+    for (int k = g * group; k < (g + 1) * group; k += 32) {
+#pragma GCC unroll 16
+      for (int j = 0; j < N; ++j) {
+        __m512 lo, hi;
+        dequantize32<Bits>(w + static_cast<size_t>(n + j) * row_bytes, k, scale[j], lo, hi);
+#pragma GCC unroll 16
+        for (int m = 0; m < M; ++m) {
+          const float* xm = x + static_cast<size_t>(m) * in + k;
+          acc[m][j] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xm), acc[m][j]);
+          acc[m][j] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xm + 16), acc[m][j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 16
+    for (int j = 0; j < N; ++j) {
+      const float* bias = biases + static_cast<size_t>(n + j) * groups;
+      const float* sum = sums + static_cast<size_t>(m) * groups;
+      float bias_total = 0.0f;
+      for (int g = 0; g < groups; ++g) {
+        bias_total += bias[g] * sum[g];
+      }
+      y[static_cast<size_t>(m) * out + n + j] = horizontal_sum(acc[m][j]) + bias_total;
+    }
+  }
+}
+
+// As `matvec_avx2`; with 32 registers, tiles can be twice as wide for many rows of x.
+template <int Bits, int M>
+MLXKIT_AVX512 void matvec_avx512(const float* x, int in, const uint8_t* w, const float* scales,
+                                 const float* biases, int group, const float* sums, int n0,
+                                 int n1, int out, float* y) {
+  constexpr int N = M == 1 ? 8 : M <= 4 ? 4 : 2;
+  const size_t row_bytes = static_cast<size_t>(in) * Bits / 8;
+  int n = n0;
+  for (; n + N <= n1; n += N) {
+    if (n + 3 * N <= n1) {
+      prefetch(w + static_cast<size_t>(n + 2 * N) * row_bytes, N * row_bytes);
+    }
+    tile512<Bits, M, N>(x, in, w, scales, biases, group, sums, n, out, y);
+  }
+  for (; n < n1; ++n) {
+    tile512<Bits, M, 1>(x, in, w, scales, biases, group, sums, n, out, y);
+  }
+}
+
+
 #endif  // __x86_64__
 
-// Reorders each 16-element chunk of `x` as its even then its odd elements, the order in which
-// the 4-bit kernel unpacks eight bytes.
-void nibble_order(const float* x, size_t len, float* out) {
-  for (size_t c = 0; c < len; c += 16) {
-    for (int i = 0; i < 8; ++i) {
+// Reorders each `chunk`-element piece of `x` as its even then its odd elements, the order in
+// which the 4-bit kernels unpack `chunk / 2` bytes.
+void nibble_order(const float* x, size_t len, size_t chunk, float* out) {
+  const size_t half = chunk / 2;
+  for (size_t c = 0; c < len; c += chunk) {
+    for (size_t i = 0; i < half; ++i) {
       out[c + i] = x[c + 2 * i];
-      out[c + 8 + i] = x[c + 2 * i + 1];
+      out[c + half + i] = x[c + 2 * i + 1];
     }
   }
 }
@@ -232,40 +328,48 @@ void matvec(const float* x, int rows, int in, const uint8_t* w, const float* sca
     group_sums(x + static_cast<size_t>(m) * in, in, group, sums.data() + m * groups);
   }
 #if defined(__x86_64__)
-  if (has_avx2()) {
+  const int level = kernel_level();
+  const bool wide = level >= kAvx512 && group % 32 == 0;
+  if (level >= kAvx2 && (bits == 4 || bits == 8)) {
     const float* xs = x;
     std::vector<float> reordered;
     if (bits == 4) {
       reordered.resize(static_cast<size_t>(rows) * in);
-      nibble_order(x, reordered.size(), reordered.data());
+      nibble_order(x, reordered.size(), wide ? 32 : 16, reordered.data());
       xs = reordered.data();
     }
     using Kernel = void (*)(const float*, int, const uint8_t*, const float*, const float*, int,
                             const float*, int, int, int, float*);
-    Kernel kernels[2][kBlockRows] = {
+    static constexpr Kernel avx2[2][kBlockRows] = {
         {matvec_avx2<4, 1>, matvec_avx2<4, 2>, matvec_avx2<4, 3>, matvec_avx2<4, 4>,
          matvec_avx2<4, 5>, matvec_avx2<4, 6>, matvec_avx2<4, 7>, matvec_avx2<4, 8>},
         {matvec_avx2<8, 1>, matvec_avx2<8, 2>, matvec_avx2<8, 3>, matvec_avx2<8, 4>,
          matvec_avx2<8, 5>, matvec_avx2<8, 6>, matvec_avx2<8, 7>, matvec_avx2<8, 8>},
     };
-    if (bits == 4 || bits == 8) {
-      Kernel* by_rows = kernels[bits == 8 ? 1 : 0];
-      // Each row's sums run in the same order whatever block or part it is in, so a row's
-      // result depends neither on how many rows share the product nor on the thread count.
-      const int band = rows <= kBlockRows ? out : kBandRows;
-      split_rows(rows, in, out, [&](int p0, int p1) {
-        for (int n0 = p0; n0 < p1; n0 += band) {
-          const int n1 = std::min(p1, n0 + band);
-          for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
-            const int m = std::min(kBlockRows, rows - m0);
-            by_rows[m - 1](xs + static_cast<size_t>(m0) * in, in, w, scales, biases, group,
-                           sums.data() + static_cast<size_t>(m0) * groups, n0, n1, out,
-                           y + static_cast<size_t>(m0) * out);
-          }
+    static constexpr Kernel avx512[2][kBlockRows] = {
+        {matvec_avx512<4, 1>, matvec_avx512<4, 2>, matvec_avx512<4, 3>, matvec_avx512<4, 4>,
+         matvec_avx512<4, 5>, matvec_avx512<4, 6>, matvec_avx512<4, 7>, matvec_avx512<4, 8>},
+        {matvec_avx512<8, 1>, matvec_avx512<8, 2>, matvec_avx512<8, 3>, matvec_avx512<8, 4>,
+         matvec_avx512<8, 5>, matvec_avx512<8, 6>, matvec_avx512<8, 7>, matvec_avx512<8, 8>},
+    };
+    // The instruction set is chosen per call, never per row count: a row sums the same way
+    // alone and in a batch.
+    const Kernel* by_rows = (wide ? avx512 : avx2)[bits == 8 ? 1 : 0];
+    // Each row's sums run in the same order whatever block or part it is in, so a row's
+    // result depends neither on how many rows share the product nor on the thread count.
+    const int band = rows <= kBlockRows ? out : kBandRows;
+    split_rows(rows, in, out, [&](int p0, int p1) {
+      for (int n0 = p0; n0 < p1; n0 += band) {
+        const int n1 = std::min(p1, n0 + band);
+        for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
+          const int m = std::min(kBlockRows, rows - m0);
+          by_rows[m - 1](xs + static_cast<size_t>(m0) * in, in, w, scales, biases, group,
+                         sums.data() + static_cast<size_t>(m0) * groups, n0, n1, out,
+                         y + static_cast<size_t>(m0) * out);
         }
-      });
-      return;
-    }
+      }
+    });
+    return;
   }
 #endif
   split_rows(rows, in, out, [&](int n0, int n1) {

@@ -10,6 +10,7 @@
 #include "gated.h"
 #include "pool.h"
 #include "qmv.h"
+#include "x86.h"
 
 namespace mlxkit {
 
@@ -553,6 +554,14 @@ int32_t cpu_threads() {
 
 int32_t set_cpu_threads(int32_t threads) {
   return mlxkit::set_pool_threads(threads);
+}
+
+int32_t cpu_kernel_level() {
+  return mlxkit::kernel_level();
+}
+
+int32_t set_cpu_kernel_level(int32_t level) {
+  return mlxkit::set_kernel_level(level);
 }
 
 std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up) {

@@ -198,6 +198,8 @@ bool packed_matvec_available(int32_t group_size, int32_t bits);
 int32_t packed_matvec_rows();
 int32_t cpu_threads();
 int32_t set_cpu_threads(int32_t threads);
+int32_t cpu_kernel_level();
+int32_t set_cpu_kernel_level(int32_t level);
 // `act(gate) · up` (0 SiLU, 1 GELU tanh); null when the CPU kernel does not apply (see gated.h).
 std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up);
 // Null when the rows attention kernel does not apply (see attend.h).

@@ -354,6 +354,8 @@ pub mod ffi {
         fn packed_matvec_rows() -> i32;
         fn cpu_threads() -> i32;
         fn set_cpu_threads(threads: i32) -> i32;
+        fn cpu_kernel_level() -> i32;
+        fn set_cpu_kernel_level(level: i32) -> i32;
         /// Null when the CPU kernel does not apply.
         fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
         /// Null when the rows attention kernel does not apply.

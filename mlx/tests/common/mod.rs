@@ -69,3 +69,29 @@ pub fn softmax_rows(x: &[f64], n: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// Held by tests that switch the shim's CPU kernels or thread count, or that compare results
+/// bit for bit (which a switch halfway through would break).
+pub static KERNELS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `test` once with each instruction set of the shim's kernels this CPU has (portable,
+/// AVX2, AVX-512), holding [`KERNELS`], and restores the kernels in use before.
+pub fn each_kernel_level(mut test: impl FnMut(mlx::CpuKernels)) {
+    let _serial = KERNELS.lock().unwrap_or_else(|e| e.into_inner());
+    let before = mlx::cpu_kernels();
+    let mut seen = Vec::new();
+    for level in [
+        mlx::CpuKernels::Portable,
+        mlx::CpuKernels::Avx2,
+        mlx::CpuKernels::Avx512,
+    ] {
+        let in_effect = mlx::set_cpu_kernels(level);
+        if seen.contains(&in_effect) {
+            continue;
+        }
+        seen.push(in_effect);
+        eprintln!("kernels: {in_effect:?}");
+        test(in_effect);
+    }
+    mlx::set_cpu_kernels(before);
+}

@@ -68,6 +68,9 @@ pub struct LoopConfig {
     /// Prompt tokens per step while other sequences decode: the most a long prompt delays
     /// their next token.
     pub prefill_budget_while_decoding: usize,
+    /// Prompt tokens per step while nothing decodes: prompts that arrive together are
+    /// evaluated in one batched forward, up to this many tokens.
+    pub prefill_budget_idle: usize,
     /// Sequences running at once; more wait in the queue.
     pub max_sequences: usize,
     /// Prefix-cache capture interval while prefilling.
@@ -88,6 +91,7 @@ impl LoopConfig {
         LoopConfig {
             prefill_chunk: 256,
             prefill_budget_while_decoding: 128,
+            prefill_budget_idle: 1024,
             max_sequences,
             capture_interval: crate::engine::prefix_cache::CAPTURE_INTERVAL,
             memory: MemoryBudget::from_env(),
@@ -517,8 +521,9 @@ impl LoadedModel {
         Ok(())
     }
 
-    /// Gives prefilling sequences their chunks under this step's token budget; returns the
-    /// last-position logits `[1, V]` of each sequence whose prompt is now fully evaluated.
+    /// Gives prefilling sequences their chunks under this step's token budget, batched into as
+    /// few forwards as their chunk widths allow; returns the last-position logits `[1, V]` of
+    /// each sequence whose prompt is now fully evaluated.
     fn prefill(&mut self, ending: &mut Ending, clear_pool: &mut bool) -> Vec<(SequenceId, Array)> {
         let decoding = self
             .sequences
@@ -527,9 +532,8 @@ impl LoadedModel {
         let mut budget = if decoding {
             self.config.prefill_budget_while_decoding
         } else {
-            self.config.prefill_chunk
+            self.config.prefill_budget_idle
         };
-        let mut seeds = Vec::new();
         // Shortest remaining prompt first: a short request is never queued behind a long
         // prompt's chunks.
         let mut order: Vec<usize> = (0..self.sequences.len())
@@ -539,63 +543,132 @@ impl LoadedModel {
             })
             .collect();
         order.sort_by_key(|&i| self.sequences[i].prompt_left());
+        let mut planned = Vec::new();
         for i in order {
             if budget == 0 {
                 break;
             }
-            let seq = &self.sequences[i];
-            let id = seq.id;
-            let n = seq
+            let wanted = self.sequences[i]
                 .prompt_left()
                 .min(budget)
                 .min(self.config.prefill_chunk)
                 .max(1);
+            let n = self.chunk_until_capture(i, wanted);
             budget = budget.saturating_sub(n);
-            match self.prefill_chunk(i, n) {
-                // Asked for no tokens (or no room left): done once the prompt is evaluated.
-                Ok(Some(_)) if self.sequences[i].budget == 0 => {
-                    ending.add(id, Outcome::Done(DoneReason::Length));
+            planned.push((i, n));
+        }
+        let mut seeds = Vec::new();
+        for (width, group) in equal_width_groups(planned) {
+            let ids: Vec<SequenceId> = group.iter().map(|&i| self.sequences[i].id).collect();
+            match self.prefill_rows(&group, width) {
+                Ok(ends) => {
+                    for (id, logits) in ids.into_iter().zip(ends) {
+                        match logits {
+                            // Asked for no tokens (or no room left): done once the prompt is
+                            // evaluated.
+                            Some(_)
+                                if self
+                                    .index_of(id)
+                                    .is_some_and(|i| self.sequences[i].budget == 0) =>
+                            {
+                                ending.add(id, Outcome::Done(DoneReason::Length));
+                            }
+                            Some(logits) => seeds.push((id, logits)),
+                            None => {}
+                        }
+                    }
+                    *clear_pool |= width * group.len() >= LONG_PREFILL;
                 }
-                Ok(Some(logits)) => seeds.push((id, logits)),
-                Ok(None) => *clear_pool |= n >= LONG_PREFILL,
-                Err(e) => ending.add(id, Outcome::Failed(e.to_string())),
+                // One forward wrote every row's caches: none of them can be trusted.
+                Err(e) => {
+                    for id in ids {
+                        ending.add(id, Outcome::Failed(e.to_string()));
+                    }
+                }
             }
         }
         seeds
     }
 
-    /// Evaluates the next `n` prompt tokens of sequence `index`. The chunk that ends the prompt
-    /// returns its last logits (its last token's hidden state seeds decoding: a short prompt is
-    /// one forward).
-    fn prefill_chunk(&mut self, index: usize, n: usize) -> Result<Option<Array>> {
-        let seq = &mut self.sequences[index];
+    /// `n`, or less so that the chunk of sequence `index` ends at its next scheduled capture: a
+    /// recurrent layer captures only at a forward's end.
+    fn chunk_until_capture(&self, index: usize, n: usize) -> usize {
+        let seq = &self.sequences[index];
         let from = seq.tokens.len();
-        // A recurrent layer captures only at a forward's end: cut the chunk at its next
-        // scheduled capture.
-        let n = seq
-            .caches
+        seq.caches
             .iter()
             .flatten()
             .filter_map(|c| c.next_capture_within(from, n))
             .filter(|&at| at > from)
             .map(|at| at - from)
             .min()
-            .unwrap_or(n);
-        let to = (from + n).min(seq.job.prompt.len());
-        let chunk = &seq.job.prompt[from..to];
-        let batch = Batch::single(chunk, from)?;
-        let out = self.model.forward(&batch, &mut seq.caches)?;
-        seq.tokens.extend_from_slice(chunk);
-        if to == seq.job.prompt.len() {
-            seq.phase = Phase::Decoding;
-            return Ok(Some(last_logits(self.model.as_ref(), &out.hidden)?));
+            .unwrap_or(n)
+            .min(seq.prompt_left())
+            .max(1)
+    }
+
+    /// Evaluates the next `width` prompt tokens of each sequence in `group` (indices into
+    /// `self.sequences`, ascending) in one forward. A row whose chunk ends its prompt gets its
+    /// last logits (its last token's hidden state seeds decoding: a short prompt is one
+    /// forward).
+    fn prefill_rows(&mut self, group: &[usize], width: usize) -> Result<Vec<Option<Array>>> {
+        let mut rows = Vec::with_capacity(group.len());
+        for &i in group {
+            let seq = &self.sequences[i];
+            let from = seq.tokens.len();
+            let to = from + width;
+            if to > seq.job.prompt.len() {
+                return Err(StepError::Invalid(
+                    "a prefill chunk overruns its prompt".into(),
+                ));
+            }
+            rows.push((&seq.job.prompt[from..to], from));
         }
-        // Sliding-window caches attend a gathered copy while prefilling, so their ring writes
-        // are not inputs of `hidden`: evaluate the cache state explicitly.
-        let mut arrays = vec![out.hidden];
-        arrays.extend(seq.caches.iter().flatten().flat_map(|c| c.state_arrays()));
-        mlx::eval(&arrays)?;
-        Ok(None)
+        let batch = Batch::rows(&rows)?;
+        let mut wanted = group.iter().copied().peekable();
+        let mut caches: Vec<&mut [Option<kvcache::LayerCache>]> = Vec::with_capacity(group.len());
+        for (i, seq) in self.sequences.iter_mut().enumerate() {
+            if wanted.peek() == Some(&i) {
+                wanted.next();
+                caches.push(seq.caches.as_mut_slice());
+            }
+        }
+        if caches.len() != group.len() {
+            return Err(StepError::Invalid("prefill rows out of order".into()));
+        }
+        let out = self.model.forward_rows(&batch, &mut caches)?;
+        let mut ends = Vec::with_capacity(group.len());
+        let mut unfinished = Vec::new();
+        for (row, &i) in group.iter().enumerate() {
+            let seq = &mut self.sequences[i];
+            let from = seq.tokens.len();
+            seq.tokens
+                .extend_from_slice(&seq.job.prompt[from..from + width]);
+            if seq.tokens.len() == seq.job.prompt.len() {
+                seq.phase = Phase::Decoding;
+                let hidden = out.hidden.slice_axis(0, row as i32, row as i32 + 1)?;
+                ends.push(Some(last_logits(self.model.as_ref(), &hidden)?));
+            } else {
+                unfinished.push(i);
+                ends.push(None);
+            }
+        }
+        if !unfinished.is_empty() {
+            // Sliding-window caches attend a gathered copy while prefilling, so their ring
+            // writes are not inputs of `hidden`: evaluate the cache state explicitly.
+            let mut arrays = vec![out.hidden];
+            for i in unfinished {
+                arrays.extend(
+                    self.sequences[i]
+                        .caches
+                        .iter()
+                        .flatten()
+                        .flat_map(|c| c.state_arrays()),
+                );
+            }
+            mlx::eval(&arrays)?;
+        }
+        Ok(ends)
     }
 
     /// One forward over the decoding rows `fed` (sequence, row of `prev`), each fed the token
@@ -815,6 +888,30 @@ fn copy_from_live(
     Ok(())
 }
 
+/// Splits planned prefill chunks `(sequence index, tokens)` into forwards of one width each:
+/// repeatedly, the width that evaluates the most tokens (width × the chunks at least that long)
+/// takes every chunk at least that long, cut to it; the shorter ones form the next forwards.
+/// Each group's indices come out ascending.
+fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
+    let mut groups = Vec::new();
+    while !planned.is_empty() {
+        let covered = |width: usize| width * planned.iter().filter(|&&(_, n)| n >= width).count();
+        let Some(width) = planned
+            .iter()
+            .map(|&(_, n)| n)
+            .max_by_key(|&w| (covered(w), w))
+        else {
+            break;
+        };
+        let (mut taken, rest): (Vec<_>, Vec<_>) =
+            planned.into_iter().partition(|&(_, n)| n >= width);
+        taken.sort_unstable();
+        groups.push((width, taken.into_iter().map(|(i, _)| i).collect()));
+        planned = rest;
+    }
+    groups
+}
+
 /// Ends a job that cannot run with `error`.
 fn refuse(job: Job, error: StepError) -> Option<Sequence> {
     let _ = job.events.send(Event::Failed(error.to_string()));
@@ -871,5 +968,49 @@ fn logprobs_of_row(
             .zip(values.iter().copied())
             .take(top)
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::equal_width_groups;
+    use proptest::prelude::*;
+
+    #[test]
+    fn prompts_that_arrive_together_share_one_forward() {
+        // Eight 127-token chunks and one 126: all take 126 now; the rest waits for the next step.
+        let mut planned: Vec<(usize, usize)> = (0..8).map(|i| (i, 127)).collect();
+        planned.push((8, 126));
+        assert_eq!(equal_width_groups(planned), vec![(126, (0..9).collect())]);
+        // A short chunk does not hold a long one back: two forwards.
+        assert_eq!(
+            equal_width_groups(vec![(3, 10), (1, 256)]),
+            vec![(256, vec![1]), (10, vec![3])]
+        );
+    }
+
+    proptest! {
+        /// Every planned chunk lands in exactly one group, cut to at most its length, each group
+        /// ascending; the first group evaluates the most tokens any single width could.
+        #[test]
+        fn groups_cover_every_chunk_once(lengths in proptest::collection::vec(1usize..300, 1..12)) {
+            let planned: Vec<(usize, usize)> = lengths.iter().copied().enumerate().collect();
+            let groups = equal_width_groups(planned.clone());
+            let mut seen: Vec<usize> = groups.iter().flat_map(|(_, g)| g.clone()).collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
+            for (width, group) in &groups {
+                prop_assert!(group.windows(2).all(|w| w[0] < w[1]));
+                for &i in group {
+                    prop_assert!(*width <= lengths[i]);
+                }
+            }
+            let best = lengths
+                .iter()
+                .map(|&w| w * lengths.iter().filter(|&&n| n >= w).count())
+                .max()
+                .unwrap_or(0);
+            prop_assert_eq!(groups[0].0 * groups[0].1.len(), best);
+        }
     }
 }
