@@ -219,7 +219,8 @@ MLXKIT_AVX512 inline void dequantize32(const uint8_t* row, int k, __m512 scale, 
 }
 
 // As `tile`, sixteen lanes wide. Every (row, weight row) pair runs the same operations in the
-// same order whatever M and N are.
+// same order whatever M and N are. It is a copy rather than one template over both widths
+// because GCC's per-function target attributes cannot depend on a template parameter.
 template <int Bits, int M, int N>
 MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
     const float* x, int in, const uint8_t* w, const float* scales, const float* biases,
