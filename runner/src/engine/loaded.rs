@@ -625,17 +625,7 @@ impl LoadedModel {
             rows.push((&seq.job.prompt[from..to], from));
         }
         let batch = Batch::rows(&rows)?;
-        let mut wanted = group.iter().copied().peekable();
-        let mut caches: Vec<&mut [Option<kvcache::LayerCache>]> = Vec::with_capacity(group.len());
-        for (i, seq) in self.sequences.iter_mut().enumerate() {
-            if wanted.peek() == Some(&i) {
-                wanted.next();
-                caches.push(seq.caches.as_mut_slice());
-            }
-        }
-        if caches.len() != group.len() {
-            return Err(StepError::Invalid("prefill rows out of order".into()));
-        }
+        let mut caches = caches_of(&mut self.sequences, group)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         let mut ends = Vec::with_capacity(group.len());
         let mut unfinished = Vec::new();
@@ -691,17 +681,11 @@ impl LoadedModel {
             .collect();
         let batch = Batch::from_device(&tokens, positions)?;
         // `fed` follows the order of `self.sequences`, so its caches can be borrowed in order.
-        let mut wanted = fed.iter().map(|&(id, _)| id).peekable();
-        let mut caches: Vec<&mut [Option<kvcache::LayerCache>]> = Vec::with_capacity(fed.len());
-        for seq in self.sequences.iter_mut() {
-            if wanted.peek() == Some(&seq.id) {
-                wanted.next();
-                caches.push(seq.caches.as_mut_slice());
-            }
-        }
-        if caches.len() != fed.len() {
-            return Err(StepError::Invalid("decode rows out of order".into()));
-        }
+        let indices: Vec<usize> = fed
+            .iter()
+            .filter_map(|&(id, _)| self.index_of(id))
+            .collect();
+        let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         last_logits(self.model.as_ref(), &out.hidden)
     }
@@ -886,6 +870,26 @@ fn copy_from_live(
         to.schedule_captures(&later)?;
     }
     Ok(())
+}
+
+/// The caches of `sequences[i]` for each `i` of `indices` (ascending, as a batch's rows are
+/// ordered), borrowed together for one forward.
+fn caches_of<'a>(
+    sequences: &'a mut [Sequence],
+    indices: &[usize],
+) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
+    let mut wanted = indices.iter().copied().peekable();
+    let mut caches = Vec::with_capacity(indices.len());
+    for (i, seq) in sequences.iter_mut().enumerate() {
+        if wanted.peek() == Some(&i) {
+            wanted.next();
+            caches.push(seq.caches.as_mut_slice());
+        }
+    }
+    if caches.len() != indices.len() {
+        return Err(StepError::Invalid("batch rows out of order".into()));
+    }
+    Ok(caches)
 }
 
 /// Splits planned prefill chunks `(sequence index, tokens)` into forwards of one width each:
