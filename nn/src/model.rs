@@ -116,7 +116,13 @@ pub trait Model {
     fn config(&self) -> &TextConfig;
 
     /// Fresh caches, one slot per layer (`None` for a layer that keeps no state).
-    fn new_caches(&self) -> Result<Vec<Option<LayerCache>>>;
+    fn new_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+        self.new_caches_rewindable(0)
+    }
+
+    /// Fresh caches that can rewind by `slack` tokens at any point: sliding-window layers keep
+    /// that many positions beyond their window, for rejected speculative drafts.
+    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>>;
 
     /// Runs the layers over a batch of one row, appending to `caches`.
     fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward> {

@@ -56,6 +56,10 @@ enum Command {
         /// Requests decoded at once; more wait in the queue.
         #[arg(long, env = "MLXKIT_MAX_SEQUENCES")]
         max_sequences: Option<usize>,
+        /// Decode speculatively with this drafter unless a request says otherwise (`ngram`:
+        /// prompt lookup; `none`: plain decoding).
+        #[arg(long, env = "MLXKIT_DRAFT", value_parser = parse_draft)]
+        draft: Option<DraftArg>,
     },
     /// Chat with a model (pulled first if needed): one prompt, or an interactive session.
     Run {
@@ -82,6 +86,9 @@ enum Command {
         /// Constrain answers: `json` for any JSON object, or a JSON Schema as JSON text.
         #[arg(long)]
         format: Option<String>,
+        /// Decode speculatively with this drafter (`ngram`: prompt lookup).
+        #[arg(long, value_parser = parse_draft)]
+        draft: Option<DraftArg>,
     },
     /// Download a model from the catalog.
     Pull {
@@ -222,6 +229,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// A `--draft` value: a drafter, or `None` for `none`.
+#[derive(Debug, Clone, Copy)]
+struct DraftArg(Option<crate::engine::DrafterKind>);
+
+fn parse_draft(text: &str) -> std::result::Result<DraftArg, String> {
+    match text {
+        "none" | "off" => Ok(DraftArg(None)),
+        name => crate::engine::DrafterKind::parse(name)
+            .map(|kind| DraftArg(Some(kind)))
+            .ok_or_else(|| format!("unknown drafter `{name}` (known: ngram, none)")),
+    }
+}
+
 fn run(command: Command) -> Result<()> {
     let store = Store::from_env()?;
     match command {
@@ -229,8 +249,12 @@ fn run(command: Command) -> Result<()> {
             host,
             cache_bytes,
             max_sequences,
+            draft,
         } => {
             let mut config = LoopConfig::from_env();
+            if let Some(DraftArg(draft)) = draft {
+                config.draft = draft;
+            }
             if let Some(text) = cache_bytes {
                 config.memory.cache_bytes = crate::engine::memory::parse_bytes(&text)
                     .with_context(|| format!("--cache-bytes `{text}` is not a byte count"))?;
@@ -252,6 +276,7 @@ fn run(command: Command) -> Result<()> {
             seed,
             num_predict,
             format,
+            draft,
         } => {
             let name = ModelName::parse(&model)?;
             // Checked before the model loads: a typo should not cost a load.
@@ -275,6 +300,10 @@ fn run(command: Command) -> Result<()> {
             }
             if let Some(n) = num_predict {
                 options.insert("num_predict".into(), json!(n));
+            }
+            if let Some(DraftArg(draft)) = draft {
+                let name = draft.map_or("none", crate::engine::DrafterKind::as_str);
+                options.insert("draft".into(), json!(name));
             }
             let prompt = prompt.join(" ");
             let requested = Requested {

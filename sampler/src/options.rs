@@ -155,8 +155,8 @@ impl Options {
         }
     }
 
-    /// Whether sampling is the argmax.
-    pub(crate) fn is_greedy(&self) -> bool {
+    /// Whether sampling is the argmax (temperature 0): its distributions are one-hot.
+    pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
 }

@@ -96,7 +96,7 @@ impl Model for Decoder {
         &self.config
     }
 
-    fn new_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
         self.layers
             .iter()
             .map(|layer| {
@@ -105,7 +105,7 @@ impl Model for Decoder {
                         LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
                             window,
                             keep: 0,
-                            rewind_slack: 0,
+                            rewind_slack: slack,
                         })?)
                     }
                     _ => LayerCache::Kv(KvCache::new()),

@@ -22,6 +22,8 @@ pub struct Job {
     /// Prompt offsets where a conversation turn starts (the last user message, say): the
     /// prefix cache keeps restore points there, so an edited or regenerated turn resumes.
     pub turn_starts: Vec<usize>,
+    /// Whether and how to decode speculatively.
+    pub speculation: Speculation,
     /// Where tokens and the final summary go. The job stops at its next step once the
     /// receiver is dropped (the client went away).
     pub events: UnboundedSender<Event>,
@@ -34,6 +36,57 @@ impl Job {
     /// Whether the job should stop: cancelled, or nobody is listening.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+}
+
+/// A request's choice of speculative decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculation {
+    /// The server's drafter (`--draft`), if it has one, drafting at most `max_depth` tokens a
+    /// round (`None`: the engine's default).
+    ServerDefault {
+        /// The deepest round this request allows.
+        max_depth: Option<usize>,
+    },
+    /// Plain decoding.
+    Off,
+    /// Speculate with this drafter, drafting at most `max_depth` tokens a round (`None`: the
+    /// engine's limit).
+    On {
+        /// Where drafts come from.
+        drafter: DrafterKind,
+        /// The deepest round this request allows.
+        max_depth: Option<usize>,
+    },
+}
+
+impl Default for Speculation {
+    fn default() -> Speculation {
+        Speculation::ServerDefault { max_depth: None }
+    }
+}
+
+/// The drafters the engine can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DrafterKind {
+    /// Prompt lookup: continue the longest earlier match of the context's last tokens.
+    Ngram,
+}
+
+impl DrafterKind {
+    /// The name requests and statistics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrafterKind::Ngram => "ngram",
+        }
+    }
+
+    /// The drafter called `name`, if the engine has it.
+    pub fn parse(name: &str) -> Option<DrafterKind> {
+        match name {
+            "ngram" => Some(DrafterKind::Ngram),
+            _ => None,
+        }
     }
 }
 
@@ -83,6 +136,32 @@ pub struct Stats {
     pub eval: Duration,
     /// Peak MLX memory during the job, bytes.
     pub peak_memory: usize,
+    /// Speculative rounds, when the job speculated.
+    pub speculation: Option<SpeculationStats>,
+}
+
+/// What speculation did for one job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    /// The drafter's name.
+    pub drafter: &'static str,
+    /// Verification rounds (including depth-0 rounds, where the controller drafted nothing).
+    pub rounds: usize,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Of those, accepted.
+    pub accepted: usize,
+}
+
+impl SpeculationStats {
+    /// Draft tokens per round.
+    pub fn mean_depth(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.drafted as f64 / self.rounds as f64
+        }
+    }
 }
 
 impl Stats {

@@ -26,10 +26,11 @@ use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 use sampler::{Sampled, Sampler};
 
-use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Speculation, Stats, TokenLogprobs};
 use crate::engine::memory::{self, LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
-use crate::engine::sequence::{Phase, Sequence, SequenceId};
+use crate::engine::sequence::{Ending, Outcome, Phase, Sequence, SequenceId};
+use crate::engine::speculation::{self, Controllers, MAX_DRAFT_DEPTH, Speculating};
 
 /// What went wrong in a step.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +60,9 @@ pub enum StepError {
 
 type Result<T> = std::result::Result<T, StepError>;
 
+/// Draft tokens per round when a request names no limit.
+const DEFAULT_DRAFT_DEPTH: usize = 8;
+
 /// How the step loop schedules work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoopConfig {
@@ -77,11 +81,13 @@ pub struct LoopConfig {
     pub capture_interval: usize,
     /// Memory budgets (prefix cache, running KV).
     pub memory: MemoryBudget,
+    /// The drafter of requests that do not choose (`--draft`); `None`: plain decoding.
+    pub draft: Option<DrafterKind>,
 }
 
 impl LoopConfig {
     /// Defaults, overridable by `MLXKIT_MAX_SEQUENCES`, `MLXKIT_CACHE_BYTES`,
-    /// `MLXKIT_KV_BYTES`.
+    /// `MLXKIT_KV_BYTES`, `MLXKIT_DRAFT`.
     pub fn from_env() -> LoopConfig {
         let max_sequences = std::env::var("MLXKIT_MAX_SEQUENCES")
             .ok()
@@ -95,6 +101,9 @@ impl LoopConfig {
             max_sequences,
             capture_interval: crate::engine::prefix_cache::CAPTURE_INTERVAL,
             memory: MemoryBudget::from_env(),
+            draft: std::env::var("MLXKIT_DRAFT")
+                .ok()
+                .and_then(|name| DrafterKind::parse(&name)),
         }
     }
 }
@@ -139,6 +148,7 @@ pub struct LoadedModel {
     sequences: Vec<Sequence>,
     pending: Option<Pending>,
     next_id: SequenceId,
+    controllers: Controllers,
 }
 
 impl LoadedModel {
@@ -149,7 +159,7 @@ impl LoadedModel {
         config: LoopConfig,
     ) -> Result<LoadedModel> {
         let prefix = PrefixCache::new(
-            &model.new_caches()?,
+            &model.new_caches_rewindable(MAX_DRAFT_DEPTH)?,
             config.memory.cache_bytes,
             config.capture_interval,
         )?;
@@ -163,6 +173,7 @@ impl LoadedModel {
             sequences: Vec::new(),
             pending: None,
             next_id: 0,
+            controllers: Controllers::default(),
         })
     }
 
@@ -318,7 +329,7 @@ impl LoadedModel {
             );
             return refuse(job, StepError::Invalid(message));
         }
-        let mut caches = match self.model.new_caches() {
+        let mut caches = match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
             Ok(caches) => caches,
             Err(e) => return refuse(job, e.into()),
         };
@@ -334,7 +345,7 @@ impl LoadedModel {
                 ),
                 Err(e) => {
                     tracing::warn!("prefix cache not used for a request: {e}");
-                    match self.model.new_caches() {
+                    match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
                         Ok(fresh) => caches = fresh,
                         Err(e) => return refuse(job, e.into()),
                     }
@@ -354,7 +365,7 @@ impl LoadedModel {
                     if let Some(session) = session.take() {
                         self.prefix.abandon_session(session);
                     }
-                    match self.model.new_caches() {
+                    match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
                         Ok(fresh) => caches = fresh,
                         Err(e) => return refuse(job, e.into()),
                     }
@@ -371,6 +382,7 @@ impl LoadedModel {
             return refuse(job, e.into());
         }
         let budget = job.max_tokens.min(self.context_length - prompt_len);
+        let speculating = self.speculation_for(&job, &caches);
         let tokens = job.prompt[..restore_at].to_vec();
         tracing::debug!(
             sequence = id,
@@ -393,8 +405,35 @@ impl LoadedModel {
             admitted: Instant::now(),
             first_token: None,
             captures: Vec::new(),
+            speculating,
             job,
         })
+    }
+
+    /// How `job` decodes: speculatively when it or the server asks for it and its caches can
+    /// roll a round back (structured output and recurrent layers are not there yet).
+    fn speculation_for(
+        &self,
+        job: &Job,
+        caches: &[Option<kvcache::LayerCache>],
+    ) -> Option<Speculating> {
+        let (drafter, max_depth) = match job.speculation {
+            Speculation::Off => return None,
+            Speculation::ServerDefault { max_depth } => (self.config.draft?, max_depth),
+            Speculation::On { drafter, max_depth } => (drafter, max_depth),
+        };
+        let rewindable = caches
+            .iter()
+            .flatten()
+            .all(|c| !matches!(c, kvcache::LayerCache::Recurrent(_)));
+        if job.grammar.is_some() || !rewindable {
+            return None;
+        }
+        Some(Speculating::new(
+            drafter,
+            max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
+            job.sampling.seed,
+        ))
     }
 
     /// The running sequence whose caches hold a longer prefix of `prompt` than `restored`
@@ -459,6 +498,7 @@ impl LoadedModel {
             for seq in &self.sequences {
                 if let Some(&row) = rows.get(&seq.id)
                     && !ending.contains(seq.id)
+                    && seq.speculating.is_none()
                     && seq.may_continue()
                 {
                     fed.push((seq.id, row));
@@ -507,6 +547,14 @@ impl LoadedModel {
             mlx::async_eval([&s.tokens])?;
             sampled = Some(s);
         }
+        speculation::run_rounds(
+            self.model.as_ref(),
+            &mut self.sampler,
+            &mut self.controllers,
+            &mut self.sequences,
+            &mut ending,
+            &mut clear_pool,
+        )?;
         self.pending = sampled.map(|sampled| Pending {
             sampled,
             rows: sample_ids,
@@ -729,32 +777,23 @@ impl LoadedModel {
             if was_fed {
                 seq.tokens.push(token);
             }
-            if seq.first_token.is_none() {
-                seq.first_token = Some(now);
-                seq.stats.prompt_eval = now - seq.admitted;
-            }
-            if seq.job.stop_tokens.contains(&token) {
-                ending.add(id, Outcome::Done(DoneReason::Stop));
-                continue;
-            }
-            if let Some(grammar) = seq.job.grammar.as_mut()
-                && let Err(e) = grammar.consume(token)
-            {
-                ending.add(id, Outcome::Failed(format!("structured output: {e}")));
-                continue;
-            }
-            let before = seq.stats.generated_tokens;
-            seq.stats.generated_tokens += 1;
-            *clear_pool |= memory::crosses_clear_point(before, seq.stats.generated_tokens);
             let entry = match (&logprobs, seq.job.sampling.logprobs) {
                 (Some((chosen, ids, values)), Some(top)) => {
                     Some(logprobs_of_row(chosen, ids, values, row, top))
                 }
                 _ => None,
             };
-            if !seq.send_token(token, entry) {
-                ending.add(id, Outcome::Done(DoneReason::Cancelled));
+            if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
+                ending.add(id, outcome);
             } else if !was_fed {
+                if let Some(spec) = seq.speculating.as_mut()
+                    && seq.stats.generated_tokens < seq.budget
+                    && !seq.job.cancelled()
+                {
+                    // Its next round starts from this token.
+                    spec.resume_from(token);
+                    continue;
+                }
                 let reason = if seq.cancelled() {
                     DoneReason::Cancelled
                 } else {
@@ -832,6 +871,7 @@ impl LoadedModel {
         let event = match outcome {
             Outcome::Done(reason) => {
                 let mut stats = seq.stats;
+                stats.speculation = seq.speculating.as_ref().map(Speculating::stats);
                 match seq.first_token {
                     Some(first) => stats.eval = first.elapsed(),
                     None => stats.prompt_eval = seq.admitted.elapsed(),
@@ -874,7 +914,7 @@ fn copy_from_live(
 
 /// The caches of `sequences[i]` for each `i` of `indices` (ascending, as a batch's rows are
 /// ordered), borrowed together for one forward.
-fn caches_of<'a>(
+pub(crate) fn caches_of<'a>(
     sequences: &'a mut [Sequence],
     indices: &[usize],
 ) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
@@ -896,7 +936,7 @@ fn caches_of<'a>(
 /// repeatedly, the width that evaluates the most tokens (width × the chunks at least that long)
 /// takes every chunk at least that long, cut to it; the shorter ones form the next forwards.
 /// Each group's indices come out ascending.
-fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
+pub(crate) fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
     let mut groups = Vec::new();
     while !planned.is_empty() {
         let covered = |width: usize| width * planned.iter().filter(|&&(_, n)| n >= width).count();
@@ -920,30 +960,6 @@ fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize
 fn refuse(job: Job, error: StepError) -> Option<Sequence> {
     let _ = job.events.send(Event::Failed(error.to_string()));
     None
-}
-
-/// How a sequence ends.
-enum Outcome {
-    Done(DoneReason),
-    Failed(String),
-}
-
-/// The sequences ending in this step, first outcome wins.
-#[derive(Default)]
-struct Ending {
-    outcomes: Vec<(SequenceId, Outcome)>,
-}
-
-impl Ending {
-    fn add(&mut self, id: SequenceId, outcome: Outcome) {
-        if !self.contains(id) {
-            self.outcomes.push((id, outcome));
-        }
-    }
-
-    fn contains(&self, id: SequenceId) -> bool {
-        self.outcomes.iter().any(|(f, _)| *f == id)
-    }
 }
 
 /// The f32 logits `[rows, V]` after the last position of `hidden` `[rows, tokens, H]`.

@@ -6,6 +6,8 @@
 //! - `loaded`: [`LoadedModel`], the loaded model and its step loop (batching, admission,
 //!   cancellation, retirement).
 //! - `prefix_cache`: the prefix trie behind every request.
+//! - `speculation`: speculative rounds (drafts, one verification forward, lossless acceptance,
+//!   rewind) for sequences that speculate.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
 //!
@@ -19,6 +21,7 @@ pub mod loader;
 pub mod memory;
 pub mod prefix_cache;
 pub mod sequence;
+pub mod speculation;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -29,7 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_thread::{Completion, Worker};
 
-pub use job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+pub use job::{
+    DoneReason, DrafterKind, Event, Job, Speculation, SpeculationStats, Stats, TokenLogprobs,
+};
 pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
 pub use loader::{LoadError, ModelInfo};
 

@@ -6,7 +6,9 @@ use std::time::Instant;
 use kvcache::LayerCache;
 use prefix_trie::{Capture, SessionId};
 
-use crate::engine::job::{Event, Job, Stats, TokenLogprobs};
+use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::engine::memory;
+use crate::engine::speculation::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
 pub type SequenceId = usize;
@@ -45,6 +47,8 @@ pub struct Sequence {
     pub first_token: Option<Instant>,
     /// Captures taken from its caches so far, for the trie at retirement.
     pub captures: Vec<Capture<kvcache::LayerSnapshot>>,
+    /// Its drafter and round state, when it decodes speculatively.
+    pub speculating: Option<Speculating>,
 }
 
 impl Sequence {
@@ -68,9 +72,42 @@ impl Sequence {
         self.stats.generated_tokens + 1 < self.budget
     }
 
-    /// Streams a generated token; `false` when the client is gone.
-    pub fn send_token(&self, id: u32, logprobs: Option<TokenLogprobs>) -> bool {
-        self.job.events.send(Event::Token { id, logprobs }).is_ok()
+    /// Whether it may generate another token after the ones delivered so far.
+    pub fn has_budget(&self) -> bool {
+        self.stats.generated_tokens < self.budget
+    }
+
+    /// Hands a generated token over, read at `now`: a stop token ends the sequence unstreamed;
+    /// otherwise the grammar consumes it, it is counted and streamed. Sets `clear_pool` when
+    /// the count crosses a point where MLX's buffer pool is released.
+    pub fn deliver(
+        &mut self,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+        now: Instant,
+        clear_pool: &mut bool,
+    ) -> Option<Outcome> {
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            self.stats.prompt_eval = now - self.admitted;
+        }
+        if self.job.stop_tokens.contains(&token) {
+            return Some(Outcome::Done(DoneReason::Stop));
+        }
+        if let Some(grammar) = self.job.grammar.as_mut()
+            && let Err(e) = grammar.consume(token)
+        {
+            return Some(Outcome::Failed(format!("structured output: {e}")));
+        }
+        let before = self.stats.generated_tokens;
+        self.stats.generated_tokens += 1;
+        *clear_pool |= memory::crosses_clear_point(before, self.stats.generated_tokens);
+        let sent = self.job.events.send(Event::Token {
+            id: token,
+            logprobs,
+        });
+        sent.is_err()
+            .then_some(Outcome::Done(DoneReason::Cancelled))
     }
 
     /// Moves the captures its caches recorded since the schedule was set into `captures`.
@@ -82,5 +119,34 @@ impl Sequence {
                 }
             }
         }
+    }
+}
+
+/// How a sequence ends.
+pub enum Outcome {
+    /// It finished or was cancelled; its caches go to the prefix trie.
+    Done(DoneReason),
+    /// It failed; its caches are not trusted.
+    Failed(String),
+}
+
+/// The sequences ending in this step, first outcome wins.
+#[derive(Default)]
+pub struct Ending {
+    /// Each with how it ends, in the order they were noticed.
+    pub outcomes: Vec<(SequenceId, Outcome)>,
+}
+
+impl Ending {
+    /// Records that `id` ends with `outcome`, unless it already ends.
+    pub fn add(&mut self, id: SequenceId, outcome: Outcome) {
+        if !self.contains(id) {
+            self.outcomes.push((id, outcome));
+        }
+    }
+
+    /// Whether `id` ends in this step.
+    pub fn contains(&self, id: SequenceId) -> bool {
+        self.outcomes.iter().any(|(f, _)| *f == id)
     }
 }

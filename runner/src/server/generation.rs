@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokenizer::{Detokenizer, OutputParser, ParserConfig, ParserEvent, StopMatcher, ToolCall};
 use tokio::sync::mpsc;
 
-use crate::engine::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::engine::{DoneReason, Event, Job, SpeculationStats, Stats, TokenLogprobs};
 use crate::scheduler::Lease;
 use crate::server::options::GenerationOptions;
 
@@ -63,6 +63,17 @@ pub struct Summary {
     pub total: Duration,
     /// Time spent loading the model for this request.
     pub load: Duration,
+}
+
+/// What speculative decoding did for a request, as both APIs report it.
+pub fn speculation_json(spec: &SpeculationStats) -> serde_json::Value {
+    serde_json::json!({
+        "drafter": spec.drafter,
+        "rounds": spec.rounds,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "mean_depth": spec.mean_depth(),
+    })
 }
 
 /// A prepared generation: prompt tokens and settings.
@@ -119,6 +130,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
         },
         grammar: prepared.grammar,
         turn_starts: prepared.turn_starts,
+        speculation: prepared.options.speculation,
         events: events_tx,
         cancel: Arc::clone(&cancel),
     };

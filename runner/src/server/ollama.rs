@@ -306,6 +306,13 @@ fn done_fields(summary: &Summary) -> Map<String, Value> {
     );
     m.insert("eval_count".into(), json!(s.generated_tokens));
     m.insert("eval_duration".into(), json!(s.eval.as_nanos() as u64));
+    // Not in Ollama's API either: what speculative decoding did.
+    if let Some(spec) = &s.speculation {
+        m.insert(
+            "speculation".into(),
+            super::generation::speculation_json(spec),
+        );
+    }
     m
 }
 

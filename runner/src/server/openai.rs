@@ -152,12 +152,20 @@ fn finish_reason(summary: &Summary, tool_calls: bool) -> &'static str {
 
 fn usage(summary: &Summary) -> Value {
     let s = &summary.stats;
-    json!({
+    let mut usage = json!({
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.generated_tokens,
         "total_tokens": s.prompt_tokens + s.generated_tokens,
         "prompt_tokens_details": { "cached_tokens": s.cached_tokens },
-    })
+    });
+    // An extension object: what speculative decoding did.
+    if let (Some(spec), Some(map)) = (&s.speculation, usage.as_object_mut()) {
+        map.insert(
+            "speculation".into(),
+            super::generation::speculation_json(spec),
+        );
+    }
+    usage
 }
 
 fn logprobs_json(entries: &[LogprobEntry]) -> Value {

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
+use crate::engine::speculation::MAX_DRAFT_DEPTH;
+use crate::engine::{DrafterKind, Speculation};
 use crate::server::error::ApiError;
 
 /// Generation settings of one request, validated.
@@ -21,6 +23,8 @@ pub struct GenerationOptions {
     /// Generate through end-of-sequence tokens, so a benchmark measures exactly the length
     /// it asks for. Set by `mlxkit bench --ignore-eos`; no API request can set it.
     pub ignore_eos: bool,
+    /// Speculative decoding (`draft`, `num_draft`, `speculate`).
+    pub speculation: Speculation,
 }
 
 /// The most tokens one request may ask for; larger numbers are refused rather than clamped so
@@ -120,11 +124,67 @@ impl GenerationOptions {
                 "num_ctx" => self.num_ctx = Some(count(key, value, 1e8)?.max(1)),
                 "stop" => self.stop = stop_list(value)?,
                 "logit_bias" => s.logit_bias = logit_bias(value)?,
+                "draft" | "speculate" | "num_draft" => {
+                    self.speculation = speculation(key, value, self.speculation)?
+                }
                 _ => {}
             }
         }
         Ok(())
     }
+}
+
+/// `current` changed by one speculation option: `draft` names a drafter (or `"none"`),
+/// `speculate: false` turns speculation off, `num_draft` caps the depth (0: off).
+fn speculation(key: &str, value: &Value, current: Speculation) -> Result<Speculation, ApiError> {
+    let depth = match current {
+        Speculation::On { max_depth, .. } | Speculation::ServerDefault { max_depth } => max_depth,
+        Speculation::Off => None,
+    };
+    Ok(match key {
+        "speculate" => match value.as_bool() {
+            Some(true) => match current {
+                Speculation::Off => Speculation::ServerDefault { max_depth: depth },
+                other => other,
+            },
+            Some(false) => Speculation::Off,
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "option `speculate` must be true or false, got {value}"
+                )));
+            }
+        },
+        "num_draft" => match count(key, value, MAX_DRAFT_DEPTH as f64)? {
+            0 => Speculation::Off,
+            n => match current {
+                Speculation::On { drafter, .. } => Speculation::On {
+                    drafter,
+                    max_depth: Some(n),
+                },
+                _ => Speculation::ServerDefault { max_depth: Some(n) },
+            },
+        },
+        _ => match value {
+            Value::Bool(false) => Speculation::Off,
+            Value::String(name) if name == "none" || name == "off" => Speculation::Off,
+            Value::String(name) => match DrafterKind::parse(name) {
+                Some(drafter) => Speculation::On {
+                    drafter,
+                    max_depth: depth,
+                },
+                None => {
+                    return Err(ApiError::bad_request(format!(
+                        "option `draft`: unknown drafter `{name}` (known: ngram, none)"
+                    )));
+                }
+            },
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "option `draft` must be a drafter name, got {value}"
+                )));
+            }
+        },
+    })
 }
 
 /// `stop` as a string or a list of strings.

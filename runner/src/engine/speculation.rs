@@ -1,0 +1,416 @@
+//! Speculative rounds inside the step loop.
+//!
+//! A speculating sequence leaves the pipelined decode forward: each step it runs one *round*.
+//! The host knows the round's first token (the last one committed, not yet in the caches); the
+//! sequence's drafter proposes up to `k` more, the depth controller picking `k`; one forward
+//! over `[next, d1..dk]` yields the target's logits at every position; the sampler turns them
+//! into the distributions it would draw from (penalties see the drafts before each position);
+//! one host read; [`speculate::verify`] accepts a prefix of the drafts losslessly and draws
+//! the token after it; the caches rewind past the rejected drafts. Rounds of every speculating
+//! sequence in a step share their forwards (one per draft width) and their one host read.
+//!
+//! Not here yet: grammar-constrained requests and models with recurrent layers decode plainly
+//! (their matchers and states need rollback captures per round).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use mlx::{Array, Dtype};
+use nn::{Batch, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sampler::Sampler;
+use speculate::{DepthController, Draft, DraftProbs, Drafter, NgramConfig, NgramDrafter, Verdict};
+
+use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
+use crate::engine::loaded::{StepError, caches_of, equal_width_groups};
+use crate::engine::sequence::{Ending, Outcome, Sequence};
+
+/// The deepest round the engine runs. Sliding-window caches hold this many positions beyond
+/// their window, so a rejected draft rewinds without a snapshot.
+pub const MAX_DRAFT_DEPTH: usize = 16;
+
+/// A speculating sequence's drafter and round state.
+pub struct Speculating {
+    drafter: Box<dyn Drafter>,
+    kind: DrafterKind,
+    /// Whether the drafter has been told the context since the prompt was evaluated.
+    settled: bool,
+    /// The last committed token, not yet in the caches: the first token of the next round.
+    next: Option<u32>,
+    max_depth: usize,
+    /// Keys the random numbers of each output position: a seeded request's text then does not
+    /// depend on how deep its rounds drafted (see [`speculate::verify_positional`]).
+    key: u64,
+    stats: SpeculationStats,
+}
+
+impl Speculating {
+    /// A sequence's speculation with `kind` drafts of at most `max_depth` tokens; seeded
+    /// requests draw reproducibly.
+    pub fn new(kind: DrafterKind, max_depth: usize, seed: Option<u64>) -> Speculating {
+        let drafter: Box<dyn Drafter> = match kind {
+            DrafterKind::Ngram => Box::new(NgramDrafter::new(NgramConfig::default())),
+        };
+        let key = match seed {
+            // A different stream from the sampler's for the same seed.
+            Some(seed) => seed ^ 0x5eed_5bec_u64,
+            None => rand::random(),
+        };
+        Speculating {
+            drafter,
+            kind,
+            settled: false,
+            next: None,
+            max_depth: max_depth.min(MAX_DRAFT_DEPTH),
+            key,
+            stats: SpeculationStats {
+                drafter: kind.as_str(),
+                ..SpeculationStats::default()
+            },
+        }
+    }
+
+    /// The next round starts from `token` (sampled by the ordinary sampler call after prefill).
+    pub fn resume_from(&mut self, token: u32) {
+        self.next = Some(token);
+    }
+
+    /// What the rounds did so far.
+    pub fn stats(&self) -> SpeculationStats {
+        self.stats
+    }
+}
+
+/// One depth controller per drafter kind, shared by the sequences of a loaded model.
+#[derive(Default)]
+pub struct Controllers {
+    by_drafter: HashMap<DrafterKind, DepthController>,
+}
+
+impl Controllers {
+    fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
+        self.by_drafter
+            .entry(kind)
+            .or_insert_with(|| DepthController::new(MAX_DRAFT_DEPTH))
+    }
+
+    /// The depth the controller of `kind` would pick now for a lone sequence (for `ps`).
+    pub fn current_depth(&self, kind: DrafterKind) -> Option<usize> {
+        self.by_drafter.get(&kind).map(|c| c.best(1))
+    }
+}
+
+/// A planned round: the sequence, its first token and its drafts.
+struct Planned {
+    index: usize,
+    tokens: Vec<u32>,
+    draft: Draft,
+}
+
+/// A dispatched round, waiting for the host read.
+struct Dispatched {
+    index: usize,
+    tokens: Vec<u32>,
+    draft: Draft,
+    /// Greedy: `[w]` argmax per position; sampled: `[w, V]` probabilities.
+    picks: Array,
+    greedy: bool,
+    /// `[w, V]` f32 logits, kept when the request wants logprobs.
+    logits: Option<Array>,
+}
+
+/// Runs this step's round for every speculating sequence that knows its next token.
+pub fn run_rounds(
+    model: &dyn Model,
+    sampler: &mut Sampler,
+    controllers: &mut Controllers,
+    sequences: &mut [Sequence],
+    ending: &mut Ending,
+    clear_pool: &mut bool,
+) -> Result<(), StepError> {
+    let started = Instant::now();
+    let ready: Vec<usize> = (0..sequences.len())
+        .filter(|&i| {
+            let seq = &sequences[i];
+            !ending.contains(seq.id) && seq.speculating.as_ref().is_some_and(|s| s.next.is_some())
+        })
+        .collect();
+    if ready.is_empty() {
+        return Ok(());
+    }
+    let batch = ready.len();
+    let mut planned = Vec::with_capacity(batch);
+    for i in ready {
+        let seq = &mut sequences[i];
+        let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
+        let Some(spec) = seq.speculating.as_mut() else {
+            continue;
+        };
+        let Some(next) = spec.next else {
+            continue;
+        };
+        if !spec.settled {
+            let mut context = seq.tokens.clone();
+            context.push(next);
+            spec.drafter.settle(&context);
+            spec.settled = true;
+        }
+        // A round commits up to depth + 1 tokens: never more than the budget has left.
+        let limit = spec.max_depth.min(room.saturating_sub(1));
+        let depth = controllers.get(spec.kind).depth(batch).min(limit);
+        let mut draft = if depth == 0 {
+            Draft::empty()
+        } else {
+            spec.drafter.propose(depth)
+        };
+        draft.truncate(depth);
+        let mut tokens = Vec::with_capacity(draft.len() + 1);
+        tokens.push(next);
+        tokens.extend_from_slice(&draft.tokens);
+        planned.push(Planned {
+            index: i,
+            tokens,
+            draft,
+        });
+    }
+
+    // One forward per width; drafts cut to the width of the forward they share.
+    let widths: Vec<(usize, usize)> = planned
+        .iter()
+        .enumerate()
+        .map(|(p, plan)| (p, plan.tokens.len()))
+        .collect();
+    let mut slots: Vec<Option<Planned>> = planned.into_iter().map(Some).collect();
+    let mut dispatched = Vec::with_capacity(batch);
+    let mut outputs = Vec::new();
+    for (width, group) in equal_width_groups(widths) {
+        let mut plans: Vec<Planned> = group.iter().filter_map(|&p| slots[p].take()).collect();
+        // The batch's rows follow the order of `sequences`.
+        plans.sort_by_key(|plan| plan.index);
+        for plan in &mut plans {
+            plan.tokens.truncate(width);
+            plan.draft.truncate(width - 1);
+        }
+        let rows: Vec<(&[u32], usize)> = plans
+            .iter()
+            .map(|plan| (plan.tokens.as_slice(), sequences[plan.index].tokens.len()))
+            .collect();
+        let forward_batch = Batch::rows(&rows)?;
+        let indices: Vec<usize> = plans.iter().map(|plan| plan.index).collect();
+        let out = {
+            let mut caches = caches_of(sequences, &indices)?;
+            model.forward_rows(&forward_batch, &mut caches)?
+        };
+        let logits = model.unembed(&out.hidden)?.astype(Dtype::F32)?;
+        for (row, plan) in plans.into_iter().enumerate() {
+            let seq = &sequences[plan.index];
+            let row_logits = logits
+                .slice_axis(0, row as i32, row as i32 + 1)?
+                .squeeze(&[0])?;
+            let chain = match plan.draft.len() {
+                0 => None,
+                n => Some(token_array(&plan.draft.tokens, n)?),
+            };
+            let distribution = sampler.distribution(seq.id, &row_logits, chain.as_ref())?;
+            let greedy = seq.job.sampling.is_greedy();
+            let picks = if greedy {
+                distribution.probs.argmax(1, false)?
+            } else {
+                distribution.probs
+            };
+            outputs.push(picks.clone());
+            let logits = seq.job.sampling.logprobs.map(|_| row_logits.clone());
+            if let Some(l) = &logits {
+                outputs.push(l.clone());
+            }
+            dispatched.push(Dispatched {
+                index: plan.index,
+                tokens: plan.tokens,
+                draft: plan.draft,
+                picks,
+                greedy,
+                logits,
+            });
+        }
+    }
+    // The round's one host read.
+    mlx::eval(&outputs)?;
+    let cost = started.elapsed();
+    for round in dispatched {
+        settle_round(
+            round,
+            sampler,
+            controllers,
+            sequences,
+            batch,
+            cost,
+            ending,
+            clear_pool,
+        )?;
+    }
+    Ok(())
+}
+
+/// Verifies one evaluated round, rewinds its caches, streams what it committed and tells the
+/// drafter, the sampler and the controller.
+#[allow(clippy::too_many_arguments)]
+fn settle_round(
+    round: Dispatched,
+    sampler: &mut Sampler,
+    controllers: &mut Controllers,
+    sequences: &mut [Sequence],
+    batch: usize,
+    cost: Duration,
+    ending: &mut Ending,
+    clear_pool: &mut bool,
+) -> Result<(), StepError> {
+    let seq = &mut sequences[round.index];
+    let id = seq.id;
+    let verdict = if round.greedy {
+        let argmax = round.picks.to_vec::<u32>()?;
+        speculate::verify_greedy(&round.draft.tokens, &argmax)
+    } else {
+        let probs = round.picks.to_vec::<f32>()?;
+        let vocab = probs.len() / round.tokens.len().max(1);
+        let rows: Vec<&[f32]> = probs.chunks(vocab.max(1)).collect();
+        let key = seq.speculating.as_ref().map_or(0, |s| s.key);
+        // Output position of the round's first committed token.
+        let start = seq.stats.generated_tokens;
+        match &round.draft.probs {
+            DraftProbs::OneHot => speculate::verify_positional(&round.draft.tokens, &rows, |i| {
+                StdRng::seed_from_u64(position_seed(key, start + i)).random::<f64>()
+            }),
+            DraftProbs::Dense(_) => speculate::verify(
+                &round.draft,
+                &rows,
+                &mut StdRng::seed_from_u64(position_seed(key, start)),
+            ),
+        }
+    };
+    let Verdict { accepted, next } = match verdict {
+        Ok(verdict) => verdict,
+        Err(e) => {
+            ending.add(
+                id,
+                Outcome::Failed(format!("speculative verification: {e}")),
+            );
+            return Ok(());
+        }
+    };
+    let logits = match &round.logits {
+        Some(l) => Some(l.to_vec::<f32>()?),
+        None => None,
+    };
+
+    // The caches hold the round's first token and the accepted drafts.
+    let start = seq.tokens.len();
+    let keep = start + 1 + accepted;
+    for cache in seq.caches.iter_mut().flatten() {
+        cache.rewind(keep)?;
+    }
+    seq.tokens.extend_from_slice(&round.tokens[..1 + accepted]);
+
+    let mut committed: Vec<u32> = round.draft.tokens[..accepted].to_vec();
+    committed.push(next);
+    if let Some(spec) = seq.speculating.as_mut() {
+        spec.stats.rounds += 1;
+        spec.stats.drafted += round.draft.len();
+        spec.stats.accepted += accepted;
+        spec.drafter.commit(&committed);
+        spec.next = None;
+        controllers
+            .get(spec.kind)
+            .observe(batch, round.draft.len(), accepted, cost);
+    }
+    sampler.commit(id, &committed)?;
+
+    let now = Instant::now();
+    let vocab = logits
+        .as_ref()
+        .map_or(0, |l| l.len() / round.tokens.len().max(1));
+    for (position, &token) in committed.iter().enumerate() {
+        let entry = match (&logits, seq.job.sampling.logprobs) {
+            (Some(l), Some(top)) => l
+                .get(position * vocab..(position + 1) * vocab)
+                .map(|row| logprobs_of(row, token, top)),
+            _ => None,
+        };
+        if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
+            // Nothing after this token was streamed: the caches end where it stands.
+            let held = (start + 1 + position).min(keep);
+            for cache in seq.caches.iter_mut().flatten() {
+                cache.rewind(held)?;
+            }
+            seq.tokens.truncate(held);
+            ending.add(id, outcome);
+            return Ok(());
+        }
+    }
+    if !seq.has_budget() || seq.cancelled() {
+        let reason = if seq.cancelled() {
+            crate::engine::job::DoneReason::Cancelled
+        } else {
+            crate::engine::job::DoneReason::Length
+        };
+        ending.add(id, Outcome::Done(reason));
+    } else if let Some(spec) = seq.speculating.as_mut() {
+        spec.next = Some(next);
+    }
+    Ok(())
+}
+
+/// The seed of output position `position`'s random numbers under `key`.
+fn position_seed(key: u64, position: usize) -> u64 {
+    key ^ (position as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// `n` host token ids as a `[n]` i32 device array.
+fn token_array(tokens: &[u32], n: usize) -> Result<Array, StepError> {
+    let ids: Vec<i32> = tokens
+        .iter()
+        .map(|&t| i32::try_from(t).unwrap_or(i32::MAX))
+        .collect();
+    Ok(Array::from_slice(&ids, &[n as i32])?)
+}
+
+/// The logprob of `token` and the `top` most likely tokens, from one row of raw logits: a
+/// full-vocabulary log-softmax (OpenAI's definition), computed on the host in f64.
+fn logprobs_of(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+    let lse = f64::from(max) + sum.ln();
+    let logprob = |v: f32| (f64::from(v) - lse) as f32;
+    let mut best: Vec<u32> = (0..row.len() as u32).collect();
+    let top = top.min(best.len());
+    let by_value = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]);
+    if top > 0 && top < best.len() {
+        best.select_nth_unstable_by(top - 1, by_value);
+    }
+    best.truncate(top);
+    best.sort_by(by_value);
+    TokenLogprobs {
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&v| logprob(v)),
+        top: best
+            .into_iter()
+            .map(|t| (t, logprob(row[t as usize])))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logprobs_of;
+
+    #[test]
+    fn host_logprobs_are_a_log_softmax_with_the_best_first() {
+        let row = [0.0f32, 2.0, 1.0, -1.0];
+        let lp = logprobs_of(&row, 2, 2);
+        let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
+        assert!((f64::from(lp.logprob) - (1.0 - lse)).abs() < 1e-6);
+        assert_eq!(lp.top.iter().map(|&(t, _)| t).collect::<Vec<_>>(), [1, 2]);
+        assert!((f64::from(lp.top[0].1) - (2.0 - lse)).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,294 @@
+//! Speculative decoding through the step loop on tiny models: a speculating request produces
+//! exactly what it would alone without speculation (greedy), batched with plain ones, through
+//! stop tokens, budgets, sliding windows and cancellation; the trie stays consistent.
+
+mod steps;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
+use steps::{Handle, check_trie, cold, engine, ids, run_to_idle, submit_job, submit_with};
+
+fn ngram(depth: usize) -> Speculation {
+    Speculation::On {
+        drafter: DrafterKind::Ngram,
+        max_depth: Some(depth),
+    }
+}
+
+/// A prompt that repeats a phrase, so prompt lookup has something to propose.
+fn repetitive(seed: u32, len: usize) -> Vec<u32> {
+    let phrase = ids(seed, 7);
+    phrase.iter().copied().cycle().take(len).collect()
+}
+
+fn speculate(engine: &mut LoadedModel, prompt: &[u32], n: usize, depth: usize) -> Handle {
+    let mut handle = submit_with(engine, prompt, n, sampler::Options::greedy(), ngram(depth));
+    run_to_idle(engine);
+    assert!(handle.ended());
+    handle
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding() {
+    for name in ["llama", "gemma3"] {
+        let mut engine = engine(name, 64 << 20);
+        let mut accepted = 0;
+        for seed in 0..6 {
+            let prompt = if seed % 2 == 0 {
+                repetitive(seed, 30 + seed as usize)
+            } else {
+                ids(seed, 20)
+            };
+            let handle = speculate(&mut engine, &prompt, 40, 6);
+            assert_eq!(
+                handle.tokens,
+                cold(engine.model(), &prompt, 40),
+                "{name} seed {seed}"
+            );
+            let stats = handle.stats();
+            assert_eq!(stats.generated_tokens, 40);
+            let spec = stats.speculation.expect("the request speculated");
+            assert!(spec.rounds > 0 && spec.rounds <= 40, "{spec:?}");
+            assert!(spec.accepted <= spec.drafted);
+            // The first token follows the prompt; every round commits its accepted drafts and
+            // one more.
+            assert_eq!(1 + spec.rounds + spec.accepted, 40, "{spec:?}");
+            accepted += spec.accepted;
+            check_trie(&engine);
+        }
+        assert!(accepted > 0, "{name}: no draft was ever accepted");
+    }
+}
+
+#[test]
+fn speculating_and_plain_sequences_share_steps() {
+    for name in ["llama", "gemma3"] {
+        let mut engine = engine(name, 64 << 20);
+        let prompts: Vec<Vec<u32>> = (0..8).map(|r| repetitive(r, 10 + 5 * r as usize)).collect();
+        let mut handles: Vec<Handle> = prompts
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let speculation = if r % 2 == 0 {
+                    ngram(1 + r)
+                } else {
+                    Speculation::Off
+                };
+                submit_with(&mut engine, p, 24, sampler::Options::greedy(), speculation)
+            })
+            .collect();
+        run_to_idle(&mut engine);
+        for (r, (prompt, handle)) in prompts.iter().zip(&mut handles).enumerate() {
+            assert!(handle.ended());
+            assert_eq!(
+                handle.tokens,
+                cold(engine.model(), prompt, 24),
+                "{name} row {r}"
+            );
+            assert_eq!(handle.stats().speculation.is_some(), r % 2 == 0);
+        }
+        check_trie(&engine);
+    }
+}
+
+#[test]
+fn budgets_and_sliding_windows_hold_while_speculating() {
+    // Gemma 3's fixture slides its window well inside these generations, so rejected drafts
+    // rewind across the window's edge.
+    let mut engine = engine("gemma3", 64 << 20);
+    for (n, depth) in [(1, 8), (2, 8), (3, 16), (61, 16)] {
+        let prompt = repetitive(3, 40);
+        let handle = speculate(&mut engine, &prompt, n, depth);
+        assert_eq!(handle.tokens, cold(engine.model(), &prompt, n), "n {n}");
+        assert_eq!(handle.done.as_ref().map(|d| d.0), Some(DoneReason::Length));
+        check_trie(&engine);
+    }
+}
+
+#[test]
+fn a_stop_token_among_accepted_drafts_ends_the_answer_there() {
+    let mut engine = engine("llama", 64 << 20);
+    let prompt = repetitive(5, 35);
+    let plain = cold(engine.model(), &prompt, 40);
+    // Stop at the first token that recurs: the drafter will have proposed it.
+    let stop = plain
+        .iter()
+        .enumerate()
+        .find(|&(i, t)| plain[..i].contains(t))
+        .map(|(_, &t)| t)
+        .expect("a tiny model repeats itself within 40 tokens");
+    let cut = plain.iter().position(|&t| t == stop).unwrap_or(plain.len());
+    let mut stopped = submit_job(
+        &mut engine,
+        &prompt,
+        40,
+        sampler::Options::greedy(),
+        vec![stop],
+        ngram(8),
+    );
+    run_to_idle(&mut engine);
+    assert!(stopped.ended());
+    assert_eq!(stopped.tokens, plain[..cut]);
+    assert_eq!(stopped.done.as_ref().map(|d| d.0), Some(DoneReason::Stop));
+    check_trie(&engine);
+}
+
+#[test]
+fn a_cancelled_speculating_request_resumes_from_the_trie() {
+    let mut engine = engine("llama", 64 << 20);
+    let prompt = repetitive(7, 30);
+    let mut first = submit_with(
+        &mut engine,
+        &prompt,
+        200,
+        sampler::Options::greedy(),
+        ngram(8),
+    );
+    for _ in 0..12 {
+        engine.step();
+    }
+    first.cancel.store(true, Ordering::Relaxed);
+    run_to_idle(&mut engine);
+    assert!(first.ended());
+    assert_eq!(
+        first.done.as_ref().map(|d| d.0),
+        Some(DoneReason::Cancelled)
+    );
+    let produced = first.tokens.len();
+    assert!(produced > 0);
+    check_trie(&engine);
+    // What it produced is an exact prefix of the plain answer, and the same conversation
+    // continued from it is served from the trie.
+    let plain = cold(engine.model(), &prompt, produced);
+    assert_eq!(first.tokens, plain);
+    let turn: Vec<u32> = prompt.iter().copied().chain(plain).collect();
+    let again = speculate(&mut engine, &turn, 10, 8);
+    assert_eq!(again.tokens, cold(engine.model(), &turn, 10));
+    assert!(
+        again.stats().cached_tokens + 1 >= turn.len() - 1,
+        "{:?}",
+        again.stats()
+    );
+    check_trie(&engine);
+}
+
+fn sampled(seed: u64) -> sampler::Options {
+    sampler::Options {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        repeat_penalty: 1.1,
+        seed: Some(seed),
+        ..sampler::Options::default()
+    }
+}
+
+#[test]
+fn seeded_sampling_does_not_depend_on_the_depth() {
+    let mut engine = engine("llama", 64 << 20);
+    let prompt = repetitive(2, 30);
+    let mut answers = Vec::new();
+    for depth in [1, 6, 16, 6] {
+        let mut handle = submit_with(&mut engine, &prompt, 30, sampled(11), ngram(depth));
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        assert_eq!(handle.tokens.len(), 30);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+/// Pearson's chi-square homogeneity test of two samples' counts over the same categories,
+/// categories expected fewer than 5 times in either sample pooled; the statistic and its
+/// 0.9999 quantile (Wilson–Hilferty).
+fn homogeneity(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
+    let (na, nb) = (
+        a.values().sum::<usize>() as f64,
+        b.values().sum::<usize>() as f64,
+    );
+    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut bins: Vec<(f64, f64)> = Vec::new();
+    let mut pooled = (0.0, 0.0);
+    for key in keys {
+        let (ca, cb) = (
+            *a.get(key).unwrap_or(&0) as f64,
+            *b.get(key).unwrap_or(&0) as f64,
+        );
+        let expected_smaller = (ca + cb) * na.min(nb) / (na + nb);
+        if expected_smaller < 5.0 {
+            pooled = (pooled.0 + ca, pooled.1 + cb);
+        } else {
+            bins.push((ca, cb));
+        }
+    }
+    if pooled.0 + pooled.1 > 0.0 {
+        bins.push(pooled);
+    }
+    let stat: f64 = bins
+        .iter()
+        .map(|&(ca, cb)| {
+            let total = ca + cb;
+            let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
+            (ca - ea).powi(2) / ea + (cb - eb).powi(2) / eb
+        })
+        .sum();
+    let df = (bins.len().max(2) - 1) as f64;
+    let h = 2.0 / (9.0 * df);
+    (stat, df * (1.0 - h + 3.719 * h.sqrt()).powi(3))
+}
+
+#[test]
+fn sampled_speculation_draws_what_plain_sampling_draws() {
+    // T 0.8, top-k 40, top-p 0.9, repeat penalty 1.1 (which sees the drafts before each
+    // position): the first three tokens of 2,000 seeded requests with and without speculation.
+    const DRAWS: u64 = 2000;
+    let mut engine = engine("llama", 64 << 20);
+    // A token the fixture tends to repeat, repeated: prompt lookup proposes more of it, and
+    // the target accepts some and rejects some.
+    let prompt = [repetitive(2, 30), vec![122; 6]].concat();
+    let mut samples: Vec<HashMap<Vec<u32>, usize>> = Vec::new();
+    let (mut accepted, mut drafted) = (0, 0);
+    for speculation in [Speculation::Off, ngram(4)] {
+        let mut counts: [HashMap<Vec<u32>, usize>; 3] = Default::default();
+        for batch in 0..DRAWS / 16 {
+            let mut handles: Vec<Handle> = (0..16)
+                .map(|i| {
+                    submit_with(
+                        &mut engine,
+                        &prompt,
+                        4,
+                        sampled(batch * 16 + i),
+                        speculation,
+                    )
+                })
+                .collect();
+            run_to_idle(&mut engine);
+            for handle in &mut handles {
+                assert!(handle.ended());
+                let t = handle.tokens.clone();
+                assert_eq!(t.len(), 4);
+                *counts[0].entry(vec![t[1]]).or_default() += 1;
+                *counts[1].entry(vec![t[2]]).or_default() += 1;
+                *counts[2].entry(t[..3].to_vec()).or_default() += 1;
+                accepted += handle.stats().speculation.map_or(0, |s| s.accepted);
+                drafted += handle.stats().speculation.map_or(0, |s| s.drafted);
+            }
+        }
+        samples.extend(counts);
+    }
+    for (what, i) in [("second token", 0), ("third token", 1), ("all three", 2)] {
+        let (stat, quantile) = homogeneity(&samples[i], &samples[i + 3]);
+        eprintln!(
+            "{what}: chi-square {stat:.1}, 0.9999 quantile {quantile:.1}; {accepted} of {drafted} drafts accepted"
+        );
+        assert!(stat < quantile, "{what}: {stat} >= {quantile}");
+    }
+    assert!(
+        accepted > 100,
+        "only {accepted} of {drafted} drafts were accepted"
+    );
+}

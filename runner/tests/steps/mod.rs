@@ -1,0 +1,189 @@
+//! The step-loop harness the engine tests share: tiny models (`nn/tests/fixtures`) served
+//! by a [`LoadedModel`] driven step by step, and the cold recompute answers are compared with.
+
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use runner::engine::memory::MemoryBudget;
+use runner::engine::{DoneReason, Event, Job, LoadedModel, LoopConfig, Speculation, Stats};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+pub const CONTEXT: usize = 256;
+
+pub fn model(name: &str) -> Box<dyn nn::Model> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nn/tests/fixtures")
+        .join(name);
+    nn::load::load(&dir, Some(mlx::Dtype::F32)).unwrap().model
+}
+
+pub fn config(cache_bytes: usize) -> LoopConfig {
+    LoopConfig {
+        prefill_chunk: 16,
+        prefill_budget_while_decoding: 8,
+        prefill_budget_idle: 32,
+        max_sequences: 8,
+        capture_interval: 32,
+        memory: MemoryBudget {
+            cache_bytes,
+            kv_bytes: 1 << 30,
+        },
+        draft: None,
+    }
+}
+
+pub fn engine(name: &str, cache_bytes: usize) -> LoadedModel {
+    LoadedModel::new(model(name), CONTEXT, config(cache_bytes)).unwrap()
+}
+
+/// A submitted job's receiving end.
+pub struct Handle {
+    events: UnboundedReceiver<Event>,
+    pub cancel: Arc<AtomicBool>,
+    pub tokens: Vec<u32>,
+    pub done: Option<(DoneReason, Stats)>,
+    pub failed: Option<String>,
+}
+
+impl Handle {
+    pub fn poll(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                Event::Token { id, .. } => self.tokens.push(id),
+                Event::Done { reason, stats } => self.done = Some((reason, stats)),
+                Event::Failed(message) => self.failed = Some(message),
+            }
+        }
+    }
+
+    pub fn ended(&mut self) -> bool {
+        self.poll();
+        self.done.is_some() || self.failed.is_some()
+    }
+
+    pub fn stats(&self) -> Stats {
+        match (&self.done, &self.failed) {
+            (Some((_, stats)), _) => *stats,
+            (None, Some(message)) => panic!("the job failed: {message}"),
+            (None, None) => panic!("the job has not ended"),
+        }
+    }
+}
+
+pub fn submit(engine: &mut LoadedModel, prompt: &[u32], max_tokens: usize) -> Handle {
+    submit_with(
+        engine,
+        prompt,
+        max_tokens,
+        sampler::Options::greedy(),
+        Speculation::Off,
+    )
+}
+
+/// Submits a job with these sampling options and this speculation choice.
+pub fn submit_with(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: sampler::Options,
+    speculation: Speculation,
+) -> Handle {
+    submit_job(
+        engine,
+        prompt,
+        max_tokens,
+        sampling,
+        Vec::new(),
+        speculation,
+    )
+}
+
+/// Submits a job with every setting the tests vary.
+pub fn submit_job(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: sampler::Options,
+    stop_tokens: Vec<u32>,
+    speculation: Speculation,
+) -> Handle {
+    let (tx, rx) = unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    engine.submit(Job {
+        prompt: prompt.to_vec(),
+        sampling,
+        max_tokens,
+        stop_tokens,
+        grammar: None,
+        turn_starts: Vec::new(),
+        speculation,
+        events: tx,
+        cancel: Arc::clone(&cancel),
+    });
+    Handle {
+        events: rx,
+        cancel,
+        tokens: Vec::new(),
+        done: None,
+        failed: None,
+    }
+}
+
+pub fn run_to_idle(engine: &mut LoadedModel) {
+    for _ in 0..100_000 {
+        if engine.is_idle() {
+            return;
+        }
+        engine.step();
+    }
+    panic!("the engine did not become idle");
+}
+
+/// One request alone, to completion.
+pub fn run(engine: &mut LoadedModel, prompt: &[u32], max_tokens: usize) -> Handle {
+    let mut handle = submit(engine, prompt, max_tokens);
+    run_to_idle(engine);
+    assert!(handle.ended());
+    handle
+}
+
+/// Greedy continuation of `prompt` by `model` from fresh caches, token by token.
+pub fn cold(model: &dyn nn::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut caches = model.new_caches().unwrap();
+    let mut out = Vec::new();
+    let mut feed = prompt.to_vec();
+    let mut position = 0;
+    for _ in 0..n {
+        let forward = model
+            .forward(&nn::Batch::single(&feed, position).unwrap(), &mut caches)
+            .unwrap();
+        position += feed.len();
+        let hidden = forward.hidden;
+        let last = hidden.slice_axis(1, -1, hidden.dim(1).unwrap()).unwrap();
+        let logits = model
+            .unembed(&last)
+            .unwrap()
+            .astype(mlx::Dtype::F32)
+            .unwrap();
+        let values = logits.to_vec::<f32>().unwrap();
+        let best = (0..values.len())
+            .max_by(|&a, &b| values[a].total_cmp(&values[b]))
+            .unwrap() as u32;
+        out.push(best);
+        feed = vec![best];
+    }
+    out
+}
+
+pub fn ids(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 31 + seed * 17 + 3) % 500)
+        .collect()
+}
+
+pub fn check_trie(engine: &LoadedModel) {
+    engine.prefix_cache().trie().check_invariants().unwrap();
+}
