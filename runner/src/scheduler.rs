@@ -137,7 +137,11 @@ impl Scheduler {
                 EngineError::Mlx(mlx::Error::Mlx(format!("verifying the model's files: {e}")))
             })??;
         *slot = None;
-        let info = self.engine.load(name.clone(), entry.manifest, dir).await?;
+        let state = self.store.state_dir(&entry.manifest);
+        let info = self
+            .engine
+            .load(name.clone(), entry.manifest, dir, state)
+            .await?;
         *slot = Some(Loaded {
             info,
             expires: std::sync::Mutex::new(Instant::now().checked_add(DEFAULT_KEEP_ALIVE)),

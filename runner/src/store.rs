@@ -5,6 +5,7 @@
 //!   blobs/sha256-<hex>               file contents, named by their digest
 //!   manifests/<name>/<tag>           JSON: which blobs make up the model, and its settings
 //!   views/<manifest digest>/<path>   symlinks giving a model's files their original names
+//!   state/<manifest digest>/         what serving the model taught the engine (depth controllers)
 //! ```
 //!
 //! Every write goes to a temporary file in the same folder and is renamed into place, so a
@@ -186,6 +187,14 @@ impl Store {
     /// The root folder.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Where what the engine learns while serving a model is kept (the speculation depth
+    /// controllers): `state/<manifest digest>/`, created on first write.
+    pub fn state_dir(&self, manifest: &Manifest) -> PathBuf {
+        self.root
+            .join("state")
+            .join(manifest.digest().trim_start_matches("sha256:"))
     }
 
     /// The path of the blob `digest` (`sha256:<hex>`).

@@ -292,3 +292,24 @@ fn sampled_speculation_draws_what_plain_sampling_draws() {
         "only {accepted} of {drafted} drafts were accepted"
     );
 }
+
+#[test]
+fn the_depth_controller_survives_a_restart() {
+    let state = tempfile::tempdir().unwrap();
+    let prompt = repetitive(6, 40);
+    let depth = {
+        let mut engine = engine("llama", 64 << 20);
+        engine.keep_state_in(state.path().to_path_buf());
+        for n in [30, 20, 25] {
+            speculate(&mut engine, &prompt, n, 8);
+        }
+        engine
+            .draft_depth(DrafterKind::Ngram)
+            .expect("the controller has decided")
+        // Unloading writes the controller.
+    };
+    assert!(state.path().join("ngram.json").exists());
+    let mut engine = engine("llama", 64 << 20);
+    engine.keep_state_in(state.path().to_path_buf());
+    assert_eq!(engine.draft_depth(DrafterKind::Ngram), Some(depth));
+}

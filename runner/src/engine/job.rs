@@ -74,6 +74,9 @@ pub enum DrafterKind {
 }
 
 impl DrafterKind {
+    /// Every drafter.
+    pub const ALL: [DrafterKind; 1] = [DrafterKind::Ngram];
+
     /// The name requests and statistics use.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -129,6 +129,8 @@ pub struct LoopStatus {
     pub active_memory: usize,
     /// MLX's peak memory.
     pub peak_memory: usize,
+    /// The prompt-lookup depth controller's current depth, once a request has speculated.
+    pub draft_depth: Option<usize>,
 }
 
 /// The tokens the last step sampled, not yet read, and whose rows they are.
@@ -177,6 +179,17 @@ impl LoadedModel {
         })
     }
 
+    /// Keeps what serving teaches the loop (the depth controllers) in `dir`: read now, written
+    /// as it learns and when the model is unloaded.
+    pub fn keep_state_in(&mut self, dir: std::path::PathBuf) {
+        self.controllers = Controllers::persisted(dir);
+    }
+
+    /// The controller's current depth for `drafter` (as for a lone sequence), once it has one.
+    pub fn draft_depth(&self, drafter: DrafterKind) -> Option<usize> {
+        self.controllers.current_depth(drafter)
+    }
+
     /// The model.
     pub fn model(&self) -> &dyn Model {
         self.model.as_ref()
@@ -218,6 +231,7 @@ impl LoadedModel {
             cache_nodes: self.prefix.node_count(),
             active_memory: mlx::memory::active_memory().unwrap_or(0),
             peak_memory: mlx::memory::peak_memory().unwrap_or(0),
+            draft_depth: self.controllers.current_depth(DrafterKind::Ngram),
         }
     }
 

@@ -109,19 +109,22 @@ impl Engine {
         })
     }
 
-    /// Loads `manifest`'s model from `dir` (its materialized files), replacing any loaded one.
+    /// Loads `manifest`'s model from `dir` (its materialized files), replacing any loaded one;
+    /// what serving it teaches the engine is kept in `state`.
     pub async fn load(
         &self,
         name: ModelName,
         manifest: Manifest,
         dir: PathBuf,
+        state: PathBuf,
     ) -> Result<Arc<ModelInfo>, EngineError> {
         let loop_config = self.loop_config;
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
             let _ = mlx::memory::clear_cache();
-            let (loaded, info) = loader::load(&name, &manifest, &dir, loop_config)?;
+            let (mut loaded, info) = loader::load(&name, &manifest, &dir, loop_config)?;
+            loaded.keep_state_in(state);
             LOADED.with(|s| *s.borrow_mut() = Some(loaded));
             let _ = mlx::memory::clear_cache();
             Ok(info)

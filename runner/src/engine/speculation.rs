@@ -13,6 +13,7 @@
 //! (their matchers and states need rollback captures per round).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mlx::{Array, Dtype};
@@ -82,22 +83,97 @@ impl Speculating {
     }
 }
 
-/// One depth controller per drafter kind, shared by the sequences of a loaded model.
+/// One depth controller per drafter kind, shared by the sequences of a loaded model. When it
+/// has a folder, each controller is read from `<folder>/<drafter>.json` at once and written
+/// back every [`SAVE_EVERY`] rounds and when the model is unloaded, so a restarted
+/// server starts at the depth it had learned.
 #[derive(Default)]
 pub struct Controllers {
     by_drafter: HashMap<DrafterKind, DepthController>,
+    dir: Option<PathBuf>,
+    unsaved: usize,
 }
 
+/// Rounds between two writes of the controllers.
+const SAVE_EVERY: usize = 256;
+
 impl Controllers {
+    /// Controllers kept in `dir`, with what it holds already read.
+    pub fn persisted(dir: PathBuf) -> Controllers {
+        let mut controllers = Controllers {
+            by_drafter: HashMap::new(),
+            dir: Some(dir),
+            unsaved: 0,
+        };
+        for kind in DrafterKind::ALL {
+            if let Some(saved) = controllers.path(kind).filter(|p| p.exists()).and_then(|p| {
+                DepthController::load(&p)
+                    .map_err(|e| tracing::warn!("ignoring {}: {e}", p.display()))
+                    .ok()
+            }) {
+                controllers.by_drafter.insert(kind, saved);
+            }
+        }
+        controllers
+    }
+
+    fn path(&self, kind: DrafterKind) -> Option<PathBuf> {
+        self.dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{}.json", kind.as_str())))
+    }
+
     fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
         self.by_drafter
             .entry(kind)
             .or_insert_with(|| DepthController::new(MAX_DRAFT_DEPTH))
     }
 
+    /// Records a finished round with `kind`'s controller.
+    fn observe(
+        &mut self,
+        kind: DrafterKind,
+        batch: usize,
+        depth: usize,
+        accepted: usize,
+        cost: Duration,
+    ) {
+        self.get(kind).observe(batch, depth, accepted, cost);
+        self.unsaved += 1;
+        if self.unsaved >= SAVE_EVERY {
+            self.save();
+        }
+    }
+
+    /// Writes every controller to the folder (failures are logged: serving goes on).
+    pub fn save(&mut self) {
+        self.unsaved = 0;
+        let Some(dir) = &self.dir else {
+            return;
+        };
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::warn!("cannot keep depth controllers in {}: {e}", dir.display());
+            return;
+        }
+        for (kind, controller) in &self.by_drafter {
+            let path = dir.join(format!("{}.json", kind.as_str()));
+            if let Err(e) = controller.save(&path) {
+                tracing::warn!("saving {}: {e}", path.display());
+            }
+        }
+    }
+
     /// The depth the controller of `kind` would pick now for a lone sequence (for `ps`).
     pub fn current_depth(&self, kind: DrafterKind) -> Option<usize> {
         self.by_drafter.get(&kind).map(|c| c.best(1))
+    }
+}
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        if !self.by_drafter.is_empty() {
+            self.save();
+        }
     }
 }
 
@@ -319,9 +395,7 @@ fn settle_round(
         spec.stats.accepted += accepted;
         spec.drafter.commit(&committed);
         spec.next = None;
-        controllers
-            .get(spec.kind)
-            .observe(batch, round.draft.len(), accepted, cost);
+        controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
     }
     sampler.commit(id, &committed)?;
 

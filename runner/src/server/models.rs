@@ -172,6 +172,7 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
             "prefix_cache_bytes": engine.cache_bytes,
             "prefix_cache_budget": engine.cache_budget,
             "prefix_cache_nodes": engine.cache_nodes,
+            "draft_depth": engine.draft_depth.map(|depth| json!({ "ngram": depth })),
             "name": name,
             "model": name,
             "size": active,

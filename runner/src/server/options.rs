@@ -258,10 +258,46 @@ mod tests {
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"stop": 5}), "stop"),
             (json!({"repeat_last_n": 2.5}), "repeat_last_n"),
+            (json!({"draft": "medusa"}), "draft"),
+            (json!({"draft": 3}), "draft"),
+            (json!({"num_draft": 99}), "num_draft"),
+            (json!({"speculate": "yes"}), "speculate"),
         ] {
             let err = apply(bad.clone()).unwrap_err();
             assert_eq!(err.status, 400, "{bad}");
             assert!(err.message.contains(key), "{bad}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn reads_speculation_options() {
+        let on = |depth| Speculation::On {
+            drafter: DrafterKind::Ngram,
+            max_depth: depth,
+        };
+        let cases = [
+            (json!({}), Speculation::default()),
+            (json!({"draft": "ngram"}), on(None)),
+            (json!({"draft": "ngram", "num_draft": 4}), on(Some(4))),
+            (json!({"num_draft": 4, "draft": "ngram"}), on(Some(4))),
+            (
+                json!({"num_draft": 5}),
+                Speculation::ServerDefault { max_depth: Some(5) },
+            ),
+            (json!({"draft": "none"}), Speculation::Off),
+            (json!({"draft": false}), Speculation::Off),
+            (
+                json!({"draft": "ngram", "speculate": false}),
+                Speculation::Off,
+            ),
+            (json!({"draft": "ngram", "num_draft": 0}), Speculation::Off),
+        ];
+        for (options, expected) in cases {
+            assert_eq!(
+                apply(options.clone()).unwrap().speculation,
+                expected,
+                "{options}"
+            );
         }
     }
 }
