@@ -38,6 +38,7 @@ const NUMERIC: &[&str] = &[
     "seed",
     "num_predict",
     "num_ctx",
+    "num_draft",
 ];
 
 impl Modelfile {
@@ -75,6 +76,20 @@ impl Modelfile {
                             err(format!("PARAMETER {key} needs a number, got `{value}`"))
                         })?;
                         serde_json::json!(number)
+                    } else if key == "speculate" {
+                        let on: bool = value.parse().map_err(|_| {
+                            err(format!(
+                                "PARAMETER speculate needs true or false, got `{value}`"
+                            ))
+                        })?;
+                        serde_json::json!(on)
+                    } else if key == "draft"
+                        && value != "none"
+                        && crate::engine::DrafterKind::parse(value).is_none()
+                    {
+                        return Err(err(format!(
+                            "PARAMETER draft: unknown drafter `{value}` (known: ngram, none)"
+                        )));
                     } else {
                         serde_json::Value::String(value.to_string())
                     };
@@ -121,6 +136,12 @@ impl Modelfile {
                         out.system = Some(value);
                     }
                 }
+                "DRAFT" => {
+                    return Err(err(format!(
+                        "DRAFT {rest}: draft models are not supported yet; \
+                         `PARAMETER draft ngram` drafts by prompt lookup"
+                    )));
+                }
                 other => return Err(err(format!("unknown command `{other}`"))),
             }
         }
@@ -153,6 +174,13 @@ mod tests {
         assert_eq!(m.from, "smollm2:135m");
         assert_eq!(m.parameters["temperature"], serde_json::json!(0.2));
         assert_eq!(m.parameters["stop"], serde_json::json!(["<end>", "user:"]));
+        let spec = Modelfile::parse(
+            "FROM x\nPARAMETER draft ngram\nPARAMETER num_draft 6\nPARAMETER speculate true",
+        )
+        .unwrap();
+        assert_eq!(spec.parameters["draft"], serde_json::json!("ngram"));
+        assert_eq!(spec.parameters["num_draft"], serde_json::json!(6.0));
+        assert_eq!(spec.parameters["speculate"], serde_json::json!(true));
         assert_eq!(m.system.as_deref(), Some("You are\nterse."));
         assert_eq!(m.template.as_deref(), Some("{{ .Prompt }}"));
     }
@@ -177,6 +205,14 @@ mod tests {
                 .message
                 .contains("FROM")
         );
+        for bad in [
+            "FROM x\nPARAMETER draft eagle",
+            "FROM x\nPARAMETER speculate maybe",
+            "FROM x\nPARAMETER num_draft four",
+            "FROM x\nDRAFT y",
+        ] {
+            assert_eq!(Modelfile::parse(bad).unwrap_err().line, 2, "{bad}");
+        }
         assert!(
             Modelfile::parse("FROM x\nADAPTER y")
                 .unwrap_err()

@@ -111,9 +111,23 @@ fn schemas() -> Vec<(&'static str, Value)> {
 }
 
 /// One seeded request through `endpoint` (cycled so every endpoint and both streaming modes
-/// are covered); returns the generated text.
+/// are covered) at `temperature`, drafting with `draft`; returns the generated text.
 fn ask(s: &Server, endpoint: usize, prompt: &str, schema: &Value, seed: u64) -> String {
-    let options = json!({ "temperature": 1.0, "seed": seed, "num_predict": MAX_TOKENS });
+    ask_with(s, endpoint, prompt, schema, seed, 1.0, "none")
+}
+
+fn ask_with(
+    s: &Server,
+    endpoint: usize,
+    prompt: &str,
+    schema: &Value,
+    seed: u64,
+    temperature: f64,
+    draft: &str,
+) -> String {
+    let options = json!({
+        "temperature": temperature, "seed": seed, "num_predict": MAX_TOKENS, "draft": draft
+    });
     let user = format!("{prompt} Answer in JSON.");
     match endpoint % 5 {
         0 => {
@@ -141,7 +155,8 @@ fn ask(s: &Server, endpoint: usize, prompt: &str, schema: &Value, seed: u64) -> 
                     "model": MODEL,
                     "messages": [{"role": "user", "content": user}],
                     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
-                    "temperature": 1.0, "seed": seed, "max_tokens": MAX_TOKENS
+                    "temperature": temperature, "seed": seed, "max_tokens": MAX_TOKENS,
+                    "draft": draft
                 }),
             );
             assert_eq!(status, 200, "{r}");
@@ -157,7 +172,8 @@ fn ask(s: &Server, endpoint: usize, prompt: &str, schema: &Value, seed: u64) -> 
                 "model": MODEL,
                 "messages": [{"role": "user", "content": user}],
                 "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
-                "temperature": 1.0, "seed": seed, "max_tokens": MAX_TOKENS, "stream": true
+                "temperature": temperature, "seed": seed, "max_tokens": MAX_TOKENS,
+                "stream": true, "draft": draft
             }),
         )
         .iter()
@@ -171,7 +187,8 @@ fn ask(s: &Server, endpoint: usize, prompt: &str, schema: &Value, seed: u64) -> 
                     "model": MODEL,
                     "prompt": format!("{user}\n"),
                     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
-                    "temperature": 1.0, "seed": seed, "max_tokens": MAX_TOKENS
+                    "temperature": temperature, "seed": seed, "max_tokens": MAX_TOKENS,
+                    "draft": draft
                 }),
             );
             assert_eq!(status, 200, "{r}");
@@ -213,6 +230,34 @@ fn fifty_seeded_samples_across_five_schemas_all_validate() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn speculative_samples_validate_and_greedy_answers_do_not_change() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    for (i, (prompt, schema)) in schemas().iter().enumerate() {
+        let validator = jsonschema::validator_for(schema).expect("the test's schema is valid");
+        // Four seeded samples at temperature 1.0 per schema, through every endpoint.
+        for k in 0..4 {
+            let request = i * 4 + k;
+            let text = ask_with(
+                s,
+                request,
+                prompt,
+                schema,
+                2000 + request as u64,
+                1.0,
+                "ngram",
+            );
+            let value: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("#{request}: not JSON ({e}): {text:?}"));
+            assert!(validator.is_valid(&value), "#{request}: {text}");
+        }
+        let plain = ask_with(s, i, prompt, schema, 0, 0.0, "none");
+        let drafted = ask_with(s, i, prompt, schema, 0, 0.0, "ngram");
+        assert_eq!(drafted, plain, "schema {i}");
+    }
 }
 
 #[test]

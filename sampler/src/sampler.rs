@@ -185,16 +185,43 @@ impl Sampler {
     /// first `N - R + 1 + i` drafts, so `R = N + 1` verifies every draft plus the bonus token
     /// and `R = 1` proposes the next draft after the whole chain. `R` may not exceed `N + 1`.
     ///
-    /// No grammar mask applies here. Draft ids are not read back to the host (that would
-    /// cost a sync), so ids outside the vocabulary are clamped into it on the device.
+    /// No grammar mask applies here ([`Sampler::distribution_masked`] takes them). Draft ids are
+    /// not read back to the host (that would cost a sync), so ids outside the vocabulary are
+    /// clamped into it on the device.
     pub fn distribution(
         &self,
         slot: SlotId,
         logits: &Array,
         draft_chain: Option<&Array>,
     ) -> Result<Distribution> {
+        self.distribution_masked(slot, logits, draft_chain, &[])
+    }
+
+    /// Like [`Sampler::distribution`], with a grammar token mask per row (`None`:
+    /// unconstrained; an empty `masks`: no row constrained): row `i` sees the grammar after the
+    /// first `N - R + 1 + i` drafts, as it sees the penalty window.
+    pub fn distribution_masked(
+        &self,
+        slot: SlotId,
+        logits: &Array,
+        draft_chain: Option<&Array>,
+        masks: &[Option<&[u32]>],
+    ) -> Result<Distribution> {
         let rows = logits.shape().first().map_or(0, |&r| r.max(0) as usize);
         let vocab = self.check_call(&[slot], logits, rows)?;
+        let mut logits = as_f32(logits)?;
+        if !masks.is_empty() {
+            if masks.len() != rows {
+                return Err(Error::MaskCount {
+                    masks: masks.len(),
+                    rows,
+                });
+            }
+            if masks.iter().any(Option::is_some) {
+                let allowed = mask::expand(masks, vocab)?;
+                logits = allowed.select(&logits, f32::NEG_INFINITY)?;
+            }
+        }
         let chain = match draft_chain {
             None => None,
             Some(chain) => Some(chain_tokens(chain, vocab)?),
@@ -207,7 +234,7 @@ impl Sampler {
         let windows = state
             .ring
             .windows_with_chain(chain.as_ref(), drafts, rows)?;
-        let adjusted = adjust(&as_f32(logits)?, &state.options, windows.as_ref())?;
+        let adjusted = adjust(&logits, &state.options, windows.as_ref())?;
         Ok(Distribution {
             probs: probabilities(&adjusted, &state.options)?,
         })

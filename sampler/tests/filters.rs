@@ -62,6 +62,28 @@ proptest! {
     }
 
     #[test]
+    fn masked_distribution_equals_the_sequential_filters(
+        logits in logits_strategy(40),
+        options in options_strategy(),
+        history in prop::collection::vec(0u32..40, 0..12),
+        allowed in prop::collection::vec(any::<bool>(), 40),
+    ) {
+        let vocab = logits.len();
+        let history: Vec<u32> = history.iter().map(|t| t % vocab as u32).collect();
+        let allowed = &allowed[..vocab];
+        prop_assume!(allowed.iter().any(|&a| a));
+        let (expected, margin) = reference(&logits, &options, &history, Some(allowed));
+        prop_assume!(margin > 1e-4);
+        let mut sampler = Sampler::new();
+        sampler.add(0, options, &history).unwrap();
+        let mask = bitmask(allowed);
+        let got = sampler
+            .distribution_masked(0, &logits_array(&[logits]), None, &[Some(&mask)])
+            .unwrap();
+        assert_rows_close(&got.probs.to_vec::<f32>().unwrap(), &expected, "masked distribution");
+    }
+
+    #[test]
     fn penalties_equal_the_direct_formula(
         logits in logits_strategy(24),
         repeat_penalty in 0.3f32..3.0,

@@ -425,7 +425,7 @@ impl LoadedModel {
     }
 
     /// How `job` decodes: speculatively when it or the server asks for it and its caches can
-    /// roll a round back (structured output and recurrent layers are not there yet).
+    /// roll a round back (recurrent layers cannot yet).
     fn speculation_for(
         &self,
         job: &Job,
@@ -440,7 +440,7 @@ impl LoadedModel {
             .iter()
             .flatten()
             .all(|c| !matches!(c, kvcache::LayerCache::Recurrent(_)));
-        if job.grammar.is_some() || !rewindable {
+        if !rewindable {
             return None;
         }
         Some(Speculating::new(

@@ -9,8 +9,10 @@
 //! the token after it; the caches rewind past the rejected drafts. Rounds of every speculating
 //! sequence in a step share their forwards (one per draft width) and their one host read.
 //!
-//! Not here yet: grammar-constrained requests and models with recurrent layers decode plainly
-//! (their matchers and states need rollback captures per round).
+//! Under a grammar, drafts are cut where the grammar stops allowing them, and each position's
+//! distribution is masked by the grammar as it stands after the drafts before it (the matcher
+//! walks the draft and rolls back). Not here yet: models with recurrent layers decode plainly
+//! (their states need a capture at each round's start to roll back to).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -177,11 +179,13 @@ impl Drop for Controllers {
     }
 }
 
-/// A planned round: the sequence, its first token and its drafts.
+/// A planned round: the sequence, its first token and its drafts, and under a grammar the
+/// mask before each draft and after the last.
 struct Planned {
     index: usize,
     tokens: Vec<u32>,
     draft: Draft,
+    masks: Option<Vec<Vec<u32>>>,
 }
 
 /// A dispatched round, waiting for the host read.
@@ -194,6 +198,8 @@ struct Dispatched {
     greedy: bool,
     /// `[w, V]` f32 logits, kept when the request wants logprobs.
     logits: Option<Array>,
+    /// The grammar's masks of the round's positions (logprobs see only what they allow).
+    masks: Option<Vec<Vec<u32>>>,
 }
 
 /// Runs this step's round for every speculating sequence that knows its next token.
@@ -241,6 +247,16 @@ pub fn run_rounds(
             spec.drafter.propose(depth)
         };
         draft.truncate(depth);
+        let masks = match seq.job.grammar.as_mut() {
+            None => None,
+            Some(grammar) => match masks_along(grammar, &mut draft) {
+                Ok(masks) => Some(masks),
+                Err(e) => {
+                    ending.add(seq.id, Outcome::Failed(format!("structured output: {e}")));
+                    continue;
+                }
+            },
+        };
         let mut tokens = Vec::with_capacity(draft.len() + 1);
         tokens.push(next);
         tokens.extend_from_slice(&draft.tokens);
@@ -248,6 +264,7 @@ pub fn run_rounds(
             index: i,
             tokens,
             draft,
+            masks,
         });
     }
 
@@ -267,6 +284,9 @@ pub fn run_rounds(
         for plan in &mut plans {
             plan.tokens.truncate(width);
             plan.draft.truncate(width - 1);
+            if let Some(masks) = &mut plan.masks {
+                masks.truncate(width);
+            }
         }
         let rows: Vec<(&[u32], usize)> = plans
             .iter()
@@ -279,7 +299,8 @@ pub fn run_rounds(
             model.forward_rows(&forward_batch, &mut caches)?
         };
         let logits = model.unembed(&out.hidden)?.astype(Dtype::F32)?;
-        for (row, plan) in plans.into_iter().enumerate() {
+        let vocab = usize::try_from(logits.dim(2)?).unwrap_or(0);
+        for (row, mut plan) in plans.into_iter().enumerate() {
             let seq = &sequences[plan.index];
             let row_logits = logits
                 .slice_axis(0, row as i32, row as i32 + 1)?
@@ -288,7 +309,19 @@ pub fn run_rounds(
                 0 => None,
                 n => Some(token_array(&plan.draft.tokens, n)?),
             };
-            let distribution = sampler.distribution(seq.id, &row_logits, chain.as_ref())?;
+            // The model may have more output rows than the tokenizer has tokens (padding); the
+            // grammar never allows those.
+            for mask in plan.masks.iter_mut().flatten() {
+                mask.resize(sampler::mask_words(vocab), 0);
+            }
+            let masks: Vec<Option<&[u32]>> = plan
+                .masks
+                .iter()
+                .flatten()
+                .map(|m| Some(m.as_slice()))
+                .collect();
+            let distribution =
+                sampler.distribution_masked(seq.id, &row_logits, chain.as_ref(), &masks)?;
             let greedy = seq.job.sampling.is_greedy();
             let picks = if greedy {
                 distribution.probs.argmax(1, false)?
@@ -307,6 +340,7 @@ pub fn run_rounds(
                 picks,
                 greedy,
                 logits,
+                masks: plan.masks,
             });
         }
     }
@@ -405,9 +439,10 @@ fn settle_round(
         .map_or(0, |l| l.len() / round.tokens.len().max(1));
     for (position, &token) in committed.iter().enumerate() {
         let entry = match (&logits, seq.job.sampling.logprobs) {
-            (Some(l), Some(top)) => l
-                .get(position * vocab..(position + 1) * vocab)
-                .map(|row| logprobs_of(row, token, top)),
+            (Some(l), Some(top)) => l.get(position * vocab..(position + 1) * vocab).map(|row| {
+                let mask = round.masks.as_ref().and_then(|m| m.get(position));
+                logprobs_of(row, mask.map(Vec::as_slice), token, top)
+            }),
             _ => None,
         };
         if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
@@ -448,9 +483,43 @@ fn token_array(tokens: &[u32], n: usize) -> Result<Array, StepError> {
     Ok(Array::from_slice(&ids, &[n as i32])?)
 }
 
+/// The grammar's mask before each token of `draft` and after the last, with `draft` first cut
+/// where the grammar stops allowing it (the target could not accept those tokens). The
+/// grammar is back where it started.
+fn masks_along(
+    grammar: &mut grammar::Grammar,
+    draft: &mut Draft,
+) -> grammar::Result<Vec<Vec<u32>>> {
+    let allowed = grammar.validate(&draft.tokens)?;
+    draft.truncate(allowed);
+    let mut masks = Vec::with_capacity(draft.len() + 1);
+    let mut consumed = 0;
+    let mut walk = || -> grammar::Result<()> {
+        for &token in &draft.tokens {
+            masks.push(grammar.mask()?);
+            grammar.consume(token)?;
+            consumed += 1;
+        }
+        masks.push(grammar.mask()?);
+        Ok(())
+    };
+    let walked = walk();
+    grammar.rollback(consumed)?;
+    walked.map(|()| masks)
+}
+
 /// The logprob of `token` and the `top` most likely tokens, from one row of raw logits: a
-/// full-vocabulary log-softmax (OpenAI's definition), computed on the host in f64.
-fn logprobs_of(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
+/// full-vocabulary log-softmax (OpenAI's definition) over what `mask` allows (all when
+/// `None`), computed on the host in f64.
+fn logprobs_of(row: &[f32], mask: Option<&[u32]>, token: u32, top: usize) -> TokenLogprobs {
+    let allowed =
+        |t: usize| mask.is_none_or(|m| m.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1));
+    let masked: Vec<f32> = row
+        .iter()
+        .enumerate()
+        .map(|(t, &v)| if allowed(t) { v } else { f32::NEG_INFINITY })
+        .collect();
+    let row = masked.as_slice();
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
     let lse = f64::from(max) + sum.ln();
@@ -481,10 +550,22 @@ mod tests {
     #[test]
     fn host_logprobs_are_a_log_softmax_with_the_best_first() {
         let row = [0.0f32, 2.0, 1.0, -1.0];
-        let lp = logprobs_of(&row, 2, 2);
+        let lp = logprobs_of(&row, None, 2, 2);
         let lse = row.iter().map(|&v| f64::from(v).exp()).sum::<f64>().ln();
         assert!((f64::from(lp.logprob) - (1.0 - lse)).abs() < 1e-6);
         assert_eq!(lp.top.iter().map(|&(t, _)| t).collect::<Vec<_>>(), [1, 2]);
         assert!((f64::from(lp.top[0].1) - (2.0 - lse)).abs() < 1e-6);
+        // Token 1 masked out: the mass renormalises over 0, 2 and 3.
+        let masked = logprobs_of(&row, Some(&[0b1101]), 2, 2);
+        let lse = [0.0f64, 1.0, -1.0]
+            .iter()
+            .map(|v| v.exp())
+            .sum::<f64>()
+            .ln();
+        assert!((f64::from(masked.logprob) - (1.0 - lse)).abs() < 1e-6);
+        assert_eq!(
+            masked.top.iter().map(|&(t, _)| t).collect::<Vec<_>>(),
+            [2, 0]
+        );
     }
 }
