@@ -180,6 +180,9 @@ enum Command {
         /// the others decode; its time to first token is reported apart.
         #[arg(long)]
         late_short: Option<usize>,
+        /// Decode speculatively with this drafter (default: plain decoding).
+        #[arg(long, value_parser = parse_draft)]
+        draft: Option<DraftArg>,
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
@@ -428,6 +431,7 @@ fn run(command: Command) -> Result<()> {
             concurrency,
             distinct,
             late_short,
+            draft,
         } => {
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
@@ -442,6 +446,13 @@ fn run(command: Command) -> Result<()> {
                 BenchLength {
                     tokens: generate_tokens,
                     ignore_eos,
+                    speculation: match draft {
+                        Some(DraftArg(Some(drafter))) => crate::engine::Speculation::On {
+                            drafter,
+                            max_depth: None,
+                        },
+                        _ => crate::engine::Speculation::Off,
+                    },
                 },
                 BenchStreams {
                     concurrency: concurrency.max(1),
@@ -723,12 +734,15 @@ enum BenchPrompt {
     Ids(Vec<u32>),
 }
 
-/// How much `bench` generates per run.
+/// How much `bench` generates per run, and how.
+#[derive(Clone, Copy)]
 struct BenchLength {
     /// Tokens per run (fewer when the model ends first, unless `ignore_eos`).
     tokens: usize,
     /// Generate through end-of-sequence tokens.
     ignore_eos: bool,
+    /// Speculative decoding or not.
+    speculation: crate::engine::Speculation,
 }
 
 /// Reads a JSON array of token ids (`bench --prompt-ids`).
@@ -773,15 +787,16 @@ async fn bench_stream(
     state: AppState,
     name: ModelName,
     prompt: Vec<u32>,
-    length: (usize, bool),
+    length: BenchLength,
     load: Duration,
     run_start: Instant,
 ) -> Result<StreamResult> {
     let lease = state.scheduler.acquire(&name, None).await?;
     let options = GenerationOptions {
         sampling: sampler::Options::greedy(),
-        num_predict: Some(length.0),
-        ignore_eos: length.1,
+        num_predict: Some(length.tokens),
+        ignore_eos: length.ignore_eos,
+        speculation: length.speculation,
         ..GenerationOptions::default()
     };
     let begin = Instant::now();
@@ -887,7 +902,7 @@ async fn bench(
                 state.clone(),
                 name.clone(),
                 prompt,
-                (length.tokens, length.ignore_eos),
+                length,
                 load,
                 run_start,
             )));
@@ -909,7 +924,11 @@ async fn bench(
                         state.clone(),
                         name.clone(),
                         prompt,
-                        (8, true),
+                        BenchLength {
+                            tokens: 8,
+                            ignore_eos: true,
+                            ..length
+                        },
                         load,
                         run_start,
                     )
@@ -932,6 +951,7 @@ async fn bench(
                     "generated_tokens": s.generated_tokens,
                     "decode_tok_s": s.generated_tokens.saturating_sub(1) as f64 / s.eval.as_secs_f64().max(1e-9),
                     "ttft_ms": r.ttft.as_secs_f64() * 1e3,
+                    "speculation": s.speculation.as_ref().map(crate::server::generation::speculation_json),
                 })
             })
             .collect();

@@ -54,16 +54,7 @@ impl Verdict {
 /// leaves nothing to draw from.
 pub fn verify<R: Rng + ?Sized>(draft: &Draft, target: &[&[f32]], rng: &mut R) -> Result<Verdict> {
     let k = draft.len();
-    if target.len() != k + 1 {
-        return Err(Error::RowCount {
-            rows: target.len(),
-            drafts: k,
-        });
-    }
-    let vocab = target[0].len();
-    if vocab == 0 {
-        return Err(Error::EmptyVocabulary);
-    }
+    let vocab = vocab_of(&draft.tokens, target)?;
     let target_mass = target
         .iter()
         .enumerate()
@@ -87,13 +78,6 @@ pub fn verify<R: Rng + ?Sized>(draft: &Draft, target: &[&[f32]], rng: &mut R) ->
         }
     };
     for (position, &token) in draft.tokens.iter().enumerate() {
-        if token as usize >= vocab {
-            return Err(Error::TokenOutOfVocab {
-                position,
-                token,
-                vocab,
-            });
-        }
         if let Some((rows, _)) = &dense
             && rows[position][token as usize] == 0.0
         {
@@ -144,25 +128,7 @@ pub fn verify_positional(
     mut uniform: impl FnMut(usize) -> f64,
 ) -> Result<Verdict> {
     let k = drafts.len();
-    if target.len() != k + 1 {
-        return Err(Error::RowCount {
-            rows: target.len(),
-            drafts: k,
-        });
-    }
-    let vocab = target[0].len();
-    if vocab == 0 {
-        return Err(Error::EmptyVocabulary);
-    }
-    for (position, &token) in drafts.iter().enumerate() {
-        if token as usize >= vocab {
-            return Err(Error::TokenOutOfVocab {
-                position,
-                token,
-                vocab,
-            });
-        }
-    }
+    let vocab = vocab_of(drafts, target)?;
     let draw_row = |i: usize, u: f64| -> Result<u32> {
         let total = mass(Row::Target(i), target[i], vocab)?;
         invert(target[i], total, u).ok_or(Error::ZeroMass {
@@ -203,6 +169,34 @@ pub fn verify_greedy(drafts: &[u32], argmax: &[u32]) -> Result<Verdict> {
         accepted,
         next: argmax[accepted],
     })
+}
+
+/// The vocabulary size of a round's `target` rows, after checking that there is one row per
+/// draft plus one and that every draft is inside the vocabulary (row widths are checked with
+/// their entries, by [`mass`]).
+fn vocab_of(drafts: &[u32], target: &[&[f32]]) -> Result<usize> {
+    if target.len() != drafts.len() + 1 {
+        return Err(Error::RowCount {
+            rows: target.len(),
+            drafts: drafts.len(),
+        });
+    }
+    let vocab = target[0].len();
+    if vocab == 0 {
+        return Err(Error::EmptyVocabulary);
+    }
+    if let Some((position, &token)) = drafts
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t as usize >= vocab)
+    {
+        return Err(Error::TokenOutOfVocab {
+            position,
+            token,
+            vocab,
+        });
+    }
+    Ok(vocab)
 }
 
 /// The f64 sum of a row after checking its width and entries.
