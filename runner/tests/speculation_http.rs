@@ -31,14 +31,24 @@ fn server() -> Option<&'static Server> {
         .as_ref()
 }
 
-const PROMPTS: [&str; 6] = [
-    "Repeat this list exactly: apples, pears, plums, apples, pears, plums, apples, pears, plums.",
-    "Rename `total` to `sum` and return the function:\n\ndef f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n",
-    "Reformat as indented JSON: {\"a\": 1, \"b\": [1, 2, 3], \"c\": {\"d\": \"e\"}}",
-    "Copy this sentence twice: The quick brown fox jumps over the lazy dog.",
-    "Write two sentences about the sea.",
-    "What is the capital of France? Answer briefly.",
-];
+/// Ten prompts: five that ask to copy or edit given text (drafts get accepted), five free.
+fn prompts() -> Vec<String> {
+    let copy = [
+        "Repeat this list exactly: apples, pears, plums, apples, pears, plums.",
+        "Rename `total` to `sum` and return the function:\n\ndef f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n",
+        "Reformat as indented JSON: {\"a\": 1, \"b\": [1, 2, 3], \"c\": {\"d\": \"e\"}}",
+        "Copy this sentence twice: The quick brown fox jumps over the lazy dog.",
+        "Write the numbers from one to twelve in words, separated by commas.",
+    ];
+    let free = [
+        "Write two sentences about the sea.",
+        "What is the capital of France? Answer briefly.",
+        "Name three colours of the rainbow.",
+        "Why do leaves fall in autumn?",
+        "Describe a cat in one sentence.",
+    ];
+    copy.iter().chain(&free).map(|t| t.to_string()).collect()
+}
 
 /// `(token, logprob, top-2 margin)` of each generated token, and the final object.
 fn generate(
@@ -56,7 +66,7 @@ fn generate(
             "stream": false,
             "logprobs": true,
             "top_logprobs": 2,
-            "options": { "temperature": 0, "num_predict": 48, "draft": draft },
+            "options": { "temperature": 0, "num_predict": 32, "draft": draft },
         }),
     );
     assert_eq!(status, 200, "{response}");
@@ -85,9 +95,9 @@ fn greedy_speculation_answers_as_plain_decoding_does() {
         let mut cutoffs = 0;
         let mut accepted = 0;
         let mut worst = 0.0f32;
-        for prompt in PROMPTS {
-            let (plain, plain_done) = generate(s, model, prompt, "none");
-            let (spec, done) = generate(s, model, prompt, "ngram");
+        for prompt in prompts() {
+            let (plain, plain_done) = generate(s, model, &prompt, "none");
+            let (spec, done) = generate(s, model, &prompt, "ngram");
             assert!(plain_done.get("speculation").is_none());
             let stats = &done["speculation"];
             assert_eq!(stats["drafter"], "ngram", "{done}");
