@@ -183,6 +183,11 @@ enum Command {
         /// Decode speculatively with this drafter (default: plain decoding).
         #[arg(long, value_parser = parse_draft)]
         draft: Option<DraftArg>,
+        /// Instead of benchmarking, replay a depth controller's decision log (the server keeps
+        /// one per model and drafter: `$MLXKIT_HOME/state/<digest>/ngram.log.json`) and report
+        /// its decisions and whether the controller reproduces them.
+        #[arg(long, conflicts_with_all = ["draft", "concurrency"])]
+        replay: Option<PathBuf>,
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
@@ -432,7 +437,11 @@ fn run(command: Command) -> Result<()> {
             distinct,
             late_short,
             draft,
+            replay,
         } => {
+            if let Some(path) = replay {
+                return replay_decisions(&path);
+            }
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
             let prompt = match prompt_ids {
@@ -743,6 +752,65 @@ struct BenchLength {
     ignore_eos: bool,
     /// Speculative decoding or not.
     speculation: crate::engine::Speculation,
+}
+
+/// `bench --replay`: re-feeds a depth controller's decision log to the state it started from,
+/// and prints what it decided, how often, and whether the replay agrees.
+fn replay_decisions(path: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let log = speculate::DecisionLog::from_json(&text).with_context(|| {
+        format!(
+            "{} is not a depth controller's decision log",
+            path.display()
+        )
+    })?;
+    let mut by_depth = std::collections::BTreeMap::<usize, usize>::new();
+    let (mut drafted, mut accepted, mut rounds) = (0, 0, 0);
+    for event in log.events() {
+        match *event {
+            speculate::Event::Depth { depth, .. } => *by_depth.entry(depth).or_default() += 1,
+            speculate::Event::Observe {
+                depth, accepted: a, ..
+            } => {
+                rounds += 1;
+                drafted += depth;
+                accepted += a;
+            }
+        }
+    }
+    let replay = log.replay();
+    println!(
+        "{} events: {} decisions, {rounds} rounds, {accepted} of {drafted} drafts accepted",
+        log.len(),
+        replay.decisions
+    );
+    for (depth, count) in &by_depth {
+        println!("  depth {depth:>2}: chosen {count} times");
+    }
+    let best: Vec<String> = [1, 2, 4, 8, 16]
+        .iter()
+        .map(|&batch| format!("batch {batch}: {}", replay.controller.best(batch)))
+        .collect();
+    println!("best depth now: {}", best.join(", "));
+    println!(
+        "expected tokens per round at each depth: {}",
+        (0..=replay.controller.max_depth().min(8))
+            .map(|d| format!("{d}: {:.2}", replay.controller.expected_tokens(d)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if replay.mismatches.is_empty() {
+        println!("the replay reproduces every decision");
+        Ok(())
+    } else {
+        bail!(
+            "the replay differs at {} of {} decisions (first: event {:?})",
+            replay.mismatches.len(),
+            replay.decisions,
+            replay.mismatches.first()
+        )
+    }
 }
 
 /// Reads a JSON array of token ids (`bench --prompt-ids`).

@@ -309,6 +309,12 @@ fn the_depth_controller_survives_a_restart() {
         // Unloading writes the controller.
     };
     assert!(state.path().join("ngram.json").exists());
+    // Its decisions replay offline, each reproduced.
+    let log = std::fs::read_to_string(state.path().join("ngram.log.json")).unwrap();
+    let replay = speculate::DecisionLog::from_json(&log).unwrap().replay();
+    assert!(replay.decisions > 0);
+    assert!(replay.mismatches.is_empty(), "{:?}", replay.mismatches);
+    assert_eq!(replay.controller.best(1), depth);
     let mut engine = engine("llama", 64 << 20);
     engine.keep_state_in(state.path().to_path_buf());
     assert_eq!(engine.draft_depth(DrafterKind::Ngram), Some(depth));

@@ -88,7 +88,8 @@ impl Speculating {
 /// One depth controller per drafter kind, shared by the sequences of a loaded model. When it
 /// has a folder, each controller is read from `<folder>/<drafter>.json` at once and written
 /// back every [`SAVE_EVERY`] rounds and when the model is unloaded, so a restarted
-/// server starts at the depth it had learned.
+/// server starts at the depth it had learned; its recent decisions go to
+/// `<folder>/<drafter>.log.json` for `mlxkit bench --replay`.
 #[derive(Default)]
 pub struct Controllers {
     by_drafter: HashMap<DrafterKind, DepthController>,
@@ -161,6 +162,11 @@ impl Controllers {
             let path = dir.join(format!("{}.json", kind.as_str()));
             if let Err(e) = controller.save(&path) {
                 tracing::warn!("saving {}: {e}", path.display());
+            }
+            // Its recent decisions, for `mlxkit bench --replay`.
+            let log = dir.join(format!("{}.log.json", kind.as_str()));
+            if let Err(e) = std::fs::write(&log, controller.log().to_json()) {
+                tracing::warn!("saving {}: {e}", log.display());
             }
         }
     }
