@@ -138,6 +138,22 @@ pub trait Model {
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward>;
 
+    /// Like [`Model::forward_rows`], through only the first `layers` layers and then the final
+    /// norm: a layer-skip draft (`unembed` of its hidden states guesses the next tokens with no
+    /// extra weights). Only those layers' caches are appended to. Architectures that cannot
+    /// cut their stack refuse.
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        let _ = (batch, caches, layers);
+        Err(Error::InvalidInput(
+            "this architecture cannot run a prefix of its layers (layer-skip drafting)".into(),
+        ))
+    }
+
     /// Vocabulary logits of `hidden` (`[..., hidden]` → `[..., vocab]`).
     fn unembed(&self, hidden: &Array) -> Result<Array>;
 

@@ -246,7 +246,7 @@ fn parse_draft(text: &str) -> std::result::Result<DraftArg, String> {
         "none" | "off" => Ok(DraftArg(None)),
         name => crate::engine::DrafterKind::parse(name)
             .map(|kind| DraftArg(Some(kind)))
-            .ok_or_else(|| format!("unknown drafter `{name}` (known: ngram, none)")),
+            .ok_or_else(|| format!("unknown drafter `{name}` (known: ngram, self:<layers>, none)")),
     }
 }
 
@@ -310,7 +310,7 @@ fn run(command: Command) -> Result<()> {
                 options.insert("num_predict".into(), json!(n));
             }
             if let Some(DraftArg(draft)) = draft {
-                let name = draft.map_or("none", crate::engine::DrafterKind::as_str);
+                let name = draft.map_or("none".into(), crate::engine::DrafterKind::name);
                 options.insert("draft".into(), json!(name));
             }
             let prompt = prompt.join(" ");

@@ -88,7 +88,7 @@ impl Modelfile {
                         && crate::engine::DrafterKind::parse(value).is_none()
                     {
                         return Err(err(format!(
-                            "PARAMETER draft: unknown drafter `{value}` (known: ngram, none)"
+                            "PARAMETER draft: unknown drafter `{value}` (known: ngram, self:<layers>, none)"
                         )));
                     } else {
                         serde_json::Value::String(value.to_string())

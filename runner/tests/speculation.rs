@@ -95,12 +95,13 @@ fn speculating_and_plain_sequences_share_steps() {
 
 #[test]
 fn budgets_and_sliding_windows_hold_while_speculating() {
-    // Gemma 3's fixture slides its window well inside these generations, so rejected drafts
-    // rewind across the window's edge.
+    // Gemma 3's fixture slides its window (8, plus 16 slack) inside these generations: rounds
+    // speculate until the ring wraps and decode plainly after.
     let mut engine = engine("gemma3", 64 << 20);
-    for (n, depth) in [(1, 8), (2, 8), (3, 16), (61, 16)] {
-        let prompt = repetitive(3, 40);
+    for (n, depth, len) in [(1, 8, 40), (2, 8, 40), (3, 16, 5), (61, 16, 5), (40, 4, 12)] {
+        let prompt = repetitive(3, len);
         let handle = speculate(&mut engine, &prompt, n, depth);
+        assert_eq!(handle.failed, None);
         assert_eq!(handle.tokens, cold(engine.model(), &prompt, n), "n {n}");
         assert_eq!(handle.done.as_ref().map(|d| d.0), Some(DoneReason::Length));
         check_trie(&engine);
@@ -318,4 +319,49 @@ fn the_depth_controller_survives_a_restart() {
     let mut engine = engine("llama", 64 << 20);
     engine.keep_state_in(state.path().to_path_buf());
     assert_eq!(engine.draft_depth(DrafterKind::Ngram), Some(depth));
+}
+
+#[test]
+fn layer_skip_drafts_leave_answers_unchanged() {
+    for name in ["llama", "gemma3"] {
+        let mut engine = engine(name, 64 << 20);
+        let layer_skip = Speculation::On {
+            drafter: DrafterKind::SelfDraft(1),
+            max_depth: Some(4),
+        };
+        // Short prompts: Gemma 3's fixture window (8, plus 16 slack) wraps during the answer,
+        // after which rounds decode plainly.
+        let prompts: Vec<Vec<u32>> = (0..3).map(|r| repetitive(r, 6 + 2 * r as usize)).collect();
+        // Three at once, so layer-skip rows draft together.
+        let mut handles: Vec<Handle> = prompts
+            .iter()
+            .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), layer_skip))
+            .collect();
+        run_to_idle(&mut engine);
+        for (prompt, handle) in prompts.iter().zip(&mut handles) {
+            assert!(handle.ended());
+            assert_eq!(handle.failed, None, "{name}");
+            assert_eq!(handle.tokens, cold(engine.model(), prompt, 30), "{name}");
+            let spec = handle.stats().speculation.expect("it speculated");
+            assert_eq!(spec.drafter, "self");
+            assert!(spec.drafted > 0, "{spec:?}");
+        }
+        check_trie(&engine);
+        // A draft as deep as the model is refused by name.
+        let too_deep = Speculation::On {
+            drafter: DrafterKind::SelfDraft(64),
+            max_depth: None,
+        };
+        let mut refused = submit_with(
+            &mut engine,
+            &prompts[0],
+            4,
+            sampler::Options::greedy(),
+            too_deep,
+        );
+        run_to_idle(&mut engine);
+        refused.poll();
+        let message = refused.failed.clone().expect("refused");
+        assert!(message.contains("self:64"), "{message}");
+    }
 }

@@ -119,6 +119,21 @@ impl Model for Decoder {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
+        self.forward_rows_through(batch, caches, self.layers.len())
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        if layers == 0 || layers > self.layers.len() {
+            return Err(Error::InvalidInput(format!(
+                "a forward through {layers} of {} layers",
+                self.layers.len()
+            )));
+        }
         let rows = batch.row_count();
         if caches.len() != rows {
             return Err(Error::InvalidInput(format!(
@@ -158,7 +173,7 @@ impl Model for Decoder {
         if let Some(scale) = self.embedding_scale {
             h = h.multiply(scale)?;
         }
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.input_norm.forward(&h)?;
             let projected = layer.attention.project(&x, rope_offset)?;
             let logical = match layer.kind {

@@ -71,23 +71,40 @@ impl Default for Speculation {
 pub enum DrafterKind {
     /// Prompt lookup: continue the longest earlier match of the context's last tokens.
     Ngram,
+    /// Layer-skip self-draft: the target's first this many layers, its final norm and head,
+    /// on the target's own caches (no extra weights).
+    SelfDraft(usize),
 }
 
-impl DrafterKind {
-    /// Every drafter.
-    pub const ALL: [DrafterKind; 1] = [DrafterKind::Ngram];
+/// The deepest layer-skip draft `self:<k>` names.
+pub const MAX_SELF_DRAFT_LAYERS: usize = 256;
 
-    /// The name requests and statistics use.
+impl DrafterKind {
+    /// The family name statistics report (`ngram`, `self`).
     pub fn as_str(self) -> &'static str {
         match self {
             DrafterKind::Ngram => "ngram",
+            DrafterKind::SelfDraft(_) => "self",
         }
     }
 
-    /// The drafter called `name`, if the engine has it.
+    /// The name requests use (`ngram`, `self:4`).
+    pub fn name(self) -> String {
+        match self {
+            DrafterKind::Ngram => "ngram".into(),
+            DrafterKind::SelfDraft(layers) => format!("self:{layers}"),
+        }
+    }
+
+    /// The drafter called `name` (`ngram`, `self:<layers>`), if the engine has it.
     pub fn parse(name: &str) -> Option<DrafterKind> {
-        match name {
-            "ngram" => Some(DrafterKind::Ngram),
+        match name.split_once(':') {
+            None if name == "ngram" => Some(DrafterKind::Ngram),
+            Some(("self", layers)) => layers
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_SELF_DRAFT_LAYERS).contains(n))
+                .map(DrafterKind::SelfDraft),
             _ => None,
         }
     }

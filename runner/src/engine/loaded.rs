@@ -396,7 +396,16 @@ impl LoadedModel {
             return refuse(job, e.into());
         }
         let budget = job.max_tokens.min(self.context_length - prompt_len);
-        let speculating = self.speculation_for(&job, &caches);
+        let speculating = match self.speculation_for(&job, &caches) {
+            Ok(speculating) => speculating,
+            Err(e) => {
+                if let Some(session) = session {
+                    self.prefix.abandon_session(session);
+                }
+                let _ = self.sampler.remove(id);
+                return refuse(job, e);
+            }
+        };
         let tokens = job.prompt[..restore_at].to_vec();
         tracing::debug!(
             sequence = id,
@@ -430,24 +439,32 @@ impl LoadedModel {
         &self,
         job: &Job,
         caches: &[Option<kvcache::LayerCache>],
-    ) -> Option<Speculating> {
-        let (drafter, max_depth) = match job.speculation {
-            Speculation::Off => return None,
-            Speculation::ServerDefault { max_depth } => (self.config.draft?, max_depth),
-            Speculation::On { drafter, max_depth } => (drafter, max_depth),
+    ) -> Result<Option<Speculating>> {
+        let (drafter, max_depth) = match (job.speculation, self.config.draft) {
+            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => return Ok(None),
+            (Speculation::ServerDefault { max_depth }, Some(drafter)) => (drafter, max_depth),
+            (Speculation::On { drafter, max_depth }, _) => (drafter, max_depth),
         };
+        let layers = self.model.config().num_layers;
+        if let DrafterKind::SelfDraft(k) = drafter
+            && k >= layers
+        {
+            return Err(StepError::Invalid(format!(
+                "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
+            )));
+        }
         let rewindable = caches
             .iter()
             .flatten()
             .all(|c| !matches!(c, kvcache::LayerCache::Recurrent(_)));
         if !rewindable {
-            return None;
+            return Ok(None);
         }
-        Some(Speculating::new(
+        Ok(Some(Speculating::new(
             drafter,
             max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
             job.sampling.seed,
-        ))
+        )))
     }
 
     /// The running sequence whose caches hold a longer prefix of `prompt` than `restored`

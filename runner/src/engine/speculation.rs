@@ -35,7 +35,8 @@ pub const MAX_DRAFT_DEPTH: usize = 16;
 
 /// A speculating sequence's drafter and round state.
 pub struct Speculating {
-    drafter: Box<dyn Drafter>,
+    /// The host drafter; `None` for a layer-skip draft, which the model itself runs.
+    drafter: Option<Box<dyn Drafter>>,
     kind: DrafterKind,
     /// Whether the drafter has been told the context since the prompt was evaluated.
     settled: bool,
@@ -52,8 +53,9 @@ impl Speculating {
     /// A sequence's speculation with `kind` drafts of at most `max_depth` tokens; seeded
     /// requests draw reproducibly.
     pub fn new(kind: DrafterKind, max_depth: usize, seed: Option<u64>) -> Speculating {
-        let drafter: Box<dyn Drafter> = match kind {
-            DrafterKind::Ngram => Box::new(NgramDrafter::new(NgramConfig::default())),
+        let drafter: Option<Box<dyn Drafter>> = match kind {
+            DrafterKind::Ngram => Some(Box::new(NgramDrafter::new(NgramConfig::default()))),
+            DrafterKind::SelfDraft(_) => None,
         };
         let key = match seed {
             // A different stream from the sampler's for the same seed.
@@ -108,7 +110,19 @@ impl Controllers {
             dir: Some(dir),
             unsaved: 0,
         };
-        for kind in DrafterKind::ALL {
+        let kinds: Vec<DrafterKind> = controllers
+            .dir
+            .as_ref()
+            .and_then(|dir| std::fs::read_dir(dir).ok())
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                let stem = name.strip_suffix(".json")?;
+                DrafterKind::parse(&stem.replace('-', ":"))
+            })
+            .collect();
+        for kind in kinds {
             if let Some(saved) = controllers.path(kind).filter(|p| p.exists()).and_then(|p| {
                 DepthController::load(&p)
                     .map_err(|e| tracing::warn!("ignoring {}: {e}", p.display()))
@@ -123,7 +137,7 @@ impl Controllers {
     fn path(&self, kind: DrafterKind) -> Option<PathBuf> {
         self.dir
             .as_ref()
-            .map(|dir| dir.join(format!("{}.json", kind.as_str())))
+            .map(|dir| dir.join(format!("{}.json", file_stem(kind))))
     }
 
     fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
@@ -159,12 +173,12 @@ impl Controllers {
             return;
         }
         for (kind, controller) in &self.by_drafter {
-            let path = dir.join(format!("{}.json", kind.as_str()));
+            let path = dir.join(format!("{}.json", file_stem(*kind)));
             if let Err(e) = controller.save(&path) {
                 tracing::warn!("saving {}: {e}", path.display());
             }
             // Its recent decisions, for `mlxkit bench --replay`.
-            let log = dir.join(format!("{}.log.json", kind.as_str()));
+            let log = dir.join(format!("{}.log.json", file_stem(*kind)));
             if let Err(e) = std::fs::write(&log, controller.log().to_json()) {
                 tracing::warn!("saving {}: {e}", log.display());
             }
@@ -183,6 +197,32 @@ impl Drop for Controllers {
             self.save();
         }
     }
+}
+
+/// The deepest round caches holding `cached` tokens can take back: a sliding-window cache
+/// rewinds only while nothing has left its ring (its slack covers a rejected draft until the
+/// window wraps; past that the round decodes plainly, depth 0, until the cache can track
+/// which old slots a rewind left stale).
+fn rewindable_depth(caches: &[Option<kvcache::LayerCache>], cached: usize) -> usize {
+    caches
+        .iter()
+        .flatten()
+        .filter_map(|cache| match cache {
+            kvcache::LayerCache::Rotating(c) => {
+                let config = c.config();
+                let capacity = config.keep + config.window + config.rewind_slack;
+                // The round writes depth + 1 positions from `cached`.
+                Some(capacity.saturating_sub(cached + 1))
+            }
+            _ => None,
+        })
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
+/// The name of `kind`'s controller files (`ngram`, `self-4`).
+fn file_stem(kind: DrafterKind) -> String {
+    kind.name().replace(':', "-")
 }
 
 /// A planned round: the sequence, its first token and its drafts, and under a grammar the
@@ -238,41 +278,50 @@ pub fn run_rounds(
         let Some(next) = spec.next else {
             continue;
         };
-        if !spec.settled {
+        if let (false, Some(drafter)) = (spec.settled, spec.drafter.as_mut()) {
             let mut context = seq.tokens.clone();
             context.push(next);
-            spec.drafter.settle(&context);
-            spec.settled = true;
+            drafter.settle(&context);
         }
+        spec.settled = true;
         // A round commits up to depth + 1 tokens: never more than the budget has left.
-        let limit = spec.max_depth.min(room.saturating_sub(1));
+        let limit = spec
+            .max_depth
+            .min(room.saturating_sub(1))
+            .min(rewindable_depth(&seq.caches, seq.tokens.len()));
         let depth = controllers.get(spec.kind).depth(batch).min(limit);
-        let mut draft = if depth == 0 {
-            Draft::empty()
-        } else {
-            spec.drafter.propose(depth)
+        let draft = match (depth, spec.drafter.as_mut()) {
+            (0, _) => Draft::empty(),
+            (_, Some(drafter)) => {
+                let mut draft = drafter.propose(depth);
+                draft.truncate(depth);
+                draft
+            }
+            // Drafted by the model below, with the other layer-skip rows.
+            (_, None) => Draft::one_hot(vec![0; depth]),
         };
-        draft.truncate(depth);
-        let masks = match seq.job.grammar.as_mut() {
-            None => None,
-            Some(grammar) => match masks_along(grammar, &mut draft) {
-                Ok(masks) => Some(masks),
+        planned.push(Planned {
+            index: i,
+            tokens: vec![next],
+            draft,
+            masks: None,
+        });
+    }
+    draft_by_layer_skip(model, sequences, &mut planned)?;
+    for plan in &mut planned {
+        let seq = &mut sequences[plan.index];
+        if let Some(grammar) = seq.job.grammar.as_mut() {
+            match masks_along(grammar, &mut plan.draft) {
+                Ok(masks) => plan.masks = Some(masks),
                 Err(e) => {
                     ending.add(seq.id, Outcome::Failed(format!("structured output: {e}")));
                     continue;
                 }
-            },
-        };
-        let mut tokens = Vec::with_capacity(draft.len() + 1);
-        tokens.push(next);
-        tokens.extend_from_slice(&draft.tokens);
-        planned.push(Planned {
-            index: i,
-            tokens,
-            draft,
-            masks,
-        });
+            }
+        }
+        plan.tokens.extend_from_slice(&plan.draft.tokens);
     }
+    planned.retain(|plan| !ending.contains(sequences[plan.index].id));
 
     // One forward per width; drafts cut to the width of the forward they share.
     let widths: Vec<(usize, usize)> = planned
@@ -433,7 +482,9 @@ fn settle_round(
         spec.stats.rounds += 1;
         spec.stats.drafted += round.draft.len();
         spec.stats.accepted += accepted;
-        spec.drafter.commit(&committed);
+        if let Some(drafter) = spec.drafter.as_mut() {
+            drafter.commit(&committed);
+        }
         spec.next = None;
         controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
     }
@@ -471,6 +522,74 @@ fn settle_round(
         ending.add(id, Outcome::Done(reason));
     } else if let Some(spec) = seq.speculating.as_mut() {
         spec.next = Some(next);
+    }
+    Ok(())
+}
+
+/// Drafts the planned rounds of layer-skip sequences (those whose draft is a placeholder of
+/// the chosen depth): from each round's first token, the first `k` layers, the final norm and
+/// the head propose the argmax, fed back for the next, the rows of one `k` and depth in one
+/// forward per draft position and the drafts read back once. Those layers' caches then rewind to where
+/// the round starts: the verification forward writes the same positions.
+fn draft_by_layer_skip(
+    model: &dyn Model,
+    sequences: &mut [Sequence],
+    planned: &mut [Planned],
+) -> Result<(), StepError> {
+    // Each row drafts exactly its depth: its caches may not be able to take back more.
+    let mut groups: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    for (p, plan) in planned.iter().enumerate() {
+        let kind = sequences[plan.index].speculating.as_ref().map(|s| s.kind);
+        if let Some(DrafterKind::SelfDraft(layers)) = kind
+            && !plan.draft.is_empty()
+        {
+            groups
+                .entry((layers, plan.draft.len()))
+                .or_default()
+                .push(p);
+        }
+    }
+    for ((layers, depth), mut group) in groups {
+        // Rows follow the order of `sequences`.
+        group.sort_by_key(|&p| planned[p].index);
+        let indices: Vec<usize> = group.iter().map(|&p| planned[p].index).collect();
+        let starts: Vec<usize> = indices.iter().map(|&i| sequences[i].tokens.len()).collect();
+        let firsts: Vec<i32> = group
+            .iter()
+            .map(|&p| i32::try_from(planned[p].tokens[0]).unwrap_or(i32::MAX))
+            .collect();
+        let mut tokens = Array::from_slice(&firsts, &[group.len() as i32, 1])?;
+        let mut drafted = Vec::with_capacity(depth);
+        for step in 0..depth {
+            let positions = starts.iter().map(|&s| s + step).collect();
+            let batch = Batch::from_device(&tokens, positions)?;
+            let out = {
+                let mut caches = caches_of(sequences, &indices)?;
+                model.forward_rows_through(&batch, &mut caches, layers)?
+            };
+            tokens = model
+                .unembed(&out.hidden)?
+                .argmax(2, false)?
+                .astype(Dtype::I32)?;
+            drafted.push(tokens.clone());
+        }
+        let drafted = mlx::concatenate(&drafted, 1)?.to_vec::<i32>()?;
+        for (row, &p) in group.iter().enumerate() {
+            let plan = &mut planned[p];
+            let ids = drafted[row * depth..(row + 1) * depth]
+                .iter()
+                .map(|&t| u32::try_from(t).unwrap_or(0))
+                .collect();
+            plan.draft = Draft::one_hot(ids);
+            for cache in sequences[plan.index]
+                .caches
+                .iter_mut()
+                .take(layers)
+                .flatten()
+            {
+                cache.rewind(starts[row])?;
+            }
+        }
     }
     Ok(())
 }

@@ -174,7 +174,7 @@ fn speculation(key: &str, value: &Value, current: Speculation) -> Result<Specula
                 },
                 None => {
                     return Err(ApiError::bad_request(format!(
-                        "option `draft`: unknown drafter `{name}` (known: ngram, none)"
+                        "option `draft`: unknown drafter `{name}` (known: ngram, self:<layers>, none)"
                     )));
                 }
             },
