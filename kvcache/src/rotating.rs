@@ -9,6 +9,11 @@
 //! is needed. A longer update (a prefill chunk, a speculative round) gathers the held
 //! positions in order, appends the new tokens, and masks by position; captures inside it are cut
 //! from that same gathered history.
+//!
+//! A rewind of at most `rewind_slack` tokens after the ring has wrapped leaves the oldest slots
+//! holding the rejected positions' data: the cache then holds fewer than `ring` valid positions
+//! (`valid_from` onwards, never fewer than the window), and its snapshots and contents are that
+//! valid suffix. New writes push the stale slots out again.
 
 use mlx::{Array, concatenate};
 
@@ -92,6 +97,9 @@ pub struct RotatingKvCache {
     shape: Option<KvShape>,
     buffers: Option<(Array, Array)>,
     offset: usize,
+    /// The first ring position whose slot still holds it: above `offset - ring` only after a
+    /// rewind overwrote older slots with positions that were then taken back.
+    valid_from: usize,
     schedule: CaptureSchedule,
     captured: Vec<(usize, RotatingSnapshot)>,
 }
@@ -113,6 +121,7 @@ impl RotatingKvCache {
             shape: None,
             buffers: None,
             offset: 0,
+            valid_from: 0,
             schedule: CaptureSchedule::default(),
             captured: Vec::new(),
         })
@@ -135,6 +144,16 @@ impl RotatingKvCache {
             .iter()
             .flat_map(|(k, v)| [k.clone(), v.clone()])
             .collect()
+    }
+
+    /// The positions whose keys and values the cache holds at `offset` (the current one, or
+    /// a capture inside a write): the kept prefix and the valid part of the ring's run.
+    fn held(&self, offset: usize) -> [std::ops::Range<usize>; 2] {
+        let [prefix, ring] = self.config.held(offset);
+        [
+            prefix,
+            ring.start.max(self.valid_from).min(offset)..ring.end,
+        ]
     }
 
     fn check_shape(&mut self, shape: KvShape) -> Result<()> {
@@ -167,7 +186,7 @@ impl RotatingKvCache {
         }
         // Held positions in order, then the new tokens: every position any new query may see,
         // and every position a capture inside this write holds.
-        let [prefix, ring] = self.config.held(from);
+        let [prefix, ring] = self.held(from);
         let (old_k, old_v) = self.gather_held(&[prefix.clone(), ring.clone()])?;
         let full_ranges = [prefix.clone(), ring.clone(), from..from + n];
         let (full_k, full_v) = match (old_k, old_v) {
@@ -178,7 +197,7 @@ impl RotatingKvCache {
             _ => (keys.clone(), values.clone()),
         };
         for (_, at) in crossed {
-            let held = self.config.held(at);
+            let held = self.held(at);
             let columns = columns_of(&full_ranges, &held);
             let arrays = (
                 gather(&full_k, TOKENS, &columns)?,
@@ -354,7 +373,7 @@ impl RotatingKvCache {
     }
 
     fn snapshot_now(&self) -> Result<RotatingSnapshot> {
-        let held = self.config.held(self.offset);
+        let held = self.held(self.offset);
         let (k, v) = self.gather_held(&held)?;
         Ok(RotatingSnapshot {
             offset: self.offset,
@@ -379,16 +398,21 @@ impl RotatingKvCache {
     /// The held positions' keys and values in position order (prefix first), `None` while
     /// empty: the logical contents, for comparisons.
     pub fn contents(&self) -> Result<Option<(Array, Array)>> {
-        let held = self.config.held(self.offset);
+        let held = self.held(self.offset);
         let (k, v) = self.gather_held(&held)?;
         Ok(k.zip(v))
     }
 
-    /// Rewinds to `to` when every position the state at `to` holds is still held: always
-    /// while nothing has left the ring, else by at most `rewind_slack` tokens.
+    /// Rewinds to `to` when the window the state at `to` needs is still held: always while
+    /// nothing has left the ring, else by at most `rewind_slack` tokens (less after earlier
+    /// rewinds whose stale slots have not been written over yet). The slots of positions the
+    /// rewind takes back stay stale until written again (see the module documentation).
     pub fn rewind(&mut self, to: usize) -> Result<()> {
-        let [_, now] = self.config.held(self.offset);
-        let [_, then] = self.config.held(to);
+        // Positions the tokens above `to` overwrote: every one below `offset - ring`.
+        let valid_from = self
+            .valid_from
+            .max(self.offset.saturating_sub(self.config.ring()));
+        let needed = to.saturating_sub(self.config.window).max(self.config.keep);
         if to > self.offset {
             return Err(Error::CannotRewind {
                 kind: CacheKind::Rotating,
@@ -397,7 +421,7 @@ impl RotatingKvCache {
                 reason: ": that is ahead of the cache",
             });
         }
-        if !then.is_empty() && then.start < now.start {
+        if to > self.config.keep && valid_from > needed {
             return Err(Error::CannotRewind {
                 kind: CacheKind::Rotating,
                 from: self.offset,
@@ -406,6 +430,7 @@ impl RotatingKvCache {
             });
         }
         self.offset = to;
+        self.valid_from = valid_from;
         self.schedule.clear();
         Ok(())
     }
@@ -423,13 +448,17 @@ impl RotatingKvCache {
         self.schedule.clear();
         let Some((keys, values)) = &snapshot.arrays else {
             self.offset = 0;
+            self.valid_from = 0;
             return Ok(());
         };
         let (shape, _) = KvShape::of(keys, values)?;
         self.check_shape(shape)?;
-        let [prefix, ring] = self.config.held(snapshot.offset);
+        // The snapshot holds its prefix and the valid end of its ring.
+        let [prefix, _] = self.config.held(snapshot.offset);
         let split = dim(prefix.len(), "column")?;
         let total = keys.dim(TOKENS)?;
+        let ring_len = usize::try_from(total - split).unwrap_or(0);
+        let ring = snapshot.offset.saturating_sub(ring_len).max(prefix.end)..snapshot.offset;
         if !prefix.is_empty() {
             self.write_run(
                 0,
@@ -445,6 +474,7 @@ impl RotatingKvCache {
             )?;
         }
         self.offset = snapshot.offset;
+        self.valid_from = ring.start;
         Ok(())
     }
 

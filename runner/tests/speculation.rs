@@ -95,8 +95,8 @@ fn speculating_and_plain_sequences_share_steps() {
 
 #[test]
 fn budgets_and_sliding_windows_hold_while_speculating() {
-    // Gemma 3's fixture slides its window (8, plus 16 slack) inside these generations: rounds
-    // speculate until the ring wraps and decode plainly after.
+    // Gemma 3's fixture slides its window (8, plus 16 slack) inside these generations, so
+    // rejected drafts are taken back across the ring's edge.
     let mut engine = engine("gemma3", 64 << 20);
     for (n, depth, len) in [(1, 8, 40), (2, 8, 40), (3, 16, 5), (61, 16, 5), (40, 4, 12)] {
         let prompt = repetitive(3, len);
@@ -330,7 +330,7 @@ fn layer_skip_drafts_leave_answers_unchanged() {
             max_depth: Some(4),
         };
         // Short prompts: Gemma 3's fixture window (8, plus 16 slack) wraps during the answer,
-        // after which rounds decode plainly.
+        // so drafts are taken back across the ring's edge.
         let prompts: Vec<Vec<u32>> = (0..3).map(|r| repetitive(r, 6 + 2 * r as usize)).collect();
         // Three at once, so layer-skip rows draft together.
         let mut handles: Vec<Handle> = prompts

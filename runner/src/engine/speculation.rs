@@ -199,27 +199,6 @@ impl Drop for Controllers {
     }
 }
 
-/// The deepest round caches holding `cached` tokens can take back: a sliding-window cache
-/// rewinds only while nothing has left its ring (its slack covers a rejected draft until the
-/// window wraps; past that the round decodes plainly, depth 0, until the cache can track
-/// which old slots a rewind left stale).
-fn rewindable_depth(caches: &[Option<kvcache::LayerCache>], cached: usize) -> usize {
-    caches
-        .iter()
-        .flatten()
-        .filter_map(|cache| match cache {
-            kvcache::LayerCache::Rotating(c) => {
-                let config = c.config();
-                let capacity = config.keep + config.window + config.rewind_slack;
-                // The round writes depth + 1 positions from `cached`.
-                Some(capacity.saturating_sub(cached + 1))
-            }
-            _ => None,
-        })
-        .min()
-        .unwrap_or(usize::MAX)
-}
-
 /// The name of `kind`'s controller files (`ngram`, `self-4`).
 fn file_stem(kind: DrafterKind) -> String {
     kind.name().replace(':', "-")
@@ -285,10 +264,7 @@ pub fn run_rounds(
         }
         spec.settled = true;
         // A round commits up to depth + 1 tokens: never more than the budget has left.
-        let limit = spec
-            .max_depth
-            .min(room.saturating_sub(1))
-            .min(rewindable_depth(&seq.caches, seq.tokens.len()));
+        let limit = spec.max_depth.min(room.saturating_sub(1));
         let depth = controllers.get(spec.kind).depth(batch).min(limit);
         let draft = match (depth, spec.drafter.as_mut()) {
             (0, _) => Draft::empty(),
