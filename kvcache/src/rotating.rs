@@ -408,10 +408,12 @@ impl RotatingKvCache {
     /// rewinds whose stale slots have not been written over yet). The slots of positions the
     /// rewind takes back stay stale until written again (see the module documentation).
     pub fn rewind(&mut self, to: usize) -> Result<()> {
-        // Positions the tokens above `to` overwrote: every one below `offset - ring`.
+        // Positions the tokens above `to` overwrote: every one below `offset - ring`. Those
+        // from `to` on are written again before anything reads them.
         let valid_from = self
             .valid_from
-            .max(self.offset.saturating_sub(self.config.ring()));
+            .max(self.offset.saturating_sub(self.config.ring()))
+            .min(to);
         let needed = to.saturating_sub(self.config.window).max(self.config.keep);
         if to > self.offset {
             return Err(Error::CannotRewind {

@@ -210,7 +210,7 @@ impl Harness {
                     self.pending.clear();
                     if let LayerCache::Rotating(c) = &self.cache {
                         let ring = c.config().window + c.config().rewind_slack;
-                        self.valid_from = self.valid_from.max(offset.saturating_sub(ring));
+                        self.valid_from = self.valid_from.max(offset.saturating_sub(ring)).min(to);
                     }
                 }
             }
