@@ -204,26 +204,44 @@ fn ask_with(
 fn fifty_seeded_samples_across_five_schemas_all_validate() {
     let Some(s) = server() else { return };
     let _serial = serial();
-    let mut failures = Vec::new();
-    for (i, (prompt, schema)) in schemas().iter().enumerate() {
-        let validator = jsonschema::validator_for(schema).expect("the test's schema is valid");
-        for k in 0..10 {
-            let request = i * 10 + k;
-            let text = ask(s, request, prompt, schema, 1000 + request as u64);
-            match serde_json::from_str::<Value>(&text) {
-                Err(e) => failures.push(format!("#{request}: not JSON ({e}): {text:?}")),
-                Ok(value) => {
-                    let errors: Vec<String> = validator
-                        .iter_errors(&value)
-                        .map(|e| e.to_string())
-                        .collect();
-                    if !errors.is_empty() {
-                        failures.push(format!("#{request}: {errors:?} in {text}"));
+    // One client per schema at once: the engine decodes the five in one batch, and each
+    // answer must still validate on its own.
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = schemas()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (prompt, schema))| {
+                scope.spawn(move || {
+                    let validator =
+                        jsonschema::validator_for(&schema).expect("the test's schema is valid");
+                    let mut failures = Vec::new();
+                    for k in 0..10 {
+                        let request = i * 10 + k;
+                        let text = ask(s, request, prompt, &schema, 1000 + request as u64);
+                        match serde_json::from_str::<Value>(&text) {
+                            Err(e) => {
+                                failures.push(format!("#{request}: not JSON ({e}): {text:?}"))
+                            }
+                            Ok(value) => {
+                                let errors: Vec<String> = validator
+                                    .iter_errors(&value)
+                                    .map(|e| e.to_string())
+                                    .collect();
+                                if !errors.is_empty() {
+                                    failures.push(format!("#{request}: {errors:?} in {text}"));
+                                }
+                            }
+                        }
                     }
-                }
-            }
-        }
-    }
+                    failures
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a client thread panicked"))
+            .collect()
+    });
     assert!(
         failures.is_empty(),
         "{} of 50 answers broke their schema:\n{}",
@@ -236,24 +254,26 @@ fn fifty_seeded_samples_across_five_schemas_all_validate() {
 fn speculative_samples_validate_and_greedy_answers_do_not_change() {
     let Some(s) = server() else { return };
     let _serial = serial();
-    for (i, (prompt, schema)) in schemas().iter().enumerate() {
-        let validator = jsonschema::validator_for(schema).expect("the test's schema is valid");
-        // Four seeded samples at temperature 1.0 per schema, through every endpoint.
-        for k in 0..4 {
-            let request = i * 4 + k;
-            let text = ask_with(
-                s,
-                request,
-                prompt,
-                schema,
-                2000 + request as u64,
-                1.0,
-                "ngram",
-            );
-            let value: Value = serde_json::from_str(&text)
-                .unwrap_or_else(|e| panic!("#{request}: not JSON ({e}): {text:?}"));
-            assert!(validator.is_valid(&value), "#{request}: {text}");
+    // Four seeded samples at temperature 1.0 per schema, through every endpoint, the five
+    // schemas' clients at once (speculating sequences verified in one batch).
+    std::thread::scope(|scope| {
+        for (i, (prompt, schema)) in schemas().into_iter().enumerate() {
+            scope.spawn(move || {
+                let validator =
+                    jsonschema::validator_for(&schema).expect("the test's schema is valid");
+                for k in 0..4 {
+                    let request = i * 4 + k;
+                    let seed = 2000 + request as u64;
+                    let text = ask_with(s, request, prompt, &schema, seed, 1.0, "ngram");
+                    let value: Value = serde_json::from_str(&text)
+                        .unwrap_or_else(|e| panic!("#{request}: not JSON ({e}): {text:?}"));
+                    assert!(validator.is_valid(&value), "#{request}: {text}");
+                }
+            });
         }
+    });
+    // Greedy answers alone, plain and drafted.
+    for (i, (prompt, schema)) in schemas().iter().enumerate() {
         let plain = ask_with(s, i, prompt, schema, 0, 0.0, "none");
         let drafted = ask_with(s, i, prompt, schema, 0, 0.0, "ngram");
         assert_eq!(drafted, plain, "schema {i}");
