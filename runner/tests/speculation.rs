@@ -343,7 +343,7 @@ fn layer_skip_drafts_leave_answers_unchanged() {
             assert_eq!(handle.failed, None, "{name}");
             assert_eq!(handle.tokens, cold(engine.model(), prompt, 30), "{name}");
             let spec = handle.stats().speculation.expect("it speculated");
-            assert_eq!(spec.drafter, "self");
+            assert_eq!(spec.drafter, DrafterKind::SelfDraft(1));
             assert!(spec.drafted > 0, "{spec:?}");
         }
         check_trie(&engine);

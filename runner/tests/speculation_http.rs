@@ -1,5 +1,5 @@
 //! Speculative decoding through the HTTP API with both real models: greedy answers with
-//! prompt-lookup drafting equal the plain ones token for token (up to the first position whose
+//! prompt-lookup and layer-skip drafting equal the plain ones token for token (up to the first position whose
 //! top-2 margin is under 1e-3, where the wider verification forward may round a near-tie the
 //! other way), logprobs come from the target at every committed token, and copy-heavy prompts
 //! accept drafts.
@@ -31,7 +31,7 @@ fn server() -> Option<&'static Server> {
         .as_ref()
 }
 
-/// Ten prompts: five that ask to copy or edit given text (drafts get accepted), five free.
+/// Twenty prompts: ten that ask to copy or edit given text (drafts get accepted), ten free.
 fn prompts() -> Vec<String> {
     let copy = [
         "Repeat this list exactly: apples, pears, plums, apples, pears, plums.",
@@ -39,6 +39,11 @@ fn prompts() -> Vec<String> {
         "Reformat as indented JSON: {\"a\": 1, \"b\": [1, 2, 3], \"c\": {\"d\": \"e\"}}",
         "Copy this sentence twice: The quick brown fox jumps over the lazy dog.",
         "Write the numbers from one to twelve in words, separated by commas.",
+        "Quote this passage, then say who wrote it: \"It was the best of times, it was the worst of times.\"",
+        "Fix the typo and repeat the line: The wether today is sunny and warm.",
+        "Turn this list into a Markdown table with one column: red, green, blue, yellow.",
+        "Add type hints to this function and return it:\n\ndef add(a, b):\n    return a + b\n",
+        "Sort these words alphabetically and list them: pear, apple, fig, banana, cherry.",
     ];
     let free = [
         "Write two sentences about the sea.",
@@ -46,6 +51,11 @@ fn prompts() -> Vec<String> {
         "Name three colours of the rainbow.",
         "Why do leaves fall in autumn?",
         "Describe a cat in one sentence.",
+        "Give one tip for learning to cook.",
+        "What is a prime number?",
+        "Tell me a short fact about the moon.",
+        "How do bees make honey?",
+        "Suggest a name for a small bakery.",
     ];
     copy.iter().chain(&free).map(|t| t.to_string()).collect()
 }
@@ -87,46 +97,60 @@ fn generate(
     (tokens, response)
 }
 
+/// The layer-skip drafter each model is tried with: its first 12 layers (of 30 and 18).
+const LAYER_SKIP: &str = "self:12";
+
 #[test]
 fn greedy_speculation_answers_as_plain_decoding_does() {
     let Some(s) = server() else { return };
     let _serial = serial();
     for model in [MODEL, GEMMA] {
-        let mut cutoffs = 0;
-        let mut accepted = 0;
-        let mut worst = 0.0f32;
-        for prompt in prompts() {
-            let (plain, plain_done) = generate(s, model, &prompt, "none");
-            let (spec, done) = generate(s, model, &prompt, "ngram");
-            assert!(plain_done.get("speculation").is_none());
-            let stats = &done["speculation"];
-            assert_eq!(stats["drafter"], "ngram", "{done}");
-            assert!(stats["rounds"].as_u64().unwrap() > 0);
-            accepted += stats["accepted"].as_u64().unwrap();
-            let same = plain
-                .iter()
-                .zip(&spec)
-                .take_while(|(a, b)| a.0 == b.0)
-                .count();
-            for (a, b) in plain[..same].iter().zip(&spec[..same]) {
-                worst = worst.max((a.1 - b.1).abs());
+        let prompts = prompts();
+        let plain: Vec<_> = prompts
+            .iter()
+            .map(|prompt| {
+                let (tokens, done) = generate(s, model, prompt, "none");
+                assert!(done.get("speculation").is_none(), "{done}");
+                tokens
+            })
+            .collect();
+        for drafter in ["ngram", LAYER_SKIP] {
+            let mut cutoffs = 0;
+            let mut accepted = 0;
+            let mut worst = 0.0f32;
+            for (prompt, plain) in prompts.iter().zip(&plain) {
+                let (spec, done) = generate(s, model, prompt, drafter);
+                let stats = &done["speculation"];
+                assert_eq!(stats["drafter"], drafter, "{done}");
+                accepted += stats["accepted"].as_u64().unwrap_or(0);
+                let same = plain
+                    .iter()
+                    .zip(&spec)
+                    .take_while(|(a, b)| a.0 == b.0)
+                    .count();
+                for (a, b) in plain[..same].iter().zip(&spec[..same]) {
+                    worst = worst.max((a.1 - b.1).abs());
+                }
+                if same < plain.len().max(spec.len()) {
+                    let margin = plain.get(same).map_or(f32::INFINITY, |t| t.2);
+                    assert!(
+                        margin < NEAR_TIE,
+                        "{model} with {drafter}: `{prompt}` differs at token {same} with margin {margin}"
+                    );
+                    cutoffs += 1;
+                }
             }
-            if same < plain.len().max(spec.len()) {
-                let margin = plain.get(same).map_or(f32::INFINITY, |t| t.2);
-                assert!(
-                    margin < NEAR_TIE,
-                    "{model}: `{prompt}` differs at token {same} with margin {margin}"
-                );
-                cutoffs += 1;
+            assert!(
+                worst <= LOGPROB_TOLERANCE,
+                "{model} with {drafter}: logprobs differ by {worst}"
+            );
+            if drafter == "ngram" {
+                assert!(accepted > 0, "{model}: no draft accepted");
             }
+            eprintln!(
+                "{model} with {drafter}: {} prompts, {cutoffs} near-tie cut-offs, max logprob difference {worst:e}, {accepted} drafts accepted",
+                prompts.len()
+            );
         }
-        assert!(
-            worst <= LOGPROB_TOLERANCE,
-            "{model}: logprobs differ by {worst}"
-        );
-        assert!(accepted > 0, "{model}: no draft accepted");
-        eprintln!(
-            "{model}: {cutoffs} near-tie cut-offs, max logprob difference {worst:e}, {accepted} drafts accepted"
-        );
     }
 }

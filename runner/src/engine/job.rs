@@ -80,14 +80,6 @@ pub enum DrafterKind {
 pub const MAX_SELF_DRAFT_LAYERS: usize = 256;
 
 impl DrafterKind {
-    /// The family name statistics report (`ngram`, `self`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrafterKind::Ngram => "ngram",
-            DrafterKind::SelfDraft(_) => "self",
-        }
-    }
-
     /// The name requests use (`ngram`, `self:4`).
     pub fn name(self) -> String {
         match self {
@@ -161,10 +153,10 @@ pub struct Stats {
 }
 
 /// What speculation did for one job.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpeculationStats {
-    /// The drafter's name.
-    pub drafter: &'static str,
+    /// The drafter (reported by the name requests use, `self:12` and not just `self`).
+    pub drafter: DrafterKind,
     /// Verification rounds (including depth-0 rounds, where the controller drafted nothing).
     pub rounds: usize,
     /// Draft tokens verified.

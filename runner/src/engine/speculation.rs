@@ -70,8 +70,10 @@ impl Speculating {
             max_depth: max_depth.min(MAX_DRAFT_DEPTH),
             key,
             stats: SpeculationStats {
-                drafter: kind.as_str(),
-                ..SpeculationStats::default()
+                drafter: kind,
+                rounds: 0,
+                drafted: 0,
+                accepted: 0,
             },
         }
     }

@@ -68,7 +68,7 @@ pub struct Summary {
 /// What speculative decoding did for a request, as both APIs report it.
 pub fn speculation_json(spec: &SpeculationStats) -> serde_json::Value {
     serde_json::json!({
-        "drafter": spec.drafter,
+        "drafter": spec.drafter.name(),
         "rounds": spec.rounds,
         "drafted": spec.drafted,
         "accepted": spec.accepted,
