@@ -154,3 +154,31 @@ fn greedy_speculation_answers_as_plain_decoding_does() {
         }
     }
 }
+
+/// OpenAI clients pass the options at the top level (the SDK's `extra_body`), and read what
+/// speculation did from `usage`; an unknown drafter is a 400 naming it.
+#[test]
+fn openai_requests_choose_their_drafter() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let body = |draft: &str| {
+        json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Copy this twice: red, blue, green."}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "draft": draft,
+        })
+    };
+    let (status, response) = post(s, "/v1/chat/completions", body(LAYER_SKIP));
+    assert_eq!(status, 200, "{response}");
+    let stats = &response["usage"]["speculation"];
+    assert_eq!(stats["drafter"], LAYER_SKIP, "{response}");
+    assert!(stats["rounds"].as_u64().unwrap_or(0) > 0, "{response}");
+    let (status, response) = post(s, "/v1/chat/completions", body("none"));
+    assert_eq!(status, 200, "{response}");
+    assert!(response["usage"].get("speculation").is_none(), "{response}");
+    let (status, response) = post(s, "/v1/chat/completions", body("bogus"));
+    assert_eq!(status, 400, "{response}");
+    assert!(response.to_string().contains("bogus"), "{response}");
+}

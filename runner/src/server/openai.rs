@@ -45,6 +45,14 @@ pub struct Sampling {
     logit_bias: Option<Value>,
     #[serde(default)]
     n: Option<u32>,
+    /// Speculation, as in Ollama's options (`extra_body` in the OpenAI SDK): `draft` names a
+    /// drafter or `none`, `num_draft` bounds its depth, `speculate: false` turns it off.
+    #[serde(default)]
+    draft: Option<Value>,
+    #[serde(default)]
+    num_draft: Option<Value>,
+    #[serde(default)]
+    speculate: Option<Value>,
 }
 
 impl Sampling {
@@ -62,6 +70,9 @@ impl Sampling {
             ("max_tokens", &self.max_tokens),
             ("max_completion_tokens", &self.max_completion_tokens),
             ("logit_bias", &self.logit_bias),
+            ("draft", &self.draft),
+            ("num_draft", &self.num_draft),
+            ("speculate", &self.speculate),
         ] {
             if let Some(value) = value {
                 given.insert(key.to_string(), value.clone());
