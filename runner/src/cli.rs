@@ -237,16 +237,57 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// A `--draft` value: a drafter, or `None` for `none`.
-#[derive(Debug, Clone, Copy)]
-struct DraftArg(Option<crate::engine::DrafterKind>);
+/// A `--draft` value: a built-in drafter, a draft model's name, or `none`.
+#[derive(Debug, Clone, Default)]
+struct DraftArg {
+    /// The drafter; `None` for `none`.
+    kind: Option<crate::engine::DrafterKind>,
+    /// The draft model, when `kind` is one.
+    model: Option<ModelName>,
+}
+
+impl DraftArg {
+    /// The value a request's `draft` option takes for it.
+    fn option_value(&self) -> String {
+        match (&self.model, self.kind) {
+            (Some(model), _) => model.to_string(),
+            (None, Some(kind)) => kind.name(),
+            (None, None) => "none".into(),
+        }
+    }
+
+    /// How a request decodes with it.
+    fn speculation(&self) -> crate::engine::Speculation {
+        match self.kind {
+            Some(drafter) => crate::engine::Speculation::On {
+                drafter,
+                max_depth: None,
+            },
+            None => crate::engine::Speculation::Off,
+        }
+    }
+}
 
 fn parse_draft(text: &str) -> std::result::Result<DraftArg, String> {
     match text {
-        "none" | "off" => Ok(DraftArg(None)),
-        name => crate::engine::DrafterKind::parse(name)
-            .map(|kind| DraftArg(Some(kind)))
-            .ok_or_else(|| format!("unknown drafter `{name}` (known: ngram, self:<layers>, none)")),
+        "none" | "off" => Ok(DraftArg::default()),
+        name => match crate::engine::DrafterKind::parse(name) {
+            Some(kind) => Ok(DraftArg {
+                kind: Some(kind),
+                model: None,
+            }),
+            None => ModelName::parse(name)
+                .map(|model| DraftArg {
+                    kind: Some(crate::engine::DrafterKind::Model),
+                    model: Some(model),
+                })
+                .map_err(|_| {
+                    format!(
+                        "unknown drafter `{name}` (known: ngram, self:<layers>, none, \
+                         or a draft model's name)"
+                    )
+                }),
+        },
     }
 }
 
@@ -260,8 +301,13 @@ fn run(command: Command) -> Result<()> {
             draft,
         } => {
             let mut config = LoopConfig::from_env();
-            if let Some(DraftArg(draft)) = draft {
-                config.draft = draft;
+            let mut default_draft = None;
+            if let Some(draft) = draft {
+                config.draft = draft.kind;
+                if let Some(model) = draft.model {
+                    ensure_pulled(&store, &model)?;
+                    default_draft = Some(model);
+                }
             }
             if let Some(text) = cache_bytes {
                 config.memory.cache_bytes = crate::engine::memory::parse_bytes(&text)
@@ -273,7 +319,7 @@ fn run(command: Command) -> Result<()> {
                 }
                 config.max_sequences = n;
             }
-            runtime()?.block_on(serve(store, host, config))
+            runtime()?.block_on(serve(store, host, config, default_draft))
         }
         Command::Run {
             model,
@@ -309,9 +355,11 @@ fn run(command: Command) -> Result<()> {
             if let Some(n) = num_predict {
                 options.insert("num_predict".into(), json!(n));
             }
-            if let Some(DraftArg(draft)) = draft {
-                let name = draft.map_or("none".into(), crate::engine::DrafterKind::name);
-                options.insert("draft".into(), json!(name));
+            if let Some(draft) = draft {
+                if let Some(model) = &draft.model {
+                    ensure_pulled(&store, model)?;
+                }
+                options.insert("draft".into(), json!(draft.option_value()));
             }
             let prompt = prompt.join(" ");
             let requested = Requested {
@@ -444,6 +492,10 @@ fn run(command: Command) -> Result<()> {
             }
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
+            let draft = draft.unwrap_or_default();
+            if let Some(model) = &draft.model {
+                ensure_pulled(&store, model)?;
+            }
             let prompt = match prompt_ids {
                 Some(path) => BenchPrompt::Ids(read_prompt_ids(&path)?),
                 None => BenchPrompt::Synthetic(prompt_tokens),
@@ -455,13 +507,8 @@ fn run(command: Command) -> Result<()> {
                 BenchLength {
                     tokens: generate_tokens,
                     ignore_eos,
-                    speculation: match draft {
-                        Some(DraftArg(Some(drafter))) => crate::engine::Speculation::On {
-                            drafter,
-                            max_depth: None,
-                        },
-                        _ => crate::engine::Speculation::Off,
-                    },
+                    speculation: draft.speculation(),
+                    draft_model: draft.model,
                 },
                 BenchStreams {
                     concurrency: concurrency.max(1),
@@ -535,17 +582,27 @@ fn human_bytes(n: u64) -> String {
 }
 
 fn app_state(store: Store) -> Result<AppState> {
-    app_state_with(store, LoopConfig::from_env())
+    app_state_with(store, LoopConfig::from_env(), None)
 }
 
-fn app_state_with(store: Store, config: LoopConfig) -> Result<AppState> {
+fn app_state_with(
+    store: Store,
+    config: LoopConfig,
+    default_draft: Option<ModelName>,
+) -> Result<AppState> {
     let engine = Arc::new(Engine::with_config(config)?);
-    let scheduler = Scheduler::new(engine, store.clone(), QUEUE_CAPACITY);
+    let scheduler =
+        Scheduler::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
     Ok(AppState { store, scheduler })
 }
 
-async fn serve(store: Store, host: String, config: LoopConfig) -> Result<()> {
-    let state = app_state_with(store, config)?;
+async fn serve(
+    store: Store,
+    host: String,
+    config: LoopConfig,
+    default_draft: Option<ModelName>,
+) -> Result<()> {
+    let state = app_state_with(store, config, default_draft)?;
     let listener = tokio::net::TcpListener::bind(&host)
         .await
         .with_context(|| format!("listening on {host}"))?;
@@ -744,7 +801,7 @@ enum BenchPrompt {
 }
 
 /// How much `bench` generates per run, and how.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct BenchLength {
     /// Tokens per run (fewer when the model ends first, unless `ignore_eos`).
     tokens: usize,
@@ -752,6 +809,8 @@ struct BenchLength {
     ignore_eos: bool,
     /// Speculative decoding or not.
     speculation: crate::engine::Speculation,
+    /// The draft model loaded beside the model, when it drafts with one.
+    draft_model: Option<ModelName>,
 }
 
 /// `bench --replay`: re-feeds a depth controller's decision log to the state it started from,
@@ -859,7 +918,10 @@ async fn bench_stream(
     load: Duration,
     run_start: Instant,
 ) -> Result<StreamResult> {
-    let lease = state.scheduler.acquire(&name, None).await?;
+    let lease = state
+        .scheduler
+        .acquire_drafted(&name, length.draft_model.as_ref(), None)
+        .await?;
     let options = GenerationOptions {
         sampling: sampler::Options::greedy(),
         num_predict: Some(length.tokens),
@@ -923,7 +985,10 @@ async fn bench(
 ) -> Result<()> {
     let state = app_state(store)?;
     let started = Instant::now();
-    let lease = state.scheduler.acquire(&name, None).await?;
+    let lease = state
+        .scheduler
+        .acquire_drafted(&name, length.draft_model.as_ref(), None)
+        .await?;
     let load = started.elapsed();
     let info = lease.info.clone();
     drop(lease);
@@ -970,7 +1035,7 @@ async fn bench(
                 state.clone(),
                 name.clone(),
                 prompt,
-                length,
+                length.clone(),
                 load,
                 run_start,
             )));
@@ -995,7 +1060,7 @@ async fn bench(
                         BenchLength {
                             tokens: 8,
                             ignore_eos: true,
-                            ..length
+                            ..length.clone()
                         },
                         load,
                         run_start,
@@ -1019,7 +1084,7 @@ async fn bench(
                     "generated_tokens": s.generated_tokens,
                     "decode_tok_s": s.generated_tokens.saturating_sub(1) as f64 / s.eval.as_secs_f64().max(1e-9),
                     "ttft_ms": r.ttft.as_secs_f64() * 1e3,
-                    "speculation": s.speculation.as_ref().map(crate::server::generation::speculation_json),
+                    "speculation": s.speculation.as_ref().map(|spec| crate::server::generation::speculation_json(spec, info.draft.as_ref())),
                 })
             })
             .collect();

@@ -192,6 +192,7 @@ pub fn import_path(
         parameters: Default::default(),
         template: None,
         system: None,
+        draft: None,
         source: source.to_string(),
         details,
         created_at: crate::server::rfc3339(std::time::SystemTime::now()),

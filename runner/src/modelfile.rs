@@ -1,4 +1,5 @@
-//! Modelfiles: `FROM`, `PARAMETER`, `TEMPLATE` and `SYSTEM`, as `mlxkit create -f` reads them.
+//! Modelfiles: `FROM`, `PARAMETER`, `TEMPLATE`, `SYSTEM` and `DRAFT`, as `mlxkit create -f`
+//! reads them.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,8 @@ pub struct Modelfile {
     pub template: Option<String>,
     /// A default system prompt.
     pub system: Option<String>,
+    /// A draft model (`DRAFT`), by its name in the store.
+    pub draft: Option<String>,
 }
 
 /// A Modelfile error, with its line number.
@@ -86,9 +89,12 @@ impl Modelfile {
                     } else if key == "draft"
                         && value != "none"
                         && crate::engine::DrafterKind::parse(value).is_none()
+                        && (value.starts_with("self:")
+                            || crate::model_name::ModelName::parse(value).is_err())
                     {
                         return Err(err(format!(
-                            "PARAMETER draft: unknown drafter `{value}` (known: ngram, self:<layers>, none)"
+                            "PARAMETER draft: unknown drafter `{value}` (known: ngram, \
+                             self:<layers>, none, or a draft model's name)"
                         )));
                     } else {
                         serde_json::Value::String(value.to_string())
@@ -137,10 +143,14 @@ impl Modelfile {
                     }
                 }
                 "DRAFT" => {
-                    return Err(err(format!(
-                        "DRAFT {rest}: draft models are not supported yet; \
-                         `PARAMETER draft ngram` drafts by prompt lookup"
-                    )));
+                    let name = unquote(rest);
+                    let parsed = crate::model_name::ModelName::parse(name).map_err(|_| {
+                        err(format!(
+                            "DRAFT `{name}`: a draft model is named as in the store \
+                             (`mlxkit create` or `pull` it first)"
+                        ))
+                    })?;
+                    out.draft = Some(parsed.to_string());
                 }
                 other => return Err(err(format!("unknown command `{other}`"))),
             }
@@ -183,6 +193,9 @@ mod tests {
         assert_eq!(spec.parameters["speculate"], serde_json::json!(true));
         assert_eq!(m.system.as_deref(), Some("You are\nterse."));
         assert_eq!(m.template.as_deref(), Some("{{ .Prompt }}"));
+        let drafted = Modelfile::parse("FROM x\nDRAFT SmolLM2:135m\nPARAMETER draft y:1b").unwrap();
+        assert_eq!(drafted.draft.as_deref(), Some("smollm2:135m"));
+        assert_eq!(drafted.parameters["draft"], serde_json::json!("y:1b"));
     }
 
     #[test]
@@ -206,10 +219,11 @@ mod tests {
                 .contains("FROM")
         );
         for bad in [
-            "FROM x\nPARAMETER draft eagle",
+            "FROM x\nPARAMETER draft self:many",
+            "FROM x\nPARAMETER draft a/../b",
             "FROM x\nPARAMETER speculate maybe",
             "FROM x\nPARAMETER num_draft four",
-            "FROM x\nDRAFT y",
+            "FROM x\nDRAFT ./drafts/small.gguf",
         ] {
             assert_eq!(Modelfile::parse(bad).unwrap_err().line, 2, "{bad}");
         }

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
 
-use crate::engine::{Engine, EngineError, ModelInfo};
+use std::path::PathBuf;
+
+use crate::engine::{DraftSource, Engine, EngineError, LoadError, ModelInfo};
 use crate::model_name::ModelName;
 use crate::store::{Store, StoreError};
 
@@ -56,6 +58,8 @@ pub struct Scheduler {
     loaded: Arc<RwLock<Option<Loaded>>>,
     queue: Arc<Semaphore>,
     capacity: usize,
+    /// The draft model loaded beside targets whose Modelfile names none (`serve --draft`).
+    default_draft: Option<ModelName>,
 }
 
 /// A request's hold on the loaded model: while it lives, the model stays loaded.
@@ -72,12 +76,24 @@ impl Scheduler {
     /// A scheduler over `engine` admitting at most `capacity` requests at once (running or
     /// waiting); the one after gets [`ScheduleError::Busy`].
     pub fn new(engine: Arc<Engine>, store: Store, capacity: usize) -> Arc<Scheduler> {
+        Scheduler::with_default_draft(engine, store, capacity, None)
+    }
+
+    /// Like [`Scheduler::new`], loading `draft` beside every target whose Modelfile names no
+    /// draft model and whose vocabulary it shares.
+    pub fn with_default_draft(
+        engine: Arc<Engine>,
+        store: Store,
+        capacity: usize,
+        draft: Option<ModelName>,
+    ) -> Arc<Scheduler> {
         let scheduler = Arc::new(Scheduler {
             engine,
             store,
             loaded: Arc::new(RwLock::new(None)),
             queue: Arc::new(Semaphore::new(capacity)),
             capacity,
+            default_draft: draft,
         });
         Scheduler::start_reaper(&scheduler);
         scheduler
@@ -100,14 +116,28 @@ impl Scheduler {
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
     ) -> Result<Lease, ScheduleError> {
+        self.acquire_drafted(name, None, keep_alive).await
+    }
+
+    /// Like [`Scheduler::acquire`], with the draft model `draft` loaded beside the model
+    /// (reloading it with that draft if it is loaded with another or none).
+    pub async fn acquire_drafted(
+        &self,
+        name: &ModelName,
+        draft: Option<&ModelName>,
+        keep_alive: Option<KeepAlive>,
+    ) -> Result<Lease, ScheduleError> {
         let slot = self
             .queue
             .clone()
             .try_acquire_owned()
             .map_err(|_| ScheduleError::Busy(self.capacity))?;
+        let serves = |l: &Loaded| {
+            l.info.name == *name && draft.is_none_or(|d| l.info.draft.as_ref() == Some(d))
+        };
         loop {
             let guard = self.loaded.clone().read_owned().await;
-            if let Some(loaded) = guard.as_ref().filter(|l| l.info.name == *name) {
+            if let Some(loaded) = guard.as_ref().filter(|l| serves(l)) {
                 loaded.set_expiry(keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE)));
                 return Ok(Lease {
                     info: loaded.info.clone(),
@@ -117,36 +147,104 @@ impl Scheduler {
                 });
             }
             drop(guard);
-            self.switch_to(name).await?;
+            self.switch_to(name, draft).await?;
             // Another request may switch models before we read again; the loop takes care.
         }
     }
 
-    /// Loads `name` unless it already is, unloading the current model first.
-    async fn switch_to(&self, name: &ModelName) -> Result<(), ScheduleError> {
+    /// Loads `name` with `draft` (or its default draft) unless it already is, unloading the
+    /// current model first.
+    async fn switch_to(
+        &self,
+        name: &ModelName,
+        draft: Option<&ModelName>,
+    ) -> Result<(), ScheduleError> {
         let mut slot = self.loaded.write().await;
-        if slot.as_ref().is_some_and(|l| l.info.name == *name) {
+        if slot.as_ref().is_some_and(|l| {
+            l.info.name == *name && draft.is_none_or(|d| l.info.draft.as_ref() == Some(d))
+        }) {
             return Ok(());
         }
         let entry = self.store.get(name)?;
-        let store = self.store.clone();
-        let manifest = entry.manifest.clone();
-        let dir = tokio::task::spawn_blocking(move || store.materialize(&manifest))
-            .await
-            .map_err(|e| {
-                EngineError::Mlx(mlx::Error::Mlx(format!("verifying the model's files: {e}")))
-            })??;
+        let dir = self.materialize(&entry.manifest).await?;
+        // A draft the request or the Modelfile names must load; the server's default may not
+        // fit every target.
+        let wanted = match (draft, &entry.manifest.draft) {
+            (Some(draft), _) => Some((draft.clone(), true)),
+            (None, Some(named)) => {
+                let draft = ModelName::parse(named).map_err(|e| StoreError::BadManifest {
+                    name: name.to_string(),
+                    message: format!("its DRAFT: {e}"),
+                })?;
+                Some((draft, true))
+            }
+            (None, None) => self.default_draft.clone().map(|d| (d, false)),
+        };
+        let draft = match wanted {
+            None => None,
+            Some((draft, required)) => match self.draft_source(name, &draft, required).await {
+                Ok(source) => Some(source),
+                Err(e) if !required => {
+                    tracing::warn!("draft model `{draft}` not loaded: {e}");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
         *slot = None;
         let state = self.store.state_dir(&entry.manifest);
         let info = self
             .engine
-            .load(name.clone(), entry.manifest, dir, state)
+            .load(name.clone(), entry.manifest, dir, state, draft)
             .await?;
         *slot = Some(Loaded {
             info,
             expires: std::sync::Mutex::new(Instant::now().checked_add(DEFAULT_KEEP_ALIVE)),
         });
         Ok(())
+    }
+
+    /// `manifest`'s files, verified, off the async runtime.
+    async fn materialize(
+        &self,
+        manifest: &crate::store::Manifest,
+    ) -> Result<PathBuf, ScheduleError> {
+        let store = self.store.clone();
+        let manifest = manifest.clone();
+        Ok(
+            tokio::task::spawn_blocking(move || store.materialize(&manifest))
+                .await
+                .map_err(|e| {
+                    EngineError::Mlx(mlx::Error::Mlx(format!("verifying the model's files: {e}")))
+                })??,
+        )
+    }
+
+    /// The stored model `name`, ready to load beside `target` as its draft model.
+    async fn draft_source(
+        &self,
+        target: &ModelName,
+        name: &ModelName,
+        required: bool,
+    ) -> Result<DraftSource, ScheduleError> {
+        let refuse = |reason: String| {
+            EngineError::Load(LoadError::Draft {
+                draft: name.to_string(),
+                target: target.to_string(),
+                reason,
+            })
+        };
+        let entry = self.store.get(name).map_err(|e| refuse(e.to_string()))?;
+        let dir = self
+            .materialize(&entry.manifest)
+            .await
+            .map_err(|e| refuse(e.to_string()))?;
+        Ok(DraftSource {
+            name: name.clone(),
+            manifest: entry.manifest,
+            dir,
+            required,
+        })
     }
 
     /// Sets the expiry of the loaded model `name` (a request with `keep_alive: 0` unloads it

@@ -116,6 +116,10 @@ pub struct Manifest {
     /// A default system prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
+    /// A draft model (Modelfile `DRAFT`), by its name in the store: loaded beside this one
+    /// to draft for speculative decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<String>,
     /// Where the model came from (a catalog package, a path, another model).
     #[serde(default)]
     pub source: String,

@@ -177,6 +177,25 @@ impl Tokenizer {
         self.vocab_size
     }
 
+    /// Where `other`'s vocabulary differs from this one's — the size, or the first id whose
+    /// stored text differs — or `None` when every id means the same token in both (what a
+    /// draft model needs to draft for a target).
+    pub fn vocabulary_difference(&self, other: &Tokenizer) -> Option<String> {
+        if self.vocab_size != other.vocab_size {
+            return Some(format!(
+                "{} tokens against {}",
+                other.vocab_size, self.vocab_size
+            ));
+        }
+        (0..self.vocab_size as u32).find_map(|id| {
+            let (ours, theirs) = (self.id_to_token(id), other.id_to_token(id));
+            (ours != theirs).then(|| {
+                let show = |t: Option<String>| t.map_or("nothing".into(), |t| format!("{t:?}"));
+                format!("token {id} is {} against {}", show(theirs), show(ours))
+            })
+        })
+    }
+
     /// Beginning-of-sequence id, if any.
     pub fn bos(&self) -> Option<u32> {
         self.specials.bos

@@ -74,21 +74,27 @@ pub enum DrafterKind {
     /// Layer-skip self-draft: the target's first this many layers, its final norm and head,
     /// on the target's own caches (no extra weights).
     SelfDraft(usize),
+    /// The draft model loaded beside the target (Modelfile `DRAFT`, `draft: "<model>"`):
+    /// a smaller model with the same vocabulary and caches of its own.
+    Model,
 }
 
 /// The deepest layer-skip draft `self:<k>` names.
 pub const MAX_SELF_DRAFT_LAYERS: usize = 256;
 
 impl DrafterKind {
-    /// The name requests use (`ngram`, `self:4`).
+    /// The name requests use (`ngram`, `self:4`); `model` for a draft model, which requests
+    /// call by the model's own name.
     pub fn name(self) -> String {
         match self {
             DrafterKind::Ngram => "ngram".into(),
             DrafterKind::SelfDraft(layers) => format!("self:{layers}"),
+            DrafterKind::Model => "model".into(),
         }
     }
 
-    /// The drafter called `name` (`ngram`, `self:<layers>`), if the engine has it.
+    /// The built-in drafter called `name` (`ngram`, `self:<layers>`), if the engine has it;
+    /// any other name may be a draft model's.
     pub fn parse(name: &str) -> Option<DrafterKind> {
         match name.split_once(':') {
             None if name == "ngram" => Some(DrafterKind::Ngram),

@@ -26,6 +26,7 @@ use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 use sampler::{Sampled, Sampler};
 
+use crate::engine::draft_model::DraftModel;
 use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Speculation, Stats, TokenLogprobs};
 use crate::engine::memory::{self, LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
@@ -151,6 +152,8 @@ pub struct LoadedModel {
     pending: Option<Pending>,
     next_id: SequenceId,
     controllers: Controllers,
+    /// The draft model loaded beside this one, for sequences drafting with it.
+    draft: Option<DraftModel>,
 }
 
 impl LoadedModel {
@@ -176,13 +179,27 @@ impl LoadedModel {
             pending: None,
             next_id: 0,
             controllers: Controllers::default(),
+            draft: None,
         })
+    }
+
+    /// Loads `model`, called `name`, beside this one as its draft model (see
+    /// [`DraftModel::new`] for what is checked), replacing any other.
+    pub fn attach_draft(&mut self, name: String, model: Box<dyn Model>) -> Result<()> {
+        let catch_up = self.config.prefill_chunk;
+        self.draft = Some(DraftModel::new(name, model, self.model.as_ref(), catch_up)?);
+        Ok(())
+    }
+
+    /// The draft model's name, when one is loaded beside this one.
+    pub fn draft_name(&self) -> Option<&str> {
+        self.draft.as_ref().map(DraftModel::name)
     }
 
     /// Keeps what serving teaches the loop (the depth controllers) in `dir`: read now, written
     /// as it learns and when the model is unloaded.
     pub fn keep_state_in(&mut self, dir: std::path::PathBuf) {
-        self.controllers = Controllers::persisted(dir);
+        self.controllers = Controllers::persisted(dir, self.draft_name());
     }
 
     /// The controller's current depth for `drafter` (as for a lone sequence), once it has one.
@@ -290,14 +307,37 @@ impl LoadedModel {
         self.queue = kept;
     }
 
-    /// KV bytes a job reserves: its prompt plus its whole budget, held to the context.
+    /// KV bytes a job reserves: its prompt plus its whole budget, held to the context, in the
+    /// target and, when it drafts with one, in the draft model.
     fn reservation(&self, job: &Job) -> usize {
         let tokens = job
             .prompt
             .len()
             .saturating_add(job.max_tokens)
             .min(self.context_length);
-        memory::kv_bytes(self.model.config(), tokens)
+        let draft = match (&self.draft, self.drafter_of(job)) {
+            (Some(draft), Some((DrafterKind::Model, _))) => {
+                memory::kv_bytes(draft.model().config(), tokens)
+            }
+            _ => 0,
+        };
+        memory::kv_bytes(self.model.config(), tokens).saturating_add(draft)
+    }
+
+    /// The drafter `job` asks for (or the server's, when it leaves the choice to the server)
+    /// and its deepest round, if it speculates.
+    fn drafter_of(&self, job: &Job) -> Option<(DrafterKind, Option<usize>)> {
+        match (job.speculation, self.config.draft) {
+            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => None,
+            // A server-wide draft model only drafts for targets it could be loaded beside.
+            (Speculation::ServerDefault { .. }, Some(DrafterKind::Model))
+                if self.draft.is_none() =>
+            {
+                None
+            }
+            (Speculation::ServerDefault { max_depth }, Some(drafter)) => Some((drafter, max_depth)),
+            (Speculation::On { drafter, max_depth }, _) => Some((drafter, max_depth)),
+        }
     }
 
     fn admit(&mut self) {
@@ -440,10 +480,8 @@ impl LoadedModel {
         job: &Job,
         caches: &[Option<kvcache::LayerCache>],
     ) -> Result<Option<Speculating>> {
-        let (drafter, max_depth) = match (job.speculation, self.config.draft) {
-            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => return Ok(None),
-            (Speculation::ServerDefault { max_depth }, Some(drafter)) => (drafter, max_depth),
-            (Speculation::On { drafter, max_depth }, _) => (drafter, max_depth),
+        let Some((drafter, max_depth)) = self.drafter_of(job) else {
+            return Ok(None);
         };
         let layers = self.model.config().num_layers;
         if let DrafterKind::SelfDraft(k) = drafter
@@ -460,10 +498,20 @@ impl LoadedModel {
         if !rewindable {
             return Ok(None);
         }
+        let draft_caches = match (drafter, &self.draft) {
+            (DrafterKind::Model, Some(draft)) => Some(draft.new_caches()?),
+            (DrafterKind::Model, None) => {
+                return Err(StepError::Invalid(
+                    "this model was loaded without a draft model".into(),
+                ));
+            }
+            _ => None,
+        };
         Ok(Some(Speculating::new(
             drafter,
             max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
             job.sampling.seed,
+            draft_caches,
         )))
     }
 
@@ -580,6 +628,7 @@ impl LoadedModel {
         }
         speculation::run_rounds(
             self.model.as_ref(),
+            self.draft.as_ref(),
             &mut self.sampler,
             &mut self.controllers,
             &mut self.sequences,

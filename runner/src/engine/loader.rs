@@ -34,6 +34,31 @@ pub enum LoadError {
     /// The model's files are not as its manifest says.
     #[error("model `{0}` has no weights file")]
     NoWeights(String),
+    /// The draft model cannot draft for this target.
+    #[error("draft model `{draft}` for `{target}`: {reason}")]
+    Draft {
+        /// The draft model.
+        draft: String,
+        /// The target.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A draft model to load beside the target.
+#[derive(Debug, Clone)]
+pub struct DraftSource {
+    /// Its name in the store.
+    pub name: ModelName,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its materialized files.
+    pub dir: std::path::PathBuf,
+    /// Whether the target fails to load without it (a Modelfile `DRAFT` or a request naming
+    /// it); a server-wide default draft is skipped, with a warning, for targets it cannot
+    /// draft for.
+    pub required: bool,
 }
 
 /// Everything request handlers need to know about the loaded model. Shared across threads;
@@ -56,6 +81,8 @@ pub struct ModelInfo {
     /// Compiles structured-output constraints for this vocabulary; built on first use
     /// (≈0.2 s), or why it cannot be.
     pub grammar_compiler: OnceLock<Result<GrammarCompiler, String>>,
+    /// The draft model loaded beside it, if any.
+    pub draft: Option<ModelName>,
 }
 
 /// The files of a model whose manifest has been materialized into `dir`.
@@ -70,16 +97,34 @@ pub fn weights_path(dir: &Path, manifest: &Manifest) -> Option<std::path::PathBu
     }
 }
 
+/// A stored model's vocabulary alone, from its materialized files in `dir`: for checks made
+/// before anything loads (a Modelfile's `DRAFT`).
+pub fn tokenizer_of(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<Tokenizer, LoadError> {
+    let weights =
+        weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
+    match manifest.format {
+        Format::Gguf => Tokenizer::from_gguf_file(&weights),
+        Format::Safetensors => Tokenizer::from_hf_dir(&weights),
+    }
+    .map_err(|source| LoadError::Tokenizer {
+        name: name.to_string(),
+        source,
+    })
+}
+
 /// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer,
-/// ready to serve with `loop_config`.
+/// and `draft` beside it, ready to serve with `loop_config`.
 pub fn load(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
+    draft: Option<&DraftSource>,
     loop_config: LoopConfig,
 ) -> Result<(LoadedModel, ModelInfo), LoadError> {
-    let weights =
-        weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
     let model_err = |source| LoadError::Model {
         name: name.to_string(),
         source,
@@ -88,12 +133,7 @@ pub fn load(
         name: name.to_string(),
         source,
     };
-    let loaded = nn::load::load(&weights, None).map_err(model_err)?;
-    let tokenizer = match loaded.format {
-        CheckpointFormat::Gguf => Tokenizer::from_gguf_file(&weights),
-        CheckpointFormat::Safetensors => Tokenizer::from_hf_dir(&weights),
-    }
-    .map_err(tok_err)?;
+    let (loaded, tokenizer) = load_weights(name, manifest, dir)?;
     let template = match &manifest.template {
         Some(source) => ChatTemplate::new(
             source.clone(),
@@ -105,11 +145,22 @@ pub fn load(
     .map_err(tok_err)?;
     let config = loaded.model.config().clone();
     let context_length = config.max_position_embeddings.max(1);
-    let session =
+    let mut session =
         LoadedModel::new(loaded.model, context_length, loop_config).map_err(|e| match e {
             StepError::Model(source) => model_err(source),
             other => model_err(nn::Error::InvalidInput(other.to_string())),
         })?;
+    let draft = match draft {
+        None => None,
+        Some(source) => match attach_draft(&mut session, &tokenizer, name, source) {
+            Ok(()) => Some(source.name.clone()),
+            Err(e) if !source.required => {
+                tracing::warn!("{e}; `{name}` decodes without it");
+                None
+            }
+            Err(e) => return Err(e),
+        },
+    };
     Ok((
         session,
         ModelInfo {
@@ -121,6 +172,54 @@ pub fn load(
             context_length,
             config: loaded.config_json,
             grammar_compiler: OnceLock::new(),
+            draft,
         },
     ))
+}
+
+/// A stored model's weights and vocabulary.
+fn load_weights(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<(nn::load::Loaded, Tokenizer), LoadError> {
+    let weights =
+        weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
+    let loaded = nn::load::load(&weights, None).map_err(|source| LoadError::Model {
+        name: name.to_string(),
+        source,
+    })?;
+    let tokenizer = match loaded.format {
+        CheckpointFormat::Gguf => Tokenizer::from_gguf_file(&weights),
+        CheckpointFormat::Safetensors => Tokenizer::from_hf_dir(&weights),
+    }
+    .map_err(|source| LoadError::Tokenizer {
+        name: name.to_string(),
+        source,
+    })?;
+    Ok((loaded, tokenizer))
+}
+
+/// Loads `source` beside the target `session` as its draft model, once its vocabulary is the
+/// target's (`tokenizer`) id for id.
+fn attach_draft(
+    session: &mut LoadedModel,
+    tokenizer: &Tokenizer,
+    target: &ModelName,
+    source: &DraftSource,
+) -> Result<(), LoadError> {
+    let refuse = |reason: String| LoadError::Draft {
+        draft: source.name.to_string(),
+        target: target.to_string(),
+        reason,
+    };
+    let (loaded, draft_tokenizer) = load_weights(&source.name, &source.manifest, &source.dir)?;
+    if let Some(difference) = tokenizer.vocabulary_difference(&draft_tokenizer) {
+        return Err(refuse(format!(
+            "its vocabulary is not the target's ({difference})"
+        )));
+    }
+    session
+        .attach_draft(source.name.to_string(), loaded.model)
+        .map_err(|e| refuse(e.to_string()))
 }

@@ -8,6 +8,8 @@
 //! - `prefix_cache`: the prefix trie behind every request.
 //! - `speculation`: speculative rounds (drafts, one verification forward, lossless acceptance,
 //!   rewind) for sequences that speculate.
+//! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
+//!   caches of its own per sequence.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
 //!
@@ -15,6 +17,7 @@
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
+pub mod draft_model;
 pub mod job;
 pub mod loaded;
 pub mod loader;
@@ -36,7 +39,7 @@ pub use job::{
     DoneReason, DrafterKind, Event, Job, Speculation, SpeculationStats, Stats, TokenLogprobs,
 };
 pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
-pub use loader::{LoadError, ModelInfo};
+pub use loader::{DraftSource, LoadError, ModelInfo};
 
 use crate::model_name::ModelName;
 use crate::store::Manifest;
@@ -109,21 +112,23 @@ impl Engine {
         })
     }
 
-    /// Loads `manifest`'s model from `dir` (its materialized files), replacing any loaded one;
-    /// what serving it teaches the engine is kept in `state`.
+    /// Loads `manifest`'s model from `dir` (its materialized files), and `draft` beside it,
+    /// replacing any loaded model; what serving it teaches the engine is kept in `state`.
     pub async fn load(
         &self,
         name: ModelName,
         manifest: Manifest,
         dir: PathBuf,
         state: PathBuf,
+        draft: Option<DraftSource>,
     ) -> Result<Arc<ModelInfo>, EngineError> {
         let loop_config = self.loop_config;
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
             let _ = mlx::memory::clear_cache();
-            let (mut loaded, info) = loader::load(&name, &manifest, &dir, loop_config)?;
+            let (mut loaded, info) =
+                loader::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
             loaded.keep_state_in(state);
             LOADED.with(|s| *s.borrow_mut() = Some(loaded));
             let _ = mlx::memory::clear_cache();

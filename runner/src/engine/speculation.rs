@@ -11,7 +11,9 @@
 //!
 //! Under a grammar, drafts are cut where the grammar stops allowing them, and each position's
 //! distribution is masked by the grammar as it stands after the drafts before it (the matcher
-//! walks the draft and rolls back). Not here yet: models with recurrent layers decode plainly
+//! walks the draft and rolls back). Drafts come from a host drafter (prompt lookup), from the
+//! target's own first layers (layer-skip, below) or from a draft model beside the target
+//! (`draft_model`). Not here yet: models with recurrent layers decode plainly
 //! (their states need a capture at each round's start to roll back to).
 
 use std::collections::HashMap;
@@ -25,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use sampler::Sampler;
 use speculate::{DepthController, Draft, DraftProbs, Drafter, NgramConfig, NgramDrafter, Verdict};
 
+use crate::engine::draft_model::{DraftCaches, DraftModel, draft_by_model};
 use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
 use crate::engine::loaded::{StepError, caches_of, equal_width_groups};
 use crate::engine::sequence::{Ending, Outcome, Sequence};
@@ -35,8 +38,11 @@ pub const MAX_DRAFT_DEPTH: usize = 16;
 
 /// A speculating sequence's drafter and round state.
 pub struct Speculating {
-    /// The host drafter; `None` for a layer-skip draft, which the model itself runs.
+    /// The host drafter; `None` for a layer-skip draft, which the model itself runs, and for
+    /// a draft model, which runs beside it.
     drafter: Option<Box<dyn Drafter>>,
+    /// The sequence's caches in the draft model, when that is its drafter.
+    draft_caches: Option<DraftCaches>,
     kind: DrafterKind,
     /// Whether the drafter has been told the context since the prompt was evaluated.
     settled: bool,
@@ -51,11 +57,16 @@ pub struct Speculating {
 
 impl Speculating {
     /// A sequence's speculation with `kind` drafts of at most `max_depth` tokens; seeded
-    /// requests draw reproducibly.
-    pub fn new(kind: DrafterKind, max_depth: usize, seed: Option<u64>) -> Speculating {
+    /// requests draw reproducibly. A draft model's sequence brings its `draft_caches`.
+    pub fn new(
+        kind: DrafterKind,
+        max_depth: usize,
+        seed: Option<u64>,
+        draft_caches: Option<DraftCaches>,
+    ) -> Speculating {
         let drafter: Option<Box<dyn Drafter>> = match kind {
             DrafterKind::Ngram => Some(Box::new(NgramDrafter::new(NgramConfig::default()))),
-            DrafterKind::SelfDraft(_) => None,
+            DrafterKind::SelfDraft(_) | DrafterKind::Model => None,
         };
         let key = match seed {
             // A different stream from the sampler's for the same seed.
@@ -64,6 +75,7 @@ impl Speculating {
         };
         Speculating {
             drafter,
+            draft_caches,
             kind,
             settled: false,
             next: None,
@@ -87,17 +99,30 @@ impl Speculating {
     pub fn stats(&self) -> SpeculationStats {
         self.stats
     }
+
+    /// Its caches in the draft model, when that is its drafter.
+    pub fn draft_caches(&self) -> Option<&DraftCaches> {
+        self.draft_caches.as_ref()
+    }
+
+    /// Its caches in the draft model, to feed or rewind.
+    pub fn draft_caches_mut(&mut self) -> Option<&mut DraftCaches> {
+        self.draft_caches.as_mut()
+    }
 }
 
 /// One depth controller per drafter kind, shared by the sequences of a loaded model. When it
 /// has a folder, each controller is read from `<folder>/<drafter>.json` at once and written
 /// back every [`SAVE_EVERY`] rounds and when the model is unloaded, so a restarted
 /// server starts at the depth it had learned; its recent decisions go to
-/// `<folder>/<drafter>.log.json` for `mlxkit bench --replay`.
+/// `<folder>/<drafter>.log.json` for `mlxkit bench --replay`. A draft model's controller is
+/// kept per draft model (`draft-<name>.json`): another draft has other acceptance and costs.
 #[derive(Default)]
 pub struct Controllers {
     by_drafter: HashMap<DrafterKind, DepthController>,
     dir: Option<PathBuf>,
+    /// The loaded draft model's name, which names its controller's files.
+    draft_model: Option<String>,
     unsaved: usize,
 }
 
@@ -105,13 +130,16 @@ pub struct Controllers {
 const SAVE_EVERY: usize = 256;
 
 impl Controllers {
-    /// Controllers kept in `dir`, with what it holds already read.
-    pub fn persisted(dir: PathBuf) -> Controllers {
+    /// Controllers kept in `dir`, with what it holds already read; `draft_model` names the
+    /// draft model loaded beside the target, if any.
+    pub fn persisted(dir: PathBuf, draft_model: Option<&str>) -> Controllers {
         let mut controllers = Controllers {
             by_drafter: HashMap::new(),
             dir: Some(dir),
+            draft_model: draft_model.map(str::to_string),
             unsaved: 0,
         };
+        let model_stem = controllers.file_stem(DrafterKind::Model);
         let kinds: Vec<DrafterKind> = controllers
             .dir
             .as_ref()
@@ -121,6 +149,9 @@ impl Controllers {
             .filter_map(|entry| {
                 let name = entry.ok()?.file_name().into_string().ok()?;
                 let stem = name.strip_suffix(".json")?;
+                if stem == model_stem && draft_model.is_some() {
+                    return Some(DrafterKind::Model);
+                }
                 DrafterKind::parse(&stem.replace('-', ":"))
             })
             .collect();
@@ -136,10 +167,30 @@ impl Controllers {
         controllers
     }
 
+    /// The name of `kind`'s controller files (`ngram`, `self-4`, `draft-smollm2-135m`).
+    fn file_stem(&self, kind: DrafterKind) -> String {
+        match (kind, &self.draft_model) {
+            (DrafterKind::Model, Some(name)) => {
+                let safe: String = name
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect();
+                format!("draft-{safe}")
+            }
+            _ => kind.name().replace(':', "-"),
+        }
+    }
+
     fn path(&self, kind: DrafterKind) -> Option<PathBuf> {
         self.dir
             .as_ref()
-            .map(|dir| dir.join(format!("{}.json", file_stem(kind))))
+            .map(|dir| dir.join(format!("{}.json", self.file_stem(kind))))
     }
 
     fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
@@ -175,12 +226,13 @@ impl Controllers {
             return;
         }
         for (kind, controller) in &self.by_drafter {
-            let path = dir.join(format!("{}.json", file_stem(*kind)));
+            let stem = self.file_stem(*kind);
+            let path = dir.join(format!("{stem}.json"));
             if let Err(e) = controller.save(&path) {
                 tracing::warn!("saving {}: {e}", path.display());
             }
             // Its recent decisions, for `mlxkit bench --replay`.
-            let log = dir.join(format!("{}.log.json", file_stem(*kind)));
+            let log = dir.join(format!("{stem}.log.json"));
             if let Err(e) = std::fs::write(&log, controller.log().to_json()) {
                 tracing::warn!("saving {}: {e}", log.display());
             }
@@ -201,17 +253,15 @@ impl Drop for Controllers {
     }
 }
 
-/// The name of `kind`'s controller files (`ngram`, `self-4`).
-fn file_stem(kind: DrafterKind) -> String {
-    kind.name().replace(':', "-")
-}
-
 /// A planned round: the sequence, its first token and its drafts, and under a grammar the
 /// mask before each draft and after the last.
-struct Planned {
-    index: usize,
-    tokens: Vec<u32>,
-    draft: Draft,
+pub(crate) struct Planned {
+    /// The sequence's index in the step's sequences.
+    pub(crate) index: usize,
+    /// The round's first token, then (once drafted) its drafts.
+    pub(crate) tokens: Vec<u32>,
+    /// The drafts: a placeholder of the chosen depth until a model drafts them.
+    pub(crate) draft: Draft,
     masks: Option<Vec<Vec<u32>>>,
 }
 
@@ -232,6 +282,7 @@ struct Dispatched {
 /// Runs this step's round for every speculating sequence that knows its next token.
 pub fn run_rounds(
     model: &dyn Model,
+    draft_model: Option<&DraftModel>,
     sampler: &mut Sampler,
     controllers: &mut Controllers,
     sequences: &mut [Sequence],
@@ -275,7 +326,7 @@ pub fn run_rounds(
                 draft.truncate(depth);
                 draft
             }
-            // Drafted by the model below, with the other layer-skip rows.
+            // Drafted below, with the other rows of the same drafting model.
             (_, None) => Draft::one_hot(vec![0; depth]),
         };
         planned.push(Planned {
@@ -286,6 +337,9 @@ pub fn run_rounds(
         });
     }
     draft_by_layer_skip(model, sequences, &mut planned)?;
+    if let Some(draft_model) = draft_model {
+        draft_by_model(draft_model, sequences, &mut planned)?;
+    }
     for plan in &mut planned {
         let seq = &mut sequences[plan.index];
         if let Some(grammar) = seq.job.grammar.as_mut() {
@@ -451,6 +505,9 @@ fn settle_round(
     let keep = start + 1 + accepted;
     for cache in seq.caches.iter_mut().flatten() {
         cache.rewind(keep)?;
+    }
+    if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
+        draft.rewind(keep)?;
     }
     seq.tokens.extend_from_slice(&round.tokens[..1 + accepted]);
 

@@ -88,6 +88,10 @@ impl From<crate::scheduler::ScheduleError> for ApiError {
         let status = match &e {
             ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            // The request (or the model's Modelfile) named a draft that cannot draft for it.
+            ScheduleError::Engine(crate::engine::EngineError::Load(
+                crate::engine::LoadError::Draft { .. },
+            )) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())

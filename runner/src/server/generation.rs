@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use tokenizer::{Detokenizer, OutputParser, ParserConfig, ParserEvent, StopMatcher, ToolCall};
 use tokio::sync::mpsc;
 
-use crate::engine::{DoneReason, Event, Job, SpeculationStats, Stats, TokenLogprobs};
+use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
+use crate::model_name::ModelName;
 use crate::scheduler::Lease;
 use crate::server::options::GenerationOptions;
 
@@ -63,12 +64,19 @@ pub struct Summary {
     pub total: Duration,
     /// Time spent loading the model for this request.
     pub load: Duration,
+    /// The draft model loaded beside the model, if any.
+    pub draft: Option<ModelName>,
 }
 
-/// What speculative decoding did for a request, as both APIs report it.
-pub fn speculation_json(spec: &SpeculationStats) -> serde_json::Value {
+/// What speculative decoding did for a request, as both APIs report it; `draft` names the
+/// draft model loaded beside the model, the drafter of a `model` round.
+pub fn speculation_json(spec: &SpeculationStats, draft: Option<&ModelName>) -> serde_json::Value {
+    let drafter = match (spec.drafter, draft) {
+        (DrafterKind::Model, Some(draft)) => draft.to_string(),
+        (kind, _) => kind.name(),
+    };
     serde_json::json!({
-        "drafter": spec.drafter.name(),
+        "drafter": drafter,
         "rounds": spec.rounds,
         "drafted": spec.drafted,
         "accepted": spec.accepted,
@@ -192,6 +200,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
                             stats,
                             total: prepared.started.elapsed(),
                             load: prepared.load,
+                            draft: info.draft.clone(),
                         }))
                         .await;
                 }

@@ -98,6 +98,9 @@ pub async fn show(
     if let Some(system) = &m.system {
         modelfile.push_str(&format!("SYSTEM \"\"\"{system}\"\"\"\n"));
     }
+    if let Some(draft) = &m.draft {
+        modelfile.push_str(&format!("DRAFT {draft}\n"));
+    }
     for line in parameters.lines() {
         modelfile.push_str(&format!("PARAMETER {line}\n"));
     }
@@ -281,6 +284,9 @@ pub struct CreateRequest {
     system: Option<String>,
     #[serde(default)]
     parameters: Option<serde_json::Map<String, Value>>,
+    /// A draft model, as a Modelfile's `DRAFT` names it.
+    #[serde(default)]
+    draft: Option<String>,
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -313,6 +319,9 @@ pub async fn create(
     }
     if let Some(p) = req.parameters.clone() {
         spec.parameters.extend(p);
+    }
+    if let Some(draft) = &req.draft {
+        spec.draft = Some(ModelName::parse(draft)?.to_string());
     }
     // Options are checked now, not at the first request that uses them.
     let mut check = crate::server::options::GenerationOptions::default();
@@ -362,11 +371,58 @@ pub fn create_model(
         manifest.system = spec.system.clone();
     }
     manifest.parameters.extend(spec.parameters.clone());
+    if spec.draft.is_some() {
+        manifest.draft = spec.draft.clone();
+    }
+    // Draft models are checked now, not when the first request loads them.
+    let parameter_draft = manifest
+        .parameters
+        .get("draft")
+        .and_then(Value::as_str)
+        .filter(|d| *d != "none" && crate::engine::DrafterKind::parse(d).is_none());
+    for draft in manifest
+        .draft
+        .iter()
+        .map(String::as_str)
+        .chain(parameter_draft)
+    {
+        progress(PullProgress::Status(format!(
+            "checking draft model {draft}"
+        )));
+        check_draft(store, name, &manifest, draft)?;
+    }
     manifest.created_at = rfc3339(SystemTime::now());
     progress(PullProgress::Status("writing manifest".into()));
     store.put_manifest(name, &manifest)?;
     progress(PullProgress::Status("success".into()));
     Ok(())
+}
+
+/// Whether the stored model `draft` can draft for `name` (with `manifest`): it exists and its
+/// vocabulary is the target's, id for id.
+fn check_draft(
+    store: &crate::store::Store,
+    name: &ModelName,
+    manifest: &crate::store::Manifest,
+    draft: &str,
+) -> Result<(), ApiError> {
+    let refuse = |reason: String| ApiError::bad_request(format!("draft model `{draft}`: {reason}"));
+    let draft_name = ModelName::parse(draft)?;
+    let entry = store.get(&draft_name).map_err(|e| refuse(e.to_string()))?;
+    let target_dir = store.materialize(manifest)?;
+    let draft_dir = store
+        .materialize(&entry.manifest)
+        .map_err(|e| refuse(e.to_string()))?;
+    let target = crate::engine::loader::tokenizer_of(name, manifest, &target_dir)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let ours = crate::engine::loader::tokenizer_of(&draft_name, &entry.manifest, &draft_dir)
+        .map_err(|e| refuse(e.to_string()))?;
+    match target.vocabulary_difference(&ours) {
+        Some(difference) => Err(refuse(format!(
+            "its vocabulary is not the model's ({difference})"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn expand_home(path: &str) -> PathBuf {

@@ -162,7 +162,10 @@ pub async fn generate(
         attachments.images += 1;
     }
     let prompt_text = req.prompt.unwrap_or_default();
-    let lease = state.scheduler.acquire(&c.name, c.keep_alive).await?;
+    let lease = state
+        .scheduler
+        .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
+        .await?;
     let load = started.elapsed();
     attachments.require_supported(&c.name.to_string())?;
     if prompt_text.is_empty() && req.suffix.is_none() {
@@ -218,7 +221,10 @@ pub async fn chat(
     let c = common(&state, &req.fields)?;
     let mut attachments = Attachments::default();
     let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
-    let lease = state.scheduler.acquire(&c.name, c.keep_alive).await?;
+    let lease = state
+        .scheduler
+        .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
+        .await?;
     let load = started.elapsed();
     attachments.require_supported(&c.name.to_string())?;
     if messages.is_empty() {
@@ -310,7 +316,7 @@ fn done_fields(summary: &Summary) -> Map<String, Value> {
     if let Some(spec) = &s.speculation {
         m.insert(
             "speculation".into(),
-            super::generation::speculation_json(spec),
+            super::generation::speculation_json(spec, summary.draft.as_ref()),
         );
     }
     m

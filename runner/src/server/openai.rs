@@ -173,7 +173,7 @@ fn usage(summary: &Summary) -> Value {
     if let (Some(spec), Some(map)) = (&s.speculation, usage.as_object_mut()) {
         map.insert(
             "speculation".into(),
-            super::generation::speculation_json(spec),
+            super::generation::speculation_json(spec, summary.draft.as_ref()),
         );
     }
     usage
@@ -241,7 +241,7 @@ pub async fn chat_completions(
     }
     let lease = state
         .scheduler
-        .acquire(&name, None)
+        .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
@@ -498,7 +498,7 @@ pub async fn completions(
     }
     let lease = state
         .scheduler
-        .acquire(&name, None)
+        .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();

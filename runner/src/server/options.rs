@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use crate::engine::speculation::MAX_DRAFT_DEPTH;
 use crate::engine::{DrafterKind, Speculation};
+use crate::model_name::ModelName;
 use crate::server::error::ApiError;
 
 /// Generation settings of one request, validated.
@@ -25,6 +26,9 @@ pub struct GenerationOptions {
     pub ignore_eos: bool,
     /// Speculative decoding (`draft`, `num_draft`, `speculate`).
     pub speculation: Speculation,
+    /// The draft model `draft` names, when it names one rather than a built-in drafter: the
+    /// model is loaded with it beside.
+    pub draft_model: Option<ModelName>,
 }
 
 /// The most tokens one request may ask for; larger numbers are refused rather than clamped so
@@ -125,7 +129,10 @@ impl GenerationOptions {
                 "stop" => self.stop = stop_list(value)?,
                 "logit_bias" => s.logit_bias = logit_bias(value)?,
                 "draft" | "speculate" | "num_draft" => {
-                    self.speculation = speculation(key, value, self.speculation)?
+                    let (speculation, model) =
+                        speculation(key, value, self.speculation, self.draft_model.take())?;
+                    self.speculation = speculation;
+                    self.draft_model = model;
                 }
                 _ => {}
             }
@@ -134,14 +141,20 @@ impl GenerationOptions {
     }
 }
 
-/// `current` changed by one speculation option: `draft` names a drafter (or `"none"`),
-/// `speculate: false` turns speculation off, `num_draft` caps the depth (0: off).
-fn speculation(key: &str, value: &Value, current: Speculation) -> Result<Speculation, ApiError> {
+/// `current` (with its draft model, if it drafts with one) changed by one speculation option:
+/// `draft` names a built-in drafter, a draft model or `"none"`, `speculate: false` turns
+/// speculation off, `num_draft` caps the depth (0: off).
+fn speculation(
+    key: &str,
+    value: &Value,
+    current: Speculation,
+    model: Option<ModelName>,
+) -> Result<(Speculation, Option<ModelName>), ApiError> {
     let depth = match current {
         Speculation::On { max_depth, .. } | Speculation::ServerDefault { max_depth } => max_depth,
         Speculation::Off => None,
     };
-    Ok(match key {
+    let next = match key {
         "speculate" => match value.as_bool() {
             Some(true) => match current {
                 Speculation::Off => Speculation::ServerDefault { max_depth: depth },
@@ -167,24 +180,48 @@ fn speculation(key: &str, value: &Value, current: Speculation) -> Result<Specula
         _ => match value {
             Value::Bool(false) => Speculation::Off,
             Value::String(name) if name == "none" || name == "off" => Speculation::Off,
-            Value::String(name) => match DrafterKind::parse(name) {
-                Some(drafter) => Speculation::On {
+            Value::String(name) => {
+                let drafter = match DrafterKind::parse(name) {
+                    Some(drafter) => drafter,
+                    // `self:<layers>` with a bad count is a layer-skip typo, not a model.
+                    None if name.starts_with("self:") => {
+                        return Err(ApiError::bad_request(format!(
+                            "option `draft`: `{name}` needs a layer count from 1 to {}",
+                            crate::engine::job::MAX_SELF_DRAFT_LAYERS
+                        )));
+                    }
+                    None => {
+                        let named = ModelName::parse(name).map_err(|_| {
+                            ApiError::bad_request(format!(
+                                "option `draft`: unknown drafter `{name}` (known: ngram, \
+                                 self:<layers>, none, or a draft model's name)"
+                            ))
+                        })?;
+                        let next = Speculation::On {
+                            drafter: DrafterKind::Model,
+                            max_depth: depth,
+                        };
+                        return Ok((next, Some(named)));
+                    }
+                };
+                Speculation::On {
                     drafter,
                     max_depth: depth,
-                },
-                None => {
-                    return Err(ApiError::bad_request(format!(
-                        "option `draft`: unknown drafter `{name}` (known: ngram, self:<layers>, none)"
-                    )));
                 }
-            },
+            }
             _ => {
                 return Err(ApiError::bad_request(format!(
                     "option `draft` must be a drafter name, got {value}"
                 )));
             }
         },
-    })
+    };
+    // A built-in drafter replaces the draft model; a depth or `speculate` keeps it.
+    let model = match next {
+        Speculation::On { drafter, .. } if drafter != DrafterKind::Model => None,
+        _ => model,
+    };
+    Ok((next, model))
 }
 
 /// `stop` as a string or a list of strings.
@@ -258,7 +295,9 @@ mod tests {
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"stop": 5}), "stop"),
             (json!({"repeat_last_n": 2.5}), "repeat_last_n"),
-            (json!({"draft": "medusa"}), "draft"),
+            (json!({"draft": "medusa eagle"}), "draft"),
+            (json!({"draft": "self:many"}), "draft"),
+            (json!({"draft": "self:0"}), "draft"),
             (json!({"draft": 3}), "draft"),
             (json!({"num_draft": 99}), "num_draft"),
             (json!({"speculate": "yes"}), "speculate"),
@@ -293,11 +332,41 @@ mod tests {
             (json!({"draft": "ngram", "num_draft": 0}), Speculation::Off),
         ];
         for (options, expected) in cases {
-            assert_eq!(
-                apply(options.clone()).unwrap().speculation,
-                expected,
-                "{options}"
-            );
+            let applied = apply(options.clone()).unwrap();
+            assert_eq!(applied.speculation, expected, "{options}");
+            assert_eq!(applied.draft_model, None, "{options}");
         }
+    }
+
+    #[test]
+    fn a_draft_model_is_named_by_its_model_name() {
+        let applied = apply(json!({"draft": "SmolLM2:135m", "num_draft": 4})).unwrap();
+        assert_eq!(
+            applied.speculation,
+            Speculation::On {
+                drafter: DrafterKind::Model,
+                max_depth: Some(4),
+            }
+        );
+        assert_eq!(
+            applied.draft_model,
+            Some(ModelName::parse("smollm2:135m").unwrap())
+        );
+        // A request's built-in drafter replaces a Modelfile's draft model.
+        let mut options = apply(json!({"draft": "smollm2:135m"})).unwrap();
+        options
+            .apply(json!({"draft": "ngram"}).as_object().unwrap())
+            .unwrap();
+        assert_eq!(options.draft_model, None);
+        // Turning speculation off and on again keeps it.
+        options
+            .apply(
+                json!({"draft": "smollm2:135m", "speculate": false})
+                    .as_object()
+                    .unwrap(),
+            )
+            .unwrap();
+        assert_eq!(options.speculation, Speculation::Off);
+        assert!(options.draft_model.is_some());
     }
 }

@@ -1,0 +1,315 @@
+//! A draft model: a second, smaller model with the target's vocabulary, loaded beside it, that
+//! drafts for the sequences asking for it (`draft: "<model>"`, Modelfile `DRAFT`).
+//!
+//! Each such sequence has caches of its own in the draft model ([`DraftCaches`]), holding a
+//! prefix of the tokens the target's caches hold. A round first feeds the draft what it has
+//! not seen — the tokens committed since its last round (one, or two when every draft was
+//! accepted and the last draft was never fed) and the round's first token — then its argmax,
+//! fed back, once per further draft token. Rows of every sequence with the same feed width and
+//! depth share each forward, and the drafts are read back once. After verification the draft
+//! caches rewind with the target's to what was committed.
+//!
+//! Drafts are the draft model's argmax, so they are deterministic and verified as one-hot
+//! proposals: lossless at any temperature (see [`speculate::verify_positional`]), and a seeded
+//! request's text does not depend on the depth. A context the draft has not seen (a fresh
+//! prompt, a prefix restored from the trie) is caught up a prefill chunk per round, with no
+//! drafts in those rounds, so no step stalls behind a long catch-up.
+
+use std::collections::HashMap;
+
+use kvcache::LayerCache;
+use mlx::{Array, Dtype};
+use nn::{Batch, Model};
+use speculate::Draft;
+
+use crate::engine::loaded::StepError;
+use crate::engine::sequence::Sequence;
+use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
+
+/// A loaded draft model.
+pub struct DraftModel {
+    name: String,
+    model: Box<dyn Model>,
+    /// The most context tokens it catches up on in one round.
+    catch_up: usize,
+}
+
+impl DraftModel {
+    /// `model`, called `name`, as a draft for `target`, catching up on at most `catch_up`
+    /// context tokens a round: refused unless both score the same vocabulary (the loader also
+    /// compares their tokenizers token by token), and unless its caches can be rewound after a
+    /// rejected draft (recurrent layers cannot yet).
+    pub fn new(
+        name: String,
+        model: Box<dyn Model>,
+        target: &dyn Model,
+        catch_up: usize,
+    ) -> Result<DraftModel, StepError> {
+        let (ours, theirs) = (model.config().vocab_size, target.config().vocab_size);
+        if ours != theirs {
+            return Err(StepError::Invalid(format!(
+                "draft model `{name}` scores {ours} tokens and the target {theirs}: \
+                 a draft model needs the target's vocabulary"
+            )));
+        }
+        let draft = DraftModel {
+            name,
+            model,
+            catch_up: catch_up.max(1),
+        };
+        draft.new_caches()?;
+        Ok(draft)
+    }
+
+    /// Its name, as requests give it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// Fresh caches for one sequence.
+    pub fn new_caches(&self) -> Result<DraftCaches, StepError> {
+        let caches = self.model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
+        if caches
+            .iter()
+            .flatten()
+            .any(|c| matches!(c, LayerCache::Recurrent(_)))
+        {
+            return Err(StepError::Invalid(format!(
+                "draft model `{}` has recurrent layers, which cannot roll a rejected draft \
+                 back yet",
+                self.name
+            )));
+        }
+        Ok(DraftCaches { caches, held: 0 })
+    }
+}
+
+/// One sequence's caches in the draft model. They hold the sequence's first `held` tokens:
+/// never more than the target's caches, often fewer (the draft is fed lazily, when it drafts).
+pub struct DraftCaches {
+    caches: Vec<Option<LayerCache>>,
+    held: usize,
+}
+
+impl DraftCaches {
+    /// Tokens the caches hold.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Back to at most `keep` tokens, after a round committed the target's caches to `keep`.
+    pub fn rewind(&mut self, keep: usize) -> Result<(), StepError> {
+        if self.held > keep {
+            for cache in self.caches.iter_mut().flatten() {
+                cache.rewind(keep)?;
+            }
+            self.held = keep;
+        }
+        Ok(())
+    }
+}
+
+/// What a sequence's draft model does this round.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Work {
+    /// Feed this many committed tokens it has not seen, and draft nothing.
+    CatchUp(usize),
+    /// Feed the unseen committed tokens and the round's first token (this many in all), then
+    /// draft `depth` tokens.
+    Draft { feed: usize, depth: usize },
+}
+
+/// Drafts the planned rounds of sequences whose drafter is `draft` (their drafts are
+/// placeholders of the chosen depth), or catches their draft caches up when they are too far
+/// behind to draft this round (their drafts become empty).
+pub(crate) fn draft_by_model(
+    draft: &DraftModel,
+    sequences: &mut [Sequence],
+    planned: &mut [Planned],
+) -> Result<(), StepError> {
+    let mut groups: HashMap<Work, Vec<usize>> = HashMap::new();
+    for (p, plan) in planned.iter_mut().enumerate() {
+        let seq = &sequences[plan.index];
+        let Some(caches) = seq.speculating.as_ref().and_then(|s| s.draft_caches()) else {
+            continue;
+        };
+        if plan.draft.is_empty() {
+            continue; // Depth 0: the draft stays behind until it drafts again.
+        }
+        let unseen = seq.tokens.len().saturating_sub(caches.held());
+        let work = if unseen + 1 > draft.catch_up {
+            plan.draft = Draft::empty();
+            Work::CatchUp(draft.catch_up)
+        } else {
+            Work::Draft {
+                feed: unseen + 1,
+                depth: plan.draft.len(),
+            }
+        };
+        groups.entry(work).or_default().push(p);
+    }
+    for (work, mut group) in groups {
+        // Rows follow the order of `sequences`, as their caches are borrowed.
+        group.sort_by_key(|&p| planned[p].index);
+        let indices: Vec<usize> = group.iter().map(|&p| planned[p].index).collect();
+        match work {
+            Work::CatchUp(width) => catch_up(draft, sequences, &indices, width)?,
+            Work::Draft { feed, depth } => {
+                let drafted = draft_rows(draft, sequences, planned, &group, feed, depth)?;
+                for (row, &p) in group.iter().enumerate() {
+                    let ids = drafted[row * depth..(row + 1) * depth]
+                        .iter()
+                        .map(|&t| u32::try_from(t).unwrap_or(0))
+                        .collect();
+                    planned[p].draft = Draft::one_hot(ids);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Feeds each of `indices`' draft caches the next `width` committed tokens it has not seen.
+fn catch_up(
+    draft: &DraftModel,
+    sequences: &mut [Sequence],
+    indices: &[usize],
+    width: usize,
+) -> Result<(), StepError> {
+    let mut rows = Vec::with_capacity(indices.len());
+    for &i in indices {
+        let seq = &sequences[i];
+        let held = held_by(seq)?;
+        rows.push((seq.tokens[held..held + width].to_vec(), held));
+    }
+    let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
+    let batch = Batch::rows(&borrowed)?;
+    let mut caches = draft_caches_of(sequences, indices)?;
+    let out = draft.model.forward_rows(&batch, &mut caches)?;
+    // Nothing reads the output: evaluate the caches so the graph does not grow across steps.
+    let mut arrays = vec![out.hidden];
+    for cache in caches.iter().flat_map(|c| c.iter().flatten()) {
+        arrays.extend(cache.state_arrays());
+    }
+    mlx::eval(&arrays)?;
+    for &i in indices {
+        if let Some(c) = sequences[i]
+            .speculating
+            .as_mut()
+            .and_then(|s| s.draft_caches_mut())
+        {
+            c.held += width;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the draft for the rows `group` of `planned`: feeds each its `feed` unseen tokens (the
+/// round's first token last), then feeds back its argmax until `depth` tokens are drafted;
+/// returns them, `depth` per row, read in one go.
+fn draft_rows(
+    draft: &DraftModel,
+    sequences: &mut [Sequence],
+    planned: &[Planned],
+    group: &[usize],
+    feed: usize,
+    depth: usize,
+) -> Result<Vec<i32>, StepError> {
+    let mut rows = Vec::with_capacity(group.len());
+    let mut indices = Vec::with_capacity(group.len());
+    for &p in group {
+        let plan = &planned[p];
+        let seq = &sequences[plan.index];
+        let held = held_by(seq)?;
+        let mut tokens = seq.tokens[held..].to_vec();
+        tokens.push(plan.tokens[0]);
+        debug_assert_eq!(tokens.len(), feed);
+        rows.push((tokens, held));
+        indices.push(plan.index);
+    }
+    // Where the round's first token lands: every draft token follows it.
+    let firsts: Vec<usize> = rows.iter().map(|(t, at)| at + t.len() - 1).collect();
+    let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
+    let mut caches = draft_caches_of(sequences, &indices)?;
+    let out = draft
+        .model
+        .forward_rows(&Batch::rows(&borrowed)?, &mut caches)?;
+    let last = out.hidden.slice_axis(1, feed as i32 - 1, feed as i32)?;
+    let mut tokens = argmax_ids(draft, &last)?;
+    let mut drafted = vec![tokens.clone()];
+    for step in 1..depth {
+        let positions = firsts.iter().map(|&first| first + step).collect();
+        let out = draft
+            .model
+            .forward_rows(&Batch::from_device(&tokens, positions)?, &mut caches)?;
+        tokens = argmax_ids(draft, &out.hidden)?;
+        drafted.push(tokens.clone());
+    }
+    drop(caches);
+    let drafted = mlx::concatenate(&drafted, 1)?.to_vec::<i32>()?;
+    // The caches hold the round's first token and every draft but the last.
+    for (&i, &first) in indices.iter().zip(&firsts) {
+        if let Some(c) = sequences[i]
+            .speculating
+            .as_mut()
+            .and_then(|s| s.draft_caches_mut())
+        {
+            c.held = first + depth;
+        }
+    }
+    Ok(drafted)
+}
+
+/// The draft model's argmax after each row of `hidden` `[rows, 1, H]`, as `[rows, 1]` ids.
+fn argmax_ids(draft: &DraftModel, hidden: &Array) -> Result<Array, StepError> {
+    Ok(draft
+        .model
+        .unembed(hidden)?
+        .argmax(2, false)?
+        .astype(Dtype::I32)?)
+}
+
+/// Tokens `seq`'s draft caches hold, checked against what the target holds.
+fn held_by(seq: &Sequence) -> Result<usize, StepError> {
+    let held = seq
+        .speculating
+        .as_ref()
+        .and_then(|s| s.draft_caches())
+        .map(DraftCaches::held)
+        .ok_or_else(|| StepError::Invalid("a draft-model row has no draft caches".into()))?;
+    if held > seq.tokens.len() {
+        return Err(StepError::Invalid(
+            "a draft model's caches ran ahead of the target's".into(),
+        ));
+    }
+    Ok(held)
+}
+
+/// The draft caches of `sequences[i]` for each `i` of `indices` (ascending), borrowed together
+/// for one forward.
+fn draft_caches_of<'a>(
+    sequences: &'a mut [Sequence],
+    indices: &[usize],
+) -> Result<Vec<&'a mut [Option<LayerCache>]>, StepError> {
+    let mut wanted = indices.iter().copied().peekable();
+    let mut caches = Vec::with_capacity(indices.len());
+    for (i, seq) in sequences.iter_mut().enumerate() {
+        if wanted.peek() == Some(&i) {
+            wanted.next();
+            if let Some(c) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
+                caches.push(c.caches.as_mut_slice());
+            }
+        }
+    }
+    if caches.len() != indices.len() {
+        return Err(StepError::Invalid(
+            "draft-model rows out of order or without caches".into(),
+        ));
+    }
+    Ok(caches)
+}

@@ -1,0 +1,174 @@
+//! Speculative decoding with a draft model beside the target, through the step loop on tiny
+//! models: answers equal the target's own greedy answers whatever the draft proposes (a
+//! different model, or the target's own weights, which are always right), batched with plain,
+//! prompt-lookup and other draft-model rows, through catch-up, budgets, sliding windows and
+//! cancellation; seeded sampling does not depend on the depth.
+
+mod steps;
+
+use std::sync::atomic::Ordering;
+
+use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
+use steps::{Handle, check_trie, cold, engine, ids, model, run_to_idle, submit_with};
+
+fn drafted(depth: usize) -> Speculation {
+    Speculation::On {
+        drafter: DrafterKind::Model,
+        max_depth: Some(depth),
+    }
+}
+
+/// `target`'s fixture served with `draft`'s fixture beside it.
+fn with_draft(target: &str, draft: &str) -> LoadedModel {
+    let mut engine = engine(target, 64 << 20);
+    engine.attach_draft(draft.into(), model(draft)).unwrap();
+    engine
+}
+
+fn sampled(seed: u64) -> sampler::Options {
+    sampler::Options {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..sampler::Options::default()
+    }
+}
+
+#[test]
+fn draft_model_answers_equal_the_targets_alone() {
+    // Another model (most drafts rejected) and the target's own weights (all accepted).
+    for (target, draft) in [
+        ("llama", "llama_untied"),
+        ("llama", "llama"),
+        ("gemma3", "gemma3"),
+    ] {
+        let mut engine = with_draft(target, draft);
+        // Longer prompts than a prefill chunk (16 here): the draft catches up over rounds.
+        let prompts: Vec<Vec<u32>> = (0..4).map(|r| ids(r, 5 + 13 * r as usize)).collect();
+        let mut handles: Vec<Handle> = prompts
+            .iter()
+            .map(|p| submit_with(&mut engine, p, 40, sampler::Options::greedy(), drafted(5)))
+            .collect();
+        // A plain request and a prompt-lookup one share the steps.
+        let plain = ids(9, 12);
+        let mut plain_handle = submit_with(
+            &mut engine,
+            &plain,
+            40,
+            sampler::Options::greedy(),
+            Speculation::Off,
+        );
+        let mut lookup = submit_with(
+            &mut engine,
+            &plain,
+            40,
+            sampler::Options::greedy(),
+            Speculation::On {
+                drafter: DrafterKind::Ngram,
+                max_depth: Some(4),
+            },
+        );
+        run_to_idle(&mut engine);
+        let mut accepted = 0;
+        for (prompt, handle) in prompts.iter().zip(&mut handles) {
+            assert!(handle.ended());
+            assert_eq!(handle.failed, None, "{target}/{draft}");
+            assert_eq!(
+                handle.tokens,
+                cold(engine.model(), prompt, 40),
+                "{target}/{draft}, prompt of {}",
+                prompt.len()
+            );
+            let spec = handle.stats().speculation.expect("it speculated");
+            assert_eq!(spec.drafter, DrafterKind::Model);
+            assert!(spec.drafted > 0, "{target}/{draft}: {spec:?}");
+            // The first token follows the prompt; every round commits its accepted drafts and
+            // one more.
+            assert_eq!(1 + spec.rounds + spec.accepted, 40, "{spec:?}");
+            accepted += spec.accepted;
+            if target == draft {
+                assert_eq!(spec.accepted, spec.drafted, "its own drafts: {spec:?}");
+            }
+        }
+        // Random weights seldom agree with other random weights; the target's own always do.
+        if target == draft {
+            assert!(accepted > 0, "{target}/{draft}: nothing accepted");
+        }
+        for handle in [&mut plain_handle, &mut lookup] {
+            assert!(handle.ended());
+            assert_eq!(handle.tokens, cold(engine.model(), &plain, 40));
+        }
+        check_trie(&engine);
+    }
+}
+
+#[test]
+fn seeded_sampling_with_a_draft_model_does_not_depend_on_the_depth() {
+    let mut engine = with_draft("llama", "llama_untied");
+    let prompt = ids(4, 20);
+    let mut answers = Vec::new();
+    for depth in [1, 4, 16, 4] {
+        let mut handle = submit_with(&mut engine, &prompt, 30, sampled(5), drafted(depth));
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens.len(), 30);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+#[test]
+fn a_cancelled_draft_model_request_ends_and_its_retry_matches() {
+    let mut engine = with_draft("llama", "llama_untied");
+    let prompt = ids(7, 40);
+    let mut first = submit_with(
+        &mut engine,
+        &prompt,
+        60,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    for _ in 0..12 {
+        engine.step();
+    }
+    first.cancel.store(true, Ordering::Relaxed);
+    run_to_idle(&mut engine);
+    assert!(first.ended());
+    assert_eq!(
+        first.done.map(|(reason, _)| reason),
+        Some(DoneReason::Cancelled)
+    );
+    check_trie(&engine);
+    let mut retry = submit_with(
+        &mut engine,
+        &prompt,
+        60,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    run_to_idle(&mut engine);
+    assert!(retry.ended());
+    assert!(
+        retry.stats().cached_tokens > 0,
+        "the retry resumed from the trie"
+    );
+    assert_eq!(retry.tokens, cold(engine.model(), &prompt, 60));
+}
+
+#[test]
+fn a_draft_model_request_without_a_draft_model_is_refused() {
+    let mut engine = engine("llama", 64 << 20);
+    let mut handle = submit_with(
+        &mut engine,
+        &ids(1, 8),
+        4,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    run_to_idle(&mut engine);
+    handle.poll();
+    let message = handle.failed.clone().expect("refused");
+    assert!(message.contains("draft model"), "{message}");
+}
