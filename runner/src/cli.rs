@@ -116,6 +116,10 @@ enum Command {
         /// Keep quantized matrices quantized, in mlx-lm's layout, instead of dequantizing them.
         #[arg(long)]
         quantized: bool,
+        /// Keep only the first N decoder layers: a truncated copy with the same vocabulary,
+        /// to `create` and use as a draft model.
+        #[arg(long, value_name = "N")]
+        layers: Option<usize>,
     },
     /// List stored models.
     #[command(alias = "ls")]
@@ -396,12 +400,14 @@ fn run(command: Command) -> Result<()> {
             dir,
             dtype,
             quantized,
+            layers,
         } => {
             let name = ModelName::parse(&model)?;
             ensure_pulled(&store, &name)?;
             let options = crate::export::ExportOptions {
                 dtype: dtype.dtype(),
                 quantized,
+                layers,
             };
             let summary = crate::export::export(&store, &name, &dir, options)?;
             println!(
@@ -443,6 +449,9 @@ fn run(command: Command) -> Result<()> {
             println!("    format              {:?}", m.format);
             println!("    size                {}", human_bytes(m.size()));
             println!("    source              {}", m.source);
+            if let Some(draft) = &m.draft {
+                println!("    draft model         {draft}");
+            }
             if !m.parameters.is_empty() {
                 println!("\n  Parameters");
                 for (k, v) in &m.parameters {
@@ -657,14 +666,6 @@ async fn chat(
     requested: Requested,
 ) -> Result<()> {
     let state = app_state(store)?;
-    let started = Instant::now();
-    let spinner = ProgressBar::new_spinner();
-    spinner.set_message(format!("loading {name}"));
-    spinner.enable_steady_tick(Duration::from_millis(100));
-    let lease = state.scheduler.acquire(&name, None).await?;
-    spinner.finish_and_clear();
-    let load = started.elapsed();
-    drop(lease);
     let mut generation = GenerationOptions::default();
     let defaults: serde_json::Map<String, serde_json::Value> = state
         .store
@@ -679,6 +680,18 @@ async fn chat(
     generation
         .apply(&options)
         .map_err(|e| anyhow::anyhow!(e.message))?;
+    let draft = generation.draft_model.clone();
+    let started = Instant::now();
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("loading {name}"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let lease = state
+        .scheduler
+        .acquire_drafted(&name, draft.as_ref(), None)
+        .await?;
+    spinner.finish_and_clear();
+    let load = started.elapsed();
+    drop(lease);
 
     let mut history: Vec<tokenizer::Message> = Vec::new();
     let one_shot = !prompt_text.is_empty();
@@ -698,7 +711,10 @@ async fn chat(
             }
         };
         history.push(tokenizer::Message::new("user", user));
-        let lease = state.scheduler.acquire(&name, None).await?;
+        let lease = state
+            .scheduler
+            .acquire_drafted(&name, draft.as_ref(), None)
+            .await?;
         let info = lease.info.clone();
         let rendered = prompt::render_chat(&info, history.clone(), None, Some(think))
             .map_err(|e| anyhow::anyhow!(e.message))?;
@@ -751,6 +767,16 @@ async fn chat(
                             s.generated_tokens as f64 / s.eval.as_secs_f64().max(1e-9),
                             human_bytes(s.peak_memory as u64),
                         );
+                        if let Some(spec) = &s.speculation {
+                            let drafter = crate::server::generation::drafter_name(
+                                spec,
+                                summary.draft.as_ref(),
+                            );
+                            eprintln!(
+                                "speculation {drafter}: {} rounds, {} of {} drafts accepted",
+                                spec.rounds, spec.accepted, spec.drafted
+                            );
+                        }
                     }
                 }
                 Output::Error(message) => bail!(message),

@@ -84,6 +84,9 @@ pub struct ExportOptions {
     /// Keep quantized matrices quantized (mlx-lm's `*.weight/*.scales/*.biases` layout)
     /// instead of dequantizing them.
     pub quantized: bool,
+    /// Keep only the first this many decoder layers (with the embedding, final norm and
+    /// head): a truncated copy with the same vocabulary, to serve as a draft model.
+    pub layers: Option<usize>,
 }
 
 /// What an export wrote.
@@ -162,12 +165,35 @@ pub fn export(
     let weights = weights_path(&view, &entry.manifest)
         .ok_or_else(|| ExportError::NoWeights(name.to_string()))?;
     let checkpoint = quant::Checkpoint::open(&weights)?;
+    let total_layers = checkpoint
+        .config()
+        .get("num_hidden_layers")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok());
+    let keep_layers = match (options.layers, total_layers) {
+        (None, _) => None,
+        (Some(n), Some(total)) if (1..=total).contains(&n) => Some(n),
+        (Some(n), total) => {
+            return Err(ExportError::Unsupported {
+                name: "model.layers".into(),
+                what: match total {
+                    Some(total) => format!("cannot keep {n} of the model's {total} layers"),
+                    None => "the config names no `num_hidden_layers` to cut".into(),
+                },
+            });
+        }
+    };
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
 
     let mut tensors: Vec<(String, mlx::Array)> = Vec::new();
     // Module path → spec of every matrix kept quantized, for the config's section.
     let mut specs: BTreeMap<String, QuantSpec> = BTreeMap::new();
     for tensor_name in checkpoint.names() {
+        if let (Some(keep), Some(layer)) = (keep_layers, layer_of(&tensor_name))
+            && layer >= keep
+        {
+            continue;
+        }
         let tensor = checkpoint.tensor(&tensor_name)?;
         let tensor_err = |source| ExportError::Tensor {
             name: tensor_name.clone(),
@@ -222,6 +248,17 @@ pub fn export(
         if let Some(section) = quantization_section(&specs) {
             object.insert("quantization".into(), section);
         }
+        if let (Some(keep), Some(total)) = (keep_layers, total_layers) {
+            object.insert("num_hidden_layers".into(), json!(keep));
+            // Per-layer lists (`layer_types`) describe the layers kept.
+            for value in object.values_mut() {
+                if let Value::Array(items) = value
+                    && items.len() == total
+                {
+                    items.truncate(keep);
+                }
+            }
+        }
     }
     write_json(&dir.join("config.json"), &config)?;
 
@@ -234,6 +271,16 @@ pub fn export(
         quantized: specs.len(),
         bytes,
     })
+}
+
+/// The decoder layer a tensor belongs to (`model.layers.<n>.…`), if any.
+fn layer_of(tensor: &str) -> Option<usize> {
+    tensor
+        .strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// mlx-lm's `quantization` section: the most common spec as the default, the others as

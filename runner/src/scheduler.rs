@@ -159,6 +159,7 @@ impl Scheduler {
         name: &ModelName,
         draft: Option<&ModelName>,
     ) -> Result<(), ScheduleError> {
+        let named = draft;
         let mut slot = self.loaded.write().await;
         if slot.as_ref().is_some_and(|l| {
             l.info.name == *name && draft.is_none_or(|d| l.info.draft.as_ref() == Some(d))
@@ -183,7 +184,12 @@ impl Scheduler {
         let draft = match wanted {
             None => None,
             Some((draft, required)) => match self.draft_source(name, &draft, required).await {
-                Ok(source) => Some(source),
+                Ok(mut source) => {
+                    // The Modelfile's or the server's draft drafts for every request that does
+                    // not choose; one a request named, only for requests naming it.
+                    source.by_default = named.is_none();
+                    Some(source)
+                }
                 Err(e) if !required => {
                     tracing::warn!("draft model `{draft}` not loaded: {e}");
                     None
@@ -244,6 +250,7 @@ impl Scheduler {
             manifest: entry.manifest,
             dir,
             required,
+            by_default: false,
         })
     }
 

@@ -21,7 +21,9 @@ fn drafted(depth: usize) -> Speculation {
 /// `target`'s fixture served with `draft`'s fixture beside it.
 fn with_draft(target: &str, draft: &str) -> LoadedModel {
     let mut engine = engine(target, 64 << 20);
-    engine.attach_draft(draft.into(), model(draft)).unwrap();
+    engine
+        .attach_draft(draft.into(), model(draft), false)
+        .unwrap();
     engine
 }
 

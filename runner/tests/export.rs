@@ -88,6 +88,7 @@ fn round_trip(quantized: bool) {
         ExportOptions {
             dtype: Dtype::F32,
             quantized,
+            layers: None,
         },
     )
     .unwrap();

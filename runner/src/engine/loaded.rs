@@ -154,6 +154,9 @@ pub struct LoadedModel {
     controllers: Controllers,
     /// The draft model loaded beside this one, for sequences drafting with it.
     draft: Option<DraftModel>,
+    /// Whether requests that leave the drafter to the server draft with it (it came from the
+    /// model's Modelfile or the server's `--draft`, not from a request naming it).
+    draft_by_default: bool,
 }
 
 impl LoadedModel {
@@ -180,14 +183,22 @@ impl LoadedModel {
             next_id: 0,
             controllers: Controllers::default(),
             draft: None,
+            draft_by_default: false,
         })
     }
 
     /// Loads `model`, called `name`, beside this one as its draft model (see
-    /// [`DraftModel::new`] for what is checked), replacing any other.
-    pub fn attach_draft(&mut self, name: String, model: Box<dyn Model>) -> Result<()> {
+    /// [`DraftModel::new`] for what is checked), replacing any other; `by_default`: requests
+    /// that leave the drafter to the server draft with it.
+    pub fn attach_draft(
+        &mut self,
+        name: String,
+        model: Box<dyn Model>,
+        by_default: bool,
+    ) -> Result<()> {
         let catch_up = self.config.prefill_chunk;
         self.draft = Some(DraftModel::new(name, model, self.model.as_ref(), catch_up)?);
+        self.draft_by_default = by_default;
         Ok(())
     }
 
@@ -327,14 +338,15 @@ impl LoadedModel {
     /// The drafter `job` asks for (or the server's, when it leaves the choice to the server)
     /// and its deepest round, if it speculates.
     fn drafter_of(&self, job: &Job) -> Option<(DrafterKind, Option<usize>)> {
-        match (job.speculation, self.config.draft) {
-            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => None,
+        // A draft model the model's Modelfile names drafts unless a request says otherwise.
+        let default = match (&self.draft, self.config.draft) {
+            (Some(_), _) if self.draft_by_default => Some(DrafterKind::Model),
             // A server-wide draft model only drafts for targets it could be loaded beside.
-            (Speculation::ServerDefault { .. }, Some(DrafterKind::Model))
-                if self.draft.is_none() =>
-            {
-                None
-            }
+            (None, Some(DrafterKind::Model)) => None,
+            (_, default) => default,
+        };
+        match (job.speculation, default) {
+            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => None,
             (Speculation::ServerDefault { max_depth }, Some(drafter)) => Some((drafter, max_depth)),
             (Speculation::On { drafter, max_depth }, _) => Some((drafter, max_depth)),
         }

@@ -59,6 +59,9 @@ pub struct DraftSource {
     /// it); a server-wide default draft is skipped, with a warning, for targets it cannot
     /// draft for.
     pub required: bool,
+    /// Whether requests that leave the drafter to the server draft with it (a Modelfile
+    /// `DRAFT`, the server's `--draft`), not only requests naming it.
+    pub by_default: bool,
 }
 
 /// Everything request handlers need to know about the loaded model. Shared across threads;
@@ -220,6 +223,6 @@ fn attach_draft(
         )));
     }
     session
-        .attach_draft(source.name.to_string(), loaded.model)
+        .attach_draft(source.name.to_string(), loaded.model, source.by_default)
         .map_err(|e| refuse(e.to_string()))
 }

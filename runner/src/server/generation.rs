@@ -68,15 +68,20 @@ pub struct Summary {
     pub draft: Option<ModelName>,
 }
 
-/// What speculative decoding did for a request, as both APIs report it; `draft` names the
-/// draft model loaded beside the model, the drafter of a `model` round.
-pub fn speculation_json(spec: &SpeculationStats, draft: Option<&ModelName>) -> serde_json::Value {
-    let drafter = match (spec.drafter, draft) {
+/// The drafter of `spec` by the name requests give it; `draft` names the draft model loaded
+/// beside the model, which a `model` round drafted with.
+pub fn drafter_name(spec: &SpeculationStats, draft: Option<&ModelName>) -> String {
+    match (spec.drafter, draft) {
         (DrafterKind::Model, Some(draft)) => draft.to_string(),
         (kind, _) => kind.name(),
-    };
+    }
+}
+
+/// What speculative decoding did for a request, as both APIs report it (`draft` as for
+/// [`drafter_name`]).
+pub fn speculation_json(spec: &SpeculationStats, draft: Option<&ModelName>) -> serde_json::Value {
     serde_json::json!({
-        "drafter": drafter,
+        "drafter": drafter_name(spec, draft),
         "rounds": spec.rounds,
         "drafted": spec.drafted,
         "accepted": spec.accepted,
