@@ -1,18 +1,62 @@
 //! Speculative decoding through the HTTP API with both real models: greedy answers with
-//! prompt-lookup and layer-skip drafting equal the plain ones token for token (up to the first position whose
-//! top-2 margin is under 1e-3, where the wider verification forward may round a near-tie the
-//! other way), logprobs come from the target at every committed token, and copy-heavy prompts
-//! accept drafts.
+//! prompt-lookup, layer-skip and draft-model drafting equal the plain ones token for token (up
+//! to the first position whose top-2 margin is under 1e-3, where the wider verification
+//! forward may round a near-tie the other way), logprobs come from the target at every
+//! committed token, and copy-heavy prompts accept drafts. The draft models are truncated
+//! copies of the targets (`mlxkit export --layers`): the only pairs with one vocabulary that
+//! the package registries carry.
 
 mod support;
 
 use std::sync::OnceLock;
 
 use runner::engine::LoopConfig;
+use runner::export::{ExportOptions, export};
+use runner::model_name::ModelName;
+use runner::store::Store;
 use serde_json::{Value, json};
-use support::{MODEL, Server, post, serial, start_server};
+use support::{MODEL, Server, post, serial, start_server_with};
 
 const GEMMA: &str = "gemma3:270m";
+
+/// Each target, its draft model and how many of the target's layers the draft keeps (of 30
+/// and 18).
+const DRAFTS: [(&str, &str, usize); 2] = [
+    (MODEL, "smollm2-draft:test", 20),
+    (GEMMA, "gemma3-draft:test", 9),
+];
+
+/// The draft model of `model`.
+fn draft_of(model: &str) -> &'static str {
+    DRAFTS
+        .iter()
+        .find(|(target, _, _)| *target == model)
+        .map(|(_, draft, _)| *draft)
+        .unwrap_or_default()
+}
+
+/// Creates each target's draft model: its first layers, exported as a transformers folder
+/// (quantized as the target is) and imported.
+fn create_drafts(store: &Store) {
+    for (target, draft, layers) in DRAFTS {
+        let folder = tempfile::tempdir().unwrap();
+        let options = ExportOptions {
+            dtype: mlx::Dtype::F32,
+            quantized: true,
+            layers: Some(layers),
+        };
+        export(
+            store,
+            &ModelName::parse(target).unwrap(),
+            folder.path(),
+            options,
+        )
+        .unwrap();
+        let name = ModelName::parse(draft).unwrap();
+        runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {})
+            .unwrap();
+    }
+}
 
 /// The margin under which two candidates count as tied: f32 forwards of different widths
 /// differ by ~1e-5 in a logprob, far below it.
@@ -27,7 +71,7 @@ const LOGPROB_TOLERANCE: f32 = 2e-3;
 fn server() -> Option<&'static Server> {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
     SERVER
-        .get_or_init(|| start_server(&[MODEL, GEMMA], LoopConfig::from_env()))
+        .get_or_init(|| start_server_with(&[MODEL, GEMMA], LoopConfig::from_env(), create_drafts))
         .as_ref()
 }
 
@@ -114,7 +158,7 @@ fn greedy_speculation_answers_as_plain_decoding_does() {
                 tokens
             })
             .collect();
-        for drafter in ["ngram", LAYER_SKIP] {
+        for drafter in ["ngram", LAYER_SKIP, draft_of(model)] {
             let mut cutoffs = 0;
             let mut accepted = 0;
             let mut worst = 0.0f32;
@@ -181,4 +225,81 @@ fn openai_requests_choose_their_drafter() {
     let (status, response) = post(s, "/v1/chat/completions", body("bogus"));
     assert_eq!(status, 400, "{response}");
     assert!(response.to_string().contains("bogus"), "{response}");
+}
+
+/// A draft model is named like any model; one with another vocabulary is refused with a 400
+/// that says so, and the server keeps serving.
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let body = |model: &str, draft: &str| {
+        json!({
+            "model": model,
+            "prompt": "Say hi.",
+            "stream": false,
+            "options": {"temperature": 0, "num_predict": 4, "draft": draft},
+        })
+    };
+    let (status, response) = post(s, "/api/generate", body(GEMMA, draft_of(MODEL)));
+    assert_eq!(status, 400, "{response}");
+    let message = response.to_string();
+    assert!(message.contains("vocabulary"), "{message}");
+    assert!(message.contains(draft_of(MODEL)), "{message}");
+    let (status, response) = post(s, "/api/generate", body(GEMMA, "missing-draft:1b"));
+    assert_eq!(status, 400, "{response}");
+    assert!(
+        response.to_string().contains("missing-draft:1b"),
+        "{response}"
+    );
+    let (status, response) = post(s, "/api/generate", body(GEMMA, "none"));
+    assert_eq!(status, 200, "{response}");
+}
+
+/// A Modelfile's `DRAFT` is checked at create, shown, and drafts for every request that does
+/// not choose another drafter.
+#[test]
+fn a_modelfile_draft_drafts_by_default() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let draft = draft_of(MODEL);
+    let create = |name: &str, modelfile: String| {
+        post(
+            s,
+            "/api/create",
+            json!({"model": name, "modelfile": modelfile, "stream": false}),
+        )
+    };
+    let (status, response) = create("smollm2-spec:test", format!("FROM {MODEL}\nDRAFT {draft}"));
+    assert_eq!(status, 200, "{response}");
+    let (status, response) = create("gemma3-spec:test", format!("FROM {GEMMA}\nDRAFT {draft}"));
+    assert_eq!(status, 400, "{response}");
+    assert!(response.to_string().contains("vocabulary"), "{response}");
+
+    let (_, shown) = post(s, "/api/show", json!({"model": "smollm2-spec:test"}));
+    let modelfile = shown["modelfile"].as_str().unwrap_or_default();
+    assert!(modelfile.contains(&format!("DRAFT {draft}")), "{modelfile}");
+
+    let generate = |options: Value| {
+        post(
+            s,
+            "/api/generate",
+            json!({
+                "model": "smollm2-spec:test",
+                "prompt": "Repeat exactly: one, two, three, one, two, three.",
+                "stream": false,
+                "options": options,
+            }),
+        )
+    };
+    let (status, drafted) = generate(json!({"temperature": 0, "num_predict": 24}));
+    assert_eq!(status, 200, "{drafted}");
+    assert_eq!(drafted["speculation"]["drafter"], draft, "{drafted}");
+    let (status, plain) = generate(json!({"temperature": 0, "num_predict": 24, "draft": "none"}));
+    assert_eq!(status, 200, "{plain}");
+    assert!(plain.get("speculation").is_none(), "{plain}");
+    assert_eq!(drafted["response"], plain["response"]);
+    let (status, lookup) = generate(json!({"temperature": 0, "num_predict": 24, "draft": "ngram"}));
+    assert_eq!(status, 200, "{lookup}");
+    assert_eq!(lookup["speculation"]["drafter"], "ngram", "{lookup}");
 }

@@ -47,6 +47,16 @@ fn start() -> Option<Server> {
 /// A server of its own with `models` pulled, serving them with `config`; `None` (after a
 /// notice) when a model cannot be fetched outside CI.
 pub fn start_server(models: &[&str], config: LoopConfig) -> Option<Server> {
+    start_server_with(models, config, |_| {})
+}
+
+/// Like [`start_server`], with `prepare` run on the store once the models are pulled (to
+/// create models from them) and before the server starts.
+pub fn start_server_with(
+    models: &[&str],
+    config: LoopConfig,
+    prepare: impl FnOnce(&Store),
+) -> Option<Server> {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open(home.path().to_path_buf()).unwrap();
     for model in models {
@@ -59,6 +69,7 @@ pub fn start_server(models: &[&str], config: LoopConfig) -> Option<Server> {
             return None;
         }
     }
+    prepare(&store);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
