@@ -174,3 +174,43 @@ fn a_draft_model_request_without_a_draft_model_is_refused() {
     let message = handle.failed.clone().expect("refused");
     assert!(message.contains("draft model"), "{message}");
 }
+
+#[test]
+fn the_next_turn_finds_the_drafts_history_in_its_trie() {
+    let mut engine = with_draft("llama", "llama");
+    let first_turn = ids(3, 50);
+    let mut first = submit_with(
+        &mut engine,
+        &first_turn,
+        12,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    run_to_idle(&mut engine);
+    assert!(first.ended());
+    let before = engine.status().cache_bytes;
+    // The next turn: the first, its answer, and a new message.
+    let mut second_turn = first_turn.clone();
+    second_turn.extend_from_slice(&first.tokens);
+    second_turn.extend(ids(8, 6));
+    let mut second = submit_with(
+        &mut engine,
+        &second_turn,
+        30,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    run_to_idle(&mut engine);
+    assert!(second.ended());
+    assert_eq!(second.tokens, cold(engine.model(), &second_turn, 30));
+    let spec = second.stats().speculation.expect("it speculated");
+    // The draft restored its history: no catch-up rounds without drafts (a 68-token context
+    // would take four 16-token chunks), and its own weights guess every token.
+    assert_eq!(spec.accepted, spec.drafted, "{spec:?}");
+    assert!(
+        spec.rounds <= 30 / 5 + 2,
+        "the draft caught up instead of restoring: {spec:?}"
+    );
+    assert!(before > 0);
+    check_trie(&engine);
+}

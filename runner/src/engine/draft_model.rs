@@ -11,18 +11,27 @@
 //!
 //! Drafts are the draft model's argmax, so they are deterministic and verified as one-hot
 //! proposals: lossless at any temperature (see [`speculate::verify_positional`]), and a seeded
-//! request's text does not depend on the depth. A context the draft has not seen (a fresh
-//! prompt, a prefix restored from the trie) is caught up a prefill chunk per round, with no
-//! drafts in those rounds, so no step stalls behind a long catch-up.
+//! request's text does not depend on the depth.
+//!
+//! The draft model has a prefix trie of its own beside the target's: a sequence's draft
+//! caches start from the longest prefix of its prompt that the draft has seen, and what they
+//! hold when the sequence retires (finished or cancelled) is recorded, so the next turn of a
+//! conversation does not feed the draft its history again. The rest of the context is caught
+//! up a prefill chunk per round, with no drafts in those rounds, so no step stalls behind a
+//! long catch-up. The draft's trie holds as many tokens as the target's: its byte budget is the
+//! target's scaled by their KV sizes.
 
 use std::collections::HashMap;
 
 use kvcache::LayerCache;
 use mlx::{Array, Dtype};
 use nn::{Batch, Model};
+use prefix_trie::SessionId;
 use speculate::Draft;
 
 use crate::engine::loaded::StepError;
+use crate::engine::memory;
+use crate::engine::prefix_cache::{self, PrefixCache};
 use crate::engine::sequence::Sequence;
 use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
 
@@ -32,18 +41,31 @@ pub struct DraftModel {
     model: Box<dyn Model>,
     /// The most context tokens it catches up on in one round.
     catch_up: usize,
+    /// What earlier sequences fed it, by prefix.
+    prefix: PrefixCache,
+}
+
+/// How a draft model is served beside its target.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftServing {
+    /// The most context tokens it catches up on in one round (the target's prefill chunk).
+    pub catch_up: usize,
+    /// The target's prefix-cache budget, bytes: the draft's trie holds as many tokens.
+    pub target_cache_bytes: usize,
+    /// The prefix-cache capture interval.
+    pub capture_interval: usize,
 }
 
 impl DraftModel {
-    /// `model`, called `name`, as a draft for `target`, catching up on at most `catch_up`
-    /// context tokens a round: refused unless both score the same vocabulary (the loader also
-    /// compares their tokenizers token by token), and unless its caches can be rewound after a
-    /// rejected draft (recurrent layers cannot yet).
+    /// `model`, called `name`, as a draft for `target`, served as `serving` says: refused
+    /// unless both score the same vocabulary (the loader also compares their tokenizers token
+    /// by token), and unless its caches can be rewound after a rejected draft (recurrent layers
+    /// cannot yet).
     pub fn new(
         name: String,
         model: Box<dyn Model>,
         target: &dyn Model,
-        catch_up: usize,
+        serving: DraftServing,
     ) -> Result<DraftModel, StepError> {
         let (ours, theirs) = (model.config().vocab_size, target.config().vocab_size);
         if ours != theirs {
@@ -52,13 +74,19 @@ impl DraftModel {
                  a draft model needs the target's vocabulary"
             )));
         }
-        let draft = DraftModel {
+        let caches = fresh_caches(&name, model.as_ref())?;
+        // The same number of tokens as the target's trie, at the draft's bytes per token.
+        let sample = 1024;
+        let budget =
+            (serving.target_cache_bytes as f64 * memory::kv_bytes(model.config(), sample) as f64
+                / memory::kv_bytes(target.config(), sample).max(1) as f64) as usize;
+        let prefix = PrefixCache::new(&caches, budget, serving.capture_interval)?;
+        Ok(DraftModel {
             name,
             model,
-            catch_up: catch_up.max(1),
-        };
-        draft.new_caches()?;
-        Ok(draft)
+            catch_up: serving.catch_up.max(1),
+            prefix,
+        })
     }
 
     /// Its name, as requests give it.
@@ -71,22 +99,82 @@ impl DraftModel {
         self.model.as_ref()
     }
 
-    /// Fresh caches for one sequence.
-    pub fn new_caches(&self) -> Result<DraftCaches, StepError> {
-        let caches = self.model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
-        if caches
-            .iter()
-            .flatten()
-            .any(|c| matches!(c, LayerCache::Recurrent(_)))
-        {
-            return Err(StepError::Invalid(format!(
-                "draft model `{}` has recurrent layers, which cannot roll a rejected draft \
-                 back yet",
-                self.name
-            )));
-        }
-        Ok(DraftCaches { caches, held: 0 })
+    /// Bytes its prefix trie holds.
+    pub fn cache_bytes(&self) -> usize {
+        self.prefix.bytes()
     }
+
+    /// Caches for a sequence whose prompt is `prompt`, holding the longest prefix of it the
+    /// draft's trie has, with captures scheduled (at `turn_starts` among others).
+    pub fn begin(
+        &mut self,
+        prompt: &[u32],
+        turn_starts: &[usize],
+    ) -> Result<DraftCaches, StepError> {
+        let mut caches = fresh_caches(&self.name, self.model.as_ref())?;
+        match self.prefix.begin(prompt, turn_starts, &mut caches) {
+            Ok(restored) => Ok(DraftCaches {
+                caches,
+                held: restored.restore_at,
+                session: Some(restored.session),
+            }),
+            Err(e) => {
+                tracing::warn!("the draft model's prefix cache not used for a request: {e}");
+                Ok(DraftCaches {
+                    caches: fresh_caches(&self.name, self.model.as_ref())?,
+                    held: 0,
+                    session: None,
+                })
+            }
+        }
+    }
+
+    /// Records what a retiring sequence's draft caches hold — a prefix of its `tokens` — in
+    /// the draft's trie, then evicts down to its budget.
+    pub fn close(&mut self, tokens: &[u32], caches: &mut DraftCaches) {
+        let Some(session) = caches.session.take() else {
+            return;
+        };
+        let held = caches.held.min(tokens.len());
+        let recorded = caches
+            .rewind(held)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                let captures = prefix_cache::take_captures(&mut caches.caches);
+                self.prefix
+                    .close_caches(session, &tokens[..held], captures, &caches.caches)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = recorded {
+            tracing::warn!("the draft model's prefix cache: recording a request failed: {e}");
+        }
+        if let Err(e) = self.prefix.evict() {
+            tracing::warn!("the draft model's prefix cache: eviction failed: {e}");
+        }
+    }
+
+    /// Ends a failed sequence's draft session without recording it.
+    pub fn abandon(&mut self, caches: &mut DraftCaches) {
+        if let Some(session) = caches.session.take() {
+            self.prefix.abandon_session(session);
+        }
+    }
+}
+
+/// Fresh caches of `model` for one sequence, refused for layers that cannot roll back.
+fn fresh_caches(name: &str, model: &dyn Model) -> Result<Vec<Option<LayerCache>>, StepError> {
+    let caches = model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
+    if caches
+        .iter()
+        .flatten()
+        .any(|c| matches!(c, LayerCache::Recurrent(_)))
+    {
+        return Err(StepError::Invalid(format!(
+            "draft model `{name}` has recurrent layers, which cannot roll a rejected draft \
+             back yet"
+        )));
+    }
+    Ok(caches)
 }
 
 /// One sequence's caches in the draft model. They hold the sequence's first `held` tokens:
@@ -94,6 +182,8 @@ impl DraftModel {
 pub struct DraftCaches {
     caches: Vec<Option<LayerCache>>,
     held: usize,
+    /// Its session in the draft's prefix trie.
+    session: Option<SessionId>,
 }
 
 impl DraftCaches {
@@ -144,6 +234,7 @@ pub(crate) fn draft_by_model(
         let unseen = seq.tokens.len().saturating_sub(caches.held());
         let work = if unseen + 1 > draft.catch_up {
             plan.draft = Draft::empty();
+            plan.catching_up = true;
             Work::CatchUp(draft.catch_up)
         } else {
             Work::Draft {

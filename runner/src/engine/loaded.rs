@@ -26,7 +26,7 @@ use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 use sampler::{Sampled, Sampler};
 
-use crate::engine::draft_model::DraftModel;
+use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Speculation, Stats, TokenLogprobs};
 use crate::engine::memory::{self, LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
@@ -196,8 +196,12 @@ impl LoadedModel {
         model: Box<dyn Model>,
         by_default: bool,
     ) -> Result<()> {
-        let catch_up = self.config.prefill_chunk;
-        self.draft = Some(DraftModel::new(name, model, self.model.as_ref(), catch_up)?);
+        let serving = DraftServing {
+            catch_up: self.config.prefill_chunk,
+            target_cache_bytes: self.config.memory.cache_bytes,
+            capture_interval: self.config.capture_interval,
+        };
+        self.draft = Some(DraftModel::new(name, model, self.model.as_ref(), serving)?);
         self.draft_by_default = by_default;
         Ok(())
     }
@@ -254,7 +258,8 @@ impl LoadedModel {
                 .map(|s| s.tokens.len() - s.stats.cached_tokens)
                 .sum(),
             queued: self.queue.len(),
-            cache_bytes: self.prefix.bytes(),
+            cache_bytes: self.prefix.bytes()
+                + self.draft.as_ref().map_or(0, DraftModel::cache_bytes),
             cache_budget: self.prefix.budget(),
             cache_nodes: self.prefix.node_count(),
             active_memory: mlx::memory::active_memory().unwrap_or(0),
@@ -283,6 +288,14 @@ impl LoadedModel {
         for mut seq in std::mem::take(&mut self.sequences) {
             self.prefix.abandon(&mut seq);
             let _ = self.sampler.remove(seq.id);
+            if let (Some(draft), Some(caches)) = (
+                self.draft.as_mut(),
+                seq.speculating
+                    .as_mut()
+                    .and_then(Speculating::draft_caches_mut),
+            ) {
+                draft.abandon(caches);
+            }
             let _ = seq.job.events.send(Event::Failed(message.to_string()));
         }
     }
@@ -488,7 +501,7 @@ impl LoadedModel {
     /// How `job` decodes: speculatively when it or the server asks for it and its caches can
     /// roll a round back (recurrent layers cannot yet).
     fn speculation_for(
-        &self,
+        &mut self,
         job: &Job,
         caches: &[Option<kvcache::LayerCache>],
     ) -> Result<Option<Speculating>> {
@@ -510,8 +523,8 @@ impl LoadedModel {
         if !rewindable {
             return Ok(None);
         }
-        let draft_caches = match (drafter, &self.draft) {
-            (DrafterKind::Model, Some(draft)) => Some(draft.new_caches()?),
+        let draft_caches = match (drafter, self.draft.as_mut()) {
+            (DrafterKind::Model, Some(draft)) => Some(draft.begin(&job.prompt, &job.turn_starts)?),
             (DrafterKind::Model, None) => {
                 return Err(StepError::Invalid(
                     "this model was loaded without a draft model".into(),
@@ -954,6 +967,17 @@ impl LoadedModel {
                 }
             }
             Outcome::Failed(_) => self.prefix.abandon(&mut seq),
+        }
+        if let (Some(draft), Some(caches)) = (
+            self.draft.as_mut(),
+            seq.speculating
+                .as_mut()
+                .and_then(Speculating::draft_caches_mut),
+        ) {
+            match &outcome {
+                Outcome::Done(_) => draft.close(&seq.tokens, caches),
+                Outcome::Failed(_) => draft.abandon(caches),
+            }
         }
         // Dropping the caches copies out the lazy snapshots the trie took of them.
         seq.caches.clear();

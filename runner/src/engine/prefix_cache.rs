@@ -5,8 +5,8 @@
 
 use kvcache::{LayerCache, LayerSnapshot};
 use prefix_trie::{
-    CloseReport, Config, EvictReport, LayerKind, LayerRestore, Lookahead, PrefixTrie, Prompt,
-    SchedulePolicy, SessionId,
+    Capture, CloseReport, Config, EvictReport, LayerKind, LayerRestore, Lookahead, PrefixTrie,
+    Prompt, SchedulePolicy, SessionId,
 };
 
 use crate::engine::sequence::Sequence;
@@ -148,12 +148,22 @@ impl PrefixCache {
         };
         sequence.collect_captures();
         let captures = std::mem::take(&mut sequence.captures);
-        let keys = Prompt::new(&sequence.tokens, &[], Lookahead::None)?;
-        let caches = &sequence.caches;
+        self.close_caches(session, &sequence.tokens, captures, &sequence.caches)
+    }
+
+    /// Records `session`, whose `caches` rest after `tokens` and took `captures` on the way.
+    pub fn close_caches(
+        &mut self,
+        session: SessionId,
+        tokens: &[u32],
+        captures: Vec<Capture<LayerSnapshot>>,
+        caches: &[Option<LayerCache>],
+    ) -> Result<CloseReport, PrefixError> {
+        let keys = Prompt::new(tokens, &[], Lookahead::None)?;
         let report = self.trie.close(
             session,
             keys.keys(),
-            sequence.tokens.len(),
+            tokens.len(),
             captures,
             |layer, coverage| match caches.get(layer).and_then(Option::as_ref) {
                 Some(cache) => cache.snapshot_coverage(&coverage),
@@ -172,7 +182,7 @@ impl PrefixCache {
         }
     }
 
-    /// Ends a session that no sequence holds yet.
+    /// Ends a session that no sequence holds (yet).
     pub fn abandon_session(&mut self, session: SessionId) {
         self.trie.abandon(session);
     }
@@ -181,4 +191,17 @@ impl PrefixCache {
     pub fn evict(&mut self) -> Result<EvictReport, PrefixError> {
         Ok(self.trie.evict(self.budget)?)
     }
+}
+
+/// The captures `caches` recorded since their schedule was set, each with its layer.
+pub fn take_captures(caches: &mut [Option<LayerCache>]) -> Vec<Capture<LayerSnapshot>> {
+    let mut captures = Vec::new();
+    for (layer, cache) in caches.iter_mut().enumerate() {
+        if let Some(cache) = cache {
+            for (_, snapshot) in cache.take_captures() {
+                captures.push(Capture { layer, snapshot });
+            }
+        }
+    }
+    captures
 }

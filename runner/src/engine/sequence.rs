@@ -8,6 +8,7 @@ use prefix_trie::{Capture, SessionId};
 
 use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
 use crate::engine::memory;
+use crate::engine::prefix_cache;
 use crate::engine::speculation::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
@@ -112,13 +113,8 @@ impl Sequence {
 
     /// Moves the captures its caches recorded since the schedule was set into `captures`.
     pub fn collect_captures(&mut self) {
-        for (layer, cache) in self.caches.iter_mut().enumerate() {
-            if let Some(cache) = cache {
-                for (_, snapshot) in cache.take_captures() {
-                    self.captures.push(Capture { layer, snapshot });
-                }
-            }
-        }
+        let taken = prefix_cache::take_captures(&mut self.caches);
+        self.captures.extend(taken);
     }
 }
 

@@ -262,6 +262,9 @@ pub(crate) struct Planned {
     pub(crate) tokens: Vec<u32>,
     /// The drafts: a placeholder of the chosen depth until a model drafts them.
     pub(crate) draft: Draft,
+    /// Whether its draft model spends the round catching up instead of drafting: not a
+    /// round the depth controller chose, so not one it learns from.
+    pub(crate) catching_up: bool,
     masks: Option<Vec<Vec<u32>>>,
 }
 
@@ -277,6 +280,8 @@ struct Dispatched {
     logits: Option<Array>,
     /// The grammar's masks of the round's positions (logprobs see only what they allow).
     masks: Option<Vec<Vec<u32>>>,
+    /// As [`Planned::catching_up`].
+    catching_up: bool,
 }
 
 /// Runs this step's round for every speculating sequence that knows its next token.
@@ -333,6 +338,7 @@ pub fn run_rounds(
             index: i,
             tokens: vec![next],
             draft,
+            catching_up: false,
             masks: None,
         });
     }
@@ -428,6 +434,7 @@ pub fn run_rounds(
                 greedy,
                 logits,
                 masks: plan.masks,
+                catching_up: plan.catching_up,
             });
         }
     }
@@ -521,7 +528,9 @@ fn settle_round(
             drafter.commit(&committed);
         }
         spec.next = None;
-        controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
+        if !round.catching_up {
+            controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
+        }
     }
     sampler.commit(id, &committed)?;
 
@@ -542,6 +551,9 @@ fn settle_round(
             let held = (start + 1 + position).min(keep);
             for cache in seq.caches.iter_mut().flatten() {
                 cache.rewind(held)?;
+            }
+            if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
+                draft.rewind(held)?;
             }
             seq.tokens.truncate(held);
             ending.add(id, outcome);
