@@ -126,6 +126,8 @@ pub struct LoopStatus {
     pub cache_budget: usize,
     /// Nodes in the trie.
     pub cache_nodes: usize,
+    /// Bytes the draft model's prefix trie holds, when one is loaded.
+    pub draft_cache_bytes: usize,
     /// MLX's active memory after the last step.
     pub active_memory: usize,
     /// MLX's peak memory.
@@ -258,10 +260,10 @@ impl LoadedModel {
                 .map(|s| s.tokens.len() - s.stats.cached_tokens)
                 .sum(),
             queued: self.queue.len(),
-            cache_bytes: self.prefix.bytes()
-                + self.draft.as_ref().map_or(0, DraftModel::cache_bytes),
+            cache_bytes: self.prefix.bytes(),
             cache_budget: self.prefix.budget(),
             cache_nodes: self.prefix.node_count(),
+            draft_cache_bytes: self.draft.as_ref().map_or(0, DraftModel::cache_bytes),
             active_memory: mlx::memory::active_memory().unwrap_or(0),
             peak_memory: mlx::memory::peak_memory().unwrap_or(0),
             draft_depth: self.controllers.current_depth(DrafterKind::Ngram),

@@ -166,7 +166,7 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     };
     let name = info.name.to_string();
     let engine = state.scheduler.engine().status();
-    Ok(Json(json!({
+    let mut response = json!({
         "models": [{
             "running_sequences": engine.running,
             "prefilling_sequences": engine.prefilling,
@@ -185,7 +185,16 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
             "size_vram": if mlx::gpu_available().unwrap_or(false) { active } else { 0 },
             "context_length": info.context_length,
         }]
-    })))
+    });
+    // Not in Ollama's API: the draft model loaded beside it, and its own prefix cache.
+    if let (Some(draft), Some(model)) = (&info.draft, response["models"][0].as_object_mut()) {
+        model.insert("draft_model".into(), json!(draft.to_string()));
+        model.insert(
+            "draft_prefix_cache_bytes".into(),
+            json!(engine.draft_cache_bytes),
+        );
+    }
+    Ok(Json(response))
 }
 
 /// `DELETE /api/delete`.
