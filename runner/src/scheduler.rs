@@ -8,6 +8,7 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore}
 
 use std::path::PathBuf;
 
+use crate::engine::loader::check_draft_vocabulary;
 use crate::engine::{DraftSource, Engine, EngineError, LoadError, ModelInfo};
 use crate::model_name::ModelName;
 use crate::store::{Store, StoreError};
@@ -183,7 +184,10 @@ impl Scheduler {
         };
         let draft = match wanted {
             None => None,
-            Some((draft, required)) => match self.draft_source(name, &draft, required).await {
+            Some((draft, required)) => match self
+                .draft_source(name, &entry.manifest, &dir, &draft, required)
+                .await
+            {
                 Ok(mut source) => {
                     // The Modelfile's or the server's draft drafts for every request that does
                     // not choose; one a request named, only for requests naming it.
@@ -226,10 +230,13 @@ impl Scheduler {
         )
     }
 
-    /// The stored model `name`, ready to load beside `target` as its draft model.
+    /// The stored model `name`, ready to load beside `target` (with `manifest`, materialized
+    /// in `dir`) as its draft model, its vocabulary checked against the target's.
     async fn draft_source(
         &self,
         target: &ModelName,
+        manifest: &crate::store::Manifest,
+        target_dir: &std::path::Path,
         name: &ModelName,
         required: bool,
     ) -> Result<DraftSource, ScheduleError> {
@@ -245,13 +252,21 @@ impl Scheduler {
             .materialize(&entry.manifest)
             .await
             .map_err(|e| refuse(e.to_string()))?;
-        Ok(DraftSource {
+        let source = DraftSource {
             name: name.clone(),
             manifest: entry.manifest,
             dir,
             required,
             by_default: false,
+        };
+        let (target, manifest) = (target.clone(), manifest.clone());
+        let target_dir = target_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            check_draft_vocabulary(&target, &manifest, &target_dir, &source).map(|()| source)
         })
+        .await
+        .map_err(|e| refuse(format!("checking the vocabulary: {e}")))?
+        .map_err(|e| ScheduleError::Engine(EngineError::Load(e)))
     }
 
     /// Sets the expiry of the loaded model `name` (a request with `keep_alive: 0` unloads it

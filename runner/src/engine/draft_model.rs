@@ -130,7 +130,7 @@ impl DraftModel {
     }
 
     /// Records what a retiring sequence's draft caches hold — a prefix of its `tokens` — in
-    /// the draft's trie, then evicts down to its budget.
+    /// the draft's trie and drops them, then evicts down to its budget.
     pub fn close(&mut self, tokens: &[u32], caches: &mut DraftCaches) {
         let Some(session) = caches.session.take() else {
             return;
@@ -148,6 +148,10 @@ impl DraftModel {
         if let Err(e) = recorded {
             tracing::warn!("the draft model's prefix cache: recording a request failed: {e}");
         }
+        // Dropping the caches copies out the lazy snapshots the trie took of them, so the
+        // eviction below counts their bytes.
+        caches.caches.clear();
+        caches.held = 0;
         if let Err(e) = self.prefix.evict() {
             tracing::warn!("the draft model's prefix cache: eviction failed: {e}");
         }

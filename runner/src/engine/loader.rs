@@ -119,6 +119,27 @@ pub fn tokenizer_of(
     })
 }
 
+/// Whether `draft` can draft for `target` (with `manifest`, materialized in `dir`): its
+/// vocabulary is the target's, id for id. Reads the vocabularies alone, so a draft that cannot
+/// fit is refused before anything is unloaded or loaded.
+pub fn check_draft_vocabulary(
+    target: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+    draft: &DraftSource,
+) -> Result<(), LoadError> {
+    let ours = tokenizer_of(target, manifest, dir)?;
+    let theirs = tokenizer_of(&draft.name, &draft.manifest, &draft.dir)?;
+    match ours.vocabulary_difference(&theirs) {
+        Some(difference) => Err(LoadError::Draft {
+            draft: draft.name.to_string(),
+            target: target.to_string(),
+            reason: format!("its vocabulary is not the target's ({difference})"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer,
 /// and `draft` beside it, ready to serve with `loop_config`.
 pub fn load(

@@ -418,20 +418,18 @@ fn check_draft(
     let refuse = |reason: String| ApiError::bad_request(format!("draft model `{draft}`: {reason}"));
     let draft_name = ModelName::parse(draft)?;
     let entry = store.get(&draft_name).map_err(|e| refuse(e.to_string()))?;
+    let source = crate::engine::DraftSource {
+        name: draft_name,
+        dir: store
+            .materialize(&entry.manifest)
+            .map_err(|e| refuse(e.to_string()))?,
+        manifest: entry.manifest,
+        required: true,
+        by_default: true,
+    };
     let target_dir = store.materialize(manifest)?;
-    let draft_dir = store
-        .materialize(&entry.manifest)
-        .map_err(|e| refuse(e.to_string()))?;
-    let target = crate::engine::loader::tokenizer_of(name, manifest, &target_dir)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let ours = crate::engine::loader::tokenizer_of(&draft_name, &entry.manifest, &draft_dir)
-        .map_err(|e| refuse(e.to_string()))?;
-    match target.vocabulary_difference(&ours) {
-        Some(difference) => Err(refuse(format!(
-            "its vocabulary is not the model's ({difference})"
-        ))),
-        None => Ok(()),
-    }
+    crate::engine::loader::check_draft_vocabulary(name, manifest, &target_dir, &source)
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn expand_home(path: &str) -> PathBuf {
