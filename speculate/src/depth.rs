@@ -31,7 +31,10 @@
 //! finds its maximum: every 8th decision in a bucket probes a neighbour of the best depth
 //! instead, alternating above and below (only 1 when the best is 0, so plain decoding keeps
 //! testing whether speculation started to pay). A probe costs at most the gap to a neighbour,
-//! and keeps the neighbours' costs fresh. A bucket with no measured depth yet starts at the
+//! and keeps the neighbours' costs fresh. From depth 0, each probe whose draft is rejected
+//! doubles the wait before the next, up to every 64th decision, and one accepted draft brings
+//! it back to every 8th: a drafter that never pays (an expensive draft model that disagrees
+//! with its target) then costs a probe in 64 rounds rather than one in 8. A bucket with no measured depth yet starts at the
 //! best depth of the nearest bucket that has one, else at 3.
 //!
 //! # Persistence and replay
@@ -72,6 +75,9 @@ const ACCEPT_PRIOR_WEIGHT: f64 = 2.0;
 const MIN_SAMPLES: u64 = 2;
 /// Every this many decisions in a bucket, one probes a neighbour of the best depth.
 const PROBE_EVERY: u64 = 8;
+/// From depth 0, failed probes double the probe interval up to this many times (every 64th
+/// decision).
+const MAX_PROBE_BACKOFF: u32 = 3;
 /// The first depth tried when nothing is known.
 const START_DEPTH: usize = 3;
 /// A floor on costs so that a zero-length round cannot divide by zero.
@@ -131,6 +137,14 @@ struct Model {
     cost: Vec<Vec<Decayed>>,
     /// Decisions made per bucket: the probe schedule's clock.
     rounds: Vec<u64>,
+    /// Per bucket: probes from depth 0 rejected in a row (capped), which stretch the
+    /// interval between probes. States written before it existed read as none.
+    #[serde(default = "no_backoff")]
+    backoff: Vec<u32>,
+}
+
+fn no_backoff() -> Vec<u32> {
+    vec![0; BUCKETS]
 }
 
 impl Model {
@@ -147,6 +161,7 @@ impl Model {
             accept: vec![prior; max_depth],
             cost: vec![vec![Decayed::EMPTY; max_depth + 1]; BUCKETS],
             rounds: vec![0; BUCKETS],
+            backoff: no_backoff(),
         }
     }
 
@@ -171,11 +186,20 @@ impl Model {
         if let Some(j) = self.accept.iter().position(|a| !a.is_valid(0.0, 1.0)) {
             return bad(format!("acceptance rate {} is not a probability", j + 1));
         }
-        if self.cost.len() != BUCKETS || self.rounds.len() != BUCKETS {
+        if self.cost.len() != BUCKETS
+            || self.rounds.len() != BUCKETS
+            || self.backoff.len() != BUCKETS
+        {
             return bad(format!(
-                "{} cost buckets and {} round counters; expected {BUCKETS}",
+                "{} cost buckets, {} round counters and {} probe backoffs; expected {BUCKETS}",
                 self.cost.len(),
-                self.rounds.len()
+                self.rounds.len(),
+                self.backoff.len()
+            ));
+        }
+        if let Some(b) = self.backoff.iter().position(|&n| n > MAX_PROBE_BACKOFF) {
+            return bad(format!(
+                "bucket {b}'s probe backoff exceeds {MAX_PROBE_BACKOFF}"
             ));
         }
         for (b, row) in self.cost.iter().enumerate() {
@@ -248,7 +272,12 @@ impl Model {
         let Some(best) = self.best(b) else {
             return self.start(b);
         };
-        if self.max_depth == 0 || !round.is_multiple_of(PROBE_EVERY) {
+        let interval = if best == 0 {
+            PROBE_EVERY << self.backoff[b]
+        } else {
+            PROBE_EVERY
+        };
+        if self.max_depth == 0 || !round.is_multiple_of(interval) {
             return best;
         }
         let up = (round / PROBE_EVERY) % 2 == 1;
@@ -269,6 +298,14 @@ impl Model {
         for (j, a) in self.accept[..reached].iter_mut().enumerate() {
             a.add(if j < accepted { 1.0 } else { 0.0 }, ACCEPT_DECAY);
         }
+        // A probe from depth 0: a rejection stretches the wait for the next, an acceptance
+        // (or a best depth above 0) restores it.
+        let b = bucket(batch);
+        self.backoff[b] = match self.best(b) {
+            Some(0) if depth > 0 && accepted == 0 => (self.backoff[b] + 1).min(MAX_PROBE_BACKOFF),
+            Some(0) if depth == 0 => self.backoff[b],
+            _ => 0,
+        };
     }
 }
 
@@ -753,8 +790,8 @@ mod tests {
         let last: Vec<usize> = (0..64)
             .map(|_| hopeless.round(&mut c, 1, &mut rng))
             .collect();
-        // Plain decoding, except the probes of depth 1 every 8th round.
-        assert_eq!(last.iter().filter(|&&d| d == 0).count(), 56, "{last:?}");
+        // Plain decoding, except a probe of depth 1: every 64th round once probes keep failing.
+        assert_eq!(last.iter().filter(|&&d| d == 0).count(), 63, "{last:?}");
         assert!(last.iter().all(|&d| d <= 1));
 
         let good = World {
@@ -766,6 +803,42 @@ mod tests {
         }
         assert!(c.best(1) > 0);
         assert_eq!(c.best(1), good.optimum(1, 8));
+    }
+
+    #[test]
+    fn failed_probes_from_zero_wait_longer_and_an_accepted_one_restores_the_pace() {
+        let mut c = DepthController::new(4);
+        // Depth 0 is cheap; depth 1 costs more and its drafts are always rejected.
+        let mut run = |c: &mut DepthController, rounds: usize, accept: bool| -> Vec<usize> {
+            let mut probes = Vec::new();
+            for i in 0..rounds {
+                let depth = c.depth(1);
+                let accepted = usize::from(accept && depth > 0);
+                let cost = Duration::from_millis(if depth == 0 { 10 } else { 20 });
+                c.observe(1, depth, accepted.min(depth), cost);
+                if depth > 0 {
+                    probes.push(i);
+                }
+            }
+            probes
+        };
+        for _ in 0..2 {
+            c.observe(1, 1, 0, Duration::from_millis(20));
+        }
+        for _ in 0..2 {
+            c.observe(1, 0, 0, Duration::from_millis(10));
+        }
+        assert_eq!(c.best(1), 0);
+        let probes = run(&mut c, 320, false);
+        assert_eq!(probes[0], 7, "probes at {probes:?}");
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(&gaps[..3], &[8, 16, 32], "probes at {probes:?}");
+        assert!(gaps[3..].iter().all(|&g| g == 64), "probes at {probes:?}");
+        // One accepted probe: back to probing every 8th decision (or drafting for good).
+        let after = run(&mut c, 128, true);
+        assert!(after.len() >= 2 && after[1] - after[0] <= 8, "probes at {after:?}");
+        let restored = DepthController::from_json(&c.to_json()).unwrap();
+        assert_eq!(restored.to_json(), c.to_json());
     }
 
     #[test]
