@@ -809,7 +809,7 @@ mod tests {
     fn failed_probes_from_zero_wait_longer_and_an_accepted_one_restores_the_pace() {
         let mut c = DepthController::new(4);
         // Depth 0 is cheap; depth 1 costs more and its drafts are always rejected.
-        let mut run = |c: &mut DepthController, rounds: usize, accept: bool| -> Vec<usize> {
+        let run = |c: &mut DepthController, rounds: usize, accept: bool| -> Vec<usize> {
             let mut probes = Vec::new();
             for i in 0..rounds {
                 let depth = c.depth(1);
@@ -836,7 +836,10 @@ mod tests {
         assert!(gaps[3..].iter().all(|&g| g == 64), "probes at {probes:?}");
         // One accepted probe: back to probing every 8th decision (or drafting for good).
         let after = run(&mut c, 128, true);
-        assert!(after.len() >= 2 && after[1] - after[0] <= 8, "probes at {after:?}");
+        assert!(
+            after.len() >= 2 && after[1] - after[0] <= 8,
+            "probes at {after:?}"
+        );
         let restored = DepthController::from_json(&c.to_json()).unwrap();
         assert_eq!(restored.to_json(), c.to_json());
     }
