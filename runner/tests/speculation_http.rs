@@ -297,6 +297,7 @@ fn a_modelfile_draft_drafts_by_default() {
     assert_eq!(drafted["speculation"]["drafter"], draft, "{drafted}");
     let (_, ps) = get(s, "/api/ps");
     assert_eq!(ps["models"][0]["draft_model"], draft, "{ps}");
+    assert!(ps["models"][0]["draft_depth"][draft].is_u64(), "{ps}");
     assert!(
         ps["models"][0]["draft_prefix_cache_bytes"]
             .as_u64()

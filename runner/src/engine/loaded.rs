@@ -134,6 +134,9 @@ pub struct LoopStatus {
     pub peak_memory: usize,
     /// The prompt-lookup depth controller's current depth, once a request has speculated.
     pub draft_depth: Option<usize>,
+    /// The draft model's depth controller's current depth, once a request has drafted with
+    /// the draft model loaded beside the model.
+    pub draft_model_depth: Option<usize>,
 }
 
 /// The tokens the last step sampled, not yet read, and whose rows they are.
@@ -267,6 +270,10 @@ impl LoadedModel {
             active_memory: mlx::memory::active_memory().unwrap_or(0),
             peak_memory: mlx::memory::peak_memory().unwrap_or(0),
             draft_depth: self.controllers.current_depth(DrafterKind::Ngram),
+            draft_model_depth: self
+                .draft
+                .as_ref()
+                .and_then(|_| self.controllers.current_depth(DrafterKind::Model)),
         }
     }
 

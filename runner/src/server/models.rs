@@ -189,6 +189,15 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     // Not in Ollama's API: the draft model loaded beside it, and its own prefix cache.
     if let (Some(draft), Some(model)) = (&info.draft, response["models"][0].as_object_mut()) {
         model.insert("draft_model".into(), json!(draft.to_string()));
+        if let Some(depth) = engine.draft_model_depth {
+            let depths = model.entry("draft_depth").or_insert(Value::Null);
+            if !depths.is_object() {
+                *depths = json!({});
+            }
+            if let Some(depths) = depths.as_object_mut() {
+                depths.insert(draft.to_string(), json!(depth));
+            }
+        }
         model.insert(
             "draft_prefix_cache_bytes".into(),
             json!(engine.draft_cache_bytes),
