@@ -50,6 +50,11 @@ impl Loaded {
     fn expiry(&self) -> Option<Instant> {
         self.expires.lock().ok().and_then(|e| *e)
     }
+
+    /// Whether it is `name` with `draft` beside it (any draft, or none, when `None`).
+    fn serves(&self, name: &ModelName, draft: Option<&ModelName>) -> bool {
+        self.info.name == *name && draft.is_none_or(|d| self.info.draft.as_ref() == Some(d))
+    }
 }
 
 /// The loaded model, shared by request handlers.
@@ -133,12 +138,9 @@ impl Scheduler {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ScheduleError::Busy(self.capacity))?;
-        let serves = |l: &Loaded| {
-            l.info.name == *name && draft.is_none_or(|d| l.info.draft.as_ref() == Some(d))
-        };
         loop {
             let guard = self.loaded.clone().read_owned().await;
-            if let Some(loaded) = guard.as_ref().filter(|l| serves(l)) {
+            if let Some(loaded) = guard.as_ref().filter(|l| l.serves(name, draft)) {
                 loaded.set_expiry(keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE)));
                 return Ok(Lease {
                     info: loaded.info.clone(),
@@ -160,40 +162,34 @@ impl Scheduler {
         name: &ModelName,
         draft: Option<&ModelName>,
     ) -> Result<(), ScheduleError> {
-        let named = draft;
         let mut slot = self.loaded.write().await;
-        if slot.as_ref().is_some_and(|l| {
-            l.info.name == *name && draft.is_none_or(|d| l.info.draft.as_ref() == Some(d))
-        }) {
+        if slot.as_ref().is_some_and(|l| l.serves(name, draft)) {
             return Ok(());
         }
         let entry = self.store.get(name)?;
         let dir = self.materialize(&entry.manifest).await?;
-        // A draft the request or the Modelfile names must load; the server's default may not
-        // fit every target.
+        // Which draft, whether the model fails to load without it (the request's or the
+        // Modelfile's must load; the server's default may not fit every target), and whether it
+        // drafts for requests that do not choose (the Modelfile's and the server's do; one a
+        // request named drafts for requests naming it).
         let wanted = match (draft, &entry.manifest.draft) {
-            (Some(draft), _) => Some((draft.clone(), true)),
+            (Some(draft), _) => Some((draft.clone(), true, false)),
             (None, Some(named)) => {
                 let draft = ModelName::parse(named).map_err(|e| StoreError::BadManifest {
                     name: name.to_string(),
                     message: format!("its DRAFT: {e}"),
                 })?;
-                Some((draft, true))
+                Some((draft, true, true))
             }
-            (None, None) => self.default_draft.clone().map(|d| (d, false)),
+            (None, None) => self.default_draft.clone().map(|d| (d, false, true)),
         };
         let draft = match wanted {
             None => None,
-            Some((draft, required)) => match self
-                .draft_source(name, &entry.manifest, &dir, &draft, required)
+            Some((draft, required, by_default)) => match self
+                .draft_source(name, &entry.manifest, &dir, &draft, required, by_default)
                 .await
             {
-                Ok(mut source) => {
-                    // The Modelfile's or the server's draft drafts for every request that does
-                    // not choose; one a request named, only for requests naming it.
-                    source.by_default = named.is_none();
-                    Some(source)
-                }
+                Ok(source) => Some(source),
                 Err(e) if !required => {
                     tracing::warn!("draft model `{draft}` not loaded: {e}");
                     None
@@ -231,7 +227,7 @@ impl Scheduler {
     }
 
     /// The stored model `name`, ready to load beside `target` (with `manifest`, materialized
-    /// in `dir`) as its draft model, its vocabulary checked against the target's.
+    /// in `target_dir`) as its draft model, its vocabulary checked against the target's.
     async fn draft_source(
         &self,
         target: &ModelName,
@@ -239,6 +235,7 @@ impl Scheduler {
         target_dir: &std::path::Path,
         name: &ModelName,
         required: bool,
+        by_default: bool,
     ) -> Result<DraftSource, ScheduleError> {
         let refuse = |reason: String| {
             EngineError::Load(LoadError::Draft {
@@ -257,7 +254,7 @@ impl Scheduler {
             manifest: entry.manifest,
             dir,
             required,
-            by_default: false,
+            by_default,
         };
         let (target, manifest) = (target.clone(), manifest.clone());
         let target_dir = target_dir.to_path_buf();

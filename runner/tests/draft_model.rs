@@ -6,10 +6,10 @@
 
 mod steps;
 
-use std::sync::atomic::Ordering;
-
-use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
-use steps::{Handle, check_trie, cold, engine, ids, model, run_to_idle, submit_with};
+use runner::engine::{DrafterKind, LoadedModel, Speculation};
+use steps::{
+    Handle, cancel_after, check_trie, cold, engine, ids, model, run_to_idle, run_with, submit_with,
+};
 
 fn drafted(depth: usize) -> Speculation {
     Speculation::On {
@@ -111,9 +111,7 @@ fn seeded_sampling_with_a_draft_model_does_not_depend_on_the_depth() {
     let prompt = ids(4, 20);
     let mut answers = Vec::new();
     for depth in [1, 4, 16, 4] {
-        let mut handle = submit_with(&mut engine, &prompt, 30, sampled(5), drafted(depth));
-        run_to_idle(&mut engine);
-        assert!(handle.ended());
+        let handle = run_with(&mut engine, &prompt, 30, sampled(5), drafted(depth));
         assert_eq!(handle.failed, None);
         assert_eq!(handle.tokens.len(), 30);
         answers.push(handle.tokens);
@@ -132,26 +130,15 @@ fn a_cancelled_draft_model_request_ends_and_its_retry_matches() {
         sampler::Options::greedy(),
         drafted(4),
     );
-    for _ in 0..12 {
-        engine.step();
-    }
-    first.cancel.store(true, Ordering::Relaxed);
-    run_to_idle(&mut engine);
-    assert!(first.ended());
-    assert_eq!(
-        first.done.map(|(reason, _)| reason),
-        Some(DoneReason::Cancelled)
-    );
+    cancel_after(&mut engine, &mut first, 12);
     check_trie(&engine);
-    let mut retry = submit_with(
+    let retry = run_with(
         &mut engine,
         &prompt,
         60,
         sampler::Options::greedy(),
         drafted(4),
     );
-    run_to_idle(&mut engine);
-    assert!(retry.ended());
     assert!(
         retry.stats().cached_tokens > 0,
         "the retry resumed from the trie"
@@ -179,29 +166,25 @@ fn a_draft_model_request_without_a_draft_model_is_refused() {
 fn the_next_turn_finds_the_drafts_history_in_its_trie() {
     let mut engine = with_draft("llama", "llama");
     let first_turn = ids(3, 50);
-    let mut first = submit_with(
+    let first = run_with(
         &mut engine,
         &first_turn,
         12,
         sampler::Options::greedy(),
         drafted(4),
     );
-    run_to_idle(&mut engine);
-    assert!(first.ended());
-    let before = engine.status().cache_bytes;
+    let before = engine.status().draft_cache_bytes;
     // The next turn: the first, its answer, and a new message.
     let mut second_turn = first_turn.clone();
     second_turn.extend_from_slice(&first.tokens);
     second_turn.extend(ids(8, 6));
-    let mut second = submit_with(
+    let second = run_with(
         &mut engine,
         &second_turn,
         30,
         sampler::Options::greedy(),
         drafted(4),
     );
-    run_to_idle(&mut engine);
-    assert!(second.ended());
     assert_eq!(second.tokens, cold(engine.model(), &second_turn, 30));
     let spec = second.stats().speculation.expect("it speculated");
     // The draft restored its history: no catch-up rounds without drafts (a 68-token context
@@ -211,6 +194,9 @@ fn the_next_turn_finds_the_drafts_history_in_its_trie() {
         spec.rounds <= 30 / 5 + 2,
         "the draft caught up instead of restoring: {spec:?}"
     );
-    assert!(before > 0);
+    assert!(
+        before > 0,
+        "the first turn left nothing in the draft's trie"
+    );
     check_trie(&engine);
 }

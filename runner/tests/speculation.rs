@@ -5,10 +5,11 @@
 mod steps;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
-use steps::{Handle, check_trie, cold, engine, ids, run_to_idle, submit_job, submit_with};
+use steps::{
+    Handle, cancel_after, check_trie, cold, engine, ids, run_to_idle, submit_job, submit_with,
+};
 
 fn ngram(depth: usize) -> Speculation {
     Speculation::On {
@@ -147,16 +148,7 @@ fn a_cancelled_speculating_request_resumes_from_the_trie() {
         sampler::Options::greedy(),
         ngram(8),
     );
-    for _ in 0..12 {
-        engine.step();
-    }
-    first.cancel.store(true, Ordering::Relaxed);
-    run_to_idle(&mut engine);
-    assert!(first.ended());
-    assert_eq!(
-        first.done.as_ref().map(|d| d.0),
-        Some(DoneReason::Cancelled)
-    );
+    cancel_after(&mut engine, &mut first, 12);
     let produced = first.tokens.len();
     assert!(produced > 0);
     check_trie(&engine);

@@ -29,7 +29,7 @@ use nn::{Batch, Model};
 use prefix_trie::SessionId;
 use speculate::Draft;
 
-use crate::engine::loaded::StepError;
+use crate::engine::loaded::{StepError, rows_of};
 use crate::engine::memory;
 use crate::engine::prefix_cache::{self, PrefixCache};
 use crate::engine::sequence::Sequence;
@@ -391,20 +391,8 @@ fn draft_caches_of<'a>(
     sequences: &'a mut [Sequence],
     indices: &[usize],
 ) -> Result<Vec<&'a mut [Option<LayerCache>]>, StepError> {
-    let mut wanted = indices.iter().copied().peekable();
-    let mut caches = Vec::with_capacity(indices.len());
-    for (i, seq) in sequences.iter_mut().enumerate() {
-        if wanted.peek() == Some(&i) {
-            wanted.next();
-            if let Some(c) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
-                caches.push(c.caches.as_mut_slice());
-            }
-        }
-    }
-    if caches.len() != indices.len() {
-        return Err(StepError::Invalid(
-            "draft-model rows out of order or without caches".into(),
-        ));
-    }
-    Ok(caches)
+    rows_of(sequences, indices, |seq| {
+        let caches = seq.speculating.as_mut()?.draft_caches_mut()?;
+        Some(caches.caches.as_mut_slice())
+    })
 }

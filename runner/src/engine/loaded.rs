@@ -1043,16 +1043,28 @@ pub(crate) fn caches_of<'a>(
     sequences: &'a mut [Sequence],
     indices: &[usize],
 ) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
+    rows_of(sequences, indices, |seq| Some(seq.caches.as_mut_slice()))
+}
+
+/// The caches `pick` chooses of `sequences[i]` for each `i` of `indices` (ascending), borrowed
+/// together for one forward; an error when a row has none.
+pub(crate) fn rows_of<'a>(
+    sequences: &'a mut [Sequence],
+    indices: &[usize],
+    pick: impl Fn(&'a mut Sequence) -> Option<&'a mut [Option<kvcache::LayerCache>]>,
+) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
     let mut wanted = indices.iter().copied().peekable();
     let mut caches = Vec::with_capacity(indices.len());
     for (i, seq) in sequences.iter_mut().enumerate() {
         if wanted.peek() == Some(&i) {
             wanted.next();
-            caches.push(seq.caches.as_mut_slice());
+            caches.extend(pick(seq));
         }
     }
     if caches.len() != indices.len() {
-        return Err(StepError::Invalid("batch rows out of order".into()));
+        return Err(StepError::Invalid(
+            "batch rows out of order or without caches".into(),
+        ));
     }
     Ok(caches)
 }

@@ -5,7 +5,6 @@ use std::sync::OnceLock;
 
 use grammar::GrammarCompiler;
 
-use quant::Format as CheckpointFormat;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
 
 use crate::engine::loaded::{LoadedModel, LoopConfig, StepError};
@@ -46,7 +45,8 @@ pub enum LoadError {
     },
 }
 
-/// A draft model to load beside the target.
+/// A draft model to load beside the target, its vocabulary already found to be the target's
+/// ([`check_draft_vocabulary`], which the scheduler runs before it unloads anything).
 #[derive(Debug, Clone)]
 pub struct DraftSource {
     /// Its name in the store.
@@ -157,7 +157,8 @@ pub fn load(
         name: name.to_string(),
         source,
     };
-    let (loaded, tokenizer) = load_weights(name, manifest, dir)?;
+    let loaded = load_weights(name, manifest, dir)?;
+    let tokenizer = tokenizer_of(name, manifest, dir)?;
     let template = match &manifest.template {
         Some(source) => ChatTemplate::new(
             source.clone(),
@@ -176,7 +177,7 @@ pub fn load(
         })?;
     let draft = match draft {
         None => None,
-        Some(source) => match attach_draft(&mut session, &tokenizer, name, source) {
+        Some(source) => match attach_draft(&mut session, name, source) {
             Ok(()) => Some(source.name.clone()),
             Err(e) if !source.required => {
                 tracing::warn!("{e}; `{name}` decodes without it");
@@ -201,49 +202,32 @@ pub fn load(
     ))
 }
 
-/// A stored model's weights and vocabulary.
+/// A stored model's weights.
 fn load_weights(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
-) -> Result<(nn::load::Loaded, Tokenizer), LoadError> {
+) -> Result<nn::load::Loaded, LoadError> {
     let weights =
         weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
-    let loaded = nn::load::load(&weights, None).map_err(|source| LoadError::Model {
+    nn::load::load(&weights, None).map_err(|source| LoadError::Model {
         name: name.to_string(),
         source,
-    })?;
-    let tokenizer = match loaded.format {
-        CheckpointFormat::Gguf => Tokenizer::from_gguf_file(&weights),
-        CheckpointFormat::Safetensors => Tokenizer::from_hf_dir(&weights),
-    }
-    .map_err(|source| LoadError::Tokenizer {
-        name: name.to_string(),
-        source,
-    })?;
-    Ok((loaded, tokenizer))
+    })
 }
 
-/// Loads `source` beside the target `session` as its draft model, once its vocabulary is the
-/// target's (`tokenizer`) id for id.
+/// Loads `source` beside the target `session` as its draft model.
 fn attach_draft(
     session: &mut LoadedModel,
-    tokenizer: &Tokenizer,
     target: &ModelName,
     source: &DraftSource,
 ) -> Result<(), LoadError> {
-    let refuse = |reason: String| LoadError::Draft {
-        draft: source.name.to_string(),
-        target: target.to_string(),
-        reason,
-    };
-    let (loaded, draft_tokenizer) = load_weights(&source.name, &source.manifest, &source.dir)?;
-    if let Some(difference) = tokenizer.vocabulary_difference(&draft_tokenizer) {
-        return Err(refuse(format!(
-            "its vocabulary is not the target's ({difference})"
-        )));
-    }
+    let loaded = load_weights(&source.name, &source.manifest, &source.dir)?;
     session
         .attach_draft(source.name.to_string(), loaded.model, source.by_default)
-        .map_err(|e| refuse(e.to_string()))
+        .map_err(|e| LoadError::Draft {
+            draft: source.name.to_string(),
+            target: target.to_string(),
+            reason: e.to_string(),
+        })
 }

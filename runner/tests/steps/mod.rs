@@ -142,6 +142,38 @@ pub fn run_to_idle(engine: &mut LoadedModel) {
     panic!("the engine did not become idle");
 }
 
+/// One request with these sampling options and this speculation choice, run until the engine
+/// is idle; it has ended.
+pub fn run_with(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: sampler::Options,
+    speculation: Speculation,
+) -> Handle {
+    let mut handle = submit_with(engine, prompt, max_tokens, sampling, speculation);
+    run_to_idle(engine);
+    assert!(handle.ended());
+    handle
+}
+
+/// Steps `steps` times, cancels `handle`'s job and runs until the engine is idle: the job has
+/// ended as cancelled.
+pub fn cancel_after(engine: &mut LoadedModel, handle: &mut Handle, steps: usize) {
+    for _ in 0..steps {
+        engine.step();
+    }
+    handle
+        .cancel
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    run_to_idle(engine);
+    assert!(handle.ended());
+    assert_eq!(
+        handle.done.as_ref().map(|d| d.0),
+        Some(DoneReason::Cancelled)
+    );
+}
+
 /// One request alone, to completion.
 pub fn run(engine: &mut LoadedModel, prompt: &[u32], max_tokens: usize) -> Handle {
     let mut handle = submit(engine, prompt, max_tokens);
