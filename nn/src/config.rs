@@ -117,6 +117,21 @@ impl<'a> Fields<'a> {
         self.usize(key)?.ok_or_else(|| missing(key))
     }
 
+    /// A size no larger than `limit`: checked before anything is allocated from it, so a config
+    /// that claims 10¹⁵ layers is refused by name instead of aborting the process.
+    fn bounded(&self, key: &str, limit: usize) -> Result<Option<usize>> {
+        match self.usize(key)? {
+            Some(n) if n > limit => Err(Error::Config(format!(
+                "`{key}` = {n} is beyond any model this runtime loads (at most {limit})"
+            ))),
+            n => Ok(n),
+        }
+    }
+
+    fn required_bounded(&self, key: &str, limit: usize) -> Result<usize> {
+        self.bounded(key, limit)?.ok_or_else(|| missing(key))
+    }
+
     fn f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
@@ -142,6 +157,26 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Upper bounds on sizes read from a config, each well above the largest published model's
+/// (hidden 18,432 and 163,840-entry vocabularies at the time of writing; 512 experts) so that
+/// no real checkpoint is refused, while a lying config cannot size an allocation.
+pub(crate) mod limits {
+    /// Decoder layers.
+    pub const LAYERS: usize = 1024;
+    /// Residual width, and head width.
+    pub const HIDDEN: usize = 1 << 17;
+    /// Attention heads (query or key/value).
+    pub const HEADS: usize = 1024;
+    /// Feed-forward width (dense or per expert).
+    pub const INTERMEDIATE: usize = 1 << 20;
+    /// Vocabulary entries.
+    pub const VOCAB: usize = 1 << 22;
+    /// Experts per MoE layer.
+    pub const EXPERTS: usize = 1 << 14;
+    /// Positions: the longest context, sliding windows.
+    pub const POSITIONS: usize = 1 << 30;
+}
+
 fn missing(key: &str) -> Error {
     Error::Config(format!("required field `{key}` is missing"))
 }
@@ -159,28 +194,32 @@ impl TextConfig {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
 
-        let hidden_size = f.required_usize("hidden_size")?;
-        let num_layers = f.required_usize("num_hidden_layers")?;
-        let num_heads = f.required_usize("num_attention_heads")?;
+        let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
+        let num_layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
+        let num_heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
         // transformers' own default for an absent value: multi-head attention.
-        let num_kv_heads = f.usize("num_key_value_heads")?.unwrap_or(num_heads);
+        let num_kv_heads = f
+            .bounded("num_key_value_heads", limits::HEADS)?
+            .unwrap_or(num_heads);
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(Error::Config(format!(
                 "{num_heads} attention heads cannot share {num_kv_heads} key/value heads"
             )));
         }
-        let head_dim = match f.usize("head_dim")? {
+        let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
             Some(d) => d,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => return Err(missing("head_dim")),
         };
-        let vocab_size = f.required_usize("vocab_size")?;
-        let intermediate_size = f.required_usize("intermediate_size")?;
+        let vocab_size = f.required_bounded("vocab_size", limits::VOCAB)?;
+        let intermediate_size = f.required_bounded("intermediate_size", limits::INTERMEDIATE)?;
         let rms_norm_eps = f
             .f64("rms_norm_eps")?
             .or(f.f64("layer_norm_eps")?)
             .ok_or_else(|| missing("rms_norm_eps"))? as f32;
-        let max_position_embeddings = f.usize("max_position_embeddings")?.unwrap_or(4096);
+        let max_position_embeddings = f
+            .bounded("max_position_embeddings", limits::POSITIONS)?
+            .unwrap_or(4096);
 
         let rotary_dims = match f.f64("partial_rotary_factor")? {
             Some(factor) if factor > 0.0 && factor <= 1.0 => {
@@ -196,7 +235,7 @@ impl TextConfig {
         let (rope, rope_local) = read_rope(&f, rotary_dims)?;
 
         let layer_attention = read_layer_types(&f, num_layers)?;
-        let sliding_window = f.usize("sliding_window")?;
+        let sliding_window = f.bounded("sliding_window", limits::POSITIONS)?;
         let uses_sliding = layer_attention.contains(&LayerAttention::Sliding);
         if uses_sliding && sliding_window.is_none() {
             return Err(missing("sliding_window"));
@@ -408,9 +447,9 @@ fn read_layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerAttent
 }
 
 fn read_moe(f: &Fields<'_>, model_type: &str) -> Result<Option<MoeConfig>> {
-    let num_experts = match f.usize("num_experts")? {
+    let num_experts = match f.bounded("num_experts", limits::EXPERTS)? {
         Some(n) => Some(n),
-        None => f.usize("num_local_experts")?,
+        None => f.bounded("num_local_experts", limits::EXPERTS)?,
     };
     let Some(num_experts) = num_experts.filter(|&n| n > 0) else {
         if model_type.contains("moe") {
@@ -431,10 +470,17 @@ fn read_moe(f: &Fields<'_>, model_type: &str) -> Result<Option<MoeConfig>> {
             })
             .collect::<Result<_>>()?,
     };
+    let experts_per_token = f.required_usize("num_experts_per_tok")?;
+    if experts_per_token == 0 || experts_per_token > num_experts {
+        return Err(Error::Config(format!(
+            "`num_experts_per_tok` = {experts_per_token} must be between 1 and the {num_experts} experts"
+        )));
+    }
     Ok(Some(MoeConfig {
         num_experts,
-        experts_per_token: f.required_usize("num_experts_per_tok")?,
-        expert_intermediate_size: f.required_usize("moe_intermediate_size")?,
+        experts_per_token,
+        expert_intermediate_size: f
+            .required_bounded("moe_intermediate_size", limits::INTERMEDIATE)?,
         normalize_top_k: f.bool("norm_topk_prob")?.unwrap_or(false),
         decoder_sparse_step: f.usize("decoder_sparse_step")?.unwrap_or(1).max(1),
         mlp_only_layers,

@@ -215,3 +215,33 @@ fn a_config_without_its_rope_base_is_refused_by_name() {
     let err = TextConfig::from_json(&config).unwrap_err().to_string();
     assert!(err.contains("hidden_size"), "{err}");
 }
+
+#[test]
+fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
+    let dir = fixture("qwen3_moe");
+    let base: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    for (field, value) in [
+        (
+            "num_hidden_layers",
+            serde_json::json!(1_000_000_000_000_000u64),
+        ),
+        ("hidden_size", serde_json::json!(1u64 << 40)),
+        ("num_attention_heads", serde_json::json!(1u64 << 20)),
+        ("num_key_value_heads", serde_json::json!(1u64 << 20)),
+        ("head_dim", serde_json::json!(1u64 << 40)),
+        ("vocab_size", serde_json::json!(1u64 << 40)),
+        ("intermediate_size", serde_json::json!(1u64 << 40)),
+        ("moe_intermediate_size", serde_json::json!(1u64 << 40)),
+        ("num_local_experts", serde_json::json!(1u64 << 40)),
+        ("num_experts_per_tok", serde_json::json!(100)),
+        ("max_position_embeddings", serde_json::json!(u64::MAX)),
+    ] {
+        let mut config = base.clone();
+        config[field] = value;
+        let err = TextConfig::from_json(&config).unwrap_err().to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    // The real configuration still reads.
+    TextConfig::from_json(&base).unwrap();
+}

@@ -423,6 +423,39 @@ fn bad_input_is_a_clear_error_and_the_server_stays_healthy() {
     healthy(s);
 }
 
+/// A checkpoint whose config claims absurd sizes is refused at create, naming the field,
+/// before anything is sized from it; the server keeps serving.
+#[test]
+fn create_refuses_a_config_with_absurd_sizes() {
+    let Some(s) = server() else { return };
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/llama");
+    for (field, value) in [
+        ("num_hidden_layers", json!(1_000_000_000_000_000u64)),
+        ("vocab_size", json!(1u64 << 40)),
+        ("hidden_size", json!(u64::MAX)),
+        ("num_attention_heads", json!(1u64 << 30)),
+    ] {
+        let folder = tempfile::tempdir().unwrap();
+        for file in ["config.json", "generation_config.json", "model.safetensors"] {
+            std::fs::copy(fixture.join(file), folder.path().join(file)).unwrap();
+        }
+        let mut config: Value =
+            serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+        config[field] = value;
+        std::fs::write(folder.path().join("config.json"), config.to_string()).unwrap();
+        let (status, reply) = post(
+            s,
+            "/api/create",
+            json!({ "model": "absurd:test", "from": folder.path(), "stream": false }),
+        );
+        assert_eq!(status, 400, "{field}: {reply}");
+        let message = reply["error"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{field}: {message}");
+        assert_eq!(get(s, "/api/version").0, 200);
+    }
+}
+
 #[test]
 fn a_cancelled_generation_leaves_a_healthy_server_and_a_warm_prefix() {
     let Some(s) = server() else { return };
