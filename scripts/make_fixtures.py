@@ -205,6 +205,41 @@ def gemma3_config() -> transformers.Gemma3TextConfig:
     )
 
 
+def qwen3_5_config() -> transformers.Qwen3_5TextConfig:
+    # Qwen3.5 text: a hybrid of gated delta net layers (linear attention with a recurrent state)
+    # and gated full attention, three to one. Value heads outnumber key heads (2 key heads serve
+    # 4 value heads) and the value head width differs from the key head width, so a transposed
+    # state or a wrong head grouping shows; rope turns only a quarter of each attention head.
+    return transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 700000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -213,7 +248,16 @@ FIXTURES = {
     "qwen3": (qwen3_config, transformers.Qwen3ForCausalLM, False),
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM, False),
     "gemma3": (gemma3_config, transformers.Gemma3ForCausalLM, True),
+    "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
 }
+
+# Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
+# than one of transformers' 64-token chunks, so the reference itself carries state across a
+# chunk boundary.
+PROMPT_LENGTHS = {"qwen3_5": 100}
+
+# Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
+RECURRENT = {"qwen3_5"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +274,19 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
     """
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if name.endswith("linear_attn.norm.weight"):
+                # The gated norm multiplies by w itself, even in families whose other norms
+                # store offsets from 1.
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("A_log"):
+                # Per-head decay rates exp(A_log) in (0.05, 1): the state keeps a real memory
+                # across the prompt instead of forgetting within a token or two.
+                param.uniform_(0.05, 1.0).log_()
+            elif name.endswith("dt_bias"):
+                param.normal_(0.0, 0.5)
+            elif name.endswith("conv1d.weight"):
+                param.normal_(0.0, 0.5)
+            elif "norm" in name:
                 if norm_offset:
                     param.normal_(0.0, 0.3)
                 else:
@@ -322,7 +378,9 @@ def transformers4_config(config: dict) -> dict:
             old["sliding_window_pattern"] = config["_sliding_window_pattern"]
     else:
         old["rope_theta"] = rope["rope_theta"]
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        if "partial_rotary_factor" in rope:
+            old["partial_rotary_factor"] = rope["partial_rotary_factor"]
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
         old["rope_scaling"] = None if scaling.get("rope_type") == "default" else scaling
     if "num_local_experts" in config:
         old["num_experts"] = old.pop("num_local_experts")
@@ -376,7 +434,11 @@ def draw(name: str, seed: int):
     model = model_class(config).to(torch.float32).eval()
     randomize_weights(model, norm_offset)
     model.tie_weights()
-    ids = [config.bos_token_id] + PROMPT_TAIL
+    length = PROMPT_LENGTHS.get(name, 1 + len(PROMPT_TAIL))
+    tail = PROMPT_TAIL if length == 1 + len(PROMPT_TAIL) else [
+        int(x) for x in np.random.RandomState(1234).randint(3, VOCAB, size=length - 1)
+    ]
+    ids = [config.bos_token_id] + tail
     margin = min_router_margin(model, ids)
     if margin is not None and margin < MIN_ROUTER_MARGIN:
         return None
@@ -409,7 +471,13 @@ def build(name: str) -> dict:
     (out / "config.transformers4.json").write_text(
         json.dumps(transformers4_config(saved_config), indent=2, sort_keys=True) + "\n"
     )
-    safetensors.torch.save_file({"logits": logits}, out / "logits.safetensors")
+    tensors = {"logits": logits}
+    if name in RECURRENT:
+        # transformers runs a recurrent layer's prompt with its chunked algorithm and each
+        # decode step with the token-by-token one; they agree only to `decode_diff` in f32.
+        # Token-by-token decode is checked against the latter, algorithm for algorithm.
+        tensors["decode_logits"] = decode.to(torch.float32).contiguous()
+    safetensors.torch.save_file(tensors, out / "logits.safetensors")
 
     probs = torch.softmax(logits, dim=-1)
     golden = {

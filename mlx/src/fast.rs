@@ -190,3 +190,30 @@ pub fn gated_activation(kind: Gate, gate: &Array, up: &Array) -> Result<Option<A
     };
     Array::from_raw_optional(ffi::gated_activation(code, gate.raw(), up.raw())?)
 }
+
+/// The gated delta rule's recurrence over `T` tokens as one CPU kernel: `q`, `k`
+/// `[B, T, Hk, Dk]` (already normalized and scaled), `v` `[B, T, Hv, Dv]`, `g` `[B, T, Hv]`
+/// (log decay), `beta` `[B, T, Hv]`, `state` `[B, Hv, Dv, Dk]`; each key head serves `Hv / Hk`
+/// consecutive value heads. Returns the outputs `[B, T, Hv, Dv]` and the state after the last
+/// token, both f32. `None` when the kernel does not apply (a GPU default device, dtypes other
+/// than f32, inconsistent shapes); run the recurrence in ops then.
+pub fn gated_delta_scan(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<Option<(Array, Array)>> {
+    let list = ffi::gated_delta_scan(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw())?;
+    if list.is_null() {
+        return Ok(None);
+    }
+    let mut arrays = crate::list::from_owned_list(list)?.into_iter();
+    match (arrays.next(), arrays.next()) {
+        (Some(y), Some(state)) => Ok(Some((y, state))),
+        _ => Err(crate::Error::Mlx(
+            "gated delta scan: expected outputs and a state".into(),
+        )),
+    }
+}

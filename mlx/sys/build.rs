@@ -47,6 +47,7 @@ fn main() {
         .file("shim/qmv.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")
+        .file("shim/delta.cc")
         .file("shim/pool.cc")
         .include(&include)
         .include("shim")

@@ -18,6 +18,8 @@ pub struct Projected {
     pub keys: Array,
     /// New values, to append to the cache.
     pub values: Array,
+    /// The output gate `[batch, tokens, heads · head_dim]`, for gated attention.
+    pub gate: Option<Array>,
 }
 
 /// The attention block of one layer.
@@ -35,6 +37,7 @@ pub struct Attention {
     head_dim: i32,
     scale: f32,
     logit_softcap: Option<f32>,
+    output_gate: bool,
 }
 
 /// The parts of an [`Attention`] block.
@@ -63,6 +66,10 @@ pub struct AttentionParts {
     pub scale: f32,
     /// `tanh` soft cap of attention logits (Gemma 2).
     pub logit_softcap: Option<f32>,
+    /// Gated attention (Qwen3-Next, Qwen3.5): `q_proj` yields, per head, the query and then an
+    /// output gate of the same width (`[heads · 2 · head_dim, dim]`), and the attended heads
+    /// are multiplied by `sigmoid(gate)` before the output projection.
+    pub output_gate: bool,
 }
 
 impl Attention {
@@ -81,6 +88,7 @@ impl Attention {
             head_dim: parts.head_dim,
             scale: parts.scale,
             logit_softcap: parts.logit_softcap,
+            output_gate: parts.output_gate,
         }
     }
 
@@ -106,26 +114,51 @@ impl Attention {
             };
             Ok(y.transpose(&[0, 2, 1, 3])?)
         };
-        let queries = heads(&self.q_proj, self.num_heads, self.q_norm.as_ref())?;
+        let (queries, gate) = if self.output_gate {
+            let both =
+                self.q_proj
+                    .forward(x)?
+                    .reshape(&[b, l, self.num_heads, 2 * self.head_dim])?;
+            let mut halves = both.split_at(&[self.head_dim], -1)?.into_iter();
+            let (Some(q), Some(gate)) = (halves.next(), halves.next()) else {
+                return Err(crate::Error::InvalidInput(
+                    "gated attention: the query projection did not split".into(),
+                ));
+            };
+            let q = match &self.q_norm {
+                Some(norm) => norm.forward(&q)?,
+                None => q,
+            };
+            let gate = gate.reshape(&[b, l, self.num_heads * self.head_dim])?;
+            (q.transpose(&[0, 2, 1, 3])?, Some(gate))
+        } else {
+            (
+                heads(&self.q_proj, self.num_heads, self.q_norm.as_ref())?,
+                None,
+            )
+        };
         let keys = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref())?;
         let values = heads(&self.v_proj, self.num_kv_heads, None)?;
         Ok(Projected {
             queries: self.rope.forward(&queries, offset)?,
             keys: self.rope.forward(&keys, offset)?,
             values,
+            gate,
         })
     }
 
     /// Attends `queries` over the cached `keys`/`values` (`[batch, kv_heads, history, head_dim]`)
-    /// and projects back to `[batch, tokens, dim]`.
+    /// and projects back to `[batch, tokens, dim]`, through the output gate when the block has
+    /// one.
     pub fn attend(
         &self,
         queries: &Array,
         keys: &Array,
         values: &Array,
         mask: AttentionMask<'_>,
+        gate: Option<&Array>,
     ) -> Result<Array> {
-        self.output(&self.attend_heads(queries, keys, values, mask)?)
+        self.output(&self.attend_heads(queries, keys, values, mask)?, gate)
     }
 
     /// The attention itself, per head: `[batch, heads, tokens, head_dim]`, before the output
@@ -164,13 +197,18 @@ impl Attention {
         )?)
     }
 
-    /// Merges the heads of [`Attention::attend_heads`] and projects to `[batch, tokens, dim]`.
-    pub fn output(&self, out: &Array) -> Result<Array> {
+    /// Merges the heads of [`Attention::attend_heads`], applies the output gate of
+    /// [`Projected::gate`] when there is one, and projects to `[batch, tokens, dim]`.
+    pub fn output(&self, out: &Array, gate: Option<&Array>) -> Result<Array> {
         let shape = out.shape();
         let (b, l) = (shape[0], shape[2]);
         let out = out
             .transpose(&[0, 2, 1, 3])?
             .reshape(&[b, l, self.num_heads * self.head_dim])?;
+        let out = match gate {
+            Some(gate) => out.multiply(&gate.sigmoid()?)?,
+            None => out,
+        };
         self.o_proj.forward(&out)
     }
 

@@ -90,17 +90,27 @@ pub struct TextConfig {
     pub moe: Option<MoeConfig>,
 }
 
-/// Typed access to a JSON object that names what is missing or wrong.
-struct Fields<'a> {
-    object: &'a Value,
+/// Typed access to a JSON object that names what is missing or wrong; every family's config
+/// reader uses it.
+pub(crate) struct Fields<'a> {
+    pub(crate) object: &'a Value,
 }
 
 impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    /// The model's own section of a config: `text_config` for a multimodal checkpoint, the
+    /// whole config otherwise.
+    pub(crate) fn text_section(config: &'a Value) -> Fields<'a> {
+        let root = Fields { object: config };
+        Fields {
+            object: root.get("text_config").unwrap_or(config),
+        }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.object.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -113,13 +123,13 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn required_usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn required_usize(&self, key: &str) -> Result<usize> {
         self.usize(key)?.ok_or_else(|| missing(key))
     }
 
     /// A size no larger than `limit`: checked before anything is allocated from it, so a config
     /// that claims 10¹⁵ layers is refused by name instead of aborting the process.
-    fn bounded(&self, key: &str, limit: usize) -> Result<Option<usize>> {
+    pub(crate) fn bounded(&self, key: &str, limit: usize) -> Result<Option<usize>> {
         match self.usize(key)? {
             Some(n) if n > limit => Err(Error::Config(format!(
                 "`{key}` = {n} is beyond any model this runtime loads (at most {limit})"
@@ -128,11 +138,11 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn required_bounded(&self, key: &str, limit: usize) -> Result<usize> {
+    pub(crate) fn required_bounded(&self, key: &str, limit: usize) -> Result<usize> {
         self.bounded(key, limit)?.ok_or_else(|| missing(key))
     }
 
-    fn f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -142,7 +152,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -152,7 +162,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn str(&self, key: &str) -> Option<&'a str> {
+    pub(crate) fn str(&self, key: &str) -> Option<&'a str> {
         self.get(key).and_then(Value::as_str)
     }
 }
@@ -177,7 +187,12 @@ pub(crate) mod limits {
     pub const POSITIONS: usize = 1 << 30;
 }
 
-fn missing(key: &str) -> Error {
+/// A size from a config as the `i32` MLX shapes take, or an error naming the field.
+pub(crate) fn dim(value: usize, name: &str) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::Config(format!("`{name}` = {value} is too large")))
+}
+
+pub(crate) fn missing(key: &str) -> Error {
     Error::Config(format!("required field `{key}` is missing"))
 }
 
@@ -295,6 +310,27 @@ impl TextConfig {
 }
 
 impl TextConfig {
+    /// What the engine needs to know of a decoder with these hyperparameters.
+    pub fn spec(&self) -> crate::model::ModelSpec {
+        use crate::model::LayerState;
+        crate::model::ModelSpec {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            context_length: self.max_position_embeddings,
+            parameters: self.parameter_count(),
+            layers: (0..self.num_layers)
+                .map(|i| LayerState::Attention {
+                    kv_heads: self.num_kv_heads,
+                    head_dim: self.head_dim,
+                    window: match self.layer_attention.get(i) {
+                        Some(LayerAttention::Sliding) => self.sliding_window,
+                        _ => None,
+                    },
+                })
+                .collect(),
+        }
+    }
+
     /// The number of parameters these hyperparameters describe (norms included, biases not).
     pub fn parameter_count(&self) -> u64 {
         let h = self.hidden_size as u64;
@@ -355,7 +391,7 @@ fn read_rope(f: &Fields<'_>, dims: i32) -> Result<(RopeConfig, Option<RopeConfig
     ))
 }
 
-fn rope_from_parameters(params: &Value, dims: i32) -> Result<RopeConfig> {
+pub(crate) fn rope_from_parameters(params: &Value, dims: i32) -> Result<RopeConfig> {
     let p = Fields { object: params };
     let base = p
         .f64("rope_theta")?
@@ -368,7 +404,7 @@ fn rope_from_parameters(params: &Value, dims: i32) -> Result<RopeConfig> {
     })
 }
 
-fn read_scaling(value: &Value) -> Result<RopeScaling> {
+pub(crate) fn read_scaling(value: &Value) -> Result<RopeScaling> {
     let s = Fields { object: value };
     let kind = s
         .str("rope_type")

@@ -8,19 +8,27 @@
 //! - [`weights`]: [`Weights`], named tensors handed to layers in the compute dtype.
 //! - Layers: [`linear`], [`embedding`], [`rms_norm`], [`layer_norm`], [`conv1d`], [`rope`]
 //!   (default, linear, llama3, yarn; partial; traditional), [`attention`] (GQA, q/k norms,
-//!   soft-capping), [`activation`] (fused gated activations), [`mlp`], [`moe`].
-//! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`].
-//! - [`arch`]: `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3` over a shared [`arch::decoder`].
-//! - [`registry`]: architecture by name, compute dtype per device, [`build_model`].
+//!   soft-capping, output gates), [`cached_attention`] (each batch row over its own cache),
+//!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
+//!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
+//!   recurrence).
+//! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
+//!   needs to know of a model, whatever its family).
+//! - [`arch`]: `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3` over a shared [`arch::decoder`];
+//!   `qwen3_5` (hybrid gated delta net / gated attention) in its own file, with its own config.
+//! - [`registry`]: architecture by name; each family reads its own `config.json`
+//!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
 
 pub mod activation;
 pub mod arch;
 pub mod attention;
+pub mod cached_attention;
 pub mod config;
 pub mod conv1d;
 pub mod embedding;
 mod error;
+pub mod gated_delta;
 pub mod layer_norm;
 pub mod linear;
 pub mod load;
@@ -30,10 +38,11 @@ pub mod moe;
 pub mod registry;
 pub mod rms_norm;
 pub mod rope;
+pub mod short_conv;
 pub mod weights;
 
 pub use config::TextConfig;
 pub use error::{Error, Result};
-pub use model::{Batch, Forward, Model};
+pub use model::{Batch, Forward, LayerState, Model, ModelSpec};
 pub use registry::build_model;
 pub use weights::Weights;

@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use mlx::Dtype;
 use quant::{Checkpoint, Format};
 
-use crate::config::TextConfig;
 use crate::model::Model;
-use crate::registry::{build_model, default_dtype};
+use crate::registry::{build_model, default_dtype, describe};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -44,7 +43,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(path)?;
     let config_json = checkpoint.config().clone();
-    let config = TextConfig::from_json(&config_json)?;
+    let spec = describe(&config_json)?;
     let dtype = match dtype {
         Some(d) => d,
         None => default_dtype()?,
@@ -57,9 +56,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
             Ok((name, tensor))
         })
         .collect::<Result<Vec<_>>>()?;
-    let dense_bytes = config
-        .parameter_count()
-        .saturating_mul(dtype.size_of() as u64);
+    let dense_bytes = spec.parameters.saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
     let dequantize = on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
     let packed_copies = dequantize && packed_decode_enabled();
@@ -75,7 +72,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         .dequantized(dequantize)
         .with_packed_copies(packed_copies)
         .with_packed_forms(packed_forms);
-    let model = build_model(config, &mut weights)?;
+    let model = build_model(&config_json, &mut weights)?;
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(
             "the checkpoint holds `{unused}`, which the architecture does not use"

@@ -3,8 +3,67 @@
 use kvcache::LayerCache;
 use mlx::Array;
 
-use crate::config::TextConfig;
 use crate::{Error, Result};
+
+/// What the engine needs to know of a model, whatever its family: sizes for the scheduler's
+/// memory estimates, the context, and what each layer's cache holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// The architecture family as its config names it (`llama`, `qwen3_5_text`, …).
+    pub model_type: String,
+    /// Rows of the output head.
+    pub vocab_size: usize,
+    /// Longest context the model supports.
+    pub context_length: usize,
+    /// Parameters the hyperparameters describe (norms included, biases not).
+    pub parameters: u64,
+    /// What each layer keeps per sequence, in layer order.
+    pub layers: Vec<LayerState>,
+}
+
+/// What one layer keeps for a sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerState {
+    /// Keys and values of every position, or of the last `window` positions.
+    Attention {
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Features per head.
+        head_dim: usize,
+        /// The sliding window, for layers that attend only to recent positions.
+        window: Option<usize>,
+    },
+    /// A state of fixed size whatever the length (a convolution tail and a recurrent state).
+    Recurrent {
+        /// Bytes of the state.
+        bytes: usize,
+    },
+}
+
+impl ModelSpec {
+    /// Decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Bytes one sequence of `tokens` tokens holds in its caches (f32 keys and values).
+    pub fn state_bytes(&self, tokens: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|layer| match *layer {
+                LayerState::Attention {
+                    kv_heads,
+                    head_dim,
+                    window,
+                } => {
+                    let held = window.map_or(tokens, |w| tokens.min(w));
+                    held.saturating_mul(2 * kv_heads * head_dim * 4)
+                }
+                LayerState::Recurrent { bytes } => bytes,
+            })
+            .fold(0usize, usize::saturating_add)
+    }
+}
 
 /// The tokens of one forward: `[rows, tokens]` int32 ids, and where each row starts.
 ///
@@ -112,8 +171,8 @@ pub struct Forward {
 /// A language model: embeds tokens, runs its layers over caches, and maps hidden states to
 /// vocabulary logits.
 pub trait Model {
-    /// The hyperparameters it was built from.
-    fn config(&self) -> &TextConfig;
+    /// What the engine needs to know of it.
+    fn spec(&self) -> &ModelSpec;
 
     /// Fresh caches, one slot per layer (`None` for a layer that keeps no state).
     fn new_caches(&self) -> Result<Vec<Option<LayerCache>>> {

@@ -1,49 +1,113 @@
 //! Picking an architecture by the names checkpoints use for it.
+//!
+//! Each family reads its own hyperparameters from the checkpoint's `config.json`: the registry
+//! hands it the JSON and gets back a [`ModelSpec`] (to describe a checkpoint without loading
+//! it) or a built [`Model`].
 
 use mlx::Dtype;
+use serde_json::Value;
 
-use crate::arch::{gemma3, llama, qwen2, qwen3, qwen3_moe};
-use crate::config::TextConfig;
-use crate::model::Model;
+use crate::arch::{gemma3, llama, qwen2, qwen3, qwen3_5, qwen3_moe};
+use crate::config::{Fields, TextConfig, missing};
+use crate::model::{Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
-/// Builds one architecture. Weights follow transformers' names and conventions whatever the
-/// checkpoint's format: `quant` undoes llama.cpp's Q/K row permutation and Gemma norm offset.
-type Builder = fn(TextConfig, &mut Weights) -> Result<crate::arch::decoder::Decoder>;
+/// One family: the names configs give it, how to read what it is, and how to build it.
+/// Weights follow transformers' names and conventions whatever the checkpoint's format: `quant`
+/// undoes llama.cpp's Q/K row permutation and Gemma norm offset.
+struct Architecture {
+    names: &'static [&'static str],
+    describe: fn(&Value) -> Result<ModelSpec>,
+    build: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
+}
+
+/// Families built on the shared decoder read the shared [`TextConfig`].
+macro_rules! decoder_family {
+    ($names:expr, $module:ident) => {
+        Architecture {
+            names: $names,
+            describe: |config| Ok(TextConfig::from_json(config)?.spec()),
+            build: |config, weights| {
+                Ok(Box::new($module::build(
+                    TextConfig::from_json(config)?,
+                    weights,
+                )?))
+            },
+        }
+    };
+}
 
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
-/// `general.architecture`), and their builders.
-const ARCHITECTURES: &[(&[&str], Builder)] = &[
-    (
+/// `general.architecture`).
+const ARCHITECTURES: &[Architecture] = &[
+    decoder_family!(
         &["llama", "LlamaForCausalLM", "mistral", "MistralForCausalLM"],
-        llama::build,
+        llama
     ),
-    (&["qwen2", "Qwen2ForCausalLM"], qwen2::build),
-    (&["qwen3", "Qwen3ForCausalLM"], qwen3::build),
-    (
-        &["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"],
-        qwen3_moe::build,
-    ),
-    (
+    decoder_family!(&["qwen2", "Qwen2ForCausalLM"], qwen2),
+    decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
+    decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
+    decoder_family!(
         &[
             "gemma3",
             "gemma3_text",
             "Gemma3ForCausalLM",
             "Gemma3ForConditionalGeneration",
         ],
-        gemma3::build,
+        gemma3
     ),
+    Architecture {
+        names: &[
+            "qwen3_5",
+            "qwen3_5_text",
+            "Qwen3_5ForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+        ],
+        describe: |config| Ok(qwen3_5::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen3_5::Qwen3_5::new(
+                qwen3_5::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
 ];
 
 /// Whether an architecture is registered under `name`.
 pub fn is_supported(name: &str) -> bool {
-    ARCHITECTURES.iter().any(|(names, _)| names.contains(&name))
+    find(name).is_some()
 }
 
 /// The names of every supported architecture.
 pub fn supported() -> Vec<&'static str> {
-    ARCHITECTURES.iter().map(|(names, _)| names[0]).collect()
+    ARCHITECTURES.iter().map(|a| a.names[0]).collect()
+}
+
+fn find(name: &str) -> Option<&'static Architecture> {
+    ARCHITECTURES.iter().find(|a| a.names.contains(&name))
+}
+
+/// The family a config names: its text section's `model_type`, else the top level's.
+pub fn model_type(config: &Value) -> Result<String> {
+    let text = Fields::text_section(config);
+    let root = Fields { object: config };
+    text.str("model_type")
+        .or_else(|| root.str("model_type"))
+        .map(str::to_string)
+        .ok_or_else(|| missing("model_type"))
+}
+
+fn architecture_of(config: &Value) -> Result<&'static Architecture> {
+    let name = model_type(config)?;
+    find(&name).ok_or(Error::UnsupportedArchitecture(name))
+}
+
+/// What the checkpoint with this `config.json` is, read without loading a weight; a config
+/// missing a field that changes the numbers, or sized beyond any real model, is an error naming
+/// the field.
+pub fn describe(config: &Value) -> Result<ModelSpec> {
+    (architecture_of(config)?.describe)(config)
 }
 
 /// The compute dtype for the default device: bf16 on a GPU, f32 on the CPU (where MLX's bf16
@@ -56,17 +120,12 @@ pub fn default_dtype() -> Result<Dtype> {
     })
 }
 
-/// Builds the model `config` describes from `weights`, evaluates every weight (so folds such
-/// as fused gate/up projections are computed once, now) and releases MLX's buffer pool.
-pub fn build_model(config: TextConfig, weights: &mut Weights) -> Result<Box<dyn Model>> {
-    let name = config.model_type.clone();
-    let builder = ARCHITECTURES
-        .iter()
-        .find(|(names, _)| names.contains(&name.as_str()))
-        .map(|(_, b)| *b)
-        .ok_or(Error::UnsupportedArchitecture(name))?;
-    let model = builder(config, weights)?;
+/// Builds the model `config` (a checkpoint's `config.json`) describes from `weights`,
+/// evaluates every weight (so folds such as fused gate/up projections are computed once, now)
+/// and releases MLX's buffer pool.
+pub fn build_model(config: &Value, weights: &mut Weights) -> Result<Box<dyn Model>> {
+    let model = (architecture_of(config)?.build)(config, weights)?;
     mlx::eval(&model.parameters())?;
     mlx::memory::clear_cache()?;
-    Ok(Box::new(model))
+    Ok(model)
 }

@@ -26,7 +26,7 @@ fn prompts(vocab: u32) -> Vec<Vec<u32>> {
 
 fn check(name: &str) {
     let model = model(name);
-    let vocab = model.config().vocab_size as u32;
+    let vocab = model.spec().vocab_size as u32;
     common::check_batch_invariance(model.as_ref(), &prompts(vocab), 24, 2);
 }
 

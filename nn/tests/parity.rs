@@ -26,7 +26,27 @@ fn fixture(name: &str) -> PathBuf {
 struct Golden {
     prompt: Vec<u32>,
     logits: Vec<f32>,
+    /// For recurrent models, transformers' logits from token-by-token decode: its prompt pass
+    /// runs the delta rule's chunked algorithm and its decode the token-by-token one, which
+    /// agree only to ~1e-4 in f32 (`decode_vs_full_max_abs_diff` in golden.json). Decode is
+    /// checked against the same algorithm, at the same tolerance.
+    decode_logits: Option<Vec<f32>>,
     vocab: usize,
+}
+
+impl Golden {
+    /// The reference for token-by-token decode.
+    fn for_decode(&self) -> Golden {
+        Golden {
+            prompt: self.prompt.clone(),
+            logits: self
+                .decode_logits
+                .clone()
+                .unwrap_or_else(|| self.logits.clone()),
+            decode_logits: None,
+            vocab: self.vocab,
+        }
+    }
 }
 
 fn golden(dir: &Path) -> Golden {
@@ -41,9 +61,14 @@ fn golden(dir: &Path) -> Golden {
     let file = SafetensorsFile::open(&dir.join("logits.safetensors")).unwrap();
     let logits = file.load("logits").unwrap();
     let vocab = logits.shape()[1] as usize;
+    let decode_logits = file.entries().contains_key("decode_logits").then(|| {
+        let decode = file.load("decode_logits").unwrap();
+        decode.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
+    });
     Golden {
         prompt,
         logits: logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(),
+        decode_logits,
         vocab,
     }
 }
@@ -51,7 +76,6 @@ fn golden(dir: &Path) -> Golden {
 fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(config_file)).unwrap()).unwrap();
-    let config = TextConfig::from_json(&config).unwrap();
     let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
     let tensors = file
         .entries()
@@ -59,7 +83,7 @@ fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
         .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
         .collect::<Vec<_>>();
     let mut weights = Weights::new(tensors, Dtype::F32);
-    let model = build_model(config, &mut weights).unwrap();
+    let model = build_model(&config, &mut weights).unwrap();
     assert_eq!(
         weights.unused(),
         Vec::<&str>::new(),
@@ -137,6 +161,7 @@ fn check_fixture(name: &str, config_file: &str) {
         0,
         &format!("{name}: prefill before decode"),
     );
+    let decode = golden.for_decode();
     for position in prefix..n {
         let logits = logits_of(
             model.as_ref(),
@@ -146,7 +171,7 @@ fn check_fixture(name: &str, config_file: &str) {
         );
         compare(
             &logits,
-            &golden,
+            &decode,
             position,
             &format!("{name}: decode at {position}"),
         );
@@ -182,6 +207,59 @@ fn qwen3() {
 fn qwen3_moe() {
     check_fixture("qwen3_moe", "config.json");
     check_fixture("qwen3_moe", "config.transformers4.json");
+}
+
+/// The hybrid: prefill, chunked prefill and decode as every family, then a prefix-cache capture
+/// inside one forward (the delta net layers split it there) and a restore from that capture,
+/// continuing as a retry or a new turn does.
+#[test]
+fn qwen3_5() {
+    check_fixture("qwen3_5", "config.json");
+    check_fixture("qwen3_5", "config.transformers4.json");
+
+    let dir = fixture("qwen3_5");
+    let golden = golden(&dir);
+    let model = load(&dir, "config.json");
+    let capture_at = 37;
+    let mut caches = model.new_caches().unwrap();
+    for cache in caches.iter_mut().flatten() {
+        cache.schedule_captures(&[capture_at]).unwrap();
+    }
+    let logits = logits_of(model.as_ref(), &mut caches, &golden.prompt[..60], 0);
+    compare(
+        &logits,
+        &golden,
+        0,
+        "qwen3_5: prefill with a capture inside",
+    );
+    let snapshots: Vec<_> = caches
+        .iter_mut()
+        .map(|c| {
+            let c = c.as_mut().unwrap();
+            let mut taken = c.take_captures();
+            assert_eq!(taken.len(), 1, "one capture per layer");
+            let (at, snapshot) = taken.remove(0);
+            assert_eq!(at, capture_at);
+            snapshot
+        })
+        .collect();
+
+    let mut restored = model.new_caches().unwrap();
+    for (cache, snapshot) in restored.iter_mut().zip(&snapshots) {
+        cache.as_mut().unwrap().restore(snapshot).unwrap();
+    }
+    let logits = logits_of(
+        model.as_ref(),
+        &mut restored,
+        &golden.prompt[capture_at..],
+        capture_at,
+    );
+    compare(
+        &logits,
+        &golden,
+        capture_at,
+        "qwen3_5: after restoring a capture",
+    );
 }
 
 #[test]

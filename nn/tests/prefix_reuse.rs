@@ -7,7 +7,7 @@ use std::path::Path;
 
 use kvcache::{LayerCache, LayerSnapshot};
 use mlx::{Array, Dtype};
-use nn::{Batch, Model, TextConfig, Weights, build_model};
+use nn::{Batch, Model, Weights, build_model};
 use prefix_trie::{Capture, Config, LayerRestore, Lookahead, PrefixTrie, Prompt, SchedulePolicy};
 use quant::{SafetensorsFile, Tensor};
 
@@ -32,7 +32,7 @@ fn load(name: &str) -> (Box<dyn Model>, Vec<u32>) {
         .map(|n| (n.clone(), Tensor::Dense(file.load(n).unwrap())))
         .collect::<Vec<_>>();
     let mut weights = Weights::new(tensors, Dtype::F32);
-    let model = build_model(TextConfig::from_json(&config).unwrap(), &mut weights).unwrap();
+    let model = build_model(&config, &mut weights).unwrap();
     (model, prompt)
 }
 

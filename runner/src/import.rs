@@ -61,12 +61,7 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         path: path.to_path_buf(),
         source,
     };
-    let config = nn::TextConfig::from_json(checkpoint.config()).map_err(model_err)?;
-    if !nn::registry::is_supported(&config.model_type) {
-        return Err(model_err(nn::Error::UnsupportedArchitecture(
-            config.model_type.clone(),
-        )));
-    }
+    let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
     let format = match checkpoint.format() {
         quant::Format::Gguf => Format::Gguf,
         quant::Format::Safetensors => Format::Safetensors,
@@ -100,10 +95,10 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
     Ok((
         format,
         Details {
-            family: config.model_type.clone(),
-            parameter_size: human_count(config.parameter_count()),
+            family: spec.model_type.clone(),
+            parameter_size: human_count(spec.parameters),
             quantization_level: quantization,
-            context_length: config.max_position_embeddings,
+            context_length: spec.context_length,
         },
     ))
 }

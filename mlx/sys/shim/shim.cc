@@ -7,6 +7,7 @@
 
 #include "mlx-sys/src/lib.rs.h"
 #include "attend.h"
+#include "delta.h"
 #include "gated.h"
 #include "pool.h"
 #include "qmv.h"
@@ -569,6 +570,16 @@ std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const A
     throw std::invalid_argument("gated activation: unknown kind");
   }
   return own_if(mlxkit::gated_activation(kind == 0 ? Gate::Silu : Gate::GeluTanh, gate, up));
+}
+
+std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, const Array& v,
+                                            const Array& g, const Array& beta,
+                                            const Array& state) {
+  auto scanned = mlxkit::scan_gated_delta(q, k, v, g, beta, state);
+  if (!scanned) {
+    return nullptr;
+  }
+  return own_list({std::move(scanned->first), std::move(scanned->second)});
 }
 
 std::unique_ptr<Array> rows_attention(

@@ -358,6 +358,15 @@ pub mod ffi {
         fn set_cpu_kernel_level(level: i32) -> i32;
         /// Null when the CPU kernel does not apply.
         fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
+        /// `[outputs, final state]`; null when the CPU kernel does not apply.
+        fn gated_delta_scan(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            g: &Array,
+            beta: &Array,
+            state: &Array,
+        ) -> Result<UniquePtr<ArrayList>>;
         /// Null when the rows attention kernel does not apply.
         #[allow(clippy::too_many_arguments)]
         fn rows_attention(

@@ -3,20 +3,17 @@
 //! architecture file decides the options (norm convention, extra norms, biases, MoE layers,
 //! sliding windows, scaling) and builds one of these.
 
-use kvcache::{
-    AttentionMaskOwned, KvCache, KvHistory, LayerCache, LogicalMask, RotatingConfig,
-    RotatingKvCache,
-};
+use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
 use mlx::Array;
-use mlx::fast::{RopeOffset, RowHistory};
 
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
-use crate::config::{LayerAttention, MoeConfig, TextConfig};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
+use crate::config::{LayerAttention, MoeConfig, TextConfig, dim};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, Model};
+use crate::model::{Batch, Forward, Model, ModelSpec};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
@@ -71,6 +68,8 @@ pub struct DecoderLayer {
 pub struct Decoder {
     /// The hyperparameters.
     pub config: TextConfig,
+    /// What the engine needs to know of it.
+    pub spec: ModelSpec,
     /// Token embedding.
     pub embedding: Embedding,
     /// Multiplier of embeddings (Gemma: `√hidden`).
@@ -92,8 +91,8 @@ impl Decoder {
 }
 
 impl Model for Decoder {
-    fn config(&self) -> &TextConfig {
-        &self.config
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
     fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
@@ -134,40 +133,8 @@ impl Model for Decoder {
                 self.layers.len()
             )));
         }
-        let rows = batch.row_count();
-        if caches.len() != rows {
-            return Err(Error::InvalidInput(format!(
-                "{} cache sets for a batch of {rows} rows",
-                caches.len()
-            )));
-        }
-        for (row, set) in caches.iter().enumerate() {
-            if set.len() != self.layers.len() {
-                return Err(Error::InvalidInput(format!(
-                    "row {row} has {} caches for {} layers",
-                    set.len(),
-                    self.layers.len()
-                )));
-            }
-        }
-        let offsets = batch
-            .positions
-            .iter()
-            .map(|&p| {
-                i32::try_from(p)
-                    .map_err(|_| Error::InvalidInput(format!("position {p} is too large")))
-            })
-            .collect::<Result<Vec<i32>>>()?;
-        // One row keeps the scalar offset, the form every single-sequence forward used.
-        let per_row = match offsets.as_slice() {
-            [_] => None,
-            _ => Some(Array::from_slice(&offsets, &[rows as i32])?),
-        };
-        let rope_offset = match &per_row {
-            Some(offsets) => RopeOffset::PerRow(offsets),
-            None => RopeOffset::Scalar(offsets[0]),
-        };
-        let queries = batch.width()?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
 
         let mut h = self.embedding.forward(&batch.tokens)?;
         if let Some(scale) = self.embedding_scale {
@@ -175,33 +142,19 @@ impl Model for Decoder {
         }
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.input_norm.forward(&h)?;
-            let projected = layer.attention.project(&x, rope_offset)?;
+            let projected = layer.attention.project(&x, positions.rope())?;
             let logical = match layer.kind {
                 LayerAttention::Full => LogicalMask::Causal,
                 LayerAttention::Sliding => LogicalMask::SlidingWindow(self.window()?),
             };
-            // Each row attends its own history; the projections around it are shared.
-            let mut histories = Vec::with_capacity(rows);
-            for (row, set) in caches.iter_mut().enumerate() {
-                let cache = set[i]
-                    .as_mut()
-                    .ok_or_else(|| Error::InvalidInput("an attention layer has no cache".into()))?;
-                let position = batch.positions[row];
-                if cache.offset() != position {
-                    return Err(Error::InvalidInput(format!(
-                        "row {row}: cache holds {} positions but the batch starts at {position}",
-                        cache.offset()
-                    )));
-                }
-                let history = cache.update(
-                    &pick_row(&projected.keys, row, rows)?,
-                    &pick_row(&projected.values, row, rows)?,
-                )?;
-                let mask = history.mask.attention_mask(queries, logical)?;
-                histories.push((history, mask));
-            }
-            let heads = attend_histories(&layer.attention, &projected.queries, &histories)?;
-            let mut attended = layer.attention.output(&heads)?;
+            let mut attended = attend_cached(
+                &layer.attention,
+                &projected,
+                caches,
+                i,
+                &batch.positions,
+                logical,
+            )?;
             if let Some(norm) = &layer.post_attention_norm {
                 attended = norm.forward(&attended)?;
             }
@@ -247,66 +200,6 @@ impl Model for Decoder {
         self.lm_head.collect_arrays(&mut out);
         out
     }
-}
-
-/// Row `row` of a `[rows, …]` array (the array itself when it has one row).
-fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
-    if rows == 1 {
-        Ok(a.clone())
-    } else {
-        Ok(a.slice_axis(0, row as i32, row as i32 + 1)?)
-    }
-}
-
-/// Attention of every row's queries over its own history: one op for all rows whose mask is
-/// "every column" or causal (every decode step, and prompt chunks over full-attention caches),
-/// MLX's attention for a row that needs a mask array. Which path a row takes depends on that
-/// row alone, so its result does not depend on the batch.
-fn attend_histories(
-    attention: &Attention,
-    queries: &Array,
-    histories: &[(KvHistory, AttentionMaskOwned)],
-) -> Result<Array> {
-    let rows = histories.len();
-    let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
-    if let Some(all) = &all
-        && let Some(heads) = attention.attend_rows(queries, all)?
-    {
-        return Ok(heads);
-    }
-    // When the kernel declined every row at once (a GPU, another dtype), it declines each too.
-    let kernel_declined = all.is_some();
-    let mut heads = Vec::with_capacity(rows);
-    for (row, entry) in histories.iter().enumerate() {
-        let q = pick_row(queries, row, rows)?;
-        let fused = match row_history(entry) {
-            Some(one) if !kernel_declined => attention.attend_rows(&q, &[one])?,
-            _ => None,
-        };
-        let (history, mask) = entry;
-        heads.push(match fused {
-            Some(h) => h,
-            None => attention.attend_heads(&q, &history.keys, &history.values, mask.as_mask())?,
-        });
-    }
-    match heads.len() {
-        1 => Ok(heads.swap_remove(0)),
-        _ => Ok(mlx::concatenate(&heads, 0)?),
-    }
-}
-
-/// A row's history as [`Attention::attend_rows`] takes it, or `None` when it needs a mask array.
-fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowHistory<'_>> {
-    let causal = match mask {
-        AttentionMaskOwned::None => false,
-        AttentionMaskOwned::Causal => true,
-        AttentionMaskOwned::Array(_) => return None,
-    };
-    Some(RowHistory {
-        keys: &history.keys,
-        values: &history.values,
-        causal,
-    })
 }
 
 /// The choices that distinguish one family's decoder from another's.
@@ -401,6 +294,7 @@ pub fn build_decoder(
             head_dim,
             scale,
             logit_softcap: config.attn_logit_softcapping,
+            output_gate: false,
         });
         let feedforward = match &config.moe {
             Some(moe) if moe.is_moe_layer(i) => {
@@ -467,6 +361,7 @@ pub fn build_decoder(
         embedding_scale: options
             .scale_embeddings
             .then(|| (config.hidden_size as f32).sqrt()),
+        spec: config.spec(),
         config,
         embedding,
         layers,
@@ -510,8 +405,4 @@ fn build_moe(
         RouterScoring::Softmax,
         activation,
     )
-}
-
-fn dim(value: usize, name: &str) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::Config(format!("`{name}` = {value} is too large")))
 }

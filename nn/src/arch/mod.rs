@@ -5,4 +5,5 @@ pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;

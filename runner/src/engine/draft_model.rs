@@ -30,7 +30,6 @@ use prefix_trie::SessionId;
 use speculate::Draft;
 
 use crate::engine::loaded::{StepError, rows_of};
-use crate::engine::memory;
 use crate::engine::prefix_cache::{self, PrefixCache};
 use crate::engine::sequence::Sequence;
 use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
@@ -67,7 +66,7 @@ impl DraftModel {
         target: &dyn Model,
         serving: DraftServing,
     ) -> Result<DraftModel, StepError> {
-        let (ours, theirs) = (model.config().vocab_size, target.config().vocab_size);
+        let (ours, theirs) = (model.spec().vocab_size, target.spec().vocab_size);
         if ours != theirs {
             return Err(StepError::Invalid(format!(
                 "draft model `{name}` scores {ours} tokens and the target {theirs}: \
@@ -77,9 +76,8 @@ impl DraftModel {
         let caches = fresh_caches(&name, model.as_ref())?;
         // The same number of tokens as the target's trie, at the draft's bytes per token.
         let sample = 1024;
-        let budget =
-            (serving.target_cache_bytes as f64 * memory::kv_bytes(model.config(), sample) as f64
-                / memory::kv_bytes(target.config(), sample).max(1) as f64) as usize;
+        let budget = (serving.target_cache_bytes as f64 * model.spec().state_bytes(sample) as f64
+            / target.spec().state_bytes(sample).max(1) as f64) as usize;
         let prefix = PrefixCache::new(&caches, budget, serving.capture_interval)?;
         Ok(DraftModel {
             name,

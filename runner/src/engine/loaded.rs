@@ -28,7 +28,7 @@ use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Speculation, Stats, TokenLogprobs};
-use crate::engine::memory::{self, LONG_PREFILL, MemoryBudget};
+use crate::engine::memory::{LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{Ending, Outcome, Phase, Sequence, SequenceId};
 use crate::engine::speculation::{self, Controllers, MAX_DRAFT_DEPTH, Speculating};
@@ -350,11 +350,11 @@ impl LoadedModel {
             .min(self.context_length);
         let draft = match (&self.draft, self.drafter_of(job)) {
             (Some(draft), Some((DrafterKind::Model, _))) => {
-                memory::kv_bytes(draft.model().config(), tokens)
+                draft.model().spec().state_bytes(tokens)
             }
             _ => 0,
         };
-        memory::kv_bytes(self.model.config(), tokens).saturating_add(draft)
+        self.model.spec().state_bytes(tokens).saturating_add(draft)
     }
 
     /// The drafter `job` asks for (or the server's, when it leaves the choice to the server)
@@ -517,7 +517,7 @@ impl LoadedModel {
         let Some((drafter, max_depth)) = self.drafter_of(job) else {
             return Ok(None);
         };
-        let layers = self.model.config().num_layers;
+        let layers = self.model.spec().num_layers();
         if let DrafterKind::SelfDraft(k) = drafter
             && k >= layers
         {

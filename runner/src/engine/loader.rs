@@ -168,8 +168,7 @@ pub fn load(
         None => ChatTemplate::for_tokenizer(&tokenizer),
     }
     .map_err(tok_err)?;
-    let config = loaded.model.config().clone();
-    let context_length = config.max_position_embeddings.max(1);
+    let context_length = loaded.model.spec().context_length.max(1);
     let mut session =
         LoadedModel::new(loaded.model, context_length, loop_config).map_err(|e| match e {
             StepError::Model(source) => model_err(source),

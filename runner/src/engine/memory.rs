@@ -1,8 +1,6 @@
 //! Memory the engine plans with: the device's size, what a sequence's KV costs, the budgets
 //! admission and the prefix cache hold to, and when MLX's buffer pool is released.
 
-use nn::TextConfig;
-
 /// MLX's buffer pool is released whenever a sequence's generated count crosses a multiple of
 /// this many tokens (a multi-token round may step over it).
 pub const CLEAR_CACHE_EVERY: usize = 256;
@@ -76,25 +74,6 @@ pub fn parse_bytes(text: &str) -> Option<usize> {
     }
     let bytes = value * (1u64 << shift) as f64;
     (bytes < usize::MAX as f64).then_some(bytes as usize)
-}
-
-/// KV bytes one sequence of `tokens` tokens holds (f32 keys and values; sliding-window layers
-/// hold at most their window).
-pub fn kv_bytes(config: &TextConfig, tokens: usize) -> usize {
-    let per_position = 2 * config.num_kv_heads * config.head_dim * 4;
-    (0..config.num_layers)
-        .map(|layer| {
-            let sliding = matches!(
-                config.layer_attention.get(layer),
-                Some(nn::config::LayerAttention::Sliding)
-            );
-            let held = match (sliding, config.sliding_window) {
-                (true, Some(window)) => tokens.min(window),
-                _ => tokens,
-            };
-            held.saturating_mul(per_position)
-        })
-        .fold(0usize, usize::saturating_add)
 }
 
 #[cfg(test)]

@@ -1,0 +1,705 @@
+//! Qwen3.5 (text): a hybrid of gated delta net layers and gated full attention.
+//!
+//! Three of every four layers mix tokens with a gated delta net (Yang, Kautz and Hatamizadeh,
+//! "Gated Delta Networks", 2024; see [`crate::gated_delta`]): a short causal convolution over
+//! the projected queries, keys and values, then the delta rule's recurrence, whose state has a
+//! fixed size whatever the context. The fourth attends over a KV cache, with a sigmoid output
+//! gate per channel, per-head q/k norms and rotary embeddings on a quarter of each head. Every
+//! layer's feed-forward is a SwiGLU MLP. Norms store `w − 1` (they scale by `1 + w`), except
+//! the gated norm inside the delta net, which scales by `w`.
+//!
+//! Reference: transformers' `models/qwen3_5/modeling_qwen3_5.py` (5.24). Positions of text
+//! tokens are the same on the three M-RoPE axes, so for text the rotary embedding is the plain
+//! one over `head_dim · partial_rotary_factor` features; the sections matter only for images
+//! (issue 21). The vision tower and the multi-token-prediction head of the released
+//! checkpoints are not read here.
+
+use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
+use mlx::{Array, Dtype};
+use serde_json::Value;
+
+use crate::activation::Activation;
+use crate::attention::{Attention, AttentionParts};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets, pick_row};
+use crate::config::{Fields, dim, limits, missing, read_scaling};
+use crate::embedding::Embedding;
+use crate::gated_delta::{DeltaInputs, gated_delta_rule, softplus};
+use crate::linear::Linear;
+use crate::mlp::Mlp;
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::rms_norm::RmsNorm;
+use crate::rope::{Rope, RopeConfig};
+use crate::short_conv::ShortConv;
+use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
+
+/// The hyperparameters of a Qwen3.5 text model, as its `config.json` (or the `text_config` of
+/// a multimodal one) spells them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `model_type`.
+    pub model_type: String,
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `intermediate_size`: the MLP's width.
+    pub intermediate_size: usize,
+    /// `vocab_size`.
+    pub vocab_size: usize,
+    /// `rms_norm_eps`.
+    pub rms_norm_eps: f32,
+    /// `max_position_embeddings`.
+    pub max_position_embeddings: usize,
+    /// `tie_word_embeddings`; `None` when silent (no `lm_head` then means tied).
+    pub tie_word_embeddings: Option<bool>,
+    /// `hidden_act`.
+    pub hidden_act: String,
+    /// `layer_types`: which layers are gated delta nets (`true`) and which attend.
+    pub linear_layers: Vec<bool>,
+    /// `num_attention_heads`.
+    pub num_attention_heads: usize,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: usize,
+    /// `head_dim`.
+    pub head_dim: usize,
+    /// The rotary embedding of attention layers (`rope_parameters`, with its
+    /// `partial_rotary_factor`).
+    pub rope: RopeConfig,
+    /// `attention_bias`.
+    pub attention_bias: bool,
+    /// `linear_num_key_heads`.
+    pub linear_num_key_heads: usize,
+    /// `linear_num_value_heads`.
+    pub linear_num_value_heads: usize,
+    /// `linear_key_head_dim`.
+    pub linear_key_head_dim: usize,
+    /// `linear_value_head_dim`.
+    pub linear_value_head_dim: usize,
+    /// `linear_conv_kernel_dim`.
+    pub linear_conv_kernel_dim: usize,
+}
+
+impl Config {
+    /// Reads the config, in transformers 5's spelling (`rope_parameters`, `layer_types`) or the
+    /// older one (`rope_theta` and `partial_rotary_factor` at top level,
+    /// `full_attention_interval`).
+    pub fn from_json(config: &Value) -> Result<Config> {
+        let f = Fields::text_section(config);
+        let root = Fields { object: config };
+        let model_type = f
+            .str("model_type")
+            .or_else(|| root.str("model_type"))
+            .ok_or_else(|| missing("model_type"))?
+            .to_string();
+        let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
+        let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
+        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
+        let kv_heads = f.required_bounded("num_key_value_heads", limits::HEADS)?;
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "{heads} attention heads cannot share {kv_heads} key/value heads"
+            )));
+        }
+        let head_dim = f.required_bounded("head_dim", limits::HIDDEN)?;
+        let linear_num_key_heads = f.required_bounded("linear_num_key_heads", limits::HEADS)?;
+        let linear_num_value_heads = f.required_bounded("linear_num_value_heads", limits::HEADS)?;
+        if linear_num_key_heads == 0 || linear_num_value_heads % linear_num_key_heads != 0 {
+            return Err(Error::Config(format!(
+                "{linear_num_value_heads} linear value heads cannot share \
+                 {linear_num_key_heads} key heads"
+            )));
+        }
+        let linear_conv_kernel_dim = f.required_bounded("linear_conv_kernel_dim", 64)?;
+        if linear_conv_kernel_dim < 2 {
+            return Err(Error::Config(format!(
+                "`linear_conv_kernel_dim` = {linear_conv_kernel_dim} leaves no convolution"
+            )));
+        }
+        Ok(Config {
+            model_type,
+            hidden_size,
+            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
+            vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
+            rms_norm_eps: f
+                .f64("rms_norm_eps")?
+                .ok_or_else(|| missing("rms_norm_eps"))? as f32,
+            max_position_embeddings: f
+                .bounded("max_position_embeddings", limits::POSITIONS)?
+                .ok_or_else(|| missing("max_position_embeddings"))?,
+            tie_word_embeddings: f
+                .bool("tie_word_embeddings")?
+                .or(root.bool("tie_word_embeddings")?),
+            hidden_act: f.str("hidden_act").unwrap_or("silu").to_string(),
+            linear_layers: read_layer_types(&f, layers)?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rope: read_rope(&f, head_dim)?,
+            attention_bias: f.bool("attention_bias")?.unwrap_or(false),
+            linear_num_key_heads,
+            linear_num_value_heads,
+            linear_key_head_dim: f.required_bounded("linear_key_head_dim", limits::HIDDEN)?,
+            linear_value_head_dim: f.required_bounded("linear_value_head_dim", limits::HIDDEN)?,
+            linear_conv_kernel_dim,
+        })
+    }
+
+    /// Channels of the delta net's convolution: queries, keys and values side by side.
+    fn conv_dim(&self) -> usize {
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    fn recurrent_config(&self) -> RecurrentConfig {
+        RecurrentConfig {
+            conv_tail: self.linear_conv_kernel_dim - 1,
+            conv_dim: self.conv_dim(),
+            heads: self.linear_num_value_heads,
+            value_dim: self.linear_value_head_dim,
+            key_dim: self.linear_key_head_dim,
+        }
+    }
+
+    /// What the engine needs to know of the model.
+    pub fn spec(&self) -> ModelSpec {
+        let h = self.hidden_size as u64;
+        let recurrent = self.recurrent_config();
+        let recurrent_bytes = 4
+            * (recurrent.conv_tail * recurrent.conv_dim
+                + recurrent.heads * recurrent.value_dim * recurrent.key_dim);
+        let value_dim = (self.linear_num_value_heads * self.linear_value_head_dim) as u64;
+        let delta_net = h * self.conv_dim() as u64
+            + h * value_dim
+            + 2 * h * self.linear_num_value_heads as u64
+            + self.conv_dim() as u64 * self.linear_conv_kernel_dim as u64
+            + value_dim * h;
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let attention = 2 * h * q + 2 * h * kv + q * h;
+        let mlp = 3 * h * self.intermediate_size as u64;
+        let layers: u64 = self
+            .linear_layers
+            .iter()
+            .map(|&linear| if linear { delta_net } else { attention } + mlp + 2 * h)
+            .sum();
+        let embedding = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings == Some(true) {
+            0
+        } else {
+            embedding
+        };
+        ModelSpec {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            context_length: self.max_position_embeddings,
+            parameters: embedding + layers + h + head,
+            layers: self
+                .linear_layers
+                .iter()
+                .map(|&linear| {
+                    if linear {
+                        LayerState::Recurrent {
+                            bytes: recurrent_bytes,
+                        }
+                    } else {
+                        LayerState::Attention {
+                            kv_heads: self.num_key_value_heads,
+                            head_dim: self.head_dim,
+                            window: None,
+                        }
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `layer_types` (`linear_attention` / `full_attention`), or every `full_attention_interval`-th
+/// layer attending (transformers' default interval, 4, when neither is given).
+fn read_layer_types(f: &Fields<'_>, layers: usize) -> Result<Vec<bool>> {
+    if let Some(types) = f.get("layer_types") {
+        let list = types
+            .as_array()
+            .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
+        if list.len() != layers {
+            return Err(Error::Config(format!(
+                "`layer_types` lists {} layers, the model has {layers}",
+                list.len()
+            )));
+        }
+        return list
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(Error::Config(format!("unsupported layer type {t}"))),
+            })
+            .collect();
+    }
+    let interval = f
+        .bounded("full_attention_interval", limits::LAYERS)?
+        .unwrap_or(4);
+    if interval == 0 {
+        return Err(Error::Config(
+            "`full_attention_interval` must be positive".into(),
+        ));
+    }
+    Ok((0..layers).map(|i| (i + 1) % interval != 0).collect())
+}
+
+/// The rotary embedding: base and scaling from `rope_parameters` (or `rope_theta` and
+/// `rope_scaling`), over `head_dim · partial_rotary_factor` features.
+fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
+    let (base, scaling, factor) = match f.get("rope_parameters") {
+        Some(params) => {
+            let p = Fields { object: params };
+            let base = p
+                .f64("rope_theta")?
+                .ok_or_else(|| missing("rope_parameters.rope_theta"))?;
+            let factor = p.f64("partial_rotary_factor")?;
+            (base, read_scaling(params)?, factor)
+        }
+        None => {
+            let base = f.f64("rope_theta")?.ok_or_else(|| missing("rope_theta"))?;
+            let scaling = match f.get("rope_scaling") {
+                Some(s) => read_scaling(s)?,
+                None => crate::rope::RopeScaling::None,
+            };
+            (base, scaling, None)
+        }
+    };
+    let factor = match factor.or(f.f64("partial_rotary_factor")?) {
+        Some(factor) if factor > 0.0 && factor <= 1.0 => factor,
+        Some(factor) => {
+            return Err(Error::Config(format!(
+                "`partial_rotary_factor` must be in (0, 1], got {factor}"
+            )));
+        }
+        None => return Err(missing("partial_rotary_factor")),
+    };
+    Ok(RopeConfig {
+        base,
+        dims: ((head_dim as f64 * factor) as i32) & !1,
+        traditional: false,
+        scaling,
+    })
+}
+
+/// The gated delta net of a linear layer (`linear_attn`).
+struct GatedDeltaNet {
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
+    conv1d: ShortConv,
+    /// Added to the decay input before the softplus.
+    dt_bias: Array,
+    /// `−exp(A_log)`, f32: the decay rate per value head.
+    decay_rate: Array,
+    /// The gated norm of each value head's output.
+    norm: RmsNorm,
+    out_proj: Linear,
+    key_heads: i32,
+    value_heads: i32,
+    key_dim: i32,
+    value_dim: i32,
+}
+
+impl GatedDeltaNet {
+    fn new(c: &Config, weights: &mut Weights, p: &str) -> Result<GatedDeltaNet> {
+        let hidden = dim(c.hidden_size, "hidden_size")?;
+        let key_heads = dim(c.linear_num_key_heads, "linear_num_key_heads")?;
+        let value_heads = dim(c.linear_num_value_heads, "linear_num_value_heads")?;
+        let key_dim = dim(c.linear_key_head_dim, "linear_key_head_dim")?;
+        let value_dim = dim(c.linear_value_head_dim, "linear_value_head_dim")?;
+        let conv_dim = dim(c.conv_dim(), "linear conv channels")?;
+        let a_log = weights.dense(&format!("{p}.A_log"), &[value_heads])?;
+        let conv_name = format!("{p}.conv1d.weight");
+        let kernel = dim(c.linear_conv_kernel_dim, "linear_conv_kernel_dim")?;
+        let conv_weight = weights.dense(&conv_name, &[conv_dim, 1, kernel])?;
+        let conv1d = ShortConv::from_torch(&conv_weight, conv_dim)?;
+        Ok(GatedDeltaNet {
+            in_proj_qkv: weights.matrix(&format!("{p}.in_proj_qkv"), conv_dim, hidden)?,
+            in_proj_z: weights.matrix(
+                &format!("{p}.in_proj_z"),
+                value_heads * value_dim,
+                hidden,
+            )?,
+            in_proj_b: weights.matrix(&format!("{p}.in_proj_b"), value_heads, hidden)?,
+            in_proj_a: weights.matrix(&format!("{p}.in_proj_a"), value_heads, hidden)?,
+            conv1d,
+            dt_bias: weights.dense(&format!("{p}.dt_bias"), &[value_heads])?,
+            decay_rate: a_log.astype(Dtype::F32)?.exp()?.negative()?,
+            norm: RmsNorm::new(
+                weights.dense(&format!("{p}.norm.weight"), &[value_dim])?,
+                c.rms_norm_eps,
+            ),
+            out_proj: weights.matrix(&format!("{p}.out_proj"), hidden, value_heads * value_dim)?,
+            key_heads,
+            value_heads,
+            key_dim,
+            value_dim,
+        })
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        for proj in [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+            &self.out_proj,
+        ] {
+            proj.collect_arrays(out);
+        }
+        self.conv1d.collect_arrays(out);
+        out.extend([self.dt_bias.clone(), self.decay_rate.clone()]);
+        self.norm.collect_arrays(out);
+    }
+
+    /// Mixes `x: [rows, tokens, hidden]`, row `r` continuing from the state in
+    /// `caches[r][layer]`. A prefix-cache capture scheduled strictly inside the forward splits
+    /// it there (for every row: the pieces are the same arithmetic, token by token), since a
+    /// recurrent state exists only at a piece's end.
+    fn forward(
+        &self,
+        x: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layer: usize,
+    ) -> Result<Array> {
+        let tokens = x.dim(1)? as usize;
+        let mut cuts = Vec::new();
+        for set in caches.iter() {
+            let cache = recurrent(&set[layer])?;
+            let mut from = cache.offset();
+            let end = from + tokens;
+            while let Some(at) = cache.next_capture_within(from, end - from) {
+                cuts.push(at - cache.offset());
+                from = at;
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts.push(tokens);
+        let mut outputs = Vec::with_capacity(cuts.len());
+        let mut start = 0;
+        for stop in cuts {
+            let piece = if start == 0 && stop == tokens {
+                x.clone()
+            } else {
+                x.slice_axis(1, start as i32, stop as i32)?
+            };
+            outputs.push(self.forward_piece(&piece, caches, layer)?);
+            start = stop;
+        }
+        match outputs.len() {
+            1 => Ok(outputs.swap_remove(0)),
+            _ => Ok(mlx::concatenate(&outputs, 1)?),
+        }
+    }
+
+    fn forward_piece(
+        &self,
+        x: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layer: usize,
+    ) -> Result<Array> {
+        let shape = x.shape();
+        let (rows, tokens) = (shape[0], shape[1]);
+        let row_count = rows as usize;
+        let mut tails = Vec::with_capacity(row_count);
+        let mut states = Vec::with_capacity(row_count);
+        for set in caches.iter() {
+            let cache = recurrent(&set[layer])?;
+            tails.push(cache.conv_state_or_zeros(1, x.dtype())?);
+            states.push(cache.recurrent_state_or_zeros(1)?);
+        }
+        let tail = join_rows(tails)?;
+        let state = join_rows(states)?;
+
+        let (mixed, tail) = self.conv1d.forward(&self.in_proj_qkv.forward(x)?, &tail)?;
+        let mixed = mixed.silu()?;
+        let key_width = self.key_heads * self.key_dim;
+        let mut parts = mixed.split_at(&[key_width, 2 * key_width], -1)?.into_iter();
+        let (Some(q), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(Error::InvalidInput(
+                "gated delta net: the convolution output did not split".into(),
+            ));
+        };
+        let q = q.reshape(&[rows, tokens, self.key_heads, self.key_dim])?;
+        let k = k.reshape(&[rows, tokens, self.key_heads, self.key_dim])?;
+        let v = v.reshape(&[rows, tokens, self.value_heads, self.value_dim])?;
+        let beta = self.in_proj_b.forward(x)?.sigmoid()?;
+        let a = self.in_proj_a.forward(x)?.astype(Dtype::F32)?;
+        let g = softplus(&a.add(&self.dt_bias.astype(Dtype::F32)?)?)?.multiply(&self.decay_rate)?;
+        let (y, state) = gated_delta_rule(
+            &DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            },
+            &state,
+        )?;
+
+        for (row, set) in caches.iter_mut().enumerate() {
+            let cache = recurrent_mut(&mut set[layer])?;
+            cache.set_conv_state(&pick_row(&tail, row, row_count)?)?;
+            cache.set_recurrent_state(&pick_row(&state, row, row_count)?)?;
+            cache.advance(tokens as usize)?;
+        }
+
+        let z = self.in_proj_z.forward(x)?.reshape(&[
+            rows,
+            tokens,
+            self.value_heads,
+            self.value_dim,
+        ])?;
+        let y = self.norm.forward(&y)?.multiply(&z.silu()?)?;
+        self.out_proj
+            .forward(&y.reshape(&[rows, tokens, self.value_heads * self.value_dim])?)
+    }
+}
+
+/// How a layer mixes tokens.
+enum Mixer {
+    /// `linear_attn`: a gated delta net.
+    Linear(GatedDeltaNet),
+    /// `self_attn`: gated full attention.
+    Attention(Attention),
+}
+
+/// One decoder layer: pre-norm mixer and pre-norm MLP, each added to the residual stream.
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    mixer: Mixer,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A Qwen3.5 text model.
+pub struct Qwen3_5 {
+    spec: ModelSpec,
+    config: Config,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Qwen3_5 {
+    /// Builds the model from transformers-named weights (`model.layers.N.linear_attn.…`, or
+    /// `model.language_model.layers.N.…` in a multimodal checkpoint).
+    pub fn new(config: Config, weights: &mut Weights) -> Result<Qwen3_5> {
+        let hidden = dim(config.hidden_size, "hidden_size")?;
+        let vocab = dim(config.vocab_size, "vocab_size")?;
+        let eps = config.rms_norm_eps;
+        let root = if weights.contains("model.language_model.embed_tokens.weight") {
+            "model.language_model"
+        } else {
+            "model"
+        };
+        let norm = |weights: &mut Weights, name: &str, size: i32| -> Result<RmsNorm> {
+            RmsNorm::with_unit_offset(weights.dense(name, &[size])?, eps)
+        };
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed_weight = weights.weight(&embed_name)?;
+        check_matrix(&embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(&embed_name)?);
+        let activation = Activation::from_name(&config.hidden_act)?;
+        let rope = Rope::new(&config.rope)?;
+
+        let mut layers = Vec::with_capacity(config.linear_layers.len());
+        for (i, &linear) in config.linear_layers.iter().enumerate() {
+            let p = format!("{root}.layers.{i}");
+            let mixer = if linear {
+                Mixer::Linear(GatedDeltaNet::new(
+                    &config,
+                    weights,
+                    &format!("{p}.linear_attn"),
+                )?)
+            } else {
+                Mixer::Attention(attention(
+                    &config,
+                    weights,
+                    &format!("{p}.self_attn"),
+                    &rope,
+                )?)
+            };
+            let inter = dim(config.intermediate_size, "intermediate_size")?;
+            layers.push(DecoderLayer {
+                input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"), hidden)?,
+                mixer,
+                post_attention_layernorm: norm(
+                    weights,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    hidden,
+                )?,
+                mlp: Mlp::new(
+                    weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
+                    weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?,
+                    weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
+                    activation,
+                )?,
+            });
+        }
+        let final_norm = norm(weights, &format!("{root}.norm.weight"), hidden)?;
+        let tied = config
+            .tie_word_embeddings
+            .unwrap_or(!weights.contains("lm_head.weight"));
+        let lm_head = if tied {
+            embed_tokens.as_linear()
+        } else {
+            weights.linear("lm_head", vocab, hidden)?
+        };
+        Ok(Qwen3_5 {
+            spec: config.spec(),
+            config,
+            embed_tokens,
+            layers,
+            norm: final_norm,
+            lm_head,
+        })
+    }
+}
+
+/// The gated attention block of a full-attention layer (`self_attn`).
+fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<Attention> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let heads = dim(c.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
+    let head_dim = dim(c.head_dim, "head_dim")?;
+    let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
+        if c.attention_bias {
+            weights.linear(&format!("{p}.{name}"), out, inp)
+        } else {
+            weights.matrix(&format!("{p}.{name}"), out, inp)
+        }
+    };
+    let head_norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+        RmsNorm::with_unit_offset(
+            weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?,
+            c.rms_norm_eps,
+        )
+    };
+    Ok(Attention::new(AttentionParts {
+        q_proj: projection(weights, "q_proj", 2 * heads * head_dim, hidden)?,
+        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
+        q_norm: Some(head_norm(weights, "q_norm")?),
+        k_norm: Some(head_norm(weights, "k_norm")?),
+        rope: rope.clone(),
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        logit_softcap: None,
+        output_gate: true,
+    }))
+}
+
+impl Model for Qwen3_5 {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// A recurrent layer's state cannot rewind past a forward; `slack` only concerns sliding
+    /// windows, which this family has none of.
+    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        let recurrent = self.config.recurrent_config();
+        self.layers
+            .iter()
+            .map(|layer| {
+                Ok(Some(match layer.mixer {
+                    Mixer::Linear(_) => LayerCache::Recurrent(RecurrentCache::new(recurrent)?),
+                    Mixer::Attention(_) => LayerCache::Kv(KvCache::new()),
+                }))
+            })
+            .collect()
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let mut h = self.embed_tokens.forward(&batch.tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let x = layer.input_layernorm.forward(&h)?;
+            let mixed = match &layer.mixer {
+                Mixer::Linear(net) => net.forward(&x, caches, i)?,
+                Mixer::Attention(attention) => {
+                    let projected = attention.project(&x, positions.rope())?;
+                    attend_cached(
+                        attention,
+                        &projected,
+                        caches,
+                        i,
+                        &batch.positions,
+                        LogicalMask::Causal,
+                    )?
+                }
+            };
+            h = h.add(&mixed)?;
+            h = h.add(
+                &layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&h)?)?,
+            )?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.lm_head.forward(hidden)
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embed_tokens.collect_arrays(&mut out);
+        for layer in &self.layers {
+            layer.input_layernorm.collect_arrays(&mut out);
+            match &layer.mixer {
+                Mixer::Linear(net) => net.collect_arrays(&mut out),
+                Mixer::Attention(attention) => attention.collect_arrays(&mut out),
+            }
+            layer.post_attention_layernorm.collect_arrays(&mut out);
+            layer.mlp.collect_arrays(&mut out);
+        }
+        self.norm.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
+}
+
+fn recurrent(slot: &Option<LayerCache>) -> Result<&RecurrentCache> {
+    match slot {
+        Some(LayerCache::Recurrent(cache)) => Ok(cache),
+        _ => Err(Error::InvalidInput(
+            "a gated delta net layer needs a recurrent cache".into(),
+        )),
+    }
+}
+
+fn recurrent_mut(slot: &mut Option<LayerCache>) -> Result<&mut RecurrentCache> {
+    match slot {
+        Some(LayerCache::Recurrent(cache)) => Ok(cache),
+        _ => Err(Error::InvalidInput(
+            "a gated delta net layer needs a recurrent cache".into(),
+        )),
+    }
+}
+
+/// Rows of one array each, stacked along the batch axis.
+fn join_rows(mut rows: Vec<Array>) -> Result<Array> {
+    match rows.len() {
+        1 => Ok(rows.swap_remove(0)),
+        _ => Ok(mlx::concatenate(&rows, 0)?),
+    }
+}
