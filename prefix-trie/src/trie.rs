@@ -160,11 +160,19 @@ impl<S: Snapshot> PrefixTrie<S> {
         let restore_node = self.boundary_on_path(&found.path, found.restore_at)?;
         self.clock += 1;
         self.nodes[restore_node].last_used = self.clock;
+        // Point-shaped layers (recurrent, sliding window) restore only where a snapshot was
+        // taken, so an exact retry of this prompt would resume `before_end` keys early; one
+        // more capture just before its last key lets it evaluate that key alone. Range-shaped
+        // layers restore at any offset inside a snapshot and need no such point.
+        let mut worth_keeping = turn_starts.to_vec();
+        if self.config.layers.contains(&LayerKind::Point) {
+            worth_keeping.push(prompt.keys().len().saturating_sub(1));
+        }
         let capture_at = self.config.schedule.capture_offsets(
             prompt,
             found.restore_at,
             found.matched,
-            turn_starts,
+            &worth_keeping,
         );
         let session = SessionId(self.next_session);
         self.next_session += 1;

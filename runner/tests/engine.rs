@@ -8,19 +8,22 @@ use std::sync::atomic::Ordering;
 
 use proptest::prelude::*;
 use runner::engine::DoneReason;
-use steps::{CONTEXT, Handle, check_trie, cold, engine, ids, run, run_to_idle, submit};
+use steps::{CONTEXT, Handle, check_trie, cold, engine, ids, run, run_to_idle, run_turn, submit};
 
 #[test]
 fn one_request_equals_a_cold_recompute() {
-    let mut engine = engine("llama", 64 << 20);
-    let prompt = ids(1, 40);
-    let handle = run(&mut engine, &prompt, 12);
-    assert_eq!(handle.tokens, cold(engine.model(), &prompt, 12));
-    let stats = handle.stats();
-    assert_eq!((stats.prompt_tokens, stats.cached_tokens), (40, 0));
-    assert_eq!(stats.generated_tokens, 12);
-    assert_eq!(handle.done.unwrap().0, DoneReason::Length);
-    check_trie(&engine);
+    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
+    for name in ["llama", "qwen3_5"] {
+        let mut engine = engine(name, 64 << 20);
+        let prompt = ids(1, 40);
+        let handle = run(&mut engine, &prompt, 12);
+        assert_eq!(handle.tokens, cold(engine.model(), &prompt, 12));
+        let stats = handle.stats();
+        assert_eq!((stats.prompt_tokens, stats.cached_tokens), (40, 0));
+        assert_eq!(stats.generated_tokens, 12);
+        assert_eq!(handle.done.unwrap().0, DoneReason::Length);
+        check_trie(&engine);
+    }
 }
 
 #[test]
@@ -35,7 +38,7 @@ fn zero_tokens_asked_evaluates_the_prompt_only() {
 
 #[test]
 fn eight_at_once_equal_each_alone() {
-    for name in ["llama", "gemma3"] {
+    for name in ["llama", "gemma3", "qwen3_5"] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
         let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 20)).collect();
@@ -48,82 +51,97 @@ fn eight_at_once_equal_each_alone() {
     }
 }
 
+/// Two conversations sharing a system prompt, alternating. The last message of each begins
+/// after the system prompt, as the server tells the engine from the chat template: the hybrid
+/// captures its recurrent state there (it restores only where a snapshot was taken, while KV
+/// slices anywhere), and just before each prompt's last token.
 #[test]
 fn alternating_conversations_both_stay_cached() {
-    let mut engine = engine("llama", 64 << 20);
-    let system = ids(9, 30);
-    let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();
-    let b: Vec<u32> = system.iter().copied().chain(ids(2, 8)).collect();
-    let first_a = run(&mut engine, &a, 6);
-    let first_b = run(&mut engine, &b, 6);
-    // B shares the system prompt with A.
-    assert_eq!(first_b.stats().cached_tokens, 30);
-    for _ in 0..2 {
-        for (prompt, first) in [(&a, &first_a), (&b, &first_b)] {
-            let again = run(&mut engine, prompt, 6);
-            assert_eq!(again.tokens, first.tokens);
-            assert!(
-                again.stats().prompt_eval_count() <= 1,
-                "{:?}",
-                again.stats()
-            );
-            check_trie(&engine);
+    for name in ["llama", "qwen3_5"] {
+        let mut engine = engine(name, 64 << 20);
+        let system = ids(9, 30);
+        let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();
+        let b: Vec<u32> = system.iter().copied().chain(ids(2, 8)).collect();
+        let first_a = run_turn(&mut engine, &a, 6, system.len());
+        let first_b = run_turn(&mut engine, &b, 6, system.len());
+        // B shares the system prompt with A.
+        assert_eq!(first_b.stats().cached_tokens, 30, "{name}");
+        for _ in 0..2 {
+            for (prompt, first) in [(&a, &first_a), (&b, &first_b)] {
+                let again = run_turn(&mut engine, prompt, 6, system.len());
+                assert_eq!(again.tokens, first.tokens, "{name}");
+                assert!(
+                    again.stats().prompt_eval_count() <= 1,
+                    "{name}: {:?}",
+                    again.stats()
+                );
+                check_trie(&engine);
+            }
         }
+        // The next turn of A evaluates only what it adds.
+        let reply_end = a.len() + first_a.tokens.len();
+        let turn: Vec<u32> = a
+            .iter()
+            .copied()
+            .chain(first_a.tokens.iter().copied())
+            .chain(ids(5, 6))
+            .collect();
+        let next = run_turn(&mut engine, &turn, 6, reply_end);
+        assert!(
+            next.stats().prompt_eval_count() <= 6 + 1,
+            "{name}: {:?}",
+            next.stats()
+        );
+        assert_eq!(next.tokens, cold(engine.model(), &turn, 6), "{name}");
     }
-    // The next turn of A evaluates only what it adds.
-    let turn: Vec<u32> = a
-        .iter()
-        .copied()
-        .chain(first_a.tokens.iter().copied())
-        .chain(ids(5, 6))
-        .collect();
-    let next = run(&mut engine, &turn, 6);
-    assert!(
-        next.stats().prompt_eval_count() <= 6 + 1,
-        "{:?}",
-        next.stats()
-    );
-    assert_eq!(next.tokens, cold(engine.model(), &turn, 6));
 }
 
 #[test]
 fn forks_share_their_common_part() {
-    let mut engine = engine("llama", 64 << 20);
-    let base = ids(3, 50);
-    run(&mut engine, &base, 4);
-    for branch in [7, 8] {
-        let fork: Vec<u32> = base.iter().copied().chain(ids(branch, 10)).collect();
-        let handle = run(&mut engine, &fork, 4);
-        assert!(
-            handle.stats().cached_tokens >= 50 - 4,
-            "{:?}",
-            handle.stats()
-        );
-        assert_eq!(handle.tokens, cold(engine.model(), &fork, 4));
+    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
+    for name in ["llama", "qwen3_5"] {
+        let mut engine = engine(name, 64 << 20);
+        let base = ids(3, 50);
+        run(&mut engine, &base, 4);
+        for branch in [7, 8] {
+            let fork: Vec<u32> = base.iter().copied().chain(ids(branch, 10)).collect();
+            let handle = run(&mut engine, &fork, 4);
+            assert!(
+                handle.stats().cached_tokens >= 50 - 4,
+                "{:?}",
+                handle.stats()
+            );
+            assert_eq!(handle.tokens, cold(engine.model(), &fork, 4));
+        }
+        check_trie(&engine);
     }
-    check_trie(&engine);
 }
 
 #[test]
 fn a_cancelled_prefill_resumes_where_it_stopped() {
-    let mut engine = engine("llama", 64 << 20);
-    let long = ids(4, 200);
-    let mut handle = submit(&mut engine, &long, 8);
-    for _ in 0..5 {
-        engine.step(); // 5 chunks of 16.
+    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
+    for name in ["llama", "qwen3_5"] {
+        let mut engine = engine(name, 64 << 20);
+        let long = ids(4, 200);
+        let mut handle = submit(&mut engine, &long, 8);
+        for _ in 0..5 {
+            engine.step(); // 5 chunks of 16.
+        }
+        handle.cancel.store(true, Ordering::Relaxed);
+        // A short request sent right after runs at once.
+        let short = run(&mut engine, &ids(6, 3), 2);
+        assert_eq!(short.tokens, cold(engine.model(), &ids(6, 3), 2));
+        assert!(handle.ended());
+        assert_eq!(handle.done.unwrap().0, DoneReason::Cancelled);
+        let retry = run(&mut engine, &long, 8);
+        assert!(retry.stats().cached_tokens >= 5 * 16, "{:?}", retry.stats());
+        assert_eq!(retry.tokens, cold(engine.model(), &long, 8));
+        check_trie(&engine);
     }
-    handle.cancel.store(true, Ordering::Relaxed);
-    // A short request sent right after runs at once.
-    let short = run(&mut engine, &ids(6, 3), 2);
-    assert_eq!(short.tokens, cold(engine.model(), &ids(6, 3), 2));
-    assert!(handle.ended());
-    assert_eq!(handle.done.unwrap().0, DoneReason::Cancelled);
-    let retry = run(&mut engine, &long, 8);
-    assert!(retry.stats().cached_tokens >= 5 * 16, "{:?}", retry.stats());
-    assert_eq!(retry.tokens, cold(engine.model(), &long, 8));
-    check_trie(&engine);
 }
 
+/// KV layers copy any prefix of a sequence still prefilling. (A recurrent state exists only at
+/// a sequence's running offset, so a hybrid cannot take the first 60 of 64 tokens this way.)
 #[test]
 fn a_request_copies_a_prefix_from_one_still_running() {
     let mut engine = engine("llama", 64 << 20);

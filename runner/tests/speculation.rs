@@ -128,6 +128,7 @@ fn a_stop_token_among_accepted_drafts_ends_the_answer_there() {
         40,
         sampler::Options::greedy(),
         vec![stop],
+        Vec::new(),
         ngram(8),
     );
     run_to_idle(&mut engine);

@@ -97,6 +97,7 @@ pub fn submit_with(
         max_tokens,
         sampling,
         Vec::new(),
+        Vec::new(),
         speculation,
     )
 }
@@ -108,6 +109,7 @@ pub fn submit_job(
     max_tokens: usize,
     sampling: sampler::Options,
     stop_tokens: Vec<u32>,
+    turn_starts: Vec<usize>,
     speculation: Speculation,
 ) -> Handle {
     let (tx, rx) = unbounded_channel();
@@ -118,7 +120,7 @@ pub fn submit_job(
         max_tokens,
         stop_tokens,
         grammar: None,
-        turn_starts: Vec::new(),
+        turn_starts,
         speculation,
         events: tx,
         cancel: Arc::clone(&cancel),
@@ -172,6 +174,28 @@ pub fn cancel_after(engine: &mut LoadedModel, handle: &mut Handle, steps: usize)
         handle.done.as_ref().map(|d| d.0),
         Some(DoneReason::Cancelled)
     );
+}
+
+/// One greedy request alone, to completion, whose last message begins at `turn_start` (as the
+/// server tells the engine from the chat template).
+pub fn run_turn(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    turn_start: usize,
+) -> Handle {
+    let mut handle = submit_job(
+        engine,
+        prompt,
+        max_tokens,
+        sampler::Options::greedy(),
+        Vec::new(),
+        vec![turn_start],
+        Speculation::Off,
+    );
+    run_to_idle(engine);
+    assert!(handle.ended());
+    handle
 }
 
 /// One request alone, to completion.
