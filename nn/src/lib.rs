@@ -12,6 +12,7 @@
 //!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
 //!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
 //!   recurrence).
+//! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
 //! - [`arch`]: `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3` over a shared [`arch::decoder`];
@@ -30,6 +31,7 @@ pub mod embedding;
 mod error;
 pub mod gated_delta;
 pub mod layer_norm;
+pub mod limited_vocabulary;
 pub mod linear;
 pub mod load;
 pub mod mlp;

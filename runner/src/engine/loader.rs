@@ -169,8 +169,11 @@ pub fn load(
     }
     .map_err(tok_err)?;
     let context_length = loaded.model.spec().context_length.max(1);
+    // Padded head rows beyond the tokenizer would be ids no reply can decode.
+    let model =
+        nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, tokenizer.vocab_size());
     let mut session =
-        LoadedModel::new(loaded.model, context_length, loop_config).map_err(|e| match e {
+        LoadedModel::new(model, context_length, loop_config).map_err(|e| match e {
             StepError::Model(source) => model_err(source),
             other => model_err(nn::Error::InvalidInput(other.to_string())),
         })?;
@@ -222,8 +225,11 @@ fn attach_draft(
     source: &DraftSource,
 ) -> Result<(), LoadError> {
     let loaded = load_weights(&source.name, &source.manifest, &source.dir)?;
+    // Its tokenizer is the target's (checked before loading): cut its head as the target's.
+    let vocab = session.model().spec().vocab_size;
+    let model = nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, vocab);
     session
-        .attach_draft(source.name.to_string(), loaded.model, source.by_default)
+        .attach_draft(source.name.to_string(), model, source.by_default)
         .map_err(|e| LoadError::Draft {
             draft: source.name.to_string(),
             target: target.to_string(),

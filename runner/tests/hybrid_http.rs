@@ -1,0 +1,204 @@
+//! A hybrid model (gated delta nets beside attention) served over HTTP: the tiny Qwen3.5
+//! fixture from `nn/tests/fixtures`, imported with a byte-level tokenizer and a ChatML
+//! template, driven as a chat client would. Its recurrent layers restore only where a snapshot
+//! was taken; the conversations below must still evaluate only what each request adds.
+//!
+//! No download: the fixture is committed, so this runs everywhere.
+
+mod support;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use runner::engine::LoopConfig;
+use runner::model_name::ModelName;
+use runner::store::Store;
+use serde_json::{Value, json};
+use support::{Server, post, start_server_with};
+
+const MODEL: &str = "tiny-hybrid:test";
+
+/// ChatML, as Qwen models write it.
+const TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+{{ message.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| start_server_with(&[], LoopConfig::from_env(), import_tiny_hybrid))
+        .as_ref()
+        .expect("the tiny hybrid needs no download")
+}
+
+/// Imports the fixture with a tokenizer whose ids fit its 512-row vocabulary: one token per
+/// byte (GPT-2's byte-to-character table, no merges) and ChatML's specials after them.
+fn import_tiny_hybrid(store: &Store) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/qwen3_5");
+    let folder = tempfile::tempdir().unwrap();
+    for file in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(file), folder.path().join(file)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> = byte_characters()
+        .into_iter()
+        .enumerate()
+        .map(|(id, c)| (c.to_string(), json!(id)))
+        .collect();
+    let special = |id: usize, content: &str| {
+        json!({ "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true })
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [
+            special(256, "<|endoftext|>"),
+            special(257, "<|im_start|>"),
+            special(258, "<|im_end|>"),
+        ],
+        "normalizer": null,
+        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false,
+                           "trim_offsets": true, "use_regex": true },
+        "post_processor": null,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": false,
+                     "trim_offsets": true, "use_regex": true },
+        "model": { "type": "BPE", "dropout": null, "unk_token": null,
+                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                   "vocab": vocab, "merges": [] }
+    });
+    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "add_bos_token": false,
+        "chat_template": TEMPLATE,
+    });
+    std::fs::write(
+        folder.path().join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let name = ModelName::parse(MODEL).unwrap();
+    runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
+}
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
+/// characters from U+0100 on.
+fn byte_characters() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// A greedy chat turn; returns the reply and the final object.
+fn chat(messages: &[Value]) -> (String, Value) {
+    let (status, reply) = post(
+        server(),
+        "/api/chat",
+        json!({
+            "model": MODEL,
+            "messages": messages,
+            "stream": false,
+            "options": { "temperature": 0, "num_predict": 6 },
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["message"]["content"].as_str().unwrap().to_string();
+    (text, reply)
+}
+
+fn evaluated(reply: &Value) -> u64 {
+    reply["prompt_eval_count"].as_u64().unwrap()
+}
+
+fn cached(reply: &Value) -> u64 {
+    reply["prompt_cached_count"].as_u64().unwrap()
+}
+
+fn message(role: &str, content: &str) -> Value {
+    json!({ "role": role, "content": content })
+}
+
+/// Two conversations sharing a long system prompt, alternating A, B, A, B, then each one's
+/// next turn: only what a request adds is evaluated, and a repeat answers as the first time.
+#[test]
+fn alternating_conversations_evaluate_only_what_they_add() {
+    let system = message(
+        "system",
+        "You are a careful assistant. Answer briefly, cite the passage you rely on, and say \
+         so when the passage does not contain the answer.",
+    );
+    let a = [
+        system.clone(),
+        message("user", "What does the passage say about rivers?"),
+    ];
+    let b = [
+        system.clone(),
+        message("user", "Summarise the second paragraph."),
+    ];
+
+    let (reply_a, first_a) = chat(&a);
+    let (reply_b, first_b) = chat(&b);
+    // B shares the system turn with A: the user message and what follows are new.
+    let system_tokens = cached(&first_b);
+    assert!(system_tokens > 100, "{first_b}");
+    assert!(evaluated(&first_b) < 60, "{first_b}");
+
+    for _ in 0..2 {
+        for (messages, first, reply) in [(&a, &first_a, &reply_a), (&b, &first_b, &reply_b)] {
+            let (again, response) = chat(messages);
+            assert_eq!(&again, reply, "a repeat answers as before");
+            assert_eq!(evaluated(&response), 1, "{response}");
+            assert_eq!(
+                cached(&response) + 1,
+                evaluated(first) + cached(first),
+                "{response}"
+            );
+        }
+    }
+
+    // The next turn of A: its reply and the new message are new, nothing before them.
+    let next = [
+        a[0].clone(),
+        a[1].clone(),
+        message("assistant", &reply_a),
+        message("user", "And about lakes?"),
+    ];
+    let (_, response) = chat(&next);
+    let prompt_a = evaluated(&first_a) + cached(&first_a);
+    assert!(
+        cached(&response) >= prompt_a,
+        "the whole first turn is reused: {response}"
+    );
+    assert!(evaluated(&response) < 60, "{response}");
+}
+
+/// A draft asked of a hybrid decodes plainly (its recurrent state cannot roll a rejected draft
+/// back yet) and the answer is complete.
+#[test]
+fn speculation_on_a_hybrid_decodes_plainly() {
+    let (status, reply) = post(
+        server(),
+        "/api/generate",
+        json!({
+            "model": MODEL,
+            "prompt": "copy this: abc abc abc abc",
+            "stream": false,
+            "options": { "temperature": 0, "num_predict": 8, "draft": "ngram" },
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["eval_count"], 8, "{reply}");
+}
