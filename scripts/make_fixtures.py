@@ -57,7 +57,7 @@ FIXTURES_DIR = REPO_ROOT / "nn" / "tests" / "fixtures"
 
 SEED = 0
 MAX_SEED_TRIES = 50
-# Smallest accepted gap between the k-th and (k+1)-th router probabilities.
+# Smallest accepted gap between the k-th and (k+1)-th router log-probabilities.
 MIN_ROUTER_MARGIN = 1e-3
 VOCAB = 512
 HIDDEN = 64
@@ -240,6 +240,77 @@ def qwen3_5_config() -> transformers.Qwen3_5TextConfig:
     )
 
 
+def qwen3_5_moe_config() -> transformers.Qwen3_5MoeTextConfig:
+    # Qwen3.5-MoE text: the hybrid above with every feed-forward a mixture of experts (top-2 of
+    # 4, always renormalized) beside a shared expert scaled by a sigmoid gate.
+    return transformers.Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 800000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def qwen3_next_config() -> transformers.Qwen3NextConfig:
+    # Qwen3-Next: the same hybrid with the delta net's projections stored interleaved per key
+    # head (`in_proj_qkvz`, `in_proj_ba`); layer 2 keeps a dense MLP (`mlp_only_layers`) and
+    # the top-k router weights are not renormalized, so both settings change the numbers.
+    return transformers.Qwen3NextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 900000.0, "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        decoder_sparse_step=1,
+        mlp_only_layers=[2],
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -249,15 +320,17 @@ FIXTURES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM, False),
     "gemma3": (gemma3_config, transformers.Gemma3ForCausalLM, True),
     "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
+    "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
+    "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
-RECURRENT = {"qwen3_5"}
+RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +398,7 @@ def incremental_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
-    """Smallest gap between the k-th and (k+1)-th router probability over all tokens and layers.
+    """Smallest gap between the k-th and (k+1)-th router log-probability over all tokens and layers.
 
     A near-tie could make another implementation pick different experts within f32 rounding,
     which would be a flaky test rather than a bug; the fixture is only accepted with a clear gap.
@@ -339,7 +412,9 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
     def hook(_module, inputs, _output):
         hidden = inputs[0].reshape(-1, inputs[0].shape[-1])
         logits = torch.nn.functional.linear(hidden, _module.weight)
-        probs = torch.softmax(logits.float(), dim=-1)
+        # In log space: a near-tie is two experts whose logits are close; two tiny
+        # probabilities are close in absolute terms without the choice being ambiguous.
+        probs = torch.log_softmax(logits.float(), dim=-1)
         top = torch.topk(probs, k + 1, dim=-1).values
         margins.append(float((top[:, k - 1] - top[:, k]).min()))
 

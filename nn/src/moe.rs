@@ -5,6 +5,7 @@ use mlx::{Array, Dtype};
 
 use crate::activation::Activation;
 use crate::linear::{Linear, Tensor};
+use crate::mlp::Mlp;
 use crate::{Error, Result};
 
 /// How router logits become expert weights.
@@ -91,6 +92,16 @@ impl StackedExperts {
     }
 }
 
+/// An expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,
+/// DeepSeek-V3), optionally scaled per token by `sigmoid(gate · x)`.
+#[derive(Debug, Clone)]
+pub struct SharedExpert {
+    /// The expert.
+    pub mlp: Mlp,
+    /// `[1, dim]`: the per-token gate, when the family has one.
+    pub gate: Option<Linear>,
+}
+
 /// A mixture-of-experts feed-forward block.
 #[derive(Debug, Clone)]
 pub struct Moe {
@@ -102,6 +113,7 @@ pub struct Moe {
     normalize_top_k: bool,
     scoring: RouterScoring,
     activation: Activation,
+    shared: Option<Box<SharedExpert>>,
 }
 
 impl Moe {
@@ -117,7 +129,11 @@ impl Moe {
         scoring: RouterScoring,
         activation: Activation,
     ) -> Result<Moe> {
-        let hidden = gate.rows()?;
+        if gate.rows()? != up.rows()? {
+            return Err(Error::Weights(
+                "gate and up experts have different widths".into(),
+            ));
+        }
         let gate_up = match (gate.weight, up.weight) {
             (Tensor::Dense(g), Tensor::Dense(u)) => Tensor::Dense(mlx::concatenate(&[g, u], 1)?),
             (Tensor::Quantized(g), Tensor::Quantized(u)) if g.spec == u.spec => {
@@ -143,6 +159,35 @@ impl Moe {
                 ));
             }
         };
+        Moe::from_fused(
+            router,
+            StackedExperts::new(gate_up),
+            down,
+            top_k,
+            normalize_top_k,
+            scoring,
+            activation,
+        )
+    }
+
+    /// Builds the block from gate and up experts already fused along their output rows
+    /// (`[experts, 2 · hidden, dim]`, gate first: transformers 5's `experts.gate_up_proj`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_fused(
+        router: Linear,
+        gate_up: StackedExperts,
+        down: StackedExperts,
+        top_k: usize,
+        normalize_top_k: bool,
+        scoring: RouterScoring,
+        activation: Activation,
+    ) -> Result<Moe> {
+        let rows = gate_up.rows()?;
+        if rows % 2 != 0 {
+            return Err(Error::Weights(format!(
+                "fused gate/up experts have {rows} rows, not two halves"
+            )));
+        }
         let top_k = i32::try_from(top_k)
             .map_err(|_| Error::Config("experts_per_token is too large".into()))?;
         if top_k < 1 {
@@ -150,14 +195,21 @@ impl Moe {
         }
         Ok(Moe {
             router,
-            gate_up: StackedExperts::new(gate_up),
-            hidden,
+            gate_up,
+            hidden: rows / 2,
             down,
             top_k,
             normalize_top_k,
             scoring,
             activation,
+            shared: None,
         })
+    }
+
+    /// Adds an expert every token goes through.
+    pub fn with_shared(mut self, shared: SharedExpert) -> Moe {
+        self.shared = Some(Box::new(shared));
+        self
     }
 
     /// Appends every array of the block to `out`.
@@ -165,6 +217,12 @@ impl Moe {
         self.router.collect_arrays(out);
         crate::linear::tensor_arrays(&self.gate_up.weight, out);
         crate::linear::tensor_arrays(&self.down.weight, out);
+        if let Some(shared) = &self.shared {
+            shared.mlp.collect_arrays(out);
+            if let Some(gate) = &shared.gate {
+                gate.collect_arrays(out);
+            }
+        }
     }
 
     /// Routes each token of `x: [..., dim]` to its top-k experts and mixes their outputs.
@@ -199,9 +257,16 @@ impl Moe {
             .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
         let hidden = self.activation.gated(&gate, &up)?;
         let out = self.down.forward(&hidden, &indices)?.squeeze(&[-2])?;
-        let mixed = out
+        let mut mixed = out
             .multiply(&weights.expand_dims(&[-1])?)?
             .sum(&[-2], false)?;
+        if let Some(shared) = &self.shared {
+            let mut always = shared.mlp.forward(&tokens)?;
+            if let Some(gate) = &shared.gate {
+                always = always.multiply(&gate.forward(&tokens)?.sigmoid()?)?;
+            }
+            mixed = mixed.add(&always)?;
+        }
         Ok(mixed.reshape(&shape)?)
     }
 }

@@ -63,6 +63,12 @@ const ARCHITECTURES: &[Architecture] = &[
             "qwen3_5_text",
             "Qwen3_5ForCausalLM",
             "Qwen3_5ForConditionalGeneration",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5MoeForConditionalGeneration",
+            "qwen3_next",
+            "Qwen3NextForCausalLM",
         ],
         describe: |config| Ok(qwen3_5::Config::from_json(config)?.spec()),
         build: |config, weights| {

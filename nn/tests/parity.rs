@@ -26,17 +26,30 @@ fn fixture(name: &str) -> PathBuf {
 struct Golden {
     prompt: Vec<u32>,
     logits: Vec<f32>,
-    /// For recurrent models, transformers' logits from token-by-token decode: its prompt pass
+    /// For recurrent models, transformers' logits from token-by-token decode. Its prompt pass
     /// runs the delta rule's chunked algorithm and its decode the token-by-token one, which
-    /// agree only to ~1e-4 in f32 (`decode_vs_full_max_abs_diff` in golden.json). Decode is
-    /// checked against the same algorithm, at the same tolerance.
+    /// agree only to ~1e-4 in f32 (`decode_vs_full_max_abs_diff` in golden.json: 7.5e-5 to
+    /// 8.9e-5 on these fixtures). mlxkit runs the token-by-token recurrence in every path
+    /// (prefill included: on a CPU it is the cheaper form), so every path is checked against
+    /// the same algorithm, at the same tolerance as the other families.
     decode_logits: Option<Vec<f32>>,
+    /// The bound on the absolute error: [`TOLERANCE`], or for recurrent models three times the
+    /// reference's own disagreement `d` between its two algorithms when that is larger. Both
+    /// are exact in real arithmetic; that they differ by `d` (7.5e-5 to 8.9e-5) in f32 measures
+    /// how much these tiny random hybrids amplify rounding (their recurrent state compounds it
+    /// over 100 tokens). mlxkit's distance to either reference is its own rounding plus the
+    /// reference's, per logit the same size as theirs to each other (measured position by
+    /// position: 1e-5 to 5e-5 both ways, no drift along the prompt), and its worst case over
+    /// 51,200 logits reached 2.2 d. A wrong convention costs 1e-2 or more (see the closing note
+    /// of the change that added these fixtures).
+    tolerance: f32,
     vocab: usize,
 }
 
 impl Golden {
-    /// The reference for token-by-token decode.
-    fn for_decode(&self) -> Golden {
+    /// The reference computed with the algorithm mlxkit runs: the token-by-token one for
+    /// recurrent layers.
+    fn reference(&self) -> Golden {
         Golden {
             prompt: self.prompt.clone(),
             logits: self
@@ -44,6 +57,7 @@ impl Golden {
                 .clone()
                 .unwrap_or_else(|| self.logits.clone()),
             decode_logits: None,
+            tolerance: self.tolerance,
             vocab: self.vocab,
         }
     }
@@ -65,10 +79,18 @@ fn golden(dir: &Path) -> Golden {
         let decode = file.load("decode_logits").unwrap();
         decode.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
     });
+    let tolerance = match &decode_logits {
+        Some(_) => {
+            let disagreement = meta["decode_vs_full_max_abs_diff"].as_f64().unwrap() as f32;
+            TOLERANCE.max(3.0 * disagreement)
+        }
+        None => TOLERANCE,
+    };
     Golden {
         prompt,
         logits: logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(),
         decode_logits,
+        tolerance,
         vocab,
     }
 }
@@ -104,7 +126,7 @@ fn compare(got: &Array, golden: &Golden, first_position: usize, what: &str) {
         }
     }
     assert!(
-        worst <= TOLERANCE,
+        worst <= golden.tolerance,
         "{what}: max abs error {worst:e} at position {}, token {} (got {}, expected {})",
         first_position + at / golden.vocab,
         at % golden.vocab,
@@ -126,7 +148,7 @@ fn logits_of(
 
 fn check_fixture(name: &str, config_file: &str) {
     let dir = fixture(name);
-    let golden = golden(&dir);
+    let golden = golden(&dir).reference();
     let model = load(&dir, config_file);
     let n = golden.prompt.len();
 
@@ -161,7 +183,7 @@ fn check_fixture(name: &str, config_file: &str) {
         0,
         &format!("{name}: prefill before decode"),
     );
-    let decode = golden.for_decode();
+    let decode = &golden;
     for position in prefix..n {
         let logits = logits_of(
             model.as_ref(),
@@ -171,7 +193,7 @@ fn check_fixture(name: &str, config_file: &str) {
         );
         compare(
             &logits,
-            &decode,
+            decode,
             position,
             &format!("{name}: decode at {position}"),
         );
@@ -209,16 +231,11 @@ fn qwen3_moe() {
     check_fixture("qwen3_moe", "config.transformers4.json");
 }
 
-/// The hybrid: prefill, chunked prefill and decode as every family, then a prefix-cache capture
-/// inside one forward (the delta net layers split it there) and a restore from that capture,
-/// continuing as a retry or a new turn does.
-#[test]
-fn qwen3_5() {
-    check_fixture("qwen3_5", "config.json");
-    check_fixture("qwen3_5", "config.transformers4.json");
-
-    let dir = fixture("qwen3_5");
-    let golden = golden(&dir);
+/// A hybrid's prefix-cache capture inside one forward (its delta net layers split the forward
+/// there) and a restore from that capture, continuing as a retry or a new turn does.
+fn check_capture_and_restore(name: &str) {
+    let dir = fixture(name);
+    let golden = golden(&dir).reference();
     let model = load(&dir, "config.json");
     let capture_at = 37;
     let mut caches = model.new_caches().unwrap();
@@ -230,7 +247,7 @@ fn qwen3_5() {
         &logits,
         &golden,
         0,
-        "qwen3_5: prefill with a capture inside",
+        &format!("{name}: prefill with a capture inside"),
     );
     let snapshots: Vec<_> = caches
         .iter_mut()
@@ -258,8 +275,29 @@ fn qwen3_5() {
         &logits,
         &golden,
         capture_at,
-        "qwen3_5: after restoring a capture",
+        &format!("{name}: after restoring a capture"),
     );
+}
+
+#[test]
+fn qwen3_5() {
+    check_fixture("qwen3_5", "config.json");
+    check_fixture("qwen3_5", "config.transformers4.json");
+    check_capture_and_restore("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_moe() {
+    check_fixture("qwen3_5_moe", "config.json");
+    check_fixture("qwen3_5_moe", "config.transformers4.json");
+    check_capture_and_restore("qwen3_5_moe");
+}
+
+#[test]
+fn qwen3_next() {
+    check_fixture("qwen3_next", "config.json");
+    check_fixture("qwen3_next", "config.transformers4.json");
+    check_capture_and_restore("qwen3_next");
 }
 
 #[test]

@@ -1,4 +1,6 @@
-//! Qwen3.5 (text): a hybrid of gated delta net layers and gated full attention.
+//! Qwen3.5 and Qwen3-Next (text): hybrids of gated delta net layers and gated full attention,
+//! with a dense MLP (Qwen3.5) or a mixture of experts with a gated shared expert (Qwen3.5-MoE,
+//! Qwen3-Next) after each.
 //!
 //! Three of every four layers mix tokens with a gated delta net (Yang, Kautz and Hatamizadeh,
 //! "Gated Delta Networks", 2024; see [`crate::gated_delta`]): a short causal convolution over
@@ -8,7 +10,13 @@
 //! layer's feed-forward is a SwiGLU MLP. Norms store `w − 1` (they scale by `1 + w`), except
 //! the gated norm inside the delta net, which scales by `w`.
 //!
-//! Reference: transformers' `models/qwen3_5/modeling_qwen3_5.py` (5.24). Positions of text
+//! Qwen3-Next, the first of the line, differs only in how it stores the delta net's input
+//! projections: `in_proj_qkvz` and `in_proj_ba` interleave queries, keys, values and gates per
+//! key head, where Qwen3.5 keeps four plain matrices. They are regrouped into Qwen3.5's at
+//! load, so one forward serves both.
+//!
+//! References: transformers' `models/qwen3_5/modeling_qwen3_5.py`, `qwen3_5_moe` and
+//! `qwen3_next` (5.24). Positions of text
 //! tokens are the same on the three M-RoPE axes, so for text the rotary embedding is the plain
 //! one over `head_dim · partial_rotary_factor` features; the sections matter only for images
 //! (issue 21). The vision tower and the multi-token-prediction head of the released
@@ -24,9 +32,10 @@ use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets, p
 use crate::config::{Fields, dim, limits, missing, read_scaling};
 use crate::embedding::Embedding;
 use crate::gated_delta::{DeltaInputs, gated_delta_rule, softplus};
-use crate::linear::Linear;
+use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::short_conv::ShortConv;
@@ -41,7 +50,7 @@ pub struct Config {
     pub model_type: String,
     /// `hidden_size`.
     pub hidden_size: usize,
-    /// `intermediate_size`: the MLP's width.
+    /// `intermediate_size`: the dense MLP's width (0 when every layer is sparse).
     pub intermediate_size: usize,
     /// `vocab_size`.
     pub vocab_size: usize,
@@ -76,6 +85,45 @@ pub struct Config {
     pub linear_value_head_dim: usize,
     /// `linear_conv_kernel_dim`.
     pub linear_conv_kernel_dim: usize,
+    /// The mixture of experts, for Qwen3.5-MoE and Qwen3-Next.
+    pub moe: Option<SparseConfig>,
+    /// How the delta net's input projections are stored.
+    pub projections: Projections,
+}
+
+/// The mixture-of-experts hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseConfig {
+    /// `num_experts`.
+    pub num_experts: usize,
+    /// `num_experts_per_tok`.
+    pub num_experts_per_tok: usize,
+    /// `moe_intermediate_size`: each expert's width.
+    pub moe_intermediate_size: usize,
+    /// `shared_expert_intermediate_size`.
+    pub shared_expert_intermediate_size: usize,
+    /// `norm_topk_prob` (Qwen3.5-MoE always renormalizes).
+    pub norm_topk_prob: bool,
+    /// `decoder_sparse_step`: layers `i` with `(i + 1) % step == 0` are sparse.
+    pub decoder_sparse_step: usize,
+    /// `mlp_only_layers`: layers that keep the dense MLP.
+    pub mlp_only_layers: Vec<usize>,
+}
+
+impl SparseConfig {
+    fn is_sparse(&self, layer: usize) -> bool {
+        !self.mlp_only_layers.contains(&layer)
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
+    }
+}
+
+/// How a checkpoint stores the delta net's input projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Projections {
+    /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (Qwen3.5).
+    Separate,
+    /// `in_proj_qkvz` and `in_proj_ba`, grouped per key head (Qwen3-Next).
+    GroupedPerKeyHead,
 }
 
 impl Config {
@@ -114,10 +162,25 @@ impl Config {
                 "`linear_conv_kernel_dim` = {linear_conv_kernel_dim} leaves no convolution"
             )));
         }
+        let moe = read_sparse(&f, &model_type)?;
+        // Qwen3.5-MoE has no dense layer and no dense width.
+        let all_sparse = moe
+            .as_ref()
+            .is_some_and(|moe| (0..layers).all(|i| moe.is_sparse(i)));
+        let intermediate_size = match f.bounded("intermediate_size", limits::INTERMEDIATE)? {
+            Some(size) => size,
+            None if all_sparse => 0,
+            None => return Err(missing("intermediate_size")),
+        };
+        let projections = if model_type.starts_with("qwen3_next") {
+            Projections::GroupedPerKeyHead
+        } else {
+            Projections::Separate
+        };
         Ok(Config {
             model_type,
             hidden_size,
-            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
+            intermediate_size,
             vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
             rms_norm_eps: f
                 .f64("rms_norm_eps")?
@@ -140,6 +203,8 @@ impl Config {
             linear_key_head_dim: f.required_bounded("linear_key_head_dim", limits::HIDDEN)?,
             linear_value_head_dim: f.required_bounded("linear_value_head_dim", limits::HIDDEN)?,
             linear_conv_kernel_dim,
+            moe,
+            projections,
         })
     }
 
@@ -175,11 +240,20 @@ impl Config {
         let q = (self.num_attention_heads * self.head_dim) as u64;
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let attention = 2 * h * q + 2 * h * kv + q * h;
-        let mlp = 3 * h * self.intermediate_size as u64;
+        let dense = 3 * h * self.intermediate_size as u64;
+        let feedforward = |layer: usize| match &self.moe {
+            Some(moe) if moe.is_sparse(layer) => {
+                moe.num_experts as u64 * (3 * h * moe.moe_intermediate_size as u64 + h)
+                    + 3 * h * moe.shared_expert_intermediate_size as u64
+                    + h
+            }
+            _ => dense,
+        };
         let layers: u64 = self
             .linear_layers
             .iter()
-            .map(|&linear| if linear { delta_net } else { attention } + mlp + 2 * h)
+            .enumerate()
+            .map(|(i, &linear)| if linear { delta_net } else { attention } + feedforward(i) + 2 * h)
             .sum();
         let embedding = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings == Some(true) {
@@ -267,6 +341,7 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
             (base, scaling, None)
         }
     };
+    // transformers itself reads an absent factor as 0.25 for these families.
     let factor = match factor.or(f.f64("partial_rotary_factor")?) {
         Some(factor) if factor > 0.0 && factor <= 1.0 => factor,
         Some(factor) => {
@@ -274,7 +349,7 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
                 "`partial_rotary_factor` must be in (0, 1], got {factor}"
             )));
         }
-        None => return Err(missing("partial_rotary_factor")),
+        None => 0.25,
     };
     Ok(RopeConfig {
         base,
@@ -282,6 +357,54 @@ fn read_rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
         traditional: false,
         scaling,
     })
+}
+
+/// The experts of Qwen3.5-MoE (every layer sparse, top-k always renormalized) or Qwen3-Next
+/// (`decoder_sparse_step`, `mlp_only_layers`, `norm_topk_prob`); `None` for dense Qwen3.5.
+fn read_sparse(f: &Fields<'_>, model_type: &str) -> Result<Option<SparseConfig>> {
+    let Some(num_experts) = f
+        .bounded("num_experts", limits::EXPERTS)?
+        .filter(|&n| n > 0)
+    else {
+        if model_type.contains("moe") || model_type.starts_with("qwen3_next") {
+            return Err(missing("num_experts"));
+        }
+        return Ok(None);
+    };
+    let next = model_type.starts_with("qwen3_next");
+    let top_k = f.required_usize("num_experts_per_tok")?;
+    if top_k == 0 || top_k > num_experts {
+        return Err(Error::Config(format!(
+            "`num_experts_per_tok` = {top_k} must be between 1 and the {num_experts} experts"
+        )));
+    }
+    let mlp_only_layers = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(v) => v
+            .as_array()
+            .ok_or_else(|| Error::Config("`mlp_only_layers` must be a list".into()))?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| Error::Config("`mlp_only_layers` must hold integers".into()))
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok(Some(SparseConfig {
+        num_experts,
+        num_experts_per_tok: top_k,
+        moe_intermediate_size: f.required_bounded("moe_intermediate_size", limits::INTERMEDIATE)?,
+        shared_expert_intermediate_size: f
+            .required_bounded("shared_expert_intermediate_size", limits::INTERMEDIATE)?,
+        norm_topk_prob: if next {
+            f.bool("norm_topk_prob")?.unwrap_or(true)
+        } else {
+            true
+        },
+        decoder_sparse_step: f.usize("decoder_sparse_step")?.unwrap_or(1).max(1),
+        mlp_only_layers,
+    }))
 }
 
 /// The gated delta net of a linear layer (`linear_attn`).
@@ -317,15 +440,20 @@ impl GatedDeltaNet {
         let kernel = dim(c.linear_conv_kernel_dim, "linear_conv_kernel_dim")?;
         let conv_weight = weights.dense(&conv_name, &[conv_dim, 1, kernel])?;
         let conv1d = ShortConv::from_torch(&conv_weight, conv_dim)?;
+        let [in_proj_qkv, in_proj_z, in_proj_b, in_proj_a] = match c.projections {
+            Projections::Separate => [
+                weights.matrix(&format!("{p}.in_proj_qkv"), conv_dim, hidden)?,
+                weights.matrix(&format!("{p}.in_proj_z"), value_heads * value_dim, hidden)?,
+                weights.matrix(&format!("{p}.in_proj_b"), value_heads, hidden)?,
+                weights.matrix(&format!("{p}.in_proj_a"), value_heads, hidden)?,
+            ],
+            Projections::GroupedPerKeyHead => regroup_projections(c, weights, p)?,
+        };
         Ok(GatedDeltaNet {
-            in_proj_qkv: weights.matrix(&format!("{p}.in_proj_qkv"), conv_dim, hidden)?,
-            in_proj_z: weights.matrix(
-                &format!("{p}.in_proj_z"),
-                value_heads * value_dim,
-                hidden,
-            )?,
-            in_proj_b: weights.matrix(&format!("{p}.in_proj_b"), value_heads, hidden)?,
-            in_proj_a: weights.matrix(&format!("{p}.in_proj_a"), value_heads, hidden)?,
+            in_proj_qkv,
+            in_proj_z,
+            in_proj_b,
+            in_proj_a,
             conv1d,
             dt_bias: weights.dense(&format!("{p}.dt_bias"), &[value_heads])?,
             decay_rate: a_log.astype(Dtype::F32)?.exp()?.negative()?,
@@ -461,6 +589,52 @@ impl GatedDeltaNet {
     }
 }
 
+/// Qwen3-Next's `in_proj_qkvz` (per key head: its query, its key, then the values and output
+/// gates of the value heads it serves) and `in_proj_ba` (per key head: those value heads'
+/// `b`, then their `a`) as Qwen3.5's four matrices. Rows are only reordered, so the products
+/// are the same; quantized projections are dequantized for it.
+fn regroup_projections(c: &Config, weights: &mut Weights, p: &str) -> Result<[Linear; 4]> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let key_heads = dim(c.linear_num_key_heads, "linear_num_key_heads")?;
+    let group = dim(
+        c.linear_num_value_heads / c.linear_num_key_heads,
+        "value heads per key head",
+    )?;
+    let key_dim = dim(c.linear_key_head_dim, "linear_key_head_dim")?;
+    let value_dim = dim(c.linear_value_head_dim, "linear_value_head_dim")?;
+    let per_head = 2 * key_dim + 2 * group * value_dim;
+    let qkvz = weights
+        .dense(
+            &format!("{p}.in_proj_qkvz.weight"),
+            &[key_heads * per_head, hidden],
+        )?
+        .reshape(&[key_heads, per_head, hidden])?;
+    let ba = weights
+        .dense(
+            &format!("{p}.in_proj_ba.weight"),
+            &[key_heads * 2 * group, hidden],
+        )?
+        .reshape(&[key_heads, 2 * group, hidden])?;
+    let rows = |from: &Array, start: i32, len: i32| -> Result<Array> {
+        Ok(from
+            .slice_axis(1, start, start + len)?
+            .reshape(&[key_heads * len, hidden])?)
+    };
+    let q = rows(&qkvz, 0, key_dim)?;
+    let k = rows(&qkvz, key_dim, key_dim)?;
+    let v = rows(&qkvz, 2 * key_dim, group * value_dim)?;
+    let z = rows(&qkvz, 2 * key_dim + group * value_dim, group * value_dim)?;
+    let b = rows(&ba, 0, group)?;
+    let a = rows(&ba, group, group)?;
+    let dense = |w: Array| Linear::new(Tensor::Dense(w), None);
+    Ok([
+        dense(mlx::concatenate(&[q, k, v], 0)?),
+        dense(z),
+        dense(b),
+        dense(a),
+    ])
+}
+
 /// How a layer mixes tokens.
 enum Mixer {
     /// `linear_attn`: a gated delta net.
@@ -469,12 +643,37 @@ enum Mixer {
     Attention(Attention),
 }
 
-/// One decoder layer: pre-norm mixer and pre-norm MLP, each added to the residual stream.
+/// A layer's feed-forward block (`mlp`).
+enum FeedForward {
+    /// A SwiGLU MLP.
+    Dense(Mlp),
+    /// Routed experts beside a gated shared expert.
+    Sparse(Moe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Sparse(moe) => moe.forward(x),
+        }
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        match self {
+            FeedForward::Dense(mlp) => mlp.collect_arrays(out),
+            FeedForward::Sparse(moe) => moe.collect_arrays(out),
+        }
+    }
+}
+
+/// One decoder layer: pre-norm mixer and pre-norm feed-forward, each added to the residual
+/// stream.
 struct DecoderLayer {
     input_layernorm: RmsNorm,
     mixer: Mixer,
     post_attention_layernorm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 /// A Qwen3.5 text model.
@@ -535,12 +734,22 @@ impl Qwen3_5 {
                     &format!("{p}.post_attention_layernorm.weight"),
                     hidden,
                 )?,
-                mlp: Mlp::new(
-                    weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
-                    weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?,
-                    weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
-                    activation,
-                )?,
+                mlp: match &config.moe {
+                    Some(moe) if moe.is_sparse(i) => FeedForward::Sparse(sparse(
+                        moe,
+                        weights,
+                        &format!("{p}.mlp"),
+                        hidden,
+                        activation,
+                    )?),
+                    _ => FeedForward::Dense(mlp(
+                        weights,
+                        &format!("{p}.mlp"),
+                        inter,
+                        hidden,
+                        activation,
+                    )?),
+                },
             });
         }
         let final_norm = norm(weights, &format!("{root}.norm.weight"), hidden)?;
@@ -561,6 +770,86 @@ impl Qwen3_5 {
             lm_head,
         })
     }
+}
+
+/// A SwiGLU MLP under `p` (`gate_proj`, `up_proj`, `down_proj`).
+fn mlp(
+    weights: &mut Weights,
+    p: &str,
+    inter: i32,
+    hidden: i32,
+    activation: Activation,
+) -> Result<Mlp> {
+    Mlp::new(
+        weights.matrix(&format!("{p}.gate_proj"), inter, hidden)?,
+        weights.matrix(&format!("{p}.up_proj"), inter, hidden)?,
+        weights.linear(&format!("{p}.down_proj"), hidden, inter)?,
+        activation,
+    )
+}
+
+/// The sparse block under `p`: router `gate`, experts either fused as transformers 5 saves
+/// them (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`) or one by one
+/// (`experts.N.gate_proj.weight`, …), and `shared_expert` scaled by
+/// `sigmoid(shared_expert_gate)`.
+fn sparse(
+    c: &SparseConfig,
+    weights: &mut Weights,
+    p: &str,
+    hidden: i32,
+    activation: Activation,
+) -> Result<Moe> {
+    let experts = dim(c.num_experts, "num_experts")?;
+    let inter = dim(c.moe_intermediate_size, "moe_intermediate_size")?;
+    let router = weights.matrix(&format!("{p}.gate"), experts, hidden)?;
+    let fused = format!("{p}.experts.gate_up_proj");
+    let moe = if weights.contains(&fused) {
+        let gate_up = weights.dense(&fused, &[experts, 2 * inter, hidden])?;
+        let down = weights.dense(&format!("{p}.experts.down_proj"), &[experts, hidden, inter])?;
+        Moe::from_fused(
+            router,
+            StackedExperts::new(Tensor::Dense(gate_up)),
+            StackedExperts::new(Tensor::Dense(down)),
+            c.num_experts_per_tok,
+            c.norm_topk_prob,
+            RouterScoring::Softmax,
+            activation,
+        )?
+    } else {
+        let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
+            let each = (0..c.num_experts)
+                .map(|e| {
+                    let name = format!("{p}.experts.{e}.{which}");
+                    Ok(weights.matrix(&name, out, inp)?.into_weight())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            StackedExperts::stack(each)
+        };
+        Moe::new(
+            router,
+            stacked(weights, "gate_proj", inter, hidden)?,
+            stacked(weights, "up_proj", inter, hidden)?,
+            stacked(weights, "down_proj", hidden, inter)?,
+            c.num_experts_per_tok,
+            c.norm_topk_prob,
+            RouterScoring::Softmax,
+            activation,
+        )?
+    };
+    let shared_inter = dim(
+        c.shared_expert_intermediate_size,
+        "shared_expert_intermediate_size",
+    )?;
+    Ok(moe.with_shared(SharedExpert {
+        mlp: mlp(
+            weights,
+            &format!("{p}.shared_expert"),
+            shared_inter,
+            hidden,
+            activation,
+        )?,
+        gate: Some(weights.matrix(&format!("{p}.shared_expert_gate"), 1, hidden)?),
+    }))
 }
 
 /// The gated attention block of a full-attention layer (`self_attn`).
