@@ -311,6 +311,34 @@ def qwen3_next_config() -> transformers.Qwen3NextConfig:
     )
 
 
+def lfm2_config() -> transformers.Lfm2Config:
+    # LFM2: gated short convolutions (kernel 3) beside attention layers with per-head q/k
+    # norms; the MLP width is adjusted from intermediate_size (192 -> 2/3 -> x1.1 -> rounded up
+    # to a multiple of 32 = 160), so a reader that skips the adjustment loads nothing; biases on
+    # the convolution block so each one counts.
+    return transformers.Lfm2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=192,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.1,
+        block_multiple_of=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 600000.0},
+        conv_bias=True,
+        conv_L_cache=3,
+        layer_types=["conv", "conv", "full_attention", "conv"],
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -322,12 +350,13 @@ FIXTURES = {
     "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
     "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
+    "lfm2": (lfm2_config, transformers.Lfm2ForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
 RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next"}
@@ -459,6 +488,12 @@ def transformers4_config(config: dict) -> dict:
         old["rope_scaling"] = None if scaling.get("rope_type") == "default" else scaling
     if "num_local_experts" in config:
         old["num_experts"] = old.pop("num_local_experts")
+    if config.get("model_type") == "lfm2":
+        # LFM2's original names (transformers 4.54).
+        old["block_ff_dim"] = old.pop("intermediate_size")
+        old["tie_embedding"] = old.pop("tie_word_embeddings")
+        types = old.pop("layer_types")
+        old["full_attn_idxs"] = [i for i, t in enumerate(types) if t == "full_attention"]
     old["transformers_version"] = "4.57.1"
     return old
 

@@ -361,7 +361,7 @@ impl TextConfig {
 }
 
 /// Reads the global and (for models with two) local rotary embeddings.
-fn read_rope(f: &Fields<'_>, dims: i32) -> Result<(RopeConfig, Option<RopeConfig>)> {
+pub(crate) fn read_rope(f: &Fields<'_>, dims: i32) -> Result<(RopeConfig, Option<RopeConfig>)> {
     if let Some(params) = f.get("rope_parameters") {
         let params_fields = Fields { object: params };
         // transformers 5 nests per-layer-type parameters for models with two kinds of layers.

@@ -11,7 +11,7 @@
 //!   soft-capping, output gates), [`cached_attention`] (each batch row over its own cache),
 //!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
 //!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
-//!   recurrence).
+//!   recurrence), [`recurrent_rows`] (recurrent state across batch rows and captures).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
@@ -37,6 +37,7 @@ pub mod load;
 pub mod mlp;
 pub mod model;
 pub mod moe;
+pub mod recurrent_rows;
 pub mod registry;
 pub mod rms_norm;
 pub mod rope;

@@ -7,7 +7,7 @@
 use mlx::Dtype;
 use serde_json::Value;
 
-use crate::arch::{gemma3, llama, qwen2, qwen3, qwen3_5, qwen3_moe};
+use crate::arch::{gemma3, lfm2, llama, qwen2, qwen3, qwen3_5, qwen3_moe};
 use crate::config::{Fields, TextConfig, missing};
 use crate::model::{Model, ModelSpec};
 use crate::weights::Weights;
@@ -74,6 +74,16 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(qwen3_5::Qwen3_5::new(
                 qwen3_5::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["lfm2", "Lfm2ForCausalLM"],
+        describe: |config| Ok(lfm2::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(lfm2::Lfm2::new(
+                lfm2::Config::from_json(config)?,
                 weights,
             )?))
         },

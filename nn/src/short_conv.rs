@@ -12,6 +12,8 @@ use crate::{Error, Result};
 pub struct ShortConv {
     /// One row of per-channel weights per tap, oldest input first: `[K, channels]`.
     taps: Vec<Array>,
+    /// Added to every output (LFM2's `conv_bias`).
+    bias: Option<Array>,
 }
 
 impl ShortConv {
@@ -30,7 +32,13 @@ impl ShortConv {
         let taps = (0..kernel)
             .map(|j| Ok(weight.slice_axis(0, j, j + 1)?))
             .collect::<Result<_>>()?;
-        Ok(ShortConv { taps })
+        Ok(ShortConv { taps, bias: None })
+    }
+
+    /// Adds `bias` (`[channels]`) to every output.
+    pub fn with_bias(mut self, bias: Option<Array>) -> ShortConv {
+        self.bias = bias;
+        self
     }
 
     /// The kernel size `K`.
@@ -41,6 +49,7 @@ impl ShortConv {
     /// Appends every array to `out`.
     pub fn collect_arrays(&self, out: &mut Vec<Array>) {
         out.extend(self.taps.iter().cloned());
+        out.extend(self.bias.iter().cloned());
     }
 
     /// Convolves `x: [batch, tokens, channels]` after `tail: [batch, K − 1, channels]` (the
@@ -62,6 +71,10 @@ impl ShortConv {
         let length = padded.dim(1)?;
         let next_tail = padded.slice_axis(1, length - (kernel - 1), length)?;
         let y = y.ok_or_else(|| Error::InvalidInput("a convolution without taps".into()))?;
+        let y = match &self.bias {
+            Some(bias) => y.add(bias)?,
+            None => y,
+        };
         Ok((y, next_tail))
     }
 }

@@ -237,12 +237,12 @@ fn check_capture_and_restore(name: &str) {
     let dir = fixture(name);
     let golden = golden(&dir).reference();
     let model = load(&dir, "config.json");
-    let capture_at = 37;
+    let capture_at = 17;
     let mut caches = model.new_caches().unwrap();
     for cache in caches.iter_mut().flatten() {
         cache.schedule_captures(&[capture_at]).unwrap();
     }
-    let logits = logits_of(model.as_ref(), &mut caches, &golden.prompt[..60], 0);
+    let logits = logits_of(model.as_ref(), &mut caches, &golden.prompt[..30], 0);
     compare(
         &logits,
         &golden,
@@ -298,6 +298,13 @@ fn qwen3_next() {
     check_fixture("qwen3_next", "config.json");
     check_fixture("qwen3_next", "config.transformers4.json");
     check_capture_and_restore("qwen3_next");
+}
+
+#[test]
+fn lfm2() {
+    check_fixture("lfm2", "config.json");
+    check_fixture("lfm2", "config.transformers4.json");
+    check_capture_and_restore("lfm2");
 }
 
 #[test]

@@ -12,8 +12,9 @@ use steps::{CONTEXT, Handle, check_trie, cold, engine, ids, run, run_to_idle, ru
 
 #[test]
 fn one_request_equals_a_cold_recompute() {
-    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
-    for name in ["llama", "qwen3_5"] {
+    // The hybrids restore their recurrent and convolution layers from snapshots where the
+    // others slice KV.
+    for name in ["llama", "qwen3_5", "lfm2"] {
         let mut engine = engine(name, 64 << 20);
         let prompt = ids(1, 40);
         let handle = run(&mut engine, &prompt, 12);
@@ -38,7 +39,7 @@ fn zero_tokens_asked_evaluates_the_prompt_only() {
 
 #[test]
 fn eight_at_once_equal_each_alone() {
-    for name in ["llama", "gemma3", "qwen3_5"] {
+    for name in ["llama", "gemma3", "qwen3_5", "lfm2"] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
         let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 20)).collect();
@@ -57,7 +58,7 @@ fn eight_at_once_equal_each_alone() {
 /// slices anywhere), and just before each prompt's last token.
 #[test]
 fn alternating_conversations_both_stay_cached() {
-    for name in ["llama", "qwen3_5"] {
+    for name in ["llama", "qwen3_5", "lfm2"] {
         let mut engine = engine(name, 64 << 20);
         let system = ids(9, 30);
         let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();
@@ -98,8 +99,9 @@ fn alternating_conversations_both_stay_cached() {
 
 #[test]
 fn forks_share_their_common_part() {
-    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
-    for name in ["llama", "qwen3_5"] {
+    // The hybrids restore their recurrent and convolution layers from snapshots where the
+    // others slice KV.
+    for name in ["llama", "qwen3_5", "lfm2"] {
         let mut engine = engine(name, 64 << 20);
         let base = ids(3, 50);
         run(&mut engine, &base, 4);
@@ -119,8 +121,9 @@ fn forks_share_their_common_part() {
 
 #[test]
 fn a_cancelled_prefill_resumes_where_it_stopped() {
-    // The hybrid restores its recurrent layers from snapshots where the others slice KV.
-    for name in ["llama", "qwen3_5"] {
+    // The hybrids restore their recurrent and convolution layers from snapshots where the
+    // others slice KV.
+    for name in ["llama", "qwen3_5", "lfm2"] {
         let mut engine = engine(name, 64 << 20);
         let long = ids(4, 200);
         let mut handle = submit(&mut engine, &long, 8);

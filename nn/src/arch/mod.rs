@@ -2,6 +2,7 @@
 
 pub mod decoder;
 pub mod gemma3;
+pub mod lfm2;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
-use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets, pick_row};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
 use crate::config::{Fields, dim, limits, missing, read_scaling};
 use crate::embedding::Embedding;
 use crate::gated_delta::{DeltaInputs, gated_delta_rule, softplus};
@@ -36,6 +36,7 @@ use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
+use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::short_conv::ShortConv;
@@ -494,35 +495,9 @@ impl GatedDeltaNet {
         caches: &mut [&mut [Option<LayerCache>]],
         layer: usize,
     ) -> Result<Array> {
-        let tokens = x.dim(1)? as usize;
-        let mut cuts = Vec::new();
-        for set in caches.iter() {
-            let cache = recurrent(&set[layer])?;
-            let mut from = cache.offset();
-            let end = from + tokens;
-            while let Some(at) = cache.next_capture_within(from, end - from) {
-                cuts.push(at - cache.offset());
-                from = at;
-            }
-        }
-        cuts.sort_unstable();
-        cuts.dedup();
-        cuts.push(tokens);
-        let mut outputs = Vec::with_capacity(cuts.len());
-        let mut start = 0;
-        for stop in cuts {
-            let piece = if start == 0 && stop == tokens {
-                x.clone()
-            } else {
-                x.slice_axis(1, start as i32, stop as i32)?
-            };
-            outputs.push(self.forward_piece(&piece, caches, layer)?);
-            start = stop;
-        }
-        match outputs.len() {
-            1 => Ok(outputs.swap_remove(0)),
-            _ => Ok(mlx::concatenate(&outputs, 1)?),
-        }
+        split_at_captures(x, caches, layer, |piece, caches| {
+            self.forward_piece(piece, caches, layer)
+        })
     }
 
     fn forward_piece(
@@ -533,16 +508,8 @@ impl GatedDeltaNet {
     ) -> Result<Array> {
         let shape = x.shape();
         let (rows, tokens) = (shape[0], shape[1]);
-        let row_count = rows as usize;
-        let mut tails = Vec::with_capacity(row_count);
-        let mut states = Vec::with_capacity(row_count);
-        for set in caches.iter() {
-            let cache = recurrent(&set[layer])?;
-            tails.push(cache.conv_state_or_zeros(1, x.dtype())?);
-            states.push(cache.recurrent_state_or_zeros(1)?);
-        }
-        let tail = join_rows(tails)?;
-        let state = join_rows(states)?;
+        let tail = conv_tails(caches, layer, x.dtype())?;
+        let state = recurrent_states(caches, layer)?;
 
         let (mixed, tail) = self.conv1d.forward(&self.in_proj_qkv.forward(x)?, &tail)?;
         let mixed = mixed.silu()?;
@@ -570,12 +537,7 @@ impl GatedDeltaNet {
             &state,
         )?;
 
-        for (row, set) in caches.iter_mut().enumerate() {
-            let cache = recurrent_mut(&mut set[layer])?;
-            cache.set_conv_state(&pick_row(&tail, row, row_count)?)?;
-            cache.set_recurrent_state(&pick_row(&state, row, row_count)?)?;
-            cache.advance(tokens as usize)?;
-        }
+        store(caches, layer, &tail, Some(&state), tokens as usize)?;
 
         let z = self.in_proj_z.forward(x)?.reshape(&[
             rows,
@@ -964,31 +926,5 @@ impl Model for Qwen3_5 {
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
         out
-    }
-}
-
-fn recurrent(slot: &Option<LayerCache>) -> Result<&RecurrentCache> {
-    match slot {
-        Some(LayerCache::Recurrent(cache)) => Ok(cache),
-        _ => Err(Error::InvalidInput(
-            "a gated delta net layer needs a recurrent cache".into(),
-        )),
-    }
-}
-
-fn recurrent_mut(slot: &mut Option<LayerCache>) -> Result<&mut RecurrentCache> {
-    match slot {
-        Some(LayerCache::Recurrent(cache)) => Ok(cache),
-        _ => Err(Error::InvalidInput(
-            "a gated delta net layer needs a recurrent cache".into(),
-        )),
-    }
-}
-
-/// Rows of one array each, stacked along the batch axis.
-fn join_rows(mut rows: Vec<Array>) -> Result<Array> {
-    match rows.len() {
-        1 => Ok(rows.swap_remove(0)),
-        _ => Ok(mlx::concatenate(&rows, 0)?),
     }
 }
