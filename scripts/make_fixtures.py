@@ -339,6 +339,123 @@ def lfm2_config() -> transformers.Lfm2Config:
     )
 
 
+def mistral_config() -> transformers.MistralConfig:
+    # Mistral 7B v0.1 style: llama's layout with every layer attending to a sliding window
+    # (8, under the 24-token prompt), head_dim set apart from hidden / heads.
+    return transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 250000.0},
+        sliding_window=8,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def mixtral_config() -> transformers.MixtralConfig:
+    # Mixtral: Mistral with a sparse feed-forward, top-2 of 4 experts, renormalized softmax
+    # weights; no sliding window.
+    return transformers.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 350000.0},
+        sliding_window=None,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def gemma2_config() -> transformers.Gemma2Config:
+    # Gemma 2: sliding (window 8) and global layers alternating, soft caps on attention logits
+    # (15) and output logits (10), sandwich norms stored as w - 1, query_pre_attn_scalar 32
+    # against head_dim 16, embeddings scaled by sqrt(hidden), GeLU-tanh.
+    return transformers.Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        query_pre_attn_scalar=32,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        final_logit_softcapping=10.0,
+        attn_logit_softcapping=15.0,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
+    )
+
+
+def olmo2_config() -> transformers.Olmo2Config:
+    # OLMo 2: norms after attention and after the MLP (none before), q/k norms over the whole
+    # projection rather than per head.
+    return transformers.Olmo2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 450000.0},
+        attention_bias=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def phi3_config() -> transformers.Phi3Config:
+    # Phi-3: fused qkv_proj (queries, keys, values stacked) and gate_up_proj (gate, then up);
+    # full rotary and no scaling, as Phi-3-mini-4k has; untied.
+    return transformers.Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        original_max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 550000.0},
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -351,6 +468,11 @@ FIXTURES = {
     "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
     "lfm2": (lfm2_config, transformers.Lfm2ForCausalLM, False),
+    "mistral": (mistral_config, transformers.MistralForCausalLM, False),
+    "mixtral": (mixtral_config, transformers.MixtralForCausalLM, False),
+    "gemma2": (gemma2_config, transformers.Gemma2ForCausalLM, True),
+    "olmo2": (olmo2_config, transformers.Olmo2ForCausalLM, False),
+    "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
@@ -486,7 +608,8 @@ def transformers4_config(config: dict) -> dict:
             old["partial_rotary_factor"] = rope["partial_rotary_factor"]
         scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
         old["rope_scaling"] = None if scaling.get("rope_type") == "default" else scaling
-    if "num_local_experts" in config:
+    if "num_local_experts" in config and config.get("model_type") == "qwen3_moe":
+        # Qwen3-MoE's older name; Mixtral's has always been `num_local_experts`.
         old["num_experts"] = old.pop("num_local_experts")
     if config.get("model_type") == "lfm2":
         # LFM2's original names (transformers 4.54).

@@ -38,6 +38,7 @@ pub struct Attention {
     scale: f32,
     logit_softcap: Option<f32>,
     output_gate: bool,
+    qk_norm_across_heads: bool,
 }
 
 /// The parts of an [`Attention`] block.
@@ -70,6 +71,9 @@ pub struct AttentionParts {
     /// output gate of the same width (`[heads · 2 · head_dim, dim]`), and the attended heads
     /// are multiplied by `sigmoid(gate)` before the output projection.
     pub output_gate: bool,
+    /// The q/k norms span all heads' features at once (OLMo 2: `[heads · head_dim]` weights)
+    /// rather than each head's.
+    pub qk_norm_across_heads: bool,
 }
 
 impl Attention {
@@ -89,6 +93,7 @@ impl Attention {
             scale: parts.scale,
             logit_softcap: parts.logit_softcap,
             output_gate: parts.output_gate,
+            qk_norm_across_heads: parts.qk_norm_across_heads,
         }
     }
 
@@ -107,10 +112,13 @@ impl Attention {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let heads = |proj: &Linear, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
-            let y = proj.forward(x)?.reshape(&[b, l, n, self.head_dim])?;
+            let y = proj.forward(x)?;
             let y = match norm {
-                Some(norm) => norm.forward(&y)?,
-                None => y,
+                Some(norm) if self.qk_norm_across_heads => {
+                    norm.forward(&y)?.reshape(&[b, l, n, self.head_dim])?
+                }
+                Some(norm) => norm.forward(&y.reshape(&[b, l, n, self.head_dim])?)?,
+                None => y.reshape(&[b, l, n, self.head_dim])?,
             };
             Ok(y.transpose(&[0, 2, 1, 3])?)
         };

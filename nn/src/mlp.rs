@@ -38,6 +38,23 @@ impl Mlp {
         })
     }
 
+    /// Builds the block from gate and up already fused along their output rows
+    /// (`[2 · hidden, dim]`, gate first: Phi-3's `gate_up_proj`).
+    pub fn from_fused(gate_up: Linear, down: Linear, activation: Activation) -> Result<Mlp> {
+        let rows = gate_up.out_features()?;
+        if rows % 2 != 0 {
+            return Err(Error::Weights(format!(
+                "a fused gate/up projection has {rows} rows, not two halves"
+            )));
+        }
+        Ok(Mlp {
+            gate_up,
+            down,
+            hidden: rows / 2,
+            activation,
+        })
+    }
+
     /// Appends every array of the block to `out`.
     pub fn collect_arrays(&self, out: &mut Vec<Array>) {
         self.gate_up.collect_arrays(out);

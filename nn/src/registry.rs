@@ -7,7 +7,9 @@
 use mlx::Dtype;
 use serde_json::Value;
 
-use crate::arch::{gemma3, lfm2, llama, qwen2, qwen3, qwen3_5, qwen3_moe};
+use crate::arch::{
+    gemma2, gemma3, lfm2, llama, mistral, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
+};
 use crate::config::{Fields, TextConfig, missing};
 use crate::model::{Model, ModelSpec};
 use crate::weights::Weights;
@@ -41,10 +43,7 @@ macro_rules! decoder_family {
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
 /// `general.architecture`).
 const ARCHITECTURES: &[Architecture] = &[
-    decoder_family!(
-        &["llama", "LlamaForCausalLM", "mistral", "MistralForCausalLM"],
-        llama
-    ),
+    decoder_family!(&["llama", "LlamaForCausalLM"], llama),
     decoder_family!(&["qwen2", "Qwen2ForCausalLM"], qwen2),
     decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
     decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
@@ -79,11 +78,56 @@ const ARCHITECTURES: &[Architecture] = &[
         },
     },
     Architecture {
+        names: &[
+            "mistral",
+            "MistralForCausalLM",
+            "mixtral",
+            "MixtralForCausalLM",
+        ],
+        describe: |config| Ok(mistral::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(mistral::Mistral::new(
+                mistral::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
         names: &["lfm2", "Lfm2ForCausalLM"],
         describe: |config| Ok(lfm2::Config::from_json(config)?.spec()),
         build: |config, weights| {
             Ok(Box::new(lfm2::Lfm2::new(
                 lfm2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["gemma2", "Gemma2ForCausalLM"],
+        describe: |config| Ok(gemma2::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(gemma2::Gemma2::new(
+                gemma2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["olmo2", "Olmo2ForCausalLM"],
+        describe: |config| Ok(olmo2::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(olmo2::Olmo2::new(
+                olmo2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["phi3", "Phi3ForCausalLM"],
+        describe: |config| Ok(phi3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(phi3::Phi3::new(
+                phi3::Config::from_json(config)?,
                 weights,
             )?))
         },

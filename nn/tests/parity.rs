@@ -301,6 +301,36 @@ fn qwen3_next() {
 }
 
 #[test]
+fn mistral() {
+    check_fixture("mistral", "config.json");
+    check_fixture("mistral", "config.transformers4.json");
+}
+
+#[test]
+fn mixtral() {
+    check_fixture("mixtral", "config.json");
+    check_fixture("mixtral", "config.transformers4.json");
+}
+
+#[test]
+fn gemma2() {
+    check_fixture("gemma2", "config.json");
+    check_fixture("gemma2", "config.transformers4.json");
+}
+
+#[test]
+fn olmo2() {
+    check_fixture("olmo2", "config.json");
+    check_fixture("olmo2", "config.transformers4.json");
+}
+
+#[test]
+fn phi3() {
+    check_fixture("phi3", "config.json");
+    check_fixture("phi3", "config.transformers4.json");
+}
+
+#[test]
 fn lfm2() {
     check_fixture("lfm2", "config.json");
     check_fixture("lfm2", "config.transformers4.json");

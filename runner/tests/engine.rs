@@ -39,7 +39,9 @@ fn zero_tokens_asked_evaluates_the_prompt_only() {
 
 #[test]
 fn eight_at_once_equal_each_alone() {
-    for name in ["llama", "gemma3", "qwen3_5", "lfm2"] {
+    for name in [
+        "llama", "gemma3", "qwen3_5", "lfm2", "mistral", "mixtral", "gemma2", "olmo2", "phi3",
+    ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
         let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 20)).collect();

@@ -295,6 +295,7 @@ pub fn build_decoder(
             scale,
             logit_softcap: config.attn_logit_softcapping,
             output_gate: false,
+            qk_norm_across_heads: false,
         });
         let feedforward = match &config.moe {
             Some(moe) if moe.is_moe_layer(i) => {

@@ -426,6 +426,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         scale: 1.0 / (head_dim as f32).sqrt(),
         logit_softcap: None,
         output_gate: false,
+        qk_norm_across_heads: false,
     }))
 }
 

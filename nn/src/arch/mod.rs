@@ -1,9 +1,13 @@
 //! Architectures, one file each, and the registry that picks one by name.
 
 pub mod decoder;
+pub mod gemma2;
 pub mod gemma3;
 pub mod lfm2;
 pub mod llama;
+pub mod mistral;
+pub mod olmo2;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
