@@ -456,6 +456,78 @@ def phi3_config() -> transformers.Phi3Config:
     )
 
 
+def deepseek_v3_config() -> transformers.DeepseekV3Config:
+    # DeepSeek-V3: multi-head latent attention (queries through a rank-32 bottleneck, a
+    # 24-wide latent, 8-wide interleaved rotary keys, nope 16 / value 12 so every width
+    # differs) and sigmoid routing with a correction bias over the best 1 of 2 groups of 4
+    # experts, top-2, scaled by 2.5, one shared expert; layer 0 dense.
+    return transformers.DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=24,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        v_head_dim=12,
+        qk_nope_head_dim=16,
+        n_group=2,
+        topk_group=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 650000.0},
+        rope_interleave=True,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def glm4_moe_lite_config() -> transformers.Glm4MoeLiteConfig:
+    # GLM-4-MoE-Lite: the same attention with queries projected directly (no q_lora_rank) and
+    # rotary embeddings in halves, layer kinds from mlp_layer_types, a single expert group.
+    return transformers.Glm4MoeLiteConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        routed_scaling_factor=1.8,
+        kv_lora_rank=24,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        v_head_dim=20,
+        qk_nope_head_dim=16,
+        n_group=1,
+        topk_group=1,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 750000.0},
+        rope_interleave=False,
+        mlp_layer_types=["sparse", "dense"],
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -473,6 +545,8 @@ FIXTURES = {
     "gemma2": (gemma2_config, transformers.Gemma2ForCausalLM, True),
     "olmo2": (olmo2_config, transformers.Olmo2ForCausalLM, False),
     "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
+    "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
+    "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
@@ -497,6 +571,9 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
     clearly non-zero values.
     """
     with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.1)
         for name, param in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):
                 # The gated norm multiplies by w itself, even in families whose other norms
@@ -519,6 +596,8 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 param.normal_(0.0, 0.2)
             elif "embed_tokens" in name or "lm_head" in name:
                 param.normal_(0.0, 0.5)
+            elif name.endswith("e_score_correction_bias"):
+                param.normal_(0.0, 0.1)
             elif name.endswith("mlp.gate.weight"):
                 # MoE router: wide logits so top-k choices are separated by clear margins.
                 param.normal_(0.0, 0.5)
@@ -563,9 +642,13 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
     def hook(_module, inputs, _output):
         hidden = inputs[0].reshape(-1, inputs[0].shape[-1])
         logits = torch.nn.functional.linear(hidden, _module.weight)
-        # In log space: a near-tie is two experts whose logits are close; two tiny
-        # probabilities are close in absolute terms without the choice being ambiguous.
-        probs = torch.log_softmax(logits.float(), dim=-1)
+        if hasattr(_module, "e_score_correction_bias"):
+            # Sigmoid routing chooses by biased scores.
+            probs = logits.float().sigmoid() + _module.e_score_correction_bias.float()
+        else:
+            # In log space: a near-tie is two experts whose logits are close; two tiny
+            # probabilities are close in absolute terms without the choice being ambiguous.
+            probs = torch.log_softmax(logits.float(), dim=-1)
         top = torch.topk(probs, k + 1, dim=-1).values
         margins.append(float((top[:, k - 1] - top[:, k]).min()))
 

@@ -1,13 +1,14 @@
 //! `Attention`: multi-head attention with grouped key/value heads, optional q/k norms, rotary
 //! positions, soft-capped logits, over the history a cache hands back.
 
+use mlx::Array;
 use mlx::fast::{AttentionMask, RopeOffset, RowHistory};
-use mlx::{Array, Dtype};
 
 use crate::Result;
 use crate::linear::Linear;
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
+use crate::sdpa::ScaledDotProduct;
 
 /// Queries, keys and values of one forward, `[batch, heads, tokens, head_dim]`, with rotary
 /// positions applied to queries and keys.
@@ -35,8 +36,7 @@ pub struct Attention {
     num_heads: i32,
     num_kv_heads: i32,
     head_dim: i32,
-    scale: f32,
-    logit_softcap: Option<f32>,
+    kernel: ScaledDotProduct,
     output_gate: bool,
     qk_norm_across_heads: bool,
 }
@@ -90,8 +90,10 @@ impl Attention {
             num_heads: parts.num_heads,
             num_kv_heads: parts.num_kv_heads,
             head_dim: parts.head_dim,
-            scale: parts.scale,
-            logit_softcap: parts.logit_softcap,
+            kernel: ScaledDotProduct {
+                scale: parts.scale,
+                logit_softcap: parts.logit_softcap,
+            },
             output_gate: parts.output_gate,
             qk_norm_across_heads: parts.qk_norm_across_heads,
         }
@@ -179,12 +181,7 @@ impl Attention {
         values: &Array,
         mask: AttentionMask<'_>,
     ) -> Result<Array> {
-        Ok(match self.logit_softcap {
-            None => {
-                mlx::fast::scaled_dot_product_attention(queries, keys, values, self.scale, mask)?
-            }
-            Some(cap) => self.softcapped(queries, keys, values, mask, cap)?,
-        })
+        self.kernel.attend(queries, keys, values, mask)
     }
 
     /// Each row's queries over its own history, in one op: `queries` is
@@ -197,12 +194,12 @@ impl Attention {
         queries: &Array,
         history: &[RowHistory<'_>],
     ) -> Result<Option<Array>> {
-        Ok(mlx::fast::rows_attention(
-            queries,
-            history,
-            self.scale,
-            self.logit_softcap,
-        )?)
+        self.kernel.attend_rows(queries, history)
+    }
+
+    /// The scaled dot product it attends with.
+    pub fn kernel(&self) -> &ScaledDotProduct {
+        &self.kernel
     }
 
     /// Merges the heads of [`Attention::attend_heads`], applies the output gate of
@@ -218,51 +215,5 @@ impl Attention {
             None => out,
         };
         self.o_proj.forward(&out)
-    }
-
-    /// Attention with `cap · tanh(logits / cap)`, which the fused kernel cannot do.
-    fn softcapped(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        mask: AttentionMask<'_>,
-        cap: f32,
-    ) -> Result<Array> {
-        let groups = self.num_heads / self.num_kv_heads;
-        let expand = |a: &Array| -> Result<Array> {
-            if groups == 1 {
-                return Ok(a.clone());
-            }
-            let s = a.shape();
-            Ok(a.expand_dims(&[2])?
-                .broadcast_to(&[s[0], s[1], groups, s[2], s[3]])?
-                .reshape(&[s[0], s[1] * groups, s[2], s[3]])?)
-        };
-        let (k, v) = (expand(k)?, expand(v)?);
-        let logits = q.multiply(self.scale)?.matmul(&k.swap_axes(-1, -2)?)?;
-        let logits = logits.divide(cap)?.tanh()?.multiply(cap)?;
-        let (queries, keys) = (logits.dim(-2)?, logits.dim(-1)?);
-        let logits = match mask {
-            AttentionMask::None => logits,
-            AttentionMask::Causal => {
-                // Query i sits at position keys − queries + i.
-                let rows = Array::arange(0.0, f64::from(queries), 1.0, Dtype::I32)?
-                    .add(keys - queries)?
-                    .expand_dims(&[1])?;
-                let cols =
-                    Array::arange(0.0, f64::from(keys), 1.0, Dtype::I32)?.expand_dims(&[0])?;
-                cols.less_equal(&rows)?.select(&logits, f32::NEG_INFINITY)?
-            }
-            AttentionMask::Array(m) if m.dtype() == Dtype::Bool => {
-                m.select(&logits, f32::NEG_INFINITY)?
-            }
-            AttentionMask::Array(m) => logits.add(m)?,
-        };
-        let probs = logits
-            .astype(Dtype::F32)?
-            .softmax(&[-1], true)?
-            .astype(v.dtype())?;
-        Ok(probs.matmul(&v)?)
     }
 }

@@ -10,6 +10,7 @@ use mlx::fast::{RopeOffset, RowHistory};
 
 use crate::attention::{Attention, Projected};
 use crate::model::Batch;
+use crate::sdpa::ScaledDotProduct;
 use crate::{Error, Result};
 
 /// Where each row of a batch starts, in the forms rotary embeddings take.
@@ -87,8 +88,32 @@ pub fn attend_cached(
     positions: &[usize],
     logical: LogicalMask,
 ) -> Result<Array> {
+    let heads = attend_cached_heads(
+        attention.kernel(),
+        &projected.queries,
+        (&projected.keys, &projected.values),
+        caches,
+        layer,
+        positions,
+        logical,
+    )?;
+    attention.output(&heads, projected.gate.as_ref())
+}
+
+/// Like [`attend_cached`] for blocks that project their own queries, keys and values
+/// (`[rows, heads, tokens, d]`, `[rows, kv_heads, tokens, d]`, `[rows, kv_heads, tokens, d_v]`),
+/// such as multi-head latent attention: the attended heads, `[rows, heads, tokens, d_v]`.
+pub fn attend_cached_heads(
+    kernel: &ScaledDotProduct,
+    queries: &Array,
+    (keys, values): (&Array, &Array),
+    caches: &mut [&mut [Option<LayerCache>]],
+    layer: usize,
+    positions: &[usize],
+    logical: LogicalMask,
+) -> Result<Array> {
     let rows = positions.len();
-    let queries = projected.queries.dim(2)?;
+    let tokens = queries.dim(2)?;
     let mut histories = Vec::with_capacity(rows);
     for (row, set) in caches.iter_mut().enumerate() {
         let cache = set[layer]
@@ -101,15 +126,11 @@ pub fn attend_cached(
                 cache.offset()
             )));
         }
-        let history = cache.update(
-            &pick_row(&projected.keys, row, rows)?,
-            &pick_row(&projected.values, row, rows)?,
-        )?;
-        let mask = history.mask.attention_mask(queries as usize, logical)?;
+        let history = cache.update(&pick_row(keys, row, rows)?, &pick_row(values, row, rows)?)?;
+        let mask = history.mask.attention_mask(tokens as usize, logical)?;
         histories.push((history, mask));
     }
-    let heads = attend_histories(attention, &projected.queries, &histories)?;
-    attention.output(&heads, projected.gate.as_ref())
+    attend_histories(kernel, queries, &histories)
 }
 
 /// Row `row` of a `[rows, …]` array (the array itself when it has one row).
@@ -126,14 +147,14 @@ pub fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
 /// MLX's attention for a row that needs a mask array. Which path a row takes depends on that
 /// row alone, so its result does not depend on the batch.
 fn attend_histories(
-    attention: &Attention,
+    kernel: &ScaledDotProduct,
     queries: &Array,
     histories: &[(KvHistory, AttentionMaskOwned)],
 ) -> Result<Array> {
     let rows = histories.len();
     let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
     if let Some(all) = &all
-        && let Some(heads) = attention.attend_rows(queries, all)?
+        && let Some(heads) = kernel.attend_rows(queries, all)?
     {
         return Ok(heads);
     }
@@ -143,13 +164,13 @@ fn attend_histories(
     for (row, entry) in histories.iter().enumerate() {
         let q = pick_row(queries, row, rows)?;
         let fused = match row_history(entry) {
-            Some(one) if !kernel_declined => attention.attend_rows(&q, &[one])?,
+            Some(one) if !kernel_declined => kernel.attend_rows(&q, &[one])?,
             _ => None,
         };
         let (history, mask) = entry;
         heads.push(match fused {
             Some(h) => h,
-            None => attention.attend_heads(&q, &history.keys, &history.values, mask.as_mask())?,
+            None => kernel.attend(&q, &history.keys, &history.values, mask.as_mask())?,
         });
     }
     match heads.len() {
@@ -158,7 +179,7 @@ fn attend_histories(
     }
 }
 
-/// A row's history as [`Attention::attend_rows`] takes it, or `None` when it needs a mask array.
+/// A row's history as [`ScaledDotProduct::attend_rows`] takes it, or `None` when it needs a mask array.
 fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowHistory<'_>> {
     let causal = match mask {
         AttentionMaskOwned::None => false,

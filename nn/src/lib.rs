@@ -41,6 +41,7 @@ pub mod recurrent_rows;
 pub mod registry;
 pub mod rms_norm;
 pub mod rope;
+pub mod sdpa;
 pub mod short_conv;
 pub mod weights;
 

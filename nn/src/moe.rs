@@ -92,6 +92,20 @@ impl StackedExperts {
     }
 }
 
+/// DeepSeek-V3's refinements of routing: a per-expert bias added to the scores only to choose
+/// experts (the weights come from the unbiased scores), a choice restricted to the best groups
+/// of experts (a group scored by the sum of its two best), and a scale on the chosen weights.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// `e_score_correction_bias` `[experts]`.
+    pub correction_bias: Option<Array>,
+    /// `n_group` and `topk_group`: experts split into this many groups, choices only from
+    /// this many best.
+    pub groups: Option<(usize, usize)>,
+    /// `routed_scaling_factor`.
+    pub scale: f32,
+}
+
 /// An expert every token goes through beside the routed ones (Qwen3-Next, Qwen3.5-MoE,
 /// DeepSeek-V3), optionally scaled per token by `sigmoid(gate · x)`.
 #[derive(Debug, Clone)]
@@ -114,6 +128,7 @@ pub struct Moe {
     scoring: RouterScoring,
     activation: Activation,
     shared: Option<Box<SharedExpert>>,
+    routing: Option<Box<RouterOptions>>,
 }
 
 impl Moe {
@@ -203,7 +218,27 @@ impl Moe {
             scoring,
             activation,
             shared: None,
+            routing: None,
         })
+    }
+
+    /// Routes with DeepSeek-V3's refinements.
+    pub fn with_routing(mut self, routing: RouterOptions) -> Result<Moe> {
+        if let Some((groups, best)) = routing.groups {
+            let experts = self.router.out_features()? as usize;
+            if groups == 0 || best == 0 || best > groups || !experts.is_multiple_of(groups) {
+                return Err(Error::Config(format!(
+                    "{experts} experts cannot be routed through the best {best} of {groups} groups"
+                )));
+            }
+            if (experts / groups) < 2 {
+                return Err(Error::Config(
+                    "expert groups need at least two experts each".into(),
+                ));
+            }
+        }
+        self.routing = Some(Box::new(routing));
+        Ok(self)
     }
 
     /// Adds an expert every token goes through.
@@ -217,12 +252,46 @@ impl Moe {
         self.router.collect_arrays(out);
         crate::linear::tensor_arrays(&self.gate_up.weight, out);
         crate::linear::tensor_arrays(&self.down.weight, out);
+        if let Some(bias) = self
+            .routing
+            .as_ref()
+            .and_then(|r| r.correction_bias.as_ref())
+        {
+            out.push(bias.clone());
+        }
         if let Some(shared) = &self.shared {
             shared.mlp.collect_arrays(out);
             if let Some(gate) = &shared.gate {
                 gate.collect_arrays(out);
             }
         }
+    }
+
+    /// The scores experts are chosen by under `routing`: biased, and outside the best groups
+    /// `-inf`.
+    fn refined_choice(&self, scores: &Array, routing: &RouterOptions) -> Result<Array> {
+        let mut choice = match &routing.correction_bias {
+            Some(bias) => scores.add(&bias.astype(Dtype::F32)?)?,
+            None => scores.clone(),
+        };
+        if let Some((groups, best)) = routing.groups
+            && best < groups
+        {
+            let (tokens, experts) = (choice.dim(0)?, choice.dim(1)?);
+            let (groups, best) = (groups as i32, best as i32);
+            let grouped = choice.reshape(&[tokens, groups, experts / groups])?;
+            let group_scores = grouped.topk(2, -1)?.sum(&[-1], false)?;
+            // The `best`-th largest group score, per token: groups below it are out.
+            let threshold =
+                group_scores
+                    .sort(-1)?
+                    .slice_axis(-1, groups - best, groups - best + 1)?;
+            let kept = group_scores.greater_equal(&threshold)?.expand_dims(&[-1])?;
+            choice = kept
+                .select(&grouped, f32::NEG_INFINITY)?
+                .reshape(&[tokens, experts])?;
+        }
+        Ok(choice)
     }
 
     /// Routes each token of `x: [..., dim]` to its top-k experts and mixes their outputs.
@@ -239,14 +308,22 @@ impl Moe {
         };
         let experts = scores.dim(-1)?;
         let k = self.top_k.min(experts);
+        let choice = match &self.routing {
+            Some(routing) => self.refined_choice(&scores, routing)?,
+            None => scores.clone(),
+        };
         // The k largest scores: partition the negated scores around position k − 1.
-        let indices = scores
+        let indices = choice
             .negative()?
             .argpartition(k - 1, -1)?
             .slice_axis(-1, 0, k)?;
         let mut weights = scores.take_along_axis(&indices, -1)?;
         if self.normalize_top_k {
-            weights = weights.divide(&weights.sum(&[-1], true)?)?;
+            // The epsilon keeps sigmoid scores that all underflow from dividing by zero.
+            weights = weights.divide(&weights.sum(&[-1], true)?.add(1e-20)?)?;
+        }
+        if let Some(routing) = &self.routing {
+            weights = weights.multiply(routing.scale)?;
         }
         let weights = weights.astype(x.dtype())?;
 

@@ -8,7 +8,8 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    gemma2, gemma3, lfm2, llama, mistral, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
+    deepseek_v3, gemma2, gemma3, lfm2, llama, mistral, olmo2, phi3, qwen2, qwen3, qwen3_5,
+    qwen3_moe,
 };
 use crate::config::{Fields, TextConfig, missing};
 use crate::model::{Model, ModelSpec};
@@ -98,6 +99,21 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(lfm2::Lfm2::new(
                 lfm2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &[
+            "deepseek_v3",
+            "DeepseekV3ForCausalLM",
+            "glm4_moe_lite",
+            "Glm4MoeLiteForCausalLM",
+        ],
+        describe: |config| Ok(deepseek_v3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(deepseek_v3::DeepseekV3::new(
+                deepseek_v3::Config::from_json(config)?,
                 weights,
             )?))
         },

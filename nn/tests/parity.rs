@@ -331,6 +331,18 @@ fn phi3() {
 }
 
 #[test]
+fn deepseek_v3() {
+    check_fixture("deepseek_v3", "config.json");
+    check_fixture("deepseek_v3", "config.transformers4.json");
+}
+
+#[test]
+fn glm4_moe_lite() {
+    check_fixture("glm4_moe_lite", "config.json");
+    check_fixture("glm4_moe_lite", "config.transformers4.json");
+}
+
+#[test]
 fn lfm2() {
     check_fixture("lfm2", "config.json");
     check_fixture("lfm2", "config.transformers4.json");
