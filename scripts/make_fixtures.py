@@ -528,6 +528,43 @@ def glm4_moe_lite_config() -> transformers.Glm4MoeLiteConfig:
     )
 
 
+def gpt_oss_config() -> transformers.GptOssConfig:
+    # gpt-oss: attention sinks per head, sliding (window 8) and full layers alternating, biases
+    # on every projection, YaRN without truncation (factor 4 over 64 original positions, so
+    # the ramp's fractional ends matter), and a mixture of experts with biases, interleaved
+    # gate/up columns, a clamped SwiGLU (limit 1.5, low enough to clip) and a softmax over the
+    # top-2 logits.
+    return transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 64,
+            "truncate": False,
+        },
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        swiglu_limit=1.5,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -547,6 +584,7 @@ FIXTURES = {
     "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
+    "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
@@ -598,7 +636,9 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 param.normal_(0.0, 0.5)
             elif name.endswith("e_score_correction_bias"):
                 param.normal_(0.0, 0.1)
-            elif name.endswith("mlp.gate.weight"):
+            elif name.endswith("sinks"):
+                param.normal_(0.0, 1.0)
+            elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
                 # MoE router: wide logits so top-k choices are separated by clear margins.
                 param.normal_(0.0, 0.5)
             else:
@@ -633,7 +673,7 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
     A near-tie could make another implementation pick different experts within f32 rounding,
     which would be a flaky test rather than a bug; the fixture is only accepted with a clear gap.
     """
-    routers = [m for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    routers = [m for n, m in model.named_modules() if n.endswith("mlp.gate") or n.endswith("mlp.router")]
     if not routers:
         return None
     k = model.config.num_experts_per_tok

@@ -9,7 +9,7 @@ use mlx::{Array, Compiled};
 use crate::{Error, Result};
 
 /// The nonlinearity of a gated MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Activation {
     /// `x · sigmoid(x)` (SwiGLU).
     Silu,
@@ -17,6 +17,14 @@ pub enum Activation {
     GeluTanh,
     /// Exact GELU.
     Gelu,
+    /// gpt-oss's clamped SwiGLU: `(clip(up, ±limit) + 1) · g · sigmoid(alpha · g)` with
+    /// `g = min(gate, limit)`.
+    ClampedSwiglu {
+        /// The sigmoid's sharpness (`swiglu_alpha`, 1.702).
+        alpha: f32,
+        /// The clamp (`swiglu_limit`, 7).
+        limit: f32,
+    },
 }
 
 impl Activation {
@@ -35,15 +43,23 @@ impl Activation {
             Activation::Silu => x.silu(),
             Activation::GeluTanh => x.gelu_tanh(),
             Activation::Gelu => x.gelu(),
+            // Only ever applied gated, below.
+            Activation::ClampedSwiglu { .. } => Ok(x.clone()),
         }
     }
 
     /// `act(gate) · up`, fused: mlxkit's CPU kernel where it applies, else MLX's ops compiled.
     pub fn gated(self, gate: &Array, up: &Array) -> Result<Array> {
+        if let Activation::ClampedSwiglu { alpha, limit } = self {
+            let gate = gate.minimum(limit)?;
+            let up = up.clip(-limit, limit)?;
+            let glu = gate.multiply(&gate.multiply(alpha)?.sigmoid()?)?;
+            return Ok(up.add(1.0)?.multiply(&glu)?);
+        }
         let kernel = match self {
             Activation::Silu => Some(Gate::Silu),
             Activation::GeluTanh => Some(Gate::GeluTanh),
-            Activation::Gelu => None,
+            Activation::Gelu | Activation::ClampedSwiglu { .. } => None,
         };
         if let Some(kind) = kernel
             && let Some(out) = mlx::fast::gated_activation(kind, gate, up)?
@@ -54,7 +70,11 @@ impl Activation {
             // MLX graphs and compiled functions belong to the thread that built them.
             static COMPILED: [OnceCell<Option<Compiled>>; 3] = const { [OnceCell::new(), OnceCell::new(), OnceCell::new()] };
         }
-        let index = self as usize;
+        let index = match self {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+            Activation::Gelu | Activation::ClampedSwiglu { .. } => 2,
+        };
         let inputs = [gate.clone(), up.clone()];
         let fused = COMPILED.with(|cells| {
             let compiled = cells[index].get_or_init(|| {

@@ -71,6 +71,8 @@ pub struct AttentionParts {
     /// output gate of the same width (`[heads · 2 · head_dim, dim]`), and the attended heads
     /// are multiplied by `sigmoid(gate)` before the output projection.
     pub output_gate: bool,
+    /// Per-head attention sink logits `[heads]` (gpt-oss).
+    pub sinks: Option<Array>,
     /// The q/k norms span all heads' features at once (OLMo 2: `[heads · head_dim]` weights)
     /// rather than each head's.
     pub qk_norm_across_heads: bool,
@@ -93,6 +95,7 @@ impl Attention {
             kernel: ScaledDotProduct {
                 scale: parts.scale,
                 logit_softcap: parts.logit_softcap,
+                sinks: parts.sinks,
             },
             output_gate: parts.output_gate,
             qk_norm_across_heads: parts.qk_norm_across_heads,
@@ -107,6 +110,7 @@ impl Attention {
         for norm in [&self.q_norm, &self.k_norm].into_iter().flatten() {
             norm.collect_arrays(out);
         }
+        out.extend(self.kernel.sinks.iter().cloned());
     }
 
     /// Projects `x: [batch, tokens, dim]` into rotated queries, keys and values.

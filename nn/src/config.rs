@@ -438,6 +438,7 @@ pub(crate) fn read_scaling(value: &Value) -> Result<RopeScaling> {
             beta_slow: s.f64("beta_slow")?.unwrap_or(1.0),
             mscale: s.f64("mscale")?.unwrap_or(1.0),
             mscale_all_dim: s.f64("mscale_all_dim")?.unwrap_or(0.0),
+            truncate: s.bool("truncate")?.unwrap_or(true),
         },
         other => return Err(Error::Config(format!("unsupported rope scaling `{other}`"))),
     })

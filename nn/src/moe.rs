@@ -15,6 +15,8 @@ pub enum RouterScoring {
     Softmax,
     /// Independent sigmoids, then top-k (DeepSeek-V3 style).
     Sigmoid,
+    /// Top-k of the raw logits, then a softmax over those k (gpt-oss).
+    SoftmaxOverTopK,
 }
 
 /// Experts stacked along a leading axis: `[experts, out, in]`.
@@ -129,6 +131,9 @@ pub struct Moe {
     activation: Activation,
     shared: Option<Box<SharedExpert>>,
     routing: Option<Box<RouterOptions>>,
+    /// Per-expert biases of the fused gate/up projection (`[experts, 2 · hidden]`, gate rows
+    /// first) and of the down projection (`[experts, dim]`).
+    expert_biases: Option<Box<(Array, Array)>>,
 }
 
 impl Moe {
@@ -219,6 +224,7 @@ impl Moe {
             activation,
             shared: None,
             routing: None,
+            expert_biases: None,
         })
     }
 
@@ -239,6 +245,13 @@ impl Moe {
         }
         self.routing = Some(Box::new(routing));
         Ok(self)
+    }
+
+    /// Adds per-expert biases to the gate/up (`[experts, 2 · hidden]`, gate first) and down
+    /// (`[experts, dim]`) projections.
+    pub fn with_expert_biases(mut self, gate_up: Array, down: Array) -> Moe {
+        self.expert_biases = Some(Box::new((gate_up, down)));
+        self
     }
 
     /// Adds an expert every token goes through.
@@ -305,6 +318,8 @@ impl Moe {
         let scores = match self.scoring {
             RouterScoring::Softmax => logits.astype(Dtype::F32)?.softmax(&[-1], true)?,
             RouterScoring::Sigmoid => logits.astype(Dtype::F32)?.sigmoid()?,
+            // Ranked by the logits themselves; the softmax over the chosen comes below.
+            RouterScoring::SoftmaxOverTopK => logits.astype(Dtype::F32)?,
         };
         let experts = scores.dim(-1)?;
         let k = self.top_k.min(experts);
@@ -318,6 +333,9 @@ impl Moe {
             .argpartition(k - 1, -1)?
             .slice_axis(-1, 0, k)?;
         let mut weights = scores.take_along_axis(&indices, -1)?;
+        if self.scoring == RouterScoring::SoftmaxOverTopK {
+            weights = weights.softmax(&[-1], true)?;
+        }
         if self.normalize_top_k {
             // The epsilon keeps sigmoid scores that all underflow from dividing by zero.
             weights = weights.divide(&weights.sum(&[-1], true)?.add(1e-20)?)?;
@@ -328,12 +346,18 @@ impl Moe {
         let weights = weights.astype(x.dtype())?;
 
         let expanded = tokens.expand_dims(&[-2, -3])?;
-        let both = self.gate_up.forward(&expanded, &indices)?;
+        let mut both = self.gate_up.forward(&expanded, &indices)?;
+        if let Some(biases) = &self.expert_biases {
+            both = both.add(&biases.0.take(&indices, 0)?.expand_dims(&[-2])?)?;
+        }
         let parts = both.split_at(&[self.hidden], -1)?;
         let [gate, up] = <[Array; 2]>::try_from(parts)
             .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
         let hidden = self.activation.gated(&gate, &up)?;
-        let out = self.down.forward(&hidden, &indices)?.squeeze(&[-2])?;
+        let mut out = self.down.forward(&hidden, &indices)?.squeeze(&[-2])?;
+        if let Some(biases) = &self.expert_biases {
+            out = out.add(&biases.1.take(&indices, 0)?)?;
+        }
         let mut mixed = out
             .multiply(&weights.expand_dims(&[-1])?)?
             .sum(&[-2], false)?;

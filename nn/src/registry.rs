@@ -8,7 +8,7 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    deepseek_v3, gemma2, gemma3, lfm2, llama, mistral, olmo2, phi3, qwen2, qwen3, qwen3_5,
+    deepseek_v3, gemma2, gemma3, gpt_oss, lfm2, llama, mistral, olmo2, phi3, qwen2, qwen3, qwen3_5,
     qwen3_moe,
 };
 use crate::config::{Fields, TextConfig, missing};
@@ -114,6 +114,16 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(deepseek_v3::DeepseekV3::new(
                 deepseek_v3::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["gpt_oss", "GptOssForCausalLM"],
+        describe: |config| Ok(gpt_oss::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(gpt_oss::GptOss::new(
+                gpt_oss::Config::from_json(config)?,
                 weights,
             )?))
         },

@@ -42,6 +42,9 @@ pub enum RopeScaling {
         mscale: f64,
         /// Attention temperature divisor applied to all dimensions.
         mscale_all_dim: f64,
+        /// Whether the ramp's ends are rounded to whole dimensions (transformers' default;
+        /// gpt-oss turns it off).
+        truncate: bool,
     },
 }
 
@@ -143,13 +146,20 @@ impl Rope {
                 beta_slow,
                 mscale,
                 mscale_all_dim,
+                truncate,
             } => {
                 positive("yarn rope factor", factor)?;
                 let correction_dim = |rotations: f64| {
                     dims * (original / (rotations * 2.0 * PI)).ln() / (2.0 * config.base.ln())
                 };
-                let low = correction_dim(beta_fast).floor().max(0.0);
-                let mut high = correction_dim(beta_slow).ceil().min(dims - 1.0);
+                let (low, high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+                let (low, high) = if truncate {
+                    (low.floor(), high.ceil())
+                } else {
+                    (low, high)
+                };
+                let low = low.max(0.0);
+                let mut high = high.min(dims - 1.0);
                 if high == low {
                     high += 0.001;
                 }

@@ -1,6 +1,6 @@
 //! `ScaledDotProduct`: attention of queries over keys and values, `softmax(scale · q kᵀ) v`,
-//! optionally with `tanh` soft-capped logits; the step every attention block shares, whatever
-//! produced its queries, keys and values.
+//! optionally with `tanh` soft-capped logits or per-head attention sinks; the step every
+//! attention block shares, whatever produced its queries, keys and values.
 
 use mlx::fast::{AttentionMask, RowHistory};
 use mlx::{Array, Dtype};
@@ -8,12 +8,15 @@ use mlx::{Array, Dtype};
 use crate::Result;
 
 /// How queries attend: the logit scale and an optional soft cap.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ScaledDotProduct {
     /// Multiplier of `q · k` (usually `head_dim^-0.5`).
     pub scale: f32,
     /// `tanh` soft cap of attention logits (Gemma 2).
     pub logit_softcap: Option<f32>,
+    /// Per-head sink logits `[heads]` (gpt-oss): one more column in each softmax, attending
+    /// to nothing, so a head can put its weight nowhere.
+    pub sinks: Option<Array>,
 }
 
 impl ScaledDotProduct {
@@ -27,12 +30,12 @@ impl ScaledDotProduct {
         values: &Array,
         mask: AttentionMask<'_>,
     ) -> Result<Array> {
-        Ok(match self.logit_softcap {
-            None => {
-                mlx::fast::scaled_dot_product_attention(queries, keys, values, self.scale, mask)?
-            }
-            Some(cap) => self.softcapped(queries, keys, values, mask, cap)?,
-        })
+        if self.logit_softcap.is_none() && self.sinks.is_none() {
+            return Ok(mlx::fast::scaled_dot_product_attention(
+                queries, keys, values, self.scale, mask,
+            )?);
+        }
+        self.explicit(queries, keys, values, mask)
     }
 
     /// Each row's queries over its own history, in one op: `queries` is
@@ -45,6 +48,9 @@ impl ScaledDotProduct {
         queries: &Array,
         history: &[RowHistory<'_>],
     ) -> Result<Option<Array>> {
+        if self.sinks.is_some() {
+            return Ok(None);
+        }
         Ok(mlx::fast::rows_attention(
             queries,
             history,
@@ -53,15 +59,9 @@ impl ScaledDotProduct {
         )?)
     }
 
-    /// Attention with `cap · tanh(logits / cap)`, which the fused kernel cannot do.
-    fn softcapped(
-        &self,
-        q: &Array,
-        k: &Array,
-        v: &Array,
-        mask: AttentionMask<'_>,
-        cap: f32,
-    ) -> Result<Array> {
+    /// Attention spelled out, for what the fused kernels cannot do: soft-capped logits
+    /// (`cap · tanh(logits / cap)`) and sink columns.
+    fn explicit(&self, q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Result<Array> {
         let groups = q.dim(1)? / k.dim(1)?.max(1);
         let expand = |a: &Array| -> Result<Array> {
             if groups == 1 {
@@ -74,7 +74,10 @@ impl ScaledDotProduct {
         };
         let (k, v) = (expand(k)?, expand(v)?);
         let logits = q.multiply(self.scale)?.matmul(&k.swap_axes(-1, -2)?)?;
-        let logits = logits.divide(cap)?.tanh()?.multiply(cap)?;
+        let logits = match self.logit_softcap {
+            Some(cap) => logits.divide(cap)?.tanh()?.multiply(cap)?,
+            None => logits,
+        };
         let (queries, keys) = (logits.dim(-2)?, logits.dim(-1)?);
         let logits = match mask {
             AttentionMask::None => logits,
@@ -92,10 +95,20 @@ impl ScaledDotProduct {
             }
             AttentionMask::Array(m) => logits.add(m)?,
         };
-        let probs = logits
-            .astype(Dtype::F32)?
-            .softmax(&[-1], true)?
-            .astype(v.dtype())?;
-        Ok(probs.matmul(&v)?)
+        let logits = logits.astype(Dtype::F32)?;
+        let probs = match &self.sinks {
+            Some(sinks) => {
+                let s = logits.shape();
+                let column = sinks
+                    .astype(Dtype::F32)?
+                    .reshape(&[1, -1, 1, 1])?
+                    .broadcast_to(&[s[0], s[1], s[2], 1])?;
+                mlx::concatenate(&[logits, column], -1)?
+                    .softmax(&[-1], true)?
+                    .slice_axis(-1, 0, keys)?
+            }
+            None => logits.softmax(&[-1], true)?,
+        };
+        Ok(probs.astype(v.dtype())?.matmul(&v)?)
     }
 }

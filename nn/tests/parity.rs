@@ -343,6 +343,12 @@ fn glm4_moe_lite() {
 }
 
 #[test]
+fn gpt_oss() {
+    check_fixture("gpt_oss", "config.json");
+    check_fixture("gpt_oss", "config.transformers4.json");
+}
+
+#[test]
 fn lfm2() {
     check_fixture("lfm2", "config.json");
     check_fixture("lfm2", "config.transformers4.json");

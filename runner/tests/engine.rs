@@ -40,7 +40,18 @@ fn zero_tokens_asked_evaluates_the_prompt_only() {
 #[test]
 fn eight_at_once_equal_each_alone() {
     for name in [
-        "llama", "gemma3", "qwen3_5", "lfm2", "mistral", "mixtral", "gemma2", "olmo2", "phi3",
+        "llama",
+        "gemma3",
+        "qwen3_5",
+        "lfm2",
+        "mistral",
+        "mixtral",
+        "gemma2",
+        "olmo2",
+        "phi3",
+        "deepseek_v3",
+        "glm4_moe_lite",
+        "gpt_oss",
     ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();

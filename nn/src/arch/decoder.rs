@@ -296,6 +296,7 @@ pub fn build_decoder(
             logit_softcap: config.attn_logit_softcapping,
             output_gate: false,
             qk_norm_across_heads: false,
+            sinks: None,
         });
         let feedforward = match &config.moe {
             Some(moe) if moe.is_moe_layer(i) => {

@@ -346,6 +346,7 @@ impl LatentAttention {
             kernel: ScaledDotProduct {
                 scale: c.attention_scale(),
                 logit_softcap: None,
+                sinks: None,
             },
             heads,
             nope,

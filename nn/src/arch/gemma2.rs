@@ -279,6 +279,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         logit_softcap: c.attn_logit_softcapping,
         output_gate: false,
         qk_norm_across_heads: false,
+        sinks: None,
     }))
 }
 

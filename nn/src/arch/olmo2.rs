@@ -239,6 +239,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         logit_softcap: None,
         output_gate: false,
         qk_norm_across_heads: true,
+        sinks: None,
     }))
 }
 

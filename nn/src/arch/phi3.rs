@@ -241,6 +241,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         logit_softcap: None,
         output_gate: false,
         qk_norm_across_heads: false,
+        sinks: None,
     }))
 }
 

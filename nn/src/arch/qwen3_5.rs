@@ -848,6 +848,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         logit_softcap: None,
         output_gate: true,
         qk_norm_across_heads: false,
+        sinks: None,
     }))
 }
 
