@@ -565,6 +565,35 @@ def gpt_oss_config() -> transformers.GptOssConfig:
     )
 
 
+def nemotron_h_config() -> transformers.NemotronHConfig:
+    # Nemotron-H: Mamba-2 mixers (4 heads of 8 sharing 2 groups of a 16-wide state, a 4-tap
+    # convolution with bias, a gated norm in 2 groups), attention without positions, and a
+    # squared-ReLU MLP, each its own block behind one pre-norm.
+    return transformers.NemotronHConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_POSITIONS,
+        intermediate_size=INTERMEDIATE,
+        mlp_hidden_act="relu2",
+        ssm_state_size=16,
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        n_groups=2,
+        conv_kernel=4,
+        use_conv_bias=True,
+        chunk_size=16,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -585,15 +614,16 @@ FIXTURES = {
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
+    "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
-RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next"}
+RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,6 +647,8 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 # The gated norm multiplies by w itself, even in families whose other norms
                 # store offsets from 1.
                 param.uniform_(0.5, 1.5)
+            elif name.endswith("mixer.D"):
+                param.normal_(0.0, 0.5)
             elif name.endswith("A_log"):
                 # Per-head decay rates exp(A_log) in (0.05, 1): the state keeps a real memory
                 # across the prompt instead of forgetting within a token or two.
@@ -715,8 +747,8 @@ def transformers4_config(config: dict) -> dict:
     old = {k: v for k, v in config.items() if k != "rope_parameters"}
     rope = config.get("rope_parameters")
     if rope is None:
-        return old
-    if "full_attention" in rope:
+        pass
+    elif "full_attention" in rope:
         # Gemma 3: one rope per attention kind.
         full, local = rope["full_attention"], rope["sliding_attention"]
         old["rope_theta"] = full["rope_theta"]
@@ -734,6 +766,10 @@ def transformers4_config(config: dict) -> dict:
     if "num_local_experts" in config and config.get("model_type") == "qwen3_moe":
         # Qwen3-MoE's older name; Mixtral's has always been `num_local_experts`.
         old["num_experts"] = old.pop("num_local_experts")
+    if config.get("model_type") == "nemotron_h":
+        # NVIDIA's original spelling: the layer kinds as a pattern string.
+        letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+        old["hybrid_override_pattern"] = "".join(letters[t] for t in old.pop("layers_block_type"))
     if config.get("model_type") == "lfm2":
         # LFM2's original names (transformers 4.54).
         old["block_ff_dim"] = old.pop("intermediate_size")

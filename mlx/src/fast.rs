@@ -217,3 +217,30 @@ pub fn gated_delta_scan(
         )),
     }
 }
+
+/// The Mamba-2 selective state space recurrence over `T` tokens as one CPU kernel: `x`
+/// `[B, T, H, P]`, `dt` `[B, T, H]` (step sizes), `a` `[H]` (negative decay rates), `b` and `c`
+/// `[B, T, G, N]` (each group shared by `H / G` consecutive heads), `state` `[B, H, P, N]`.
+/// Returns the outputs `[B, T, H, P]` (without a `D` skip term) and the state after the last
+/// token, both f32. `None` when the kernel does not apply (a GPU default device, dtypes other
+/// than f32, inconsistent shapes); run the recurrence in ops then.
+pub fn ssd_scan(
+    x: &Array,
+    dt: &Array,
+    a: &Array,
+    b: &Array,
+    c: &Array,
+    state: &Array,
+) -> Result<Option<(Array, Array)>> {
+    let list = ffi::ssd_scan(x.raw(), dt.raw(), a.raw(), b.raw(), c.raw(), state.raw())?;
+    if list.is_null() {
+        return Ok(None);
+    }
+    let mut arrays = crate::list::from_owned_list(list)?.into_iter();
+    match (arrays.next(), arrays.next()) {
+        (Some(y), Some(state)) => Ok(Some((y, state))),
+        _ => Err(crate::Error::Mlx(
+            "ssd scan: expected outputs and a state".into(),
+        )),
+    }
+}

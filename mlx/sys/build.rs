@@ -48,6 +48,7 @@ fn main() {
         .file("shim/attend.cc")
         .file("shim/gated.cc")
         .file("shim/delta.cc")
+        .file("shim/ssd.cc")
         .file("shim/pool.cc")
         .include(&include)
         .include("shim")

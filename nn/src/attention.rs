@@ -32,7 +32,7 @@ pub struct Attention {
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
-    rope: Rope,
+    rope: Option<Rope>,
     num_heads: i32,
     num_kv_heads: i32,
     head_dim: i32,
@@ -55,8 +55,8 @@ pub struct AttentionParts {
     pub q_norm: Option<RmsNorm>,
     /// Per-head norm of keys before rotation.
     pub k_norm: Option<RmsNorm>,
-    /// The rotary embedding.
-    pub rope: Rope,
+    /// The rotary embedding; `None` for attention without positions (Nemotron-H).
+    pub rope: Option<Rope>,
     /// Query heads.
     pub num_heads: i32,
     /// Key/value heads.
@@ -153,9 +153,16 @@ impl Attention {
         };
         let keys = heads(&self.k_proj, self.num_kv_heads, self.k_norm.as_ref())?;
         let values = heads(&self.v_proj, self.num_kv_heads, None)?;
+        let (queries, keys) = match &self.rope {
+            Some(rope) => (
+                rope.forward(&queries, offset)?,
+                rope.forward(&keys, offset)?,
+            ),
+            None => (queries, keys),
+        };
         Ok(Projected {
-            queries: self.rope.forward(&queries, offset)?,
-            keys: self.rope.forward(&keys, offset)?,
+            queries,
+            keys,
             values,
             gate,
         })

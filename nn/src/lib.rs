@@ -11,7 +11,7 @@
 //!   soft-capping, output gates), [`cached_attention`] (each batch row over its own cache),
 //!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
 //!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
-//!   recurrence), [`recurrent_rows`] (recurrent state across batch rows and captures).
+//!   recurrence), [`ssd`] (Mamba-2's state space recurrence), [`recurrent_rows`] (recurrent state across batch rows and captures).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
@@ -43,6 +43,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod sdpa;
 pub mod short_conv;
+pub mod ssd;
 pub mod weights;
 
 pub use config::TextConfig;

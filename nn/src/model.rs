@@ -38,6 +38,8 @@ pub enum LayerState {
         /// Bytes of the state.
         bytes: usize,
     },
+    /// Nothing (a block that only transforms each position, such as an MLP of its own).
+    Stateless,
 }
 
 impl ModelSpec {
@@ -60,6 +62,7 @@ impl ModelSpec {
                     held.saturating_mul(2 * kv_heads * head_dim * 4)
                 }
                 LayerState::Recurrent { bytes } => bytes,
+                LayerState::Stateless => 0,
             })
             .fold(0usize, usize::saturating_add)
     }

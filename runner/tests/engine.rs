@@ -52,6 +52,7 @@ fn eight_at_once_equal_each_alone() {
         "deepseek_v3",
         "glm4_moe_lite",
         "gpt_oss",
+        "nemotron_h",
     ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
@@ -71,7 +72,7 @@ fn eight_at_once_equal_each_alone() {
 /// slices anywhere), and just before each prompt's last token.
 #[test]
 fn alternating_conversations_both_stay_cached() {
-    for name in ["llama", "qwen3_5", "lfm2"] {
+    for name in ["llama", "qwen3_5", "lfm2", "nemotron_h"] {
         let mut engine = engine(name, 64 << 20);
         let system = ids(9, 30);
         let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();

@@ -8,6 +8,7 @@
 #include "mlx-sys/src/lib.rs.h"
 #include "attend.h"
 #include "delta.h"
+#include "ssd.h"
 #include "gated.h"
 #include "pool.h"
 #include "qmv.h"
@@ -576,6 +577,15 @@ std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, cons
                                             const Array& g, const Array& beta,
                                             const Array& state) {
   auto scanned = mlxkit::scan_gated_delta(q, k, v, g, beta, state);
+  if (!scanned) {
+    return nullptr;
+  }
+  return own_list({std::move(scanned->first), std::move(scanned->second)});
+}
+
+std::unique_ptr<ArrayList> ssd_scan(const Array& x, const Array& dt, const Array& a,
+                                    const Array& b, const Array& c, const Array& state) {
+  auto scanned = mlxkit::scan_ssd(x, dt, a, b, c, state);
   if (!scanned) {
     return nullptr;
   }

@@ -209,6 +209,11 @@ std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, cons
                                             const Array& g, const Array& beta,
                                             const Array& state);
 
+// The Mamba-2 scan: a list of [outputs, final state]; null when the CPU kernel does not apply
+// (see ssd.h).
+std::unique_ptr<ArrayList> ssd_scan(const Array& x, const Array& dt, const Array& a,
+                                    const Array& b, const Array& c, const Array& state);
+
 std::unique_ptr<Array> rows_attention(
     const Array& queries,
     const ArrayList& keys,

@@ -367,6 +367,15 @@ pub mod ffi {
             beta: &Array,
             state: &Array,
         ) -> Result<UniquePtr<ArrayList>>;
+        /// `[outputs, final state]`; null when the CPU kernel does not apply.
+        fn ssd_scan(
+            x: &Array,
+            dt: &Array,
+            a: &Array,
+            b: &Array,
+            c: &Array,
+            state: &Array,
+        ) -> Result<UniquePtr<ArrayList>>;
         /// Null when the rows attention kernel does not apply.
         #[allow(clippy::too_many_arguments)]
         fn rows_attention(

@@ -288,7 +288,7 @@ pub fn build_decoder(
             o_proj: weights.linear(&format!("{p}.self_attn.o_proj"), hidden, heads * head_dim)?,
             q_norm: qk_norm(weights, "q_norm")?,
             k_norm: qk_norm(weights, "k_norm")?,
-            rope,
+            rope: Some(rope),
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim,

@@ -419,7 +419,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         o_proj: weights.matrix(&format!("{p}.out_proj"), hidden, heads * head_dim)?,
         q_norm: Some(head_norm(weights, "q_layernorm")?),
         k_norm: Some(head_norm(weights, "k_layernorm")?),
-        rope: rope.clone(),
+        rope: Some(rope.clone()),
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,

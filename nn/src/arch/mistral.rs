@@ -277,7 +277,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
         q_norm: None,
         k_norm: None,
-        rope: rope.clone(),
+        rope: Some(rope.clone()),
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,

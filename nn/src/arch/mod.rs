@@ -8,6 +8,7 @@ pub mod gpt_oss;
 pub mod lfm2;
 pub mod llama;
 pub mod mistral;
+pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;

@@ -231,7 +231,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
         q_norm: Some(norm(weights, "q_norm", heads * head_dim)?),
         k_norm: Some(norm(weights, "k_norm", kv_heads * head_dim)?),
-        rope: rope.clone(),
+        rope: Some(rope.clone()),
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,

@@ -1,0 +1,650 @@
+//! Nemotron-H (NVIDIA): a hybrid of Mamba-2 mixers, attention and MLP blocks.
+//!
+//! Every block is one pre-norm sublayer added to the residual stream: a **Mamba-2 mixer** (most
+//! blocks; see [`crate::ssd`]), grouped-query **attention without positional embeddings** (a
+//! few), or a **squared-ReLU MLP** (`down(relu(up(x))²)`, no gate). The kinds come from
+//! `layers_block_type` (transformers 5) or NVIDIA's `hybrid_override_pattern` string (`M`
+//! Mamba, `*` attention, `-` MLP, `E` experts).
+//!
+//! The mixer projects the input to a gate, the convolution's channels and per-head step
+//! sizes; a short causal convolution (with bias) and SiLU feed the heads' inputs `x` and the
+//! groups' `b` and `c`; the state space scan runs with `dt = max(softplus(dt + dt_bias),
+//! time_step_min)`; its output is gated by `silu(gate)` and then normed per group before the
+//! output projection.
+//!
+//! References: transformers' `models/nemotron_h/modeling_nemotron_h.py` (5.24); NVIDIA,
+//! "Nemotron-H: A Family of Accurate and Efficient Hybrid Mamba-Transformer Models" (2025).
+//! The mixture-of-experts blocks of Nemotron 3 (`E`) are refused by name: their experts are
+//! ungated squared-ReLU MLPs behind a latent projection, not built here yet.
+
+use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
+use mlx::{Array, Dtype};
+use serde_json::Value;
+
+use crate::attention::{Attention, AttentionParts};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
+use crate::config::{Fields, dim, limits, missing};
+use crate::embedding::Embedding;
+use crate::gated_delta::softplus;
+use crate::linear::Linear;
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
+use crate::rms_norm::RmsNorm;
+use crate::short_conv::ShortConv;
+use crate::ssd::{SsdInputs, ssd};
+use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
+
+/// What a block is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Block {
+    /// A Mamba-2 mixer.
+    Mamba,
+    /// Attention.
+    Attention,
+    /// A squared-ReLU MLP.
+    Mlp,
+}
+
+/// The hyperparameters of a Nemotron-H model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `model_type`.
+    pub model_type: String,
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `vocab_size`.
+    pub vocab_size: usize,
+    /// `layer_norm_epsilon`.
+    pub layer_norm_epsilon: f32,
+    /// `max_position_embeddings`.
+    pub max_position_embeddings: usize,
+    /// `tie_word_embeddings`; `None` when silent (no `lm_head` then means tied).
+    pub tie_word_embeddings: Option<bool>,
+    /// The kind of each block.
+    pub blocks: Vec<Block>,
+    /// `num_attention_heads`.
+    pub num_attention_heads: usize,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: usize,
+    /// `head_dim`.
+    pub head_dim: usize,
+    /// `attention_bias`.
+    pub attention_bias: bool,
+    /// `intermediate_size`.
+    pub intermediate_size: usize,
+    /// `mlp_bias`.
+    pub mlp_bias: bool,
+    /// `mamba_num_heads`.
+    pub mamba_num_heads: usize,
+    /// `mamba_head_dim`.
+    pub mamba_head_dim: usize,
+    /// `ssm_state_size`.
+    pub ssm_state_size: usize,
+    /// `n_groups`.
+    pub n_groups: usize,
+    /// `conv_kernel`.
+    pub conv_kernel: usize,
+    /// `use_conv_bias`.
+    pub use_conv_bias: bool,
+    /// `use_bias`: biases on the mixer's projections.
+    pub use_bias: bool,
+    /// `time_step_min`: the smallest step size.
+    pub time_step_min: f32,
+}
+
+impl Config {
+    /// Reads the config.
+    pub fn from_json(config: &Value) -> Result<Config> {
+        let f = Fields::text_section(config);
+        let model_type = f
+            .str("model_type")
+            .ok_or_else(|| missing("model_type"))?
+            .to_string();
+        let blocks = read_blocks(&f)?;
+        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
+        let kv_heads = f
+            .bounded("num_key_value_heads", limits::HEADS)?
+            .unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "{heads} attention heads cannot share {kv_heads} key/value heads"
+            )));
+        }
+        let mamba_heads = f.required_bounded("mamba_num_heads", limits::HEADS)?;
+        let groups = match f.bounded("n_groups", limits::HEADS)? {
+            Some(groups) => groups,
+            None => f.required_bounded("mamba_n_groups", limits::HEADS)?,
+        };
+        if groups == 0 || mamba_heads % groups != 0 {
+            return Err(Error::Config(format!(
+                "{mamba_heads} Mamba heads cannot share {groups} groups"
+            )));
+        }
+        let conv_kernel = match f.bounded("conv_kernel", 64)? {
+            Some(kernel) => kernel,
+            None => f.required_bounded("mamba_d_conv", 64)?,
+        };
+        if conv_kernel < 2 {
+            return Err(Error::Config(format!(
+                "`conv_kernel` = {conv_kernel} leaves no convolution"
+            )));
+        }
+        Ok(Config {
+            model_type,
+            hidden_size: f.required_bounded("hidden_size", limits::HIDDEN)?,
+            vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
+            layer_norm_epsilon: f
+                .f64("layer_norm_epsilon")?
+                .ok_or_else(|| missing("layer_norm_epsilon"))?
+                as f32,
+            max_position_embeddings: f
+                .bounded("max_position_embeddings", limits::POSITIONS)?
+                .ok_or_else(|| missing("max_position_embeddings"))?,
+            tie_word_embeddings: f.bool("tie_word_embeddings")?,
+            blocks,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim: f.required_bounded("head_dim", limits::HIDDEN)?,
+            attention_bias: f.bool("attention_bias")?.unwrap_or(false),
+            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
+            mlp_bias: f.bool("mlp_bias")?.unwrap_or(false),
+            mamba_num_heads: mamba_heads,
+            mamba_head_dim: f.required_bounded("mamba_head_dim", limits::HIDDEN)?,
+            ssm_state_size: f.required_bounded("ssm_state_size", limits::HIDDEN)?,
+            n_groups: groups,
+            conv_kernel,
+            use_conv_bias: match f.bool("use_conv_bias")? {
+                Some(bias) => bias,
+                None => f.bool("mamba_conv_bias")?.unwrap_or(true),
+            },
+            use_bias: f.bool("use_bias")?.unwrap_or(false),
+            time_step_min: match f.f64("time_step_min")? {
+                Some(min) => min,
+                None => f.f64("mamba_dt_min")?.unwrap_or(0.001),
+            } as f32,
+        })
+    }
+
+    /// Width of the heads' inputs: `mamba_num_heads · mamba_head_dim`.
+    fn inner(&self) -> usize {
+        self.mamba_num_heads * self.mamba_head_dim
+    }
+
+    /// Channels of the mixer's convolution: the heads' inputs, then `b` and `c`.
+    fn conv_dim(&self) -> usize {
+        self.inner() + 2 * self.n_groups * self.ssm_state_size
+    }
+
+    fn recurrent_config(&self) -> RecurrentConfig {
+        RecurrentConfig {
+            conv_tail: self.conv_kernel - 1,
+            conv_dim: self.conv_dim(),
+            heads: self.mamba_num_heads,
+            value_dim: self.mamba_head_dim,
+            key_dim: self.ssm_state_size,
+        }
+    }
+
+    /// What the engine needs to know of the model.
+    pub fn spec(&self) -> ModelSpec {
+        let h = self.hidden_size as u64;
+        let mamba = h * (self.inner() + self.conv_dim() + self.mamba_num_heads) as u64
+            + (self.conv_dim() * self.conv_kernel) as u64
+            + self.inner() as u64 * h;
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let attention = 2 * h * q + 2 * h * kv;
+        let mlp = 2 * h * self.intermediate_size as u64;
+        let recurrent = self.recurrent_config();
+        let recurrent_bytes = 4
+            * (recurrent.conv_tail * recurrent.conv_dim
+                + recurrent.heads * recurrent.value_dim * recurrent.key_dim);
+        let embedding = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings == Some(true) {
+            0
+        } else {
+            embedding
+        };
+        ModelSpec {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            context_length: self.max_position_embeddings,
+            parameters: embedding
+                + self
+                    .blocks
+                    .iter()
+                    .map(|block| {
+                        h + match block {
+                            Block::Mamba => mamba,
+                            Block::Attention => attention,
+                            Block::Mlp => mlp,
+                        }
+                    })
+                    .sum::<u64>()
+                + h
+                + head,
+            layers: self
+                .blocks
+                .iter()
+                .map(|block| match block {
+                    Block::Mamba => LayerState::Recurrent {
+                        bytes: recurrent_bytes,
+                    },
+                    Block::Attention => LayerState::Attention {
+                        kv_heads: self.num_key_value_heads,
+                        head_dim: self.head_dim,
+                        window: None,
+                    },
+                    Block::Mlp => LayerState::Stateless,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The block kinds: `layers_block_type` / `layer_types` (either naming), else
+/// `hybrid_override_pattern`.
+fn read_blocks(f: &Fields<'_>) -> Result<Vec<Block>> {
+    let kind = |name: &str| -> Result<Block> {
+        match name {
+            "linear_attention" | "mamba" | "M" => Ok(Block::Mamba),
+            "full_attention" | "attention" | "*" => Ok(Block::Attention),
+            "mlp" | "-" => Ok(Block::Mlp),
+            "moe" | "E" => Err(Error::Config(
+                "Nemotron-H mixture-of-experts blocks are not supported yet".into(),
+            )),
+            other => Err(Error::Config(format!(
+                "unsupported Nemotron-H block `{other}`"
+            ))),
+        }
+    };
+    let blocks = match f.get("layers_block_type").or_else(|| f.get("layer_types")) {
+        Some(list) => list
+            .as_array()
+            .ok_or_else(|| Error::Config("`layers_block_type` must be a list".into()))?
+            .iter()
+            .map(|t| kind(t.as_str().unwrap_or_default()))
+            .collect::<Result<Vec<_>>>()?,
+        None => {
+            let pattern = f
+                .str("hybrid_override_pattern")
+                .ok_or_else(|| missing("layers_block_type"))?;
+            let mut letter = [0u8; 4];
+            pattern
+                .chars()
+                .map(|c| kind(c.encode_utf8(&mut letter)))
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    if blocks.is_empty() || blocks.len() > limits::LAYERS {
+        return Err(Error::Config(format!(
+            "`layers_block_type` lists {} blocks",
+            blocks.len()
+        )));
+    }
+    Ok(blocks)
+}
+
+/// A Mamba-2 mixer (`mixer` of an `M` block).
+struct Mamba2Mixer {
+    in_proj: Linear,
+    conv1d: ShortConv,
+    dt_bias: Array,
+    /// `−exp(A_log)`, f32.
+    a: Array,
+    /// The skip weights `D`.
+    d: Array,
+    /// The gated norm's weight, applied per group.
+    norm: Array,
+    out_proj: Linear,
+    heads: i32,
+    head_dim: i32,
+    groups: i32,
+    state: i32,
+    eps: f32,
+    time_step_min: f32,
+}
+
+impl Mamba2Mixer {
+    fn new(c: &Config, weights: &mut Weights, p: &str) -> Result<Mamba2Mixer> {
+        let hidden = dim(c.hidden_size, "hidden_size")?;
+        let heads = dim(c.mamba_num_heads, "mamba_num_heads")?;
+        let inner = dim(c.inner(), "Mamba inner width")?;
+        let conv_dim = dim(c.conv_dim(), "Mamba convolution channels")?;
+        let kernel = dim(c.conv_kernel, "conv_kernel")?;
+        let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
+            if c.use_bias {
+                weights.linear(&format!("{p}.{name}"), out, inp)
+            } else {
+                weights.matrix(&format!("{p}.{name}"), out, inp)
+            }
+        };
+        let conv_bias = if c.use_conv_bias {
+            Some(weights.dense(&format!("{p}.conv1d.bias"), &[conv_dim])?)
+        } else {
+            None
+        };
+        let conv_weight = weights.dense(&format!("{p}.conv1d.weight"), &[conv_dim, 1, kernel])?;
+        Ok(Mamba2Mixer {
+            in_proj: projection(weights, "in_proj", inner + conv_dim + heads, hidden)?,
+            conv1d: ShortConv::from_torch(&conv_weight, conv_dim)?.with_bias(conv_bias),
+            dt_bias: weights.dense(&format!("{p}.dt_bias"), &[heads])?,
+            a: weights
+                .dense(&format!("{p}.A_log"), &[heads])?
+                .astype(Dtype::F32)?
+                .exp()?
+                .negative()?,
+            d: weights.dense(&format!("{p}.D"), &[heads])?,
+            norm: weights.dense(&format!("{p}.norm.weight"), &[inner])?,
+            out_proj: projection(weights, "out_proj", hidden, inner)?,
+            heads,
+            head_dim: dim(c.mamba_head_dim, "mamba_head_dim")?,
+            groups: dim(c.n_groups, "n_groups")?,
+            state: dim(c.ssm_state_size, "ssm_state_size")?,
+            eps: c.layer_norm_epsilon,
+            time_step_min: c.time_step_min,
+        })
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.in_proj.collect_arrays(out);
+        self.conv1d.collect_arrays(out);
+        out.extend([
+            self.dt_bias.clone(),
+            self.a.clone(),
+            self.d.clone(),
+            self.norm.clone(),
+        ]);
+        self.out_proj.collect_arrays(out);
+    }
+
+    fn forward(
+        &self,
+        x: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layer: usize,
+    ) -> Result<Array> {
+        split_at_captures(x, caches, layer, |piece, caches| {
+            self.forward_piece(piece, caches, layer)
+        })
+    }
+
+    fn forward_piece(
+        &self,
+        x: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layer: usize,
+    ) -> Result<Array> {
+        let shape = x.shape();
+        let (rows, tokens) = (shape[0], shape[1]);
+        let inner = self.heads * self.head_dim;
+        let group_width = self.groups * self.state;
+        let projected = self.in_proj.forward(x)?;
+        let mut parts = projected
+            .split_at(&[inner, inner + inner + 2 * group_width], -1)?
+            .into_iter();
+        let (Some(gate), Some(channels), Some(dt)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Error::InvalidInput(
+                "Mamba mixer: the projection did not split".into(),
+            ));
+        };
+        let tail = conv_tails(caches, layer, x.dtype())?;
+        let state = recurrent_states(caches, layer)?;
+        let (convolved, tail) = self.conv1d.forward(&channels, &tail)?;
+        let convolved = convolved.silu()?;
+        let mut streams = convolved
+            .split_at(&[inner, inner + group_width], -1)?
+            .into_iter();
+        let (Some(heads_in), Some(b), Some(c)) = (streams.next(), streams.next(), streams.next())
+        else {
+            return Err(Error::InvalidInput(
+                "Mamba mixer: the convolution output did not split".into(),
+            ));
+        };
+        let dt = softplus(
+            &dt.astype(Dtype::F32)?
+                .add(&self.dt_bias.astype(Dtype::F32)?)?,
+        )?
+        .maximum(self.time_step_min)?;
+        let (y, state) = ssd(
+            &SsdInputs {
+                x: &heads_in.reshape(&[rows, tokens, self.heads, self.head_dim])?,
+                dt: &dt,
+                b: &b.reshape(&[rows, tokens, self.groups, self.state])?,
+                c: &c.reshape(&[rows, tokens, self.groups, self.state])?,
+            },
+            &self.a,
+            &self.d,
+            &state,
+        )?;
+        store(caches, layer, &tail, Some(&state), tokens as usize)?;
+
+        // Gate first, then norm each group: `norm(y · silu(gate))`.
+        let gated = y.reshape(&[rows, tokens, inner])?.multiply(&gate.silu()?)?;
+        let normed = mlx::fast::rms_norm(
+            &gated.reshape(&[rows, tokens, self.groups, inner / self.groups])?,
+            None,
+            self.eps,
+        )?
+        .reshape(&[rows, tokens, inner])?
+        .multiply(&self.norm)?;
+        self.out_proj.forward(&normed)
+    }
+}
+
+/// The squared-ReLU MLP of a `-` block.
+struct Relu2Mlp {
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Relu2Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let up = self.up_proj.forward(x)?.maximum(0.0)?;
+        self.down_proj.forward(&up.square()?)
+    }
+}
+
+/// A block's sublayer.
+enum Mixer {
+    Mamba(Box<Mamba2Mixer>),
+    Attention(Box<Attention>),
+    Mlp(Box<Relu2Mlp>),
+}
+
+/// One block: `norm` → mixer, added to the residual stream.
+struct NemotronHBlock {
+    norm: RmsNorm,
+    mixer: Mixer,
+}
+
+/// A Nemotron-H model.
+pub struct NemotronH {
+    spec: ModelSpec,
+    config: Config,
+    embeddings: Embedding,
+    layers: Vec<NemotronHBlock>,
+    norm_f: RmsNorm,
+    lm_head: Linear,
+}
+
+impl NemotronH {
+    /// Builds the model from its weights (`backbone.layers.N.mixer.…`, as NVIDIA and
+    /// transformers save them).
+    pub fn new(config: Config, weights: &mut Weights) -> Result<NemotronH> {
+        let hidden = dim(config.hidden_size, "hidden_size")?;
+        let vocab = dim(config.vocab_size, "vocab_size")?;
+        let eps = config.layer_norm_epsilon;
+        let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
+        };
+        let embed_name = "backbone.embeddings.weight";
+        let embed_weight = weights.weight(embed_name)?;
+        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
+        let embeddings = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+
+        let mut layers = Vec::with_capacity(config.blocks.len());
+        for (i, block) in config.blocks.iter().enumerate() {
+            let p = format!("backbone.layers.{i}");
+            let mixer = match block {
+                Block::Mamba => Mixer::Mamba(Box::new(Mamba2Mixer::new(
+                    &config,
+                    weights,
+                    &format!("{p}.mixer"),
+                )?)),
+                Block::Attention => Mixer::Attention(Box::new(attention(
+                    &config,
+                    weights,
+                    &format!("{p}.mixer"),
+                )?)),
+                Block::Mlp => {
+                    let inter = dim(config.intermediate_size, "intermediate_size")?;
+                    let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
+                        if config.mlp_bias {
+                            weights.linear(&format!("{p}.mixer.{name}"), out, inp)
+                        } else {
+                            weights.matrix(&format!("{p}.mixer.{name}"), out, inp)
+                        }
+                    };
+                    Mixer::Mlp(Box::new(Relu2Mlp {
+                        up_proj: projection(weights, "up_proj", inter, hidden)?,
+                        down_proj: projection(weights, "down_proj", hidden, inter)?,
+                    }))
+                }
+            };
+            layers.push(NemotronHBlock {
+                norm: norm(weights, &format!("{p}.norm.weight"))?,
+                mixer,
+            });
+        }
+        let norm_f = norm(weights, "backbone.norm_f.weight")?;
+        let tied = config
+            .tie_word_embeddings
+            .unwrap_or(!weights.contains("lm_head.weight"));
+        let lm_head = if tied {
+            embeddings.as_linear()
+        } else {
+            weights.linear("lm_head", vocab, hidden)?
+        };
+        Ok(NemotronH {
+            spec: config.spec(),
+            config,
+            embeddings,
+            layers,
+            norm_f,
+            lm_head,
+        })
+    }
+}
+
+/// The attention of a `*` block: grouped-query, no positional embedding.
+fn attention(c: &Config, weights: &mut Weights, p: &str) -> Result<Attention> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let heads = dim(c.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
+    let head_dim = dim(c.head_dim, "head_dim")?;
+    let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
+        if c.attention_bias {
+            weights.linear(&format!("{p}.{name}"), out, inp)
+        } else {
+            weights.matrix(&format!("{p}.{name}"), out, inp)
+        }
+    };
+    Ok(Attention::new(AttentionParts {
+        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
+        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
+        q_norm: None,
+        k_norm: None,
+        rope: None,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        logit_softcap: None,
+        output_gate: false,
+        qk_norm_across_heads: false,
+        sinks: None,
+    }))
+}
+
+impl Model for NemotronH {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// A Mamba layer's state cannot rewind past a forward; `slack` only concerns sliding
+    /// windows, which this family has none of. MLP blocks keep nothing.
+    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        let recurrent = self.config.recurrent_config();
+        self.layers
+            .iter()
+            .map(|layer| {
+                Ok(match layer.mixer {
+                    Mixer::Mamba(_) => Some(LayerCache::Recurrent(RecurrentCache::new(recurrent)?)),
+                    Mixer::Attention(_) => Some(LayerCache::Kv(KvCache::new())),
+                    Mixer::Mlp(_) => None,
+                })
+            })
+            .collect()
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let mut h = self.embeddings.forward(&batch.tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let x = layer.norm.forward(&h)?;
+            let mixed = match &layer.mixer {
+                Mixer::Mamba(mixer) => mixer.forward(&x, caches, i)?,
+                Mixer::Attention(attention) => {
+                    let projected = attention.project(&x, positions.rope())?;
+                    attend_cached(
+                        attention,
+                        &projected,
+                        caches,
+                        i,
+                        &batch.positions,
+                        LogicalMask::Causal,
+                    )?
+                }
+                Mixer::Mlp(mlp) => mlp.forward(&x)?,
+            };
+            h = h.add(&mixed)?;
+        }
+        Ok(Forward {
+            hidden: self.norm_f.forward(&h)?,
+            conditioning: None,
+        })
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.lm_head.forward(hidden)
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embeddings.collect_arrays(&mut out);
+        for layer in &self.layers {
+            layer.norm.collect_arrays(&mut out);
+            match &layer.mixer {
+                Mixer::Mamba(mixer) => mixer.collect_arrays(&mut out),
+                Mixer::Attention(attention) => attention.collect_arrays(&mut out),
+                Mixer::Mlp(mlp) => {
+                    mlp.up_proj.collect_arrays(&mut out);
+                    mlp.down_proj.collect_arrays(&mut out);
+                }
+            }
+        }
+        self.norm_f.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
+}
