@@ -594,6 +594,44 @@ def nemotron_h_config() -> transformers.NemotronHConfig:
     )
 
 
+def granitemoehybrid_config() -> transformers.GraniteMoeHybridConfig:
+    # Granite 4 hybrid: Mamba-2 mixers and rope-less attention, each layer followed by a
+    # mixture of experts (top-2 of 4, softmax over the top-2) beside a shared MLP; muP
+    # multipliers on the embeddings (12), the residual branches (0.22), the attention logits
+    # (1/8 instead of head_dim^-1/2) and the output logits (divided by 4).
+    return transformers.GraniteMoeHybridConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=32,
+        shared_intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.125,
+        logits_scaling=4.0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        position_embedding_type="nope",
+        layer_types=["mamba", "attention", "mamba"],
+        mamba_n_heads=4,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_d_head=32,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_conv_bias=True,
+        mamba_proj_bias=False,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -615,15 +653,16 @@ FIXTURES = {
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
     "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
+    "granitemoehybrid": (granitemoehybrid_config, transformers.GraniteMoeHybridForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
-RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"}
+RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granitemoehybrid"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,7 +686,7 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 # The gated norm multiplies by w itself, even in families whose other norms
                 # store offsets from 1.
                 param.uniform_(0.5, 1.5)
-            elif name.endswith("mixer.D"):
+            elif name.endswith("mixer.D") or name.endswith("mamba.D"):
                 param.normal_(0.0, 0.5)
             elif name.endswith("A_log"):
                 # Per-head decay rates exp(A_log) in (0.05, 1): the state keeps a real memory
@@ -670,7 +709,11 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 param.normal_(0.0, 0.1)
             elif name.endswith("sinks"):
                 param.normal_(0.0, 1.0)
-            elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
+            elif (
+                name.endswith("mlp.gate.weight")
+                or name.endswith("mlp.router.weight")
+                or name.endswith("block_sparse_moe.router.weight")
+            ):
                 # MoE router: wide logits so top-k choices are separated by clear margins.
                 param.normal_(0.0, 0.5)
             else:
@@ -705,7 +748,11 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
     A near-tie could make another implementation pick different experts within f32 rounding,
     which would be a flaky test rather than a bug; the fixture is only accepted with a clear gap.
     """
-    routers = [m for n, m in model.named_modules() if n.endswith("mlp.gate") or n.endswith("mlp.router")]
+    routers = [
+        m
+        for n, m in model.named_modules()
+        if n.endswith("mlp.gate") or n.endswith("mlp.router") or n.endswith("block_sparse_moe.router")
+    ]
     if not routers:
         return None
     k = model.config.num_experts_per_tok

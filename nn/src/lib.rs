@@ -11,7 +11,7 @@
 //!   soft-capping, output gates), [`cached_attention`] (each batch row over its own cache),
 //!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
 //!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
-//!   recurrence), [`ssd`] (Mamba-2's state space recurrence), [`recurrent_rows`] (recurrent state across batch rows and captures).
+//!   recurrence), [`ssd`] (Mamba-2's state space recurrence), [`mamba2`] (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
@@ -34,6 +34,7 @@ pub mod layer_norm;
 pub mod limited_vocabulary;
 pub mod linear;
 pub mod load;
+pub mod mamba2;
 pub mod mlp;
 pub mod model;
 pub mod moe;

@@ -8,8 +8,8 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    deepseek_v3, gemma2, gemma3, gpt_oss, lfm2, llama, mistral, nemotron_h, olmo2, phi3, qwen2,
-    qwen3, qwen3_5, qwen3_moe,
+    deepseek_v3, gemma2, gemma3, gpt_oss, granitemoehybrid, lfm2, llama, mistral, nemotron_h,
+    olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, TextConfig, missing};
 use crate::model::{Model, ModelSpec};
@@ -134,6 +134,16 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(nemotron_h::NemotronH::new(
                 nemotron_h::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["granitemoehybrid", "GraniteMoeHybridForCausalLM"],
+        describe: |config| Ok(granitemoehybrid::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(granitemoehybrid::GraniteMoeHybrid::new(
+                granitemoehybrid::Config::from_json(config)?,
                 weights,
             )?))
         },

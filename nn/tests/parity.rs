@@ -360,6 +360,13 @@ fn nemotron_h() {
 }
 
 #[test]
+fn granitemoehybrid() {
+    check_fixture("granitemoehybrid", "config.json");
+    check_fixture("granitemoehybrid", "config.transformers4.json");
+    check_capture_and_restore("granitemoehybrid");
+}
+
+#[test]
 fn lfm2() {
     check_fixture("lfm2", "config.json");
     check_fixture("lfm2", "config.transformers4.json");

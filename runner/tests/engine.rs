@@ -53,6 +53,7 @@ fn eight_at_once_equal_each_alone() {
         "glm4_moe_lite",
         "gpt_oss",
         "nemotron_h",
+        "granitemoehybrid",
     ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();

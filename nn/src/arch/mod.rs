@@ -5,6 +5,7 @@ pub mod deepseek_v3;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gpt_oss;
+pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod llama;
 pub mod mistral;

@@ -1,37 +1,28 @@
 //! Nemotron-H (NVIDIA): a hybrid of Mamba-2 mixers, attention and MLP blocks.
 //!
 //! Every block is one pre-norm sublayer added to the residual stream: a **Mamba-2 mixer** (most
-//! blocks; see [`crate::ssd`]), grouped-query **attention without positional embeddings** (a
+//! blocks; see [`crate::mamba2`]), grouped-query **attention without positional embeddings** (a
 //! few), or a **squared-ReLU MLP** (`down(relu(up(x))²)`, no gate). The kinds come from
 //! `layers_block_type` (transformers 5) or NVIDIA's `hybrid_override_pattern` string (`M`
 //! Mamba, `*` attention, `-` MLP, `E` experts).
-//!
-//! The mixer projects the input to a gate, the convolution's channels and per-head step
-//! sizes; a short causal convolution (with bias) and SiLU feed the heads' inputs `x` and the
-//! groups' `b` and `c`; the state space scan runs with `dt = max(softplus(dt + dt_bias),
-//! time_step_min)`; its output is gated by `silu(gate)` and then normed per group before the
-//! output projection.
 //!
 //! References: transformers' `models/nemotron_h/modeling_nemotron_h.py` (5.24); NVIDIA,
 //! "Nemotron-H: A Family of Accurate and Efficient Hybrid Mamba-Transformer Models" (2025).
 //! The mixture-of-experts blocks of Nemotron 3 (`E`) are refused by name: their experts are
 //! ungated squared-ReLU MLPs behind a latent projection, not built here yet.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
-use mlx::{Array, Dtype};
+use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache};
+use mlx::Array;
 use serde_json::Value;
 
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
 use crate::config::{Fields, dim, limits, missing};
 use crate::embedding::Embedding;
-use crate::gated_delta::softplus;
 use crate::linear::Linear;
+use crate::mamba2::{Mamba2Config, Mamba2Mixer};
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
-use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
-use crate::short_conv::ShortConv;
-use crate::ssd::{SsdInputs, ssd};
 use crate::weights::{Weights, check_matrix};
 use crate::{Error, Result};
 
@@ -116,21 +107,11 @@ impl Config {
             Some(groups) => groups,
             None => f.required_bounded("mamba_n_groups", limits::HEADS)?,
         };
-        if groups == 0 || mamba_heads % groups != 0 {
-            return Err(Error::Config(format!(
-                "{mamba_heads} Mamba heads cannot share {groups} groups"
-            )));
-        }
         let conv_kernel = match f.bounded("conv_kernel", 64)? {
             Some(kernel) => kernel,
             None => f.required_bounded("mamba_d_conv", 64)?,
         };
-        if conv_kernel < 2 {
-            return Err(Error::Config(format!(
-                "`conv_kernel` = {conv_kernel} leaves no convolution"
-            )));
-        }
-        Ok(Config {
+        let config = Config {
             model_type,
             hidden_size: f.required_bounded("hidden_size", limits::HIDDEN)?,
             vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
@@ -163,43 +144,37 @@ impl Config {
                 Some(min) => min,
                 None => f.f64("mamba_dt_min")?.unwrap_or(0.001),
             } as f32,
-        })
+        };
+        config.mamba().check()?;
+        Ok(config)
     }
 
-    /// Width of the heads' inputs: `mamba_num_heads · mamba_head_dim`.
-    fn inner(&self) -> usize {
-        self.mamba_num_heads * self.mamba_head_dim
-    }
-
-    /// Channels of the mixer's convolution: the heads' inputs, then `b` and `c`.
-    fn conv_dim(&self) -> usize {
-        self.inner() + 2 * self.n_groups * self.ssm_state_size
-    }
-
-    fn recurrent_config(&self) -> RecurrentConfig {
-        RecurrentConfig {
-            conv_tail: self.conv_kernel - 1,
-            conv_dim: self.conv_dim(),
+    /// The Mamba-2 mixers' sizes and settings.
+    pub fn mamba(&self) -> Mamba2Config {
+        Mamba2Config {
+            hidden_size: self.hidden_size,
             heads: self.mamba_num_heads,
-            value_dim: self.mamba_head_dim,
-            key_dim: self.ssm_state_size,
+            head_dim: self.mamba_head_dim,
+            groups: self.n_groups,
+            state_size: self.ssm_state_size,
+            conv_kernel: self.conv_kernel,
+            conv_bias: self.use_conv_bias,
+            projection_bias: self.use_bias,
+            norm_eps: self.layer_norm_epsilon,
+            // The reference clamps below only, at `time_step_min`.
+            dt_limit: (self.time_step_min, f32::INFINITY),
         }
     }
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
         let h = self.hidden_size as u64;
-        let mamba = h * (self.inner() + self.conv_dim() + self.mamba_num_heads) as u64
-            + (self.conv_dim() * self.conv_kernel) as u64
-            + self.inner() as u64 * h;
+        let mamba = self.mamba().parameters();
         let q = (self.num_attention_heads * self.head_dim) as u64;
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let attention = 2 * h * q + 2 * h * kv;
         let mlp = 2 * h * self.intermediate_size as u64;
-        let recurrent = self.recurrent_config();
-        let recurrent_bytes = 4
-            * (recurrent.conv_tail * recurrent.conv_dim
-                + recurrent.heads * recurrent.value_dim * recurrent.key_dim);
+        let recurrent_bytes = self.mamba().recurrent_bytes();
         let embedding = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings == Some(true) {
             0
@@ -286,154 +261,6 @@ fn read_blocks(f: &Fields<'_>) -> Result<Vec<Block>> {
     Ok(blocks)
 }
 
-/// A Mamba-2 mixer (`mixer` of an `M` block).
-struct Mamba2Mixer {
-    in_proj: Linear,
-    conv1d: ShortConv,
-    dt_bias: Array,
-    /// `−exp(A_log)`, f32.
-    a: Array,
-    /// The skip weights `D`.
-    d: Array,
-    /// The gated norm's weight, applied per group.
-    norm: Array,
-    out_proj: Linear,
-    heads: i32,
-    head_dim: i32,
-    groups: i32,
-    state: i32,
-    eps: f32,
-    time_step_min: f32,
-}
-
-impl Mamba2Mixer {
-    fn new(c: &Config, weights: &mut Weights, p: &str) -> Result<Mamba2Mixer> {
-        let hidden = dim(c.hidden_size, "hidden_size")?;
-        let heads = dim(c.mamba_num_heads, "mamba_num_heads")?;
-        let inner = dim(c.inner(), "Mamba inner width")?;
-        let conv_dim = dim(c.conv_dim(), "Mamba convolution channels")?;
-        let kernel = dim(c.conv_kernel, "conv_kernel")?;
-        let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-            if c.use_bias {
-                weights.linear(&format!("{p}.{name}"), out, inp)
-            } else {
-                weights.matrix(&format!("{p}.{name}"), out, inp)
-            }
-        };
-        let conv_bias = if c.use_conv_bias {
-            Some(weights.dense(&format!("{p}.conv1d.bias"), &[conv_dim])?)
-        } else {
-            None
-        };
-        let conv_weight = weights.dense(&format!("{p}.conv1d.weight"), &[conv_dim, 1, kernel])?;
-        Ok(Mamba2Mixer {
-            in_proj: projection(weights, "in_proj", inner + conv_dim + heads, hidden)?,
-            conv1d: ShortConv::from_torch(&conv_weight, conv_dim)?.with_bias(conv_bias),
-            dt_bias: weights.dense(&format!("{p}.dt_bias"), &[heads])?,
-            a: weights
-                .dense(&format!("{p}.A_log"), &[heads])?
-                .astype(Dtype::F32)?
-                .exp()?
-                .negative()?,
-            d: weights.dense(&format!("{p}.D"), &[heads])?,
-            norm: weights.dense(&format!("{p}.norm.weight"), &[inner])?,
-            out_proj: projection(weights, "out_proj", hidden, inner)?,
-            heads,
-            head_dim: dim(c.mamba_head_dim, "mamba_head_dim")?,
-            groups: dim(c.n_groups, "n_groups")?,
-            state: dim(c.ssm_state_size, "ssm_state_size")?,
-            eps: c.layer_norm_epsilon,
-            time_step_min: c.time_step_min,
-        })
-    }
-
-    fn collect_arrays(&self, out: &mut Vec<Array>) {
-        self.in_proj.collect_arrays(out);
-        self.conv1d.collect_arrays(out);
-        out.extend([
-            self.dt_bias.clone(),
-            self.a.clone(),
-            self.d.clone(),
-            self.norm.clone(),
-        ]);
-        self.out_proj.collect_arrays(out);
-    }
-
-    fn forward(
-        &self,
-        x: &Array,
-        caches: &mut [&mut [Option<LayerCache>]],
-        layer: usize,
-    ) -> Result<Array> {
-        split_at_captures(x, caches, layer, |piece, caches| {
-            self.forward_piece(piece, caches, layer)
-        })
-    }
-
-    fn forward_piece(
-        &self,
-        x: &Array,
-        caches: &mut [&mut [Option<LayerCache>]],
-        layer: usize,
-    ) -> Result<Array> {
-        let shape = x.shape();
-        let (rows, tokens) = (shape[0], shape[1]);
-        let inner = self.heads * self.head_dim;
-        let group_width = self.groups * self.state;
-        let projected = self.in_proj.forward(x)?;
-        let mut parts = projected
-            .split_at(&[inner, inner + inner + 2 * group_width], -1)?
-            .into_iter();
-        let (Some(gate), Some(channels), Some(dt)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(Error::InvalidInput(
-                "Mamba mixer: the projection did not split".into(),
-            ));
-        };
-        let tail = conv_tails(caches, layer, x.dtype())?;
-        let state = recurrent_states(caches, layer)?;
-        let (convolved, tail) = self.conv1d.forward(&channels, &tail)?;
-        let convolved = convolved.silu()?;
-        let mut streams = convolved
-            .split_at(&[inner, inner + group_width], -1)?
-            .into_iter();
-        let (Some(heads_in), Some(b), Some(c)) = (streams.next(), streams.next(), streams.next())
-        else {
-            return Err(Error::InvalidInput(
-                "Mamba mixer: the convolution output did not split".into(),
-            ));
-        };
-        let dt = softplus(
-            &dt.astype(Dtype::F32)?
-                .add(&self.dt_bias.astype(Dtype::F32)?)?,
-        )?
-        .maximum(self.time_step_min)?;
-        let (y, state) = ssd(
-            &SsdInputs {
-                x: &heads_in.reshape(&[rows, tokens, self.heads, self.head_dim])?,
-                dt: &dt,
-                b: &b.reshape(&[rows, tokens, self.groups, self.state])?,
-                c: &c.reshape(&[rows, tokens, self.groups, self.state])?,
-            },
-            &self.a,
-            &self.d,
-            &state,
-        )?;
-        store(caches, layer, &tail, Some(&state), tokens as usize)?;
-
-        // Gate first, then norm each group: `norm(y · silu(gate))`.
-        let gated = y.reshape(&[rows, tokens, inner])?.multiply(&gate.silu()?)?;
-        let normed = mlx::fast::rms_norm(
-            &gated.reshape(&[rows, tokens, self.groups, inner / self.groups])?,
-            None,
-            self.eps,
-        )?
-        .reshape(&[rows, tokens, inner])?
-        .multiply(&self.norm)?;
-        self.out_proj.forward(&normed)
-    }
-}
-
 /// The squared-ReLU MLP of a `-` block.
 struct Relu2Mlp {
     up_proj: Linear,
@@ -490,7 +317,7 @@ impl NemotronH {
             let p = format!("backbone.layers.{i}");
             let mixer = match block {
                 Block::Mamba => Mixer::Mamba(Box::new(Mamba2Mixer::new(
-                    &config,
+                    &config.mamba(),
                     weights,
                     &format!("{p}.mixer"),
                 )?)),
@@ -579,7 +406,7 @@ impl Model for NemotronH {
     /// A Mamba layer's state cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of. MLP blocks keep nothing.
     fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let recurrent = self.config.recurrent_config();
+        let recurrent = self.config.mamba().recurrent();
         self.layers
             .iter()
             .map(|layer| {
