@@ -449,6 +449,12 @@ fn run(command: Command) -> Result<()> {
             println!("    format              {:?}", m.format);
             println!("    size                {}", human_bytes(m.size()));
             println!("    source              {}", m.source);
+            if !m.details.capabilities.is_empty() {
+                println!(
+                    "    capabilities        {}",
+                    m.details.capabilities.join(", ")
+                );
+            }
             if let Some(draft) = &m.draft {
                 println!("    draft model         {draft}");
             }

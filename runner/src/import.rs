@@ -62,6 +62,14 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         source,
     };
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
+    // The chat template, when the checkpoint carries a readable tokenizer.
+    let tokenizer = match checkpoint.format() {
+        quant::Format::Gguf => tokenizer::Tokenizer::from_gguf_file(path),
+        quant::Format::Safetensors => tokenizer::Tokenizer::from_hf_dir(path),
+    };
+    let template = tokenizer
+        .ok()
+        .and_then(|t| t.chat_template().map(str::to_string));
     let format = match checkpoint.format() {
         quant::Format::Gguf => Format::Gguf,
         quant::Format::Safetensors => Format::Safetensors,
@@ -99,6 +107,7 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
             parameter_size: human_count(spec.parameters),
             quantization_level: quantization,
             context_length: spec.context_length,
+            capabilities: crate::capabilities::of_template(template.as_deref()),
         },
     ))
 }

@@ -10,6 +10,7 @@
 //! - [`server`]: Ollama's and OpenAI's HTTP APIs.
 //! - [`cli`]: the `mlxkit` commands.
 
+pub mod capabilities;
 pub mod cli;
 pub mod engine;
 pub mod export;

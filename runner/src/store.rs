@@ -98,6 +98,10 @@ pub struct Details {
     pub quantization_level: String,
     /// The context length.
     pub context_length: usize,
+    /// What it can be asked to do (see [`crate::capabilities`]); empty in manifests written
+    /// before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
 
 /// Which blobs make up a model, and the settings it was created with.

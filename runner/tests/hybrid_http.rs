@@ -202,3 +202,32 @@ fn speculation_on_a_hybrid_decodes_plainly() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["eval_count"], 8, "{reply}");
 }
+
+/// `show` reports what the model can be asked to do, from its chat template: this one renders
+/// no tools and no reasoning; a copy created with a template that does, offers both.
+#[test]
+fn show_reports_capabilities_from_the_template() {
+    let (status, show) = post(server(), "/api/show", json!({ "model": MODEL }));
+    assert_eq!(status, 200, "{show}");
+    assert_eq!(show["capabilities"], json!(["completion"]), "{show}");
+    assert_eq!(show["details"]["family"], "qwen3_5_text");
+
+    let template =
+        format!("{{% if tools %}}{{{{ tools | tojson }}}}{{% endif %}}<think>{TEMPLATE}");
+    let (status, reply) = post(
+        server(),
+        "/api/create",
+        json!({ "model": "tiny-hybrid:tools", "from": MODEL, "template": template, "stream": false }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let (_, show) = post(
+        server(),
+        "/api/show",
+        json!({ "model": "tiny-hybrid:tools" }),
+    );
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "tools", "thinking"]),
+        "{show}"
+    );
+}

@@ -127,6 +127,15 @@ pub async fn show(
                 "context_length": m.details.context_length,
             })
         });
+    // An overridden template decides; else what was recorded at import; else the loaded
+    // tokenizer's template (manifests written before capabilities were recorded).
+    let capabilities = match (&m.template, m.details.capabilities.is_empty()) {
+        (Some(own), _) => crate::capabilities::of_template(Some(own)),
+        (None, false) => m.details.capabilities.clone(),
+        (None, true) => {
+            crate::capabilities::of_template(Some(template.as_str()).filter(|t| !t.is_empty()))
+        }
+    };
     Ok(Json(json!({
         "modelfile": modelfile,
         "parameters": parameters,
@@ -134,7 +143,7 @@ pub async fn show(
         "system": m.system.clone().unwrap_or_default(),
         "details": details_json(m),
         "model_info": model_info,
-        "capabilities": ["completion", "tools"],
+        "capabilities": capabilities,
         "modified_at": rfc3339(entry.modified),
     })))
 }
