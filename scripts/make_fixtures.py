@@ -632,6 +632,78 @@ def granitemoehybrid_config() -> transformers.GraniteMoeHybridConfig:
     )
 
 
+def mistral3_config() -> transformers.Mistral3Config:
+    # Mistral 3 (Mistral Small 3.1 style): a Mistral text decoder inside a multimodal
+    # checkpoint, with a tiny Pixtral vision tower and projector whose weights a text-only
+    # load sets aside; weights under `model.language_model.` and `lm_head`.
+    text = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000000.0},
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    vision = transformers.PixtralVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        head_dim=16,
+    )
+    config = transformers.Mistral3Config(
+        vision_config=vision, text_config=text, tie_word_embeddings=False
+    )
+    config.bos_token_id = 1
+    return config
+
+
+def llama4_config() -> transformers.Llama4TextConfig:
+    # Llama 4 text: layers 0-2 turn queries and keys in interleaved pairs, normalize them and
+    # attend within chunks of 8 positions (under the 24-token prompt); layer 3 has no
+    # positions and tunes its query temperature (floor_scale 4, attn_scale 0.5, so it changes
+    # within the prompt); layers 1 and 3 route each token to 2 of 4 experts, scaling their
+    # inputs by the router's sigmoid, beside a shared expert; the others are dense and wider.
+    return transformers.Llama4TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=32,
+        intermediate_size_mlp=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        interleave_moe_layer_step=2,
+        use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        no_rope_layer_interval=4,
+        attention_chunk_size=8,
+        attn_temperature_tuning=True,
+        floor_scale=4,
+        attn_scale=0.5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -654,6 +726,8 @@ FIXTURES = {
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
     "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
     "granitemoehybrid": (granitemoehybrid_config, transformers.GraniteMoeHybridForCausalLM, False),
+    "mistral3": (mistral3_config, transformers.Mistral3ForConditionalGeneration, False),
+    "llama4": (llama4_config, transformers.Llama4ForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
@@ -713,6 +787,7 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 name.endswith("mlp.gate.weight")
                 or name.endswith("mlp.router.weight")
                 or name.endswith("block_sparse_moe.router.weight")
+                or name.endswith("feed_forward.router.weight")
             ):
                 # MoE router: wide logits so top-k choices are separated by clear margins.
                 param.normal_(0.0, 0.5)
@@ -751,7 +826,10 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
     routers = [
         m
         for n, m in model.named_modules()
-        if n.endswith("mlp.gate") or n.endswith("mlp.router") or n.endswith("block_sparse_moe.router")
+        if n.endswith("mlp.gate")
+        or n.endswith("mlp.router")
+        or n.endswith("block_sparse_moe.router")
+        or n.endswith("feed_forward.router")
     ]
     if not routers:
         return None

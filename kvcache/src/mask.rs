@@ -20,6 +20,9 @@ pub enum LogicalMask {
     Causal,
     /// A query at `q` sees keys at `q - w < p <= q` (a local layer over a full cache).
     SlidingWindow(usize),
+    /// A query at `q` sees keys at `p <= q` in its own chunk of `c` positions:
+    /// `⌊p / c⌋ = ⌊q / c⌋` (Llama 4's chunked attention layers).
+    Chunked(usize),
 }
 
 /// A composed mask that owns its array; [`AttentionMaskOwned::as_mask`] lends it to MLX.
@@ -115,9 +118,9 @@ impl MaskApplier {
                 self.offset
             )));
         }
-        if let LogicalMask::SlidingWindow(0) = logical {
+        if let LogicalMask::SlidingWindow(0) | LogicalMask::Chunked(0) = logical {
             return Err(Error::Config(
-                "a sliding window of 0 tokens sees nothing".into(),
+                "a window or chunk of 0 tokens sees nothing".into(),
             ));
         }
         let q_lo = self.offset - queries;
@@ -142,6 +145,8 @@ impl MaskApplier {
         let logical_ok = match logical {
             LogicalMask::Causal => true,
             LogicalMask::SlidingWindow(w) => p.saturating_add(w) > q_hi,
+            // Visible to every query up to `q_hi` only inside the chunk holding `q_hi`.
+            LogicalMask::Chunked(c) => p >= q_hi - q_hi % c,
         };
         storage_ok && logical_ok
     }
@@ -202,6 +207,12 @@ impl MaskApplier {
             let in_window = kp.add(clamp(w)?)?.greater(&qp)?;
             mask = mask.logical_and(in_window)?;
         }
+        if let LogicalMask::Chunked(c) = logical {
+            let c = clamp(c)?;
+            let chunk_start = |x: &Array| -> Result<Array> { Ok(x.subtract(&x.remainder(c)?)?) };
+            let same_chunk = chunk_start(&kp)?.equal(&chunk_start(&qp)?)?;
+            mask = mask.logical_and(same_chunk)?;
+        }
         Ok(mask)
     }
 }
@@ -243,6 +254,7 @@ mod tests {
         let local = match logical {
             LogicalMask::Causal => true,
             LogicalMask::SlidingWindow(w) => p.saturating_add(w) > q,
+            LogicalMask::Chunked(c) => p / c == q / c,
         };
         p <= q && storage && local
     }
@@ -308,6 +320,9 @@ mod tests {
                     LogicalMask::Causal,
                     LogicalMask::SlidingWindow(3),
                     LogicalMask::SlidingWindow(50),
+                    LogicalMask::Chunked(4),
+                    LogicalMask::Chunked(5),
+                    LogicalMask::Chunked(50),
                 ] {
                     assert_eq!(
                         dense(a, queries, logical),
@@ -325,5 +340,6 @@ mod tests {
         assert!(a.attention_mask(0, LogicalMask::Causal).is_err());
         assert!(a.attention_mask(4, LogicalMask::Causal).is_err());
         assert!(a.attention_mask(1, LogicalMask::SlidingWindow(0)).is_err());
+        assert!(a.attention_mask(1, LogicalMask::Chunked(0)).is_err());
     }
 }

@@ -134,6 +134,8 @@ pub struct Moe {
     /// Per-expert biases of the fused gate/up projection (`[experts, 2 · hidden]`, gate rows
     /// first) and of the down projection (`[experts, dim]`).
     expert_biases: Option<Box<(Array, Array)>>,
+    /// Routing weights scale each expert's input instead of its output (Llama 4).
+    scale_inputs: bool,
 }
 
 impl Moe {
@@ -225,6 +227,7 @@ impl Moe {
             shared: None,
             routing: None,
             expert_biases: None,
+            scale_inputs: false,
         })
     }
 
@@ -251,6 +254,13 @@ impl Moe {
     /// (`[experts, dim]`) projections.
     pub fn with_expert_biases(mut self, gate_up: Array, down: Array) -> Moe {
         self.expert_biases = Some(Box::new((gate_up, down)));
+        self
+    }
+
+    /// Scales each expert's input by its routing weight instead of its output (Llama 4: the
+    /// experts are nonlinear, so the two differ).
+    pub fn with_scaled_inputs(mut self) -> Moe {
+        self.scale_inputs = true;
         self
     }
 
@@ -345,7 +355,14 @@ impl Moe {
         }
         let weights = weights.astype(x.dtype())?;
 
-        let expanded = tokens.expand_dims(&[-2, -3])?;
+        let expanded = if self.scale_inputs {
+            // One input per chosen expert: [tokens, k, 1, dim].
+            tokens
+                .expand_dims(&[1, 2])?
+                .multiply(&weights.expand_dims(&[2, 3])?)?
+        } else {
+            tokens.expand_dims(&[-2, -3])?
+        };
         let mut both = self.gate_up.forward(&expanded, &indices)?;
         if let Some(biases) = &self.expert_biases {
             both = both.add(&biases.0.take(&indices, 0)?.expand_dims(&[-2])?)?;
@@ -358,9 +375,12 @@ impl Moe {
         if let Some(biases) = &self.expert_biases {
             out = out.add(&biases.1.take(&indices, 0)?)?;
         }
-        let mut mixed = out
-            .multiply(&weights.expand_dims(&[-1])?)?
-            .sum(&[-2], false)?;
+        let mut mixed = if self.scale_inputs {
+            out.sum(&[-2], false)?
+        } else {
+            out.multiply(&weights.expand_dims(&[-1])?)?
+                .sum(&[-2], false)?
+        };
         if let Some(shared) = &self.shared {
             let mut always = shared.mlp.forward(&tokens)?;
             if let Some(gate) = &shared.gate {

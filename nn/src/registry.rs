@@ -8,8 +8,8 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    deepseek_v3, gemma2, gemma3, gpt_oss, granitemoehybrid, lfm2, llama, mistral, nemotron_h,
-    olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
+    deepseek_v3, gemma2, gemma3, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
+    nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, TextConfig, missing};
 use crate::model::{Model, ModelSpec};
@@ -82,6 +82,8 @@ const ARCHITECTURES: &[Architecture] = &[
         names: &[
             "mistral",
             "MistralForCausalLM",
+            "mistral3",
+            "Mistral3ForConditionalGeneration",
             "mixtral",
             "MixtralForCausalLM",
         ],
@@ -144,6 +146,21 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(granitemoehybrid::GraniteMoeHybrid::new(
                 granitemoehybrid::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &[
+            "llama4",
+            "llama4_text",
+            "Llama4ForCausalLM",
+            "Llama4ForConditionalGeneration",
+        ],
+        describe: |config| Ok(llama4::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(llama4::Llama4::new(
+                llama4::Config::from_json(config)?,
                 weights,
             )?))
         },

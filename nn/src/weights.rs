@@ -97,6 +97,21 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Marks every tensor under `prefix` as used without loading it, for parts of a checkpoint
+    /// a family reads elsewhere or not at all (a vision tower in a text-only load); say why at
+    /// the call. Returns how many there were.
+    pub fn set_aside(&mut self, prefix: &str) -> usize {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        let count = names.len();
+        self.taken.extend(names);
+        count
+    }
+
     /// Names of tensors never taken.
     pub fn unused(&self) -> Vec<&str> {
         self.tensors

@@ -310,6 +310,14 @@ fn mistral() {
     check_fixture("mistral", "config.transformers4.json");
 }
 
+/// The same decoder inside a multimodal Mistral 3 checkpoint: its text config and weights are
+/// found, and the vision tower set aside (every other weight is used: `load` checks).
+#[test]
+fn mistral3() {
+    check_fixture("mistral3", "config.json");
+    check_fixture("mistral3", "config.transformers4.json");
+}
+
 #[test]
 fn mixtral() {
     check_fixture("mixtral", "config.json");
@@ -364,6 +372,12 @@ fn granitemoehybrid() {
     check_fixture("granitemoehybrid", "config.json");
     check_fixture("granitemoehybrid", "config.transformers4.json");
     check_capture_and_restore("granitemoehybrid");
+}
+
+#[test]
+fn llama4() {
+    check_fixture("llama4", "config.json");
+    check_fixture("llama4", "config.transformers4.json");
 }
 
 #[test]

@@ -54,6 +54,8 @@ fn eight_at_once_equal_each_alone() {
         "gpt_oss",
         "nemotron_h",
         "granitemoehybrid",
+        "mistral3",
+        "llama4",
     ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();

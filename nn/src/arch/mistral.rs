@@ -3,9 +3,14 @@
 //! (`sliding_window`, 4,096 in Mistral 7B v0.1, absent from later releases), and, in Mixtral,
 //! the feed-forward is a mixture of eight SwiGLU experts of which each token uses two.
 //!
-//! References: transformers' `models/mistral/modeling_mistral.py` and
-//! `models/mixtral/modeling_mixtral.py` (5.24); Jiang et al., "Mistral 7B" (2023) and
-//! "Mixtral of Experts" (2024).
+//! Mistral 3 checkpoints (`Mistral3ForConditionalGeneration`, Mistral Small 3.1) hold this
+//! decoder as their `text_config` beside a Pixtral vision tower; the decoder loads from either
+//! layout (`language_model.model.…` or `model.language_model.…`), and the vision tower and
+//! projector are set aside until images reach the model (issue 21).
+//!
+//! References: transformers' `models/mistral/modeling_mistral.py`,
+//! `models/mixtral/modeling_mixtral.py` and `models/mistral3` (5.24); Jiang et al.,
+//! "Mistral 7B" (2023) and "Mixtral of Experts" (2024).
 
 use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
 use mlx::Array;
@@ -194,16 +199,33 @@ impl Mistral {
         let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
-        let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
-        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
-        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        // The decoder's prefix and its head's name, by checkpoint layout.
+        let (root, head) = [
+            ("model", "lm_head"),
+            ("language_model.model", "language_model.lm_head"),
+            ("model.language_model", "lm_head"),
+        ]
+        .into_iter()
+        .find(|(root, _)| weights.contains(&format!("{root}.embed_tokens.weight")))
+        .unwrap_or(("model", "lm_head"));
+        for tower in [
+            "vision_tower.",
+            "multi_modal_projector.",
+            "model.vision_tower.",
+            "model.multi_modal_projector.",
+        ] {
+            weights.set_aside(tower);
+        }
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed_weight = weights.weight(&embed_name)?;
+        check_matrix(&embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(&embed_name)?);
         let activation = Activation::from_name(&config.hidden_act)?;
         let rope = Rope::new(&config.rope)?;
 
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{root}.layers.{i}");
             let feed_forward = match config.experts {
                 Some((experts, top_k)) => {
                     let q = format!("{p}.block_sparse_moe");
@@ -244,14 +266,14 @@ impl Mistral {
                 feed_forward,
             });
         }
-        let final_norm = norm(weights, "model.norm.weight")?;
+        let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
         let tied = config
             .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
+            .unwrap_or(!weights.contains(&format!("{head}.weight")));
         let lm_head = if tied {
             embed_tokens.as_linear()
         } else {
-            weights.linear("lm_head", vocab, hidden)?
+            weights.linear(head, vocab, hidden)?
         };
         Ok(Mistral {
             spec: config.spec(),

@@ -8,6 +8,7 @@ pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4;
 pub mod mistral;
 pub mod nemotron_h;
 pub mod olmo2;
