@@ -142,6 +142,31 @@ impl<'a> Fields<'a> {
         self.bounded(key, limit)?.ok_or_else(|| missing(key))
     }
 
+    /// `num_attention_heads` and `num_key_value_heads` (multi-head attention, transformers'
+    /// own default, when the latter is absent), checked to share evenly.
+    pub(crate) fn attention_heads(&self) -> Result<(usize, usize)> {
+        let heads = self.required_bounded("num_attention_heads", limits::HEADS)?;
+        let kv_heads = self
+            .bounded("num_key_value_heads", limits::HEADS)?
+            .unwrap_or(heads);
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(Error::Config(format!(
+                "{heads} attention heads cannot share {kv_heads} key/value heads"
+            )));
+        }
+        Ok((heads, kv_heads))
+    }
+
+    /// `hidden_size / heads`, for families whose heads always split the residual width.
+    pub(crate) fn even_head_dim(hidden_size: usize, heads: usize) -> Result<usize> {
+        if !hidden_size.is_multiple_of(heads) {
+            return Err(Error::Config(format!(
+                "{heads} attention heads do not split a hidden size of {hidden_size}"
+            )));
+        }
+        Ok(hidden_size / heads)
+    }
+
     pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),

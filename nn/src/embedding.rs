@@ -5,6 +5,7 @@ use mlx::quantized::Quantized;
 
 use crate::Result;
 use crate::linear::{Linear, Tensor};
+use crate::weights::Weights;
 
 /// A `[vocab, dim]` lookup table, dense or quantized.
 #[derive(Debug, Clone)]
@@ -67,5 +68,23 @@ impl Embedding {
     /// The table used as an output projection (`x Eᵀ`), for tied heads.
     pub fn as_linear(&self) -> Linear {
         Linear::new(self.table.clone(), None).with_packed(self.packed.clone())
+    }
+
+    /// The output head: this table when `tie` says so (or, when the config is silent, when the
+    /// checkpoint has no `{head}.weight`), else the checkpoint's `head` `[vocab, hidden]`.
+    pub fn output_head(
+        &self,
+        weights: &mut Weights,
+        tie: Option<bool>,
+        head: &str,
+        vocab: i32,
+        hidden: i32,
+    ) -> Result<Linear> {
+        let tied = tie.unwrap_or(!weights.contains(&format!("{head}.weight")));
+        if tied {
+            Ok(self.as_linear())
+        } else {
+            weights.linear(head, vocab, hidden)
+        }
     }
 }

@@ -130,11 +130,7 @@ impl Mamba2Mixer {
         let conv_dim = dim(c.conv_dim(), "Mamba convolution channels")?;
         let kernel = dim(c.conv_kernel, "Mamba convolution taps")?;
         let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-            if c.projection_bias {
-                weights.linear(&format!("{p}.{name}"), out, inp)
-            } else {
-                weights.matrix(&format!("{p}.{name}"), out, inp)
-            }
+            weights.projection(&format!("{p}.{name}"), out, inp, c.projection_bias)
         };
         let conv_bias = if c.conv_bias {
             Some(weights.dense(&format!("{p}.conv1d.bias"), &[conv_dim])?)

@@ -42,6 +42,17 @@ pub enum LayerState {
     Stateless,
 }
 
+/// Checks that a forward through `layers` of a model's `total` layers makes sense (at least
+/// one, at most all), as [`Model::forward_rows_through`] requires.
+pub fn check_depth(layers: usize, total: usize) -> Result<()> {
+    if layers == 0 || layers > total {
+        return Err(Error::InvalidInput(format!(
+            "a forward through {layers} of {total} layers"
+        )));
+    }
+    Ok(())
+}
+
 impl ModelSpec {
     /// Decoder layers.
     pub fn num_layers(&self) -> usize {

@@ -170,6 +170,17 @@ impl Weights {
         Ok(Linear::new(weight, None).with_packed(self.packed(&name)?))
     }
 
+    /// A projection `[out, in]` under `prefix`: with its bias when the architecture's config
+    /// says the projections have one ([`Weights::linear`]), bias-free otherwise
+    /// ([`Weights::matrix`], which refuses a stray bias).
+    pub fn projection(&mut self, prefix: &str, out: i32, inp: i32, bias: bool) -> Result<Linear> {
+        if bias {
+            self.linear(prefix, out, inp)
+        } else {
+            self.matrix(prefix, out, inp)
+        }
+    }
+
     /// `prefix.weight` and, when present, `prefix.bias` as a [`Linear`] of `[out, in]`.
     pub fn linear(&mut self, prefix: &str, out: i32, inp: i32) -> Result<Linear> {
         let name = format!("{prefix}.weight");

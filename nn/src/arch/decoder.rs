@@ -13,7 +13,7 @@ use crate::config::{LayerAttention, MoeConfig, TextConfig, dim};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, Model, ModelSpec};
+use crate::model::{Batch, Forward, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
@@ -127,12 +127,7 @@ impl Model for Decoder {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
 
@@ -351,14 +346,13 @@ pub fn build_decoder(
         });
     }
     let final_norm = norm(weights, "model.norm.weight", hidden)?;
-    let tied = config
-        .tie_word_embeddings
-        .unwrap_or(!weights.contains("lm_head.weight"));
-    let lm_head = if tied {
-        embedding.as_linear()
-    } else {
-        weights.linear("lm_head", vocab, hidden)?
-    };
+    let lm_head = embedding.output_head(
+        weights,
+        config.tie_word_embeddings,
+        "lm_head",
+        vocab,
+        hidden,
+    )?;
     Ok(Decoder {
         embedding_scale: options
             .scale_embeddings

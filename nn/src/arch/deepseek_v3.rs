@@ -31,7 +31,7 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterOptions, RouterScoring, SharedExpert, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig, RopeScaling};
@@ -296,11 +296,7 @@ impl LatentAttention {
         let rank = dim(c.kv_lora_rank, "kv_lora_rank")?;
         let value_dim = dim(c.v_head_dim, "v_head_dim")?;
         let biased = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-            if c.attention_bias {
-                weights.linear(&format!("{p}.{name}"), out, inp)
-            } else {
-                weights.matrix(&format!("{p}.{name}"), out, inp)
-            }
+            weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
         };
         let queries = match c.q_lora_rank {
             Some(q_rank) => {
@@ -514,14 +510,13 @@ impl DeepseekV3 {
             });
         }
         let final_norm = norm(weights, "model.norm.weight")?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(DeepseekV3 {
             spec: config.spec(),
             embed_tokens,
@@ -649,12 +644,7 @@ impl Model for DeepseekV3 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embed_tokens.forward(&batch.tokens)?;

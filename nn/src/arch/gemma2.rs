@@ -17,7 +17,7 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -72,15 +72,7 @@ impl Config {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
         let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads"
-            )));
-        }
+        let (heads, kv_heads) = f.attention_heads()?;
         let head_dim = f.required_bounded("head_dim", limits::HIDDEN)?;
         let query_pre_attn_scalar = f
             .f64("query_pre_attn_scalar")?
@@ -258,11 +250,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     Ok(Attention::new(AttentionParts {
         q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
@@ -319,12 +307,7 @@ impl Model for Gemma2 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let mut h = self

@@ -85,17 +85,8 @@ impl Config {
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
         let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || hidden_size % heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads over a \
-                 hidden size of {hidden_size}"
-            )));
-        }
-        let head_dim = hidden_size / heads;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = Fields::even_head_dim(hidden_size, heads)?;
         let types = f
             .get("layer_types")
             .or_else(|| f.get("layers_block_type"))
@@ -344,14 +335,13 @@ impl GraniteMoeHybrid {
             });
         }
         let final_norm = norm(weights, "model.norm.weight")?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(GraniteMoeHybrid {
             spec: config.spec(),
             config,
@@ -370,11 +360,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     Ok(Attention::new(AttentionParts {
         q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,

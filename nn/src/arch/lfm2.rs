@@ -75,17 +75,8 @@ impl Config {
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
         let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || hidden_size % heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads over a \
-                 hidden size of {hidden_size}"
-            )));
-        }
-        let head_dim = hidden_size / heads;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = Fields::even_head_dim(hidden_size, heads)?;
         let conv_kernel = f.required_bounded("conv_L_cache", 64)?;
         if conv_kernel < 2 {
             return Err(Error::Config(format!(
@@ -253,11 +244,7 @@ impl ShortConvBlock {
         let hidden = dim(c.hidden_size, "hidden_size")?;
         let kernel = dim(c.conv_kernel, "conv_L_cache")?;
         let projection = |weights: &mut Weights, name: &str, out: i32| {
-            if c.conv_bias {
-                weights.linear(&format!("{p}.{name}"), out, hidden)
-            } else {
-                weights.matrix(&format!("{p}.{name}"), out, hidden)
-            }
+            weights.projection(&format!("{p}.{name}"), out, hidden, c.conv_bias)
         };
         let conv_weight = weights.dense(&format!("{p}.conv.weight"), &[hidden, 1, kernel])?;
         let conv_bias = if c.conv_bias {
@@ -380,14 +367,13 @@ impl Lfm2 {
             });
         }
         let embedding_norm = norm(weights, "model.embedding_norm.weight", hidden)?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(Lfm2 {
             spec: config.spec(),
             config,

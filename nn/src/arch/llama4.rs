@@ -26,7 +26,7 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -92,15 +92,7 @@ impl Config {
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
         let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads"
-            )));
-        }
+        let (heads, kv_heads) = f.attention_heads()?;
         let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
             Some(d) => d,
             None if hidden_size % heads == 0 => hidden_size / heads,
@@ -374,14 +366,8 @@ impl Llama4 {
             });
         }
         let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains(&format!("{head}.weight")));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear(head, vocab, hidden)?
-        };
+        let lm_head =
+            embed_tokens.output_head(weights, config.tie_word_embeddings, head, vocab, hidden)?;
         Ok(Llama4 {
             spec: config.spec(),
             config,
@@ -473,11 +459,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     // The weightless RMS norm of rotary layers (the reference's L2Norm).
     let qk_norm = (c.use_qk_norm && rope.is_some())
@@ -527,12 +509,7 @@ impl Model for Llama4 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let temperature = match self.config.temperature_tuning {

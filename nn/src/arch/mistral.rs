@@ -23,7 +23,7 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -74,15 +74,7 @@ impl Config {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads"
-            )));
-        }
+        let (heads, kv_heads) = f.attention_heads()?;
         let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
             Some(d) => d,
             None if hidden_size % heads == 0 => hidden_size / heads,
@@ -267,14 +259,8 @@ impl Mistral {
             });
         }
         let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains(&format!("{head}.weight")));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear(head, vocab, hidden)?
-        };
+        let lm_head =
+            embed_tokens.output_head(weights, config.tie_word_embeddings, head, vocab, hidden)?;
         Ok(Mistral {
             spec: config.spec(),
             config,
@@ -345,12 +331,7 @@ impl Model for Mistral {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let logical = match self.config.sliding_window {

@@ -93,15 +93,7 @@ impl Config {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
         let blocks = read_blocks(&f)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads"
-            )));
-        }
+        let (heads, kv_heads) = f.attention_heads()?;
         let mamba_heads = f.required_bounded("mamba_num_heads", limits::HEADS)?;
         let groups = match f.bounded("n_groups", limits::HEADS)? {
             Some(groups) => groups,
@@ -329,11 +321,7 @@ impl NemotronH {
                 Block::Mlp => {
                     let inter = dim(config.intermediate_size, "intermediate_size")?;
                     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-                        if config.mlp_bias {
-                            weights.linear(&format!("{p}.mixer.{name}"), out, inp)
-                        } else {
-                            weights.matrix(&format!("{p}.mixer.{name}"), out, inp)
-                        }
+                        weights.projection(&format!("{p}.mixer.{name}"), out, inp, config.mlp_bias)
                     };
                     Mixer::Mlp(Box::new(Relu2Mlp {
                         up_proj: projection(weights, "up_proj", inter, hidden)?,
@@ -347,14 +335,13 @@ impl NemotronH {
             });
         }
         let norm_f = norm(weights, "backbone.norm_f.weight")?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embeddings.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embeddings.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(NemotronH {
             spec: config.spec(),
             config,
@@ -373,11 +360,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str) -> Result<Attention> {
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     Ok(Attention::new(AttentionParts {
         q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,

@@ -17,11 +17,11 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
-use crate::{Error, Result};
+use crate::Result;
 
 /// The hyperparameters of an OLMo 2 model.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,17 +65,8 @@ impl Config {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || hidden_size % heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads over a \
-                 hidden size of {hidden_size}"
-            )));
-        }
-        let head_dim = hidden_size / heads;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = Fields::even_head_dim(hidden_size, heads)?;
         Ok(Config {
             model_type,
             hidden_size,
@@ -187,14 +178,13 @@ impl Olmo2 {
             });
         }
         let final_norm = norm(weights, "model.norm.weight")?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(Olmo2 {
             spec: config.spec(),
             embed_tokens,
@@ -212,11 +202,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     let norm = |weights: &mut Weights, name: &str, width: i32| -> Result<RmsNorm> {
         Ok(RmsNorm::new(
@@ -268,12 +254,7 @@ impl Model for Olmo2 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embed_tokens.forward(&batch.tokens)?;

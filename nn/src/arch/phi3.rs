@@ -18,7 +18,7 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -64,17 +64,8 @@ impl Config {
             .ok_or_else(|| missing("model_type"))?
             .to_string();
         let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
-        let heads = f.required_bounded("num_attention_heads", limits::HEADS)?;
-        let kv_heads = f
-            .bounded("num_key_value_heads", limits::HEADS)?
-            .unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || hidden_size % heads != 0 {
-            return Err(Error::Config(format!(
-                "{heads} attention heads cannot share {kv_heads} key/value heads over a \
-                 hidden size of {hidden_size}"
-            )));
-        }
-        let head_dim = hidden_size / heads;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = Fields::even_head_dim(hidden_size, heads)?;
         // transformers 5 keeps the factor in `rope_parameters`, 4 at the top level.
         let factor = match f.get("rope_parameters") {
             Some(params) => Fields { object: params }.f64("partial_rotary_factor")?,
@@ -193,14 +184,13 @@ impl Phi3 {
             });
         }
         let final_norm = norm(weights, "model.norm.weight")?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(Phi3 {
             spec: config.spec(),
             embed_tokens,
@@ -270,12 +260,7 @@ impl Model for Phi3 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        if layers == 0 || layers > self.layers.len() {
-            return Err(Error::InvalidInput(format!(
-                "a forward through {layers} of {} layers",
-                self.layers.len()
-            )));
-        }
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embed_tokens.forward(&batch.tokens)?;

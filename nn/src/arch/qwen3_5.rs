@@ -715,14 +715,13 @@ impl Qwen3_5 {
             });
         }
         let final_norm = norm(weights, &format!("{root}.norm.weight"), hidden)?;
-        let tied = config
-            .tie_word_embeddings
-            .unwrap_or(!weights.contains("lm_head.weight"));
-        let lm_head = if tied {
-            embed_tokens.as_linear()
-        } else {
-            weights.linear("lm_head", vocab, hidden)?
-        };
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
         Ok(Qwen3_5 {
             spec: config.spec(),
             config,
@@ -821,11 +820,7 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-        if c.attention_bias {
-            weights.linear(&format!("{p}.{name}"), out, inp)
-        } else {
-            weights.matrix(&format!("{p}.{name}"), out, inp)
-        }
+        weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
     let head_norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
         RmsNorm::with_unit_offset(
