@@ -448,3 +448,31 @@ fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
     // The real configuration still reads.
     TextConfig::from_json(&base).unwrap();
 }
+
+/// A released Qwen3.5 checkpoint also holds a vision tower and a multi-token-prediction head:
+/// a text load sets exactly those aside, and any other stray tensor is still reported.
+#[test]
+fn qwen3_5_sets_aside_its_vision_tower_and_mtp_head_only() {
+    let dir = fixture("qwen3_5");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let mut tensors = file
+        .entries()
+        .keys()
+        .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
+        .collect::<Vec<_>>();
+    for extra in [
+        "mtp.fc.weight",
+        "model.visual.patch_embed.proj.weight",
+        "model.stray.weight",
+    ] {
+        tensors.push((
+            extra.to_string(),
+            Tensor::Dense(Array::zeros(&[2, 2], Dtype::F32).unwrap()),
+        ));
+    }
+    let mut weights = Weights::new(tensors, Dtype::F32);
+    build_model(&config, &mut weights).unwrap();
+    assert_eq!(weights.unused(), vec!["model.stray.weight"]);
+}

@@ -19,7 +19,7 @@
 //!
 //! References: transformers' `models/deepseek_v3/modeling_deepseek_v3.py` and
 //! `models/glm4_moe_lite` (5.24); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024). The
-//! multi-token-prediction layer of the released checkpoints is not read here.
+//! multi-token-prediction layers of the released checkpoints are set aside at load.
 
 use kvcache::{KvCache, LayerCache, LogicalMask};
 use mlx::Array;
@@ -467,6 +467,12 @@ impl DeepseekV3 {
         let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
+        // The released checkpoints append their multi-token-prediction layers after the
+        // decoder's (`num_nextn_predict_layers`): a drafter for issue 17, not read here.
+        let layers = config.sparse_layers.len();
+        for extra in layers..layers + 4 {
+            weights.set_aside(&format!("model.layers.{extra}."));
+        }
         let embed_name = "model.embed_tokens.weight";
         let embed_weight = weights.weight(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;

@@ -10,6 +10,7 @@ use kvcache::{KvCache, LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
+use crate::Result;
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
@@ -21,7 +22,6 @@ use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
-use crate::Result;
 
 /// The hyperparameters of an OLMo 2 model.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,7 +20,7 @@
 //! tokens are the same on the three M-RoPE axes, so for text the rotary embedding is the plain
 //! one over `head_dim · partial_rotary_factor` features; the sections matter only for images
 //! (issue 21). The vision tower and the multi-token-prediction head of the released
-//! checkpoints are not read here.
+//! checkpoints are set aside at load, not read.
 
 use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
 use mlx::{Array, Dtype};
@@ -660,6 +660,11 @@ impl Qwen3_5 {
         } else {
             "model"
         };
+        // The released checkpoints carry a vision tower (images: issue 21) and a
+        // multi-token-prediction head (a drafter: issue 17) beside the decoder.
+        for unread in ["model.visual.", "mtp."] {
+            weights.set_aside(unread);
+        }
         let norm = |weights: &mut Weights, name: &str, size: i32| -> Result<RmsNorm> {
             RmsNorm::with_unit_offset(weights.dense(name, &[size])?, eps)
         };
