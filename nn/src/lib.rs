@@ -8,15 +8,21 @@
 //! - [`weights`]: [`Weights`], named tensors handed to layers in the compute dtype.
 //! - Layers: [`linear`], [`embedding`], [`rms_norm`], [`layer_norm`], [`conv1d`], [`rope`]
 //!   (default, linear, llama3, yarn; partial; traditional), [`attention`] (GQA, q/k norms,
-//!   soft-capping, output gates), [`cached_attention`] (each batch row over its own cache),
-//!   [`activation`] (fused gated activations), [`mlp`], [`moe`], [`short_conv`] (causal
-//!   depthwise convolution with a carried tail), [`gated_delta`] (the gated delta rule's
-//!   recurrence), [`ssd`] (Mamba-2's state space recurrence), [`mamba2`] (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures).
+//!   soft-capping, output gates, sinks, optional rope), [`sdpa`] (the scaled dot product every
+//!   attention block shares), [`cached_attention`] (each batch row over its own cache),
+//!   [`activation`] (fused gated activations, clamped SwiGLU), [`mlp`], [`moe`] (routing by
+//!   softmax, sigmoid or top-k logits, shared experts, expert groups and biases),
+//!   [`short_conv`] (causal depthwise convolution with a carried tail), [`gated_delta`] (the
+//!   gated delta rule's recurrence), [`ssd`] (Mamba-2's state space recurrence), [`mamba2`]
+//!   (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
-//! - [`arch`]: `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3` over a shared [`arch::decoder`];
-//!   `qwen3_5` (hybrid gated delta net / gated attention) in its own file, with its own config.
+//! - [`arch`]: one file per family, each with its own config read from the checkpoint's keys:
+//!   `qwen3_5` (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`,
+//!   `deepseek_v3` (and GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral,
+//!   Mistral 3), `gemma2`, `olmo2`, `phi3`; the older `llama`, `qwen2`, `qwen3`, `qwen3_moe`
+//!   and `gemma3` still pick options of a shared [`arch::decoder`] over [`TextConfig`].
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
