@@ -23,7 +23,7 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mamba2::{Mamba2Config, Mamba2Mixer};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -442,6 +442,16 @@ impl Model for GraniteMoeHybrid {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
+        self.forward_rows_through(batch, caches, self.layers.len())
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let residual = self.config.residual_multiplier;
@@ -449,7 +459,7 @@ impl Model for GraniteMoeHybrid {
             .embed_tokens
             .forward(&batch.tokens)?
             .multiply(self.config.embedding_multiplier)?;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.input_layernorm.forward(&h)?;
             let mixed = match &layer.mixer {
                 Mixer::Mamba(mixer) => mixer.forward(&x, caches, i)?,

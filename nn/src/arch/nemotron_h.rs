@@ -21,7 +21,7 @@ use crate::config::{Fields, dim, limits, missing};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mamba2::{Mamba2Config, Mamba2Mixer};
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec};
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::weights::{Weights, check_matrix};
 use crate::{Error, Result};
@@ -407,10 +407,20 @@ impl Model for NemotronH {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
+        self.forward_rows_through(batch, caches, self.layers.len())
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embeddings.forward(&batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate() {
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.norm.forward(&h)?;
             let mixed = match &layer.mixer {
                 Mixer::Mamba(mixer) => mixer.forward(&x, caches, i)?,

@@ -470,7 +470,7 @@ impl LoadedModel {
             return refuse(job, e.into());
         }
         let budget = job.max_tokens.min(self.context_length - prompt_len);
-        let speculating = match self.speculation_for(&job, &caches) {
+        let speculating = match self.speculation_for(&job) {
             Ok(speculating) => speculating,
             Err(e) => {
                 if let Some(session) = session {
@@ -507,13 +507,9 @@ impl LoadedModel {
         })
     }
 
-    /// How `job` decodes: speculatively when it or the server asks for it and its caches can
-    /// roll a round back (recurrent layers cannot yet).
-    fn speculation_for(
-        &mut self,
-        job: &Job,
-        caches: &[Option<kvcache::LayerCache>],
-    ) -> Result<Option<Speculating>> {
+    /// How `job` decodes: speculatively when it or the server asks for it (recurrent layers
+    /// roll a round back through captures, see `rollback`).
+    fn speculation_for(&mut self, job: &Job) -> Result<Option<Speculating>> {
         let Some((drafter, max_depth)) = self.drafter_of(job) else {
             return Ok(None);
         };
@@ -524,13 +520,6 @@ impl LoadedModel {
             return Err(StepError::Invalid(format!(
                 "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
             )));
-        }
-        let rewindable = caches
-            .iter()
-            .flatten()
-            .all(|c| !matches!(c, kvcache::LayerCache::Recurrent(_)));
-        if !rewindable {
-            return Ok(None);
         }
         let draft_caches = match (drafter, self.draft.as_mut()) {
             (DrafterKind::Model, Some(draft)) => Some(draft.begin(&job.prompt, &job.turn_starts)?),

@@ -8,6 +8,8 @@
 //! - `prefix_cache`: the prefix trie behind every request.
 //! - `speculation`: speculative rounds (drafts, one verification forward, lossless acceptance,
 //!   rewind) for sequences that speculate.
+//! - `rollback`: bringing a round's caches back to what was accepted (attention rewinds,
+//!   recurrent states restore captures taken inside the round).
 //! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
 //!   caches of its own per sequence.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
@@ -23,6 +25,7 @@ pub mod loaded;
 pub mod loader;
 pub mod memory;
 pub mod prefix_cache;
+pub mod rollback;
 pub mod sequence;
 pub mod speculation;
 

@@ -13,8 +13,8 @@
 //! distribution is masked by the grammar as it stands after the drafts before it (the matcher
 //! walks the draft and rolls back). Drafts come from a host drafter (prompt lookup), from the
 //! target's own first layers (layer-skip, below) or from a draft model beside the target
-//! (`draft_model`). Not here yet: models with recurrent layers decode plainly
-//! (their states need a capture at each round's start to roll back to).
+//! (`draft_model`). Recurrent layers roll back through captures taken inside the round
+//! (`rollback`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +30,7 @@ use speculate::{DepthController, Draft, DraftProbs, Drafter, NgramConfig, NgramD
 use crate::engine::draft_model::{DraftCaches, DraftModel, draft_by_model};
 use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
 use crate::engine::loaded::{StepError, caches_of, equal_width_groups};
+use crate::engine::rollback;
 use crate::engine::sequence::{Ending, Outcome, Sequence};
 
 /// The deepest round the engine runs. Sliding-window caches hold this many positions beyond
@@ -387,6 +388,15 @@ pub fn run_rounds(
             .collect();
         let forward_batch = Batch::rows(&rows)?;
         let indices: Vec<usize> = plans.iter().map(|plan| plan.index).collect();
+        if width > 1 {
+            for &i in &indices {
+                // What prefill captured for the trie moves out first: the round's own
+                // captures are only for rolling it back.
+                sequences[i].collect_captures();
+                let start = sequences[i].tokens.len();
+                rollback::capture_round(&mut sequences[i].caches, start, width)?;
+            }
+        }
         let out = {
             let mut caches = caches_of(sequences, &indices)?;
             model.forward_rows(&forward_batch, &mut caches)?
@@ -510,9 +520,8 @@ fn settle_round(
     // The caches hold the round's first token and the accepted drafts.
     let start = seq.tokens.len();
     let keep = start + 1 + accepted;
-    for cache in seq.caches.iter_mut().flatten() {
-        cache.rewind(keep)?;
-    }
+    let captures = rollback::round_captures(&mut seq.caches);
+    rollback::rewind_round(&mut seq.caches, &captures, keep)?;
     if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
         draft.rewind(keep)?;
     }
@@ -549,9 +558,7 @@ fn settle_round(
         if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
             // Nothing after this token was streamed: the caches end where it stands.
             let held = (start + 1 + position).min(keep);
-            for cache in seq.caches.iter_mut().flatten() {
-                cache.rewind(held)?;
-            }
+            rollback::rewind_round(&mut seq.caches, &captures, held)?;
             if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
                 draft.rewind(held)?;
             }
@@ -601,6 +608,10 @@ fn draft_by_layer_skip(
         group.sort_by_key(|&p| planned[p].index);
         let indices: Vec<usize> = group.iter().map(|&p| planned[p].index).collect();
         let starts: Vec<usize> = indices.iter().map(|&i| sequences[i].tokens.len()).collect();
+        let saved = indices
+            .iter()
+            .map(|&i| rollback::save_recurrent(&sequences[i].caches, layers))
+            .collect::<Result<Vec<_>, StepError>>()?;
         let firsts: Vec<i32> = group
             .iter()
             .map(|&p| i32::try_from(planned[p].tokens[0]).unwrap_or(i32::MAX))
@@ -628,14 +639,11 @@ fn draft_by_layer_skip(
                 .map(|&t| u32::try_from(t).unwrap_or(0))
                 .collect();
             plan.draft = Draft::one_hot(ids);
-            for cache in sequences[plan.index]
-                .caches
-                .iter_mut()
-                .take(layers)
-                .flatten()
-            {
-                cache.rewind(starts[row])?;
-            }
+            rollback::restore_recurrent(
+                &mut sequences[plan.index].caches,
+                &saved[row],
+                starts[row],
+            )?;
         }
     }
     Ok(())
