@@ -704,6 +704,45 @@ def llama4_config() -> transformers.Llama4TextConfig:
     )
 
 
+def nemotron_h_moe_config() -> transformers.NemotronHConfig:
+    # Nemotron 3 style: the hybrid with mixture-of-experts blocks (E): sigmoid routing with a
+    # correction bias, top-2 of 4 ungated squared-ReLU experts behind a 32-wide latent
+    # projection, scaled by 2.5, beside a shared expert of width 48.
+    return transformers.NemotronHConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        layers_block_type=["linear_attention", "moe", "full_attention", "moe"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=MAX_POSITIONS,
+        intermediate_size=INTERMEDIATE,
+        mlp_hidden_act="relu2",
+        ssm_state_size=16,
+        mamba_num_heads=4,
+        mamba_head_dim=8,
+        n_groups=2,
+        conv_kernel=4,
+        use_conv_bias=True,
+        chunk_size=16,
+        layer_norm_epsilon=1e-5,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+        n_shared_experts=1,
+        moe_latent_size=32,
+        routed_scaling_factor=2.5,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
 FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
@@ -728,15 +767,23 @@ FIXTURES = {
     "granitemoehybrid": (granitemoehybrid_config, transformers.GraniteMoeHybridForCausalLM, False),
     "mistral3": (mistral3_config, transformers.Mistral3ForConditionalGeneration, False),
     "llama4": (llama4_config, transformers.Llama4ForCausalLM, False),
+    "nemotron_h_moe": (nemotron_h_moe_config, transformers.NemotronHForCausalLM, False),
 }
 
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40, "nemotron_h_moe": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
-RECURRENT = {"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "granitemoehybrid"}
+RECURRENT = {
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "granitemoehybrid",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -788,6 +835,7 @@ def randomize_weights(model: torch.nn.Module, norm_offset: bool) -> None:
                 or name.endswith("mlp.router.weight")
                 or name.endswith("block_sparse_moe.router.weight")
                 or name.endswith("feed_forward.router.weight")
+                or name.endswith("mixer.gate.weight")
             ):
                 # MoE router: wide logits so top-k choices are separated by clear margins.
                 param.normal_(0.0, 0.5)
@@ -830,6 +878,7 @@ def min_router_margin(model: torch.nn.Module, ids: list[int]) -> float | None:
         or n.endswith("mlp.router")
         or n.endswith("block_sparse_moe.router")
         or n.endswith("feed_forward.router")
+        or n.endswith("mixer.gate")
     ]
     if not routers:
         return None

@@ -17,6 +17,8 @@ pub enum Activation {
     GeluTanh,
     /// Exact GELU.
     Gelu,
+    /// `max(x, 0)²` (Nemotron-H's ungated MLPs and experts).
+    Relu2,
     /// gpt-oss's clamped SwiGLU: `(clip(up, ±limit) + 1) · g · sigmoid(alpha · g)` with
     /// `g = min(gate, limit)`.
     ClampedSwiglu {
@@ -34,15 +36,18 @@ impl Activation {
             "silu" | "swish" => Activation::Silu,
             "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast" => Activation::GeluTanh,
             "gelu" => Activation::Gelu,
+            "relu2" => Activation::Relu2,
             other => return Err(Error::Config(format!("unsupported activation `{other}`"))),
         })
     }
 
-    fn apply(self, x: &Array) -> mlx::Result<Array> {
+    /// The nonlinearity alone, for ungated blocks.
+    pub fn apply(self, x: &Array) -> mlx::Result<Array> {
         match self {
             Activation::Silu => x.silu(),
             Activation::GeluTanh => x.gelu_tanh(),
             Activation::Gelu => x.gelu(),
+            Activation::Relu2 => x.maximum(0.0)?.square(),
             // Only ever applied gated, below.
             Activation::ClampedSwiglu { .. } => Ok(x.clone()),
         }
@@ -59,7 +64,7 @@ impl Activation {
         let kernel = match self {
             Activation::Silu => Some(Gate::Silu),
             Activation::GeluTanh => Some(Gate::GeluTanh),
-            Activation::Gelu | Activation::ClampedSwiglu { .. } => None,
+            Activation::Gelu | Activation::Relu2 | Activation::ClampedSwiglu { .. } => None,
         };
         if let Some(kind) = kernel
             && let Some(out) = mlx::fast::gated_activation(kind, gate, up)?
@@ -68,12 +73,14 @@ impl Activation {
         }
         thread_local! {
             // MLX graphs and compiled functions belong to the thread that built them.
-            static COMPILED: [OnceCell<Option<Compiled>>; 3] = const { [OnceCell::new(), OnceCell::new(), OnceCell::new()] };
+            static COMPILED: [OnceCell<Option<Compiled>>; 4] =
+                const { [OnceCell::new(), OnceCell::new(), OnceCell::new(), OnceCell::new()] };
         }
         let index = match self {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
             Activation::Gelu | Activation::ClampedSwiglu { .. } => 2,
+            Activation::Relu2 => 3,
         };
         let inputs = [gate.clone(), up.clone()];
         let fused = COMPILED.with(|cells| {

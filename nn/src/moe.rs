@@ -136,6 +136,9 @@ pub struct Moe {
     expert_biases: Option<Box<(Array, Array)>>,
     /// Routing weights scale each expert's input instead of its output (Llama 4).
     scale_inputs: bool,
+    /// The experts are ungated: `gate_up` holds only their up projections and the hidden
+    /// state is `act(up · x)` (Nemotron-H).
+    ungated: bool,
 }
 
 impl Moe {
@@ -210,6 +213,30 @@ impl Moe {
                 "fused gate/up experts have {rows} rows, not two halves"
             )));
         }
+        let mut moe = Moe::assemble(
+            router,
+            gate_up,
+            rows / 2,
+            down,
+            top_k,
+            normalize_top_k,
+            scoring,
+        )?;
+        moe.activation = activation;
+        Ok(moe)
+    }
+
+    /// The block with experts `gate_up` of `hidden` units each (a gated expert's rows are
+    /// two halves of that), SiLU until a constructor says otherwise, and no extras.
+    fn assemble(
+        router: Linear,
+        gate_up: StackedExperts,
+        hidden: i32,
+        down: StackedExperts,
+        top_k: usize,
+        normalize_top_k: bool,
+        scoring: RouterScoring,
+    ) -> Result<Moe> {
         let top_k = i32::try_from(top_k)
             .map_err(|_| Error::Config("experts_per_token is too large".into()))?;
         if top_k < 1 {
@@ -218,16 +245,17 @@ impl Moe {
         Ok(Moe {
             router,
             gate_up,
-            hidden: rows / 2,
+            hidden,
             down,
             top_k,
             normalize_top_k,
             scoring,
-            activation,
+            activation: Activation::Silu,
             shared: None,
             routing: None,
             expert_biases: None,
             scale_inputs: false,
+            ungated: false,
         })
     }
 
@@ -255,6 +283,24 @@ impl Moe {
     pub fn with_expert_biases(mut self, gate_up: Array, down: Array) -> Moe {
         self.expert_biases = Some(Box::new((gate_up, down)));
         self
+    }
+
+    /// A block of ungated experts: `down(act(up · x))`, with `up` `[experts, hidden, dim]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ungated(
+        router: Linear,
+        up: StackedExperts,
+        down: StackedExperts,
+        top_k: usize,
+        normalize_top_k: bool,
+        scoring: RouterScoring,
+        activation: Activation,
+    ) -> Result<Moe> {
+        let hidden = up.rows()?;
+        let mut moe = Moe::assemble(router, up, hidden, down, top_k, normalize_top_k, scoring)?;
+        moe.activation = activation;
+        moe.ungated = true;
+        Ok(moe)
     }
 
     /// Scales each expert's input by its routing weight instead of its output (Llama 4: the
@@ -319,12 +365,20 @@ impl Moe {
 
     /// Routes each token of `x: [..., dim]` to its top-k experts and mixes their outputs.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.forward_routed_by(x, x)
+    }
+
+    /// Like [`Moe::forward`], with the router reading `route` (`[..., router dim]`, one per token
+    /// of `x`) while the experts read `x`: Nemotron 3 routes on the hidden state and runs its
+    /// experts in a narrower latent space.
+    pub fn forward_routed_by(&self, x: &Array, route: &Array) -> Result<Array> {
         let shape = x.shape();
         let dim = *shape
             .last()
             .ok_or_else(|| Error::InvalidInput("MoE input is a scalar".into()))?;
         let tokens = x.reshape(&[-1, dim])?;
-        let logits = self.router.forward(&tokens)?;
+        let route_dim = route.dim(-1)?;
+        let logits = self.router.forward(&route.reshape(&[-1, route_dim])?)?;
         let scores = match self.scoring {
             RouterScoring::Softmax => logits.astype(Dtype::F32)?.softmax(&[-1], true)?,
             RouterScoring::Sigmoid => logits.astype(Dtype::F32)?.sigmoid()?,
@@ -367,10 +421,14 @@ impl Moe {
         if let Some(biases) = &self.expert_biases {
             both = both.add(&biases.0.take(&indices, 0)?.expand_dims(&[-2])?)?;
         }
-        let parts = both.split_at(&[self.hidden], -1)?;
-        let [gate, up] = <[Array; 2]>::try_from(parts)
-            .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
-        let hidden = self.activation.gated(&gate, &up)?;
+        let hidden = if self.ungated {
+            self.activation.apply(&both)?
+        } else {
+            let parts = both.split_at(&[self.hidden], -1)?;
+            let [gate, up] = <[Array; 2]>::try_from(parts)
+                .map_err(|_| Error::Weights("gate/up split did not give two parts".into()))?;
+            self.activation.gated(&gate, &up)?
+        };
         let mut out = self.down.forward(&hidden, &indices)?.squeeze(&[-2])?;
         if let Some(biases) = &self.expert_biases {
             out = out.add(&biases.1.take(&indices, 0)?)?;

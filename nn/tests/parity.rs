@@ -380,6 +380,14 @@ fn llama4() {
     check_fixture("llama4", "config.transformers4.json");
 }
 
+/// Nemotron 3's expert blocks: ungated squared-ReLU experts behind a latent projection.
+#[test]
+fn nemotron_h_moe() {
+    check_fixture("nemotron_h_moe", "config.json");
+    check_fixture("nemotron_h_moe", "config.transformers4.json");
+    check_capture_and_restore("nemotron_h_moe");
+}
+
 #[test]
 fn lfm2() {
     check_fixture("lfm2", "config.json");

@@ -53,6 +53,7 @@ fn eight_at_once_equal_each_alone() {
         "glm4_moe_lite",
         "gpt_oss",
         "nemotron_h",
+        "nemotron_h_moe",
         "granitemoehybrid",
         "mistral3",
         "llama4",

@@ -8,20 +8,24 @@
 //!
 //! References: transformers' `models/nemotron_h/modeling_nemotron_h.py` (5.24); NVIDIA,
 //! "Nemotron-H: A Family of Accurate and Efficient Hybrid Mamba-Transformer Models" (2025).
-//! The mixture-of-experts blocks of Nemotron 3 (`E`) are refused by name: their experts are
-//! ungated squared-ReLU MLPs behind a latent projection, not built here yet.
+//! Nemotron 3's mixture-of-experts blocks (`E`) route each token, DeepSeek-style (sigmoid
+//! scores with a correction bias, the best groups, a routed scale), to ungated squared-ReLU
+//! experts that work in a narrower latent space (`fc1_latent_proj` in, `fc2_latent_proj` out,
+//! when `moe_latent_size` is set), beside shared experts that see the block's input itself.
 
 use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache};
 use mlx::Array;
 use serde_json::Value;
 
+use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
 use crate::config::{Fields, dim, limits, missing};
 use crate::embedding::Embedding;
-use crate::linear::Linear;
+use crate::linear::{Linear, Tensor};
 use crate::mamba2::{Mamba2Config, Mamba2Mixer};
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::moe::{Moe, RouterOptions, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::weights::{Weights, check_matrix};
 use crate::{Error, Result};
@@ -35,6 +39,8 @@ pub enum Block {
     Attention,
     /// A squared-ReLU MLP.
     Mlp,
+    /// A mixture of squared-ReLU experts.
+    Moe,
 }
 
 /// The hyperparameters of a Nemotron-H model.
@@ -82,6 +88,29 @@ pub struct Config {
     pub use_bias: bool,
     /// `time_step_min`: the smallest step size.
     pub time_step_min: f32,
+    /// The experts of `E` blocks, when there are any.
+    pub experts: Option<Experts>,
+}
+
+/// The mixture-of-experts hyperparameters of `E` blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experts {
+    /// `n_routed_experts`.
+    pub n_routed_experts: usize,
+    /// `num_experts_per_tok`.
+    pub num_experts_per_tok: usize,
+    /// `moe_intermediate_size`.
+    pub moe_intermediate_size: usize,
+    /// `moe_shared_expert_intermediate_size` (0: no shared expert).
+    pub shared_intermediate_size: usize,
+    /// `moe_latent_size`: the experts' input and output width, when narrower than the model's.
+    pub moe_latent_size: Option<usize>,
+    /// `routed_scaling_factor`.
+    pub routed_scaling_factor: f32,
+    /// `n_group` and `topk_group`.
+    pub groups: (usize, usize),
+    /// `norm_topk_prob`.
+    pub norm_topk_prob: bool,
 }
 
 impl Config {
@@ -102,6 +131,35 @@ impl Config {
         let conv_kernel = match f.bounded("conv_kernel", 64)? {
             Some(kernel) => kernel,
             None => f.required_bounded("mamba_d_conv", 64)?,
+        };
+        let experts = if blocks.contains(&Block::Moe) {
+            let count = f
+                .bounded("n_routed_experts", limits::EXPERTS)?
+                .ok_or_else(|| missing("n_routed_experts"))?;
+            let top_k = f.required_usize("num_experts_per_tok")?;
+            if count == 0 || top_k == 0 || top_k > count {
+                return Err(Error::Config(format!(
+                    "`num_experts_per_tok` = {top_k} must be between 1 and the {count} experts"
+                )));
+            }
+            Some(Experts {
+                n_routed_experts: count,
+                num_experts_per_tok: top_k,
+                moe_intermediate_size: f
+                    .required_bounded("moe_intermediate_size", limits::INTERMEDIATE)?,
+                shared_intermediate_size: f
+                    .bounded("moe_shared_expert_intermediate_size", limits::INTERMEDIATE)?
+                    .unwrap_or(0),
+                moe_latent_size: f.bounded("moe_latent_size", limits::HIDDEN)?,
+                routed_scaling_factor: f.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+                groups: (
+                    f.bounded("n_group", limits::EXPERTS)?.unwrap_or(1),
+                    f.bounded("topk_group", limits::EXPERTS)?.unwrap_or(1),
+                ),
+                norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(true),
+            })
+        } else {
+            None
         };
         let config = Config {
             model_type,
@@ -136,6 +194,7 @@ impl Config {
                 Some(min) => min,
                 None => f.f64("mamba_dt_min")?.unwrap_or(0.001),
             } as f32,
+            experts,
         };
         config.mamba().check()?;
         Ok(config)
@@ -166,6 +225,17 @@ impl Config {
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let attention = 2 * h * q + 2 * h * kv;
         let mlp = 2 * h * self.intermediate_size as u64;
+        let moe = self.experts.as_ref().map_or(0, |e| {
+            let inner = e.moe_latent_size.unwrap_or(self.hidden_size) as u64;
+            let latent = if e.moe_latent_size.is_some() {
+                2 * h * inner
+            } else {
+                0
+            };
+            e.n_routed_experts as u64 * (2 * inner * e.moe_intermediate_size as u64 + h)
+                + latent
+                + 2 * h * e.shared_intermediate_size as u64
+        });
         let recurrent_bytes = self.mamba().recurrent_bytes();
         let embedding = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings == Some(true) {
@@ -186,6 +256,7 @@ impl Config {
                             Block::Mamba => mamba,
                             Block::Attention => attention,
                             Block::Mlp => mlp,
+                            Block::Moe => moe,
                         }
                     })
                     .sum::<u64>()
@@ -203,7 +274,7 @@ impl Config {
                         head_dim: self.head_dim,
                         window: None,
                     },
-                    Block::Mlp => LayerState::Stateless,
+                    Block::Mlp | Block::Moe => LayerState::Stateless,
                 })
                 .collect(),
         }
@@ -218,9 +289,7 @@ fn read_blocks(f: &Fields<'_>) -> Result<Vec<Block>> {
             "linear_attention" | "mamba" | "M" => Ok(Block::Mamba),
             "full_attention" | "attention" | "*" => Ok(Block::Attention),
             "mlp" | "-" => Ok(Block::Mlp),
-            "moe" | "E" => Err(Error::Config(
-                "Nemotron-H mixture-of-experts blocks are not supported yet".into(),
-            )),
+            "moe" | "E" => Ok(Block::Moe),
             other => Err(Error::Config(format!(
                 "unsupported Nemotron-H block `{other}`"
             ))),
@@ -260,9 +329,128 @@ struct Relu2Mlp {
 }
 
 impl Relu2Mlp {
+    fn new(weights: &mut Weights, p: &str, inter: i32, hidden: i32, bias: bool) -> Result<Self> {
+        Ok(Relu2Mlp {
+            up_proj: weights.projection(&format!("{p}.up_proj"), inter, hidden, bias)?,
+            down_proj: weights.projection(&format!("{p}.down_proj"), hidden, inter, bias)?,
+        })
+    }
+
     fn forward(&self, x: &Array) -> Result<Array> {
         let up = self.up_proj.forward(x)?.maximum(0.0)?;
         self.down_proj.forward(&up.square()?)
+    }
+}
+
+/// The sublayer of an `E` block: routed experts in the latent space beside shared experts.
+struct ExpertBlock {
+    /// Router `gate` (with its correction bias) and the ungated experts.
+    experts: Moe,
+    /// `fc1_latent_proj` and `fc2_latent_proj`, when the experts work in a narrower space.
+    latent: Option<(Linear, Linear)>,
+    /// `shared_experts`, fed the block's input itself.
+    shared_experts: Option<Relu2Mlp>,
+}
+
+impl ExpertBlock {
+    fn new(c: &Config, weights: &mut Weights, p: &str) -> Result<ExpertBlock> {
+        let e = c
+            .experts
+            .as_ref()
+            .ok_or_else(|| Error::Config("an `E` block needs `n_routed_experts`".into()))?;
+        let hidden = dim(c.hidden_size, "hidden_size")?;
+        let count = dim(e.n_routed_experts, "n_routed_experts")?;
+        let inter = dim(e.moe_intermediate_size, "moe_intermediate_size")?;
+        let inner = dim(
+            e.moe_latent_size.unwrap_or(c.hidden_size),
+            "moe_latent_size",
+        )?;
+        let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
+            let fused = format!("{p}.experts.{which}");
+            if weights.contains(&fused) {
+                return Ok(StackedExperts::new(Tensor::Dense(
+                    weights.dense(&fused, &[count, out, inp])?,
+                )));
+            }
+            let each = (0..e.n_routed_experts)
+                .map(|i| {
+                    let name = format!("{p}.experts.{i}.{which}");
+                    Ok(weights.matrix(&name, out, inp)?.into_weight())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            StackedExperts::stack(each)
+        };
+        let correction_bias =
+            match weights.optional(&format!("{p}.gate.e_score_correction_bias"))? {
+                Some(Tensor::Dense(bias)) => Some(bias),
+                Some(Tensor::Quantized(_)) => {
+                    return Err(Error::Weights(format!(
+                        "`{p}.gate.e_score_correction_bias` is quantized"
+                    )));
+                }
+                None => None,
+            };
+        let experts = Moe::ungated(
+            weights.matrix(&format!("{p}.gate"), count, hidden)?,
+            stacked(weights, "up_proj", inter, inner)?,
+            stacked(weights, "down_proj", inner, inter)?,
+            e.num_experts_per_tok,
+            e.norm_topk_prob,
+            RouterScoring::Sigmoid,
+            Activation::Relu2,
+        )?
+        .with_routing(RouterOptions {
+            correction_bias,
+            groups: Some(e.groups),
+            scale: e.routed_scaling_factor,
+        })?;
+        let latent = match e.moe_latent_size {
+            Some(_) => Some((
+                weights.projection(&format!("{p}.fc1_latent_proj"), inner, hidden, c.mlp_bias)?,
+                weights.projection(&format!("{p}.fc2_latent_proj"), hidden, inner, c.mlp_bias)?,
+            )),
+            None => None,
+        };
+        let shared_experts = match e.shared_intermediate_size {
+            0 => None,
+            width => Some(Relu2Mlp::new(
+                weights,
+                &format!("{p}.shared_experts"),
+                dim(width, "moe_shared_expert_intermediate_size")?,
+                hidden,
+                c.mlp_bias,
+            )?),
+        };
+        Ok(ExpertBlock {
+            experts,
+            latent,
+            shared_experts,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let routed = match &self.latent {
+            Some((fc1, fc2)) => {
+                fc2.forward(&self.experts.forward_routed_by(&fc1.forward(x)?, x)?)?
+            }
+            None => self.experts.forward(x)?,
+        };
+        match &self.shared_experts {
+            Some(shared) => Ok(routed.add(&shared.forward(x)?)?),
+            None => Ok(routed),
+        }
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.experts.collect_arrays(out);
+        if let Some((fc1, fc2)) = &self.latent {
+            fc1.collect_arrays(out);
+            fc2.collect_arrays(out);
+        }
+        if let Some(shared) = &self.shared_experts {
+            shared.up_proj.collect_arrays(out);
+            shared.down_proj.collect_arrays(out);
+        }
     }
 }
 
@@ -271,6 +459,7 @@ enum Mixer {
     Mamba(Box<Mamba2Mixer>),
     Attention(Box<Attention>),
     Mlp(Box<Relu2Mlp>),
+    Moe(Box<ExpertBlock>),
 }
 
 /// One block: `norm` → mixer, added to the residual stream.
@@ -320,14 +509,19 @@ impl NemotronH {
                 )?)),
                 Block::Mlp => {
                     let inter = dim(config.intermediate_size, "intermediate_size")?;
-                    let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
-                        weights.projection(&format!("{p}.mixer.{name}"), out, inp, config.mlp_bias)
-                    };
-                    Mixer::Mlp(Box::new(Relu2Mlp {
-                        up_proj: projection(weights, "up_proj", inter, hidden)?,
-                        down_proj: projection(weights, "down_proj", hidden, inter)?,
-                    }))
+                    Mixer::Mlp(Box::new(Relu2Mlp::new(
+                        weights,
+                        &format!("{p}.mixer"),
+                        inter,
+                        hidden,
+                        config.mlp_bias,
+                    )?))
                 }
+                Block::Moe => Mixer::Moe(Box::new(ExpertBlock::new(
+                    &config,
+                    weights,
+                    &format!("{p}.mixer"),
+                )?)),
             };
             layers.push(NemotronHBlock {
                 norm: norm(weights, &format!("{p}.norm.weight"))?,
@@ -396,7 +590,7 @@ impl Model for NemotronH {
                 Ok(match layer.mixer {
                     Mixer::Mamba(_) => Some(LayerCache::Recurrent(RecurrentCache::new(recurrent)?)),
                     Mixer::Attention(_) => Some(LayerCache::Kv(KvCache::new())),
-                    Mixer::Mlp(_) => None,
+                    Mixer::Mlp(_) | Mixer::Moe(_) => None,
                 })
             })
             .collect()
@@ -436,6 +630,7 @@ impl Model for NemotronH {
                     )?
                 }
                 Mixer::Mlp(mlp) => mlp.forward(&x)?,
+                Mixer::Moe(experts) => experts.forward(&x)?,
             };
             h = h.add(&mixed)?;
         }
@@ -461,6 +656,7 @@ impl Model for NemotronH {
                     mlp.up_proj.collect_arrays(&mut out);
                     mlp.down_proj.collect_arrays(&mut out);
                 }
+                Mixer::Moe(experts) => experts.collect_arrays(&mut out),
             }
         }
         self.norm_f.collect_arrays(&mut out);
