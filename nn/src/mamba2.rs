@@ -104,6 +104,7 @@ impl Mamba2Config {
 pub struct Mamba2Mixer {
     in_proj: Linear,
     conv1d: ShortConv,
+    /// Added to the step sizes before the softplus; f32, converted once at load.
     dt_bias: Array,
     /// `−exp(A_log)`, f32.
     a: Array,
@@ -141,7 +142,9 @@ impl Mamba2Mixer {
         Ok(Mamba2Mixer {
             in_proj: projection(weights, "in_proj", inner + conv_dim + heads, hidden)?,
             conv1d: ShortConv::from_torch(&conv_weight, conv_dim)?.with_bias(conv_bias),
-            dt_bias: weights.dense(&format!("{p}.dt_bias"), &[heads])?,
+            dt_bias: weights
+                .dense(&format!("{p}.dt_bias"), &[heads])?
+                .astype(Dtype::F32)?,
             a: weights
                 .dense(&format!("{p}.A_log"), &[heads])?
                 .astype(Dtype::F32)?
@@ -219,10 +222,7 @@ impl Mamba2Mixer {
             ));
         };
         let (low, high) = self.dt_limit;
-        let mut dt = softplus(
-            &dt.astype(Dtype::F32)?
-                .add(&self.dt_bias.astype(Dtype::F32)?)?,
-        )?;
+        let mut dt = softplus(&dt.astype(Dtype::F32)?.add(&self.dt_bias)?)?;
         if low > 0.0 {
             dt = dt.maximum(low)?;
         }

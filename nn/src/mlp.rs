@@ -5,6 +5,7 @@ use mlx::quantized::Quantized;
 
 use crate::activation::Activation;
 use crate::linear::{Linear, Tensor};
+use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// `down(act(gate(x)) · up(x))`.
@@ -17,6 +18,24 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// Loads the block saved under `prefix` as `gate_proj`, `up_proj` (`[inter, hidden]`, no
+    /// bias) and `down_proj` (`[hidden, inter]`, optional bias): the layout every family here
+    /// that has a gated MLP uses.
+    pub fn load(
+        weights: &mut Weights,
+        prefix: &str,
+        inter: i32,
+        hidden: i32,
+        activation: Activation,
+    ) -> Result<Mlp> {
+        Mlp::new(
+            weights.matrix(&format!("{prefix}.gate_proj"), inter, hidden)?,
+            weights.matrix(&format!("{prefix}.up_proj"), inter, hidden)?,
+            weights.linear(&format!("{prefix}.down_proj"), hidden, inter)?,
+            activation,
+        )
+    }
+
     /// Builds the block; `gate` and `up` (bias-free) are concatenated along their output rows
     /// once, here, and so are their packed copies when both have one of the same layout.
     pub fn new(gate: Linear, up: Linear, down: Linear, activation: Activation) -> Result<Mlp> {

@@ -299,10 +299,8 @@ pub fn build_decoder(
             }
             _ => {
                 let inter = dim(config.intermediate_size, "intermediate_size")?;
-                let gate = weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?;
-                let up = weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?;
-                let down = weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?;
-                FeedForward::Dense(Mlp::new(gate, up, down, activation)?)
+                let mlp = Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?;
+                FeedForward::Dense(mlp)
             }
         };
         let (post_attention_norm, pre_feedforward_norm, post_feedforward_norm) =

@@ -492,7 +492,7 @@ impl DeepseekV3 {
                 )?)
             } else {
                 let inter = dim(config.intermediate_size, "intermediate_size")?;
-                FeedForward::Dense(mlp(
+                FeedForward::Dense(Mlp::load(
                     weights,
                     &format!("{p}.mlp"),
                     inter,
@@ -531,22 +531,6 @@ impl DeepseekV3 {
             lm_head,
         })
     }
-}
-
-/// A SwiGLU MLP under `p`.
-fn mlp(
-    weights: &mut Weights,
-    p: &str,
-    inter: i32,
-    hidden: i32,
-    activation: Activation,
-) -> Result<Mlp> {
-    Mlp::new(
-        weights.matrix(&format!("{p}.gate_proj"), inter, hidden)?,
-        weights.matrix(&format!("{p}.up_proj"), inter, hidden)?,
-        weights.linear(&format!("{p}.down_proj"), hidden, inter)?,
-        activation,
-    )
 }
 
 /// The sparse block under `p`: router `gate` (with `e_score_correction_bias`), experts one by
@@ -614,7 +598,7 @@ fn sparse_block(c: &Config, weights: &mut Weights, p: &str, activation: Activati
         "shared experts' width",
     )?;
     Ok(moe.with_shared(SharedExpert {
-        mlp: mlp(
+        mlp: Mlp::load(
             weights,
             &format!("{p}.shared_experts"),
             shared,

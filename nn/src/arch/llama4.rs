@@ -340,7 +340,7 @@ impl Llama4 {
                 )?)
             } else {
                 let inter = dim(config.intermediate_size_mlp, "intermediate_size_mlp")?;
-                FeedForward::Dense(mlp(
+                FeedForward::Dense(Mlp::load(
                     weights,
                     &format!("{p}.feed_forward"),
                     inter,
@@ -398,22 +398,6 @@ impl Llama4 {
     }
 }
 
-/// A SwiGLU MLP under `p`.
-fn mlp(
-    weights: &mut Weights,
-    p: &str,
-    inter: i32,
-    hidden: i32,
-    activation: Activation,
-) -> Result<Mlp> {
-    Mlp::new(
-        weights.matrix(&format!("{p}.gate_proj"), inter, hidden)?,
-        weights.matrix(&format!("{p}.up_proj"), inter, hidden)?,
-        weights.linear(&format!("{p}.down_proj"), hidden, inter)?,
-        activation,
-    )
-}
-
 /// The sparse block under `p`: `router`, `experts.{gate_up_proj, down_proj}` stored
 /// `[experts, in, out]`, and `shared_expert`.
 fn experts(c: &Config, weights: &mut Weights, p: &str, activation: Activation) -> Result<Moe> {
@@ -441,7 +425,7 @@ fn experts(c: &Config, weights: &mut Weights, p: &str, activation: Activation) -
     )?
     .with_scaled_inputs()
     .with_shared(SharedExpert {
-        mlp: mlp(
+        mlp: Mlp::load(
             weights,
             &format!("{p}.shared_expert"),
             inter,

@@ -241,10 +241,11 @@ impl Mistral {
                         activation,
                     )?)
                 }
-                None => FeedForward::Dense(Mlp::new(
-                    weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
-                    weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?,
-                    weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
+                None => FeedForward::Dense(Mlp::load(
+                    weights,
+                    &format!("{p}.mlp"),
+                    inter,
+                    hidden,
                     activation,
                 )?),
             };

@@ -165,12 +165,7 @@ impl Olmo2 {
                     weights,
                     &format!("{p}.post_attention_layernorm.weight"),
                 )?,
-                mlp: Mlp::new(
-                    weights.matrix(&format!("{p}.mlp.gate_proj"), inter, hidden)?,
-                    weights.matrix(&format!("{p}.mlp.up_proj"), inter, hidden)?,
-                    weights.linear(&format!("{p}.mlp.down_proj"), hidden, inter)?,
-                    activation,
-                )?,
+                mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
                 post_feedforward_layernorm: norm(
                     weights,
                     &format!("{p}.post_feedforward_layernorm.weight"),

@@ -415,7 +415,7 @@ struct GatedDeltaNet {
     in_proj_b: Linear,
     in_proj_a: Linear,
     conv1d: ShortConv,
-    /// Added to the decay input before the softplus.
+    /// Added to the decay input before the softplus; f32, converted once at load.
     dt_bias: Array,
     /// `−exp(A_log)`, f32: the decay rate per value head.
     decay_rate: Array,
@@ -456,7 +456,9 @@ impl GatedDeltaNet {
             in_proj_b,
             in_proj_a,
             conv1d,
-            dt_bias: weights.dense(&format!("{p}.dt_bias"), &[value_heads])?,
+            dt_bias: weights
+                .dense(&format!("{p}.dt_bias"), &[value_heads])?
+                .astype(Dtype::F32)?,
             decay_rate: a_log.astype(Dtype::F32)?.exp()?.negative()?,
             norm: RmsNorm::new(
                 weights.dense(&format!("{p}.norm.weight"), &[value_dim])?,
@@ -525,7 +527,7 @@ impl GatedDeltaNet {
         let v = v.reshape(&[rows, tokens, self.value_heads, self.value_dim])?;
         let beta = self.in_proj_b.forward(x)?.sigmoid()?;
         let a = self.in_proj_a.forward(x)?.astype(Dtype::F32)?;
-        let g = softplus(&a.add(&self.dt_bias.astype(Dtype::F32)?)?)?.multiply(&self.decay_rate)?;
+        let g = softplus(&a.add(&self.dt_bias)?)?.multiply(&self.decay_rate)?;
         let (y, state) = gated_delta_rule(
             &DeltaInputs {
                 q: &q,
@@ -709,7 +711,7 @@ impl Qwen3_5 {
                         hidden,
                         activation,
                     )?),
-                    _ => FeedForward::Dense(mlp(
+                    _ => FeedForward::Dense(Mlp::load(
                         weights,
                         &format!("{p}.mlp"),
                         inter,
@@ -736,22 +738,6 @@ impl Qwen3_5 {
             lm_head,
         })
     }
-}
-
-/// A SwiGLU MLP under `p` (`gate_proj`, `up_proj`, `down_proj`).
-fn mlp(
-    weights: &mut Weights,
-    p: &str,
-    inter: i32,
-    hidden: i32,
-    activation: Activation,
-) -> Result<Mlp> {
-    Mlp::new(
-        weights.matrix(&format!("{p}.gate_proj"), inter, hidden)?,
-        weights.matrix(&format!("{p}.up_proj"), inter, hidden)?,
-        weights.linear(&format!("{p}.down_proj"), hidden, inter)?,
-        activation,
-    )
 }
 
 /// The sparse block under `p`: router `gate`, experts either fused as transformers 5 saves
@@ -807,7 +793,7 @@ fn sparse(
         "shared_expert_intermediate_size",
     )?;
     Ok(moe.with_shared(SharedExpert {
-        mlp: mlp(
+        mlp: Mlp::load(
             weights,
             &format!("{p}.shared_expert"),
             shared_inter,
