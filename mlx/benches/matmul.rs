@@ -1,10 +1,10 @@
 //! Matmul throughput on the default device: dense f32, 4-bit quantized matvec, and the shim's
-//! packed CPU matvec per instruction set and thread count.
+//! packed CPU matvec per instruction set, thread count and activation precision.
 //!
 //! Run `cargo bench -p mlx`. The dense numbers depend on the BLAS the binary loaded: build once
 //! with `MLXKIT_NO_OPENBLAS=1` (in another target dir) to measure the wheel's reference BLAS.
 
-use mlx::quantized::{QuantSpec, quantize};
+use mlx::quantized::{Activations, QuantSpec, quantize};
 use mlx::{Array, Dtype, random};
 
 fn main() {
@@ -45,36 +45,117 @@ fn quantized_4bit_1x4096_by_4096x4096(bencher: divan::Bencher, activations: Dtyp
     });
 }
 
-/// The packed CPU matvec (`mlx-sys/shim/qmv.cc`) on a SmolLM2 MLP shape, 4-bit groups of 32,
-/// for one decode row and a batch of 8, with the CPU's best kernels and with AVX2 (on one
-/// thread and on all).
-fn packed_matvec(bencher: divan::Bencher, rows: i32, kernels: mlx::CpuKernels, threads: usize) {
-    let w = random_matrix(1536, 576, 5);
-    let q = quantize(&w, QuantSpec::affine(32, 4)).expect("quantize");
+/// The packed CPU matvec (`mlx-sys/shim/qmv.cc`) on a `[out, in]` matrix of `bits`-bit groups of
+/// 32, for `rows` rows of `x`, with the given kernels, threads and activation precision.
+#[allow(clippy::too_many_arguments)]
+fn packed_matvec(
+    bencher: divan::Bencher,
+    (out, inp, bits): (i32, i32, i32),
+    rows: i32,
+    kernels: mlx::CpuKernels,
+    threads: usize,
+    activations: Activations,
+) {
+    let w = random_matrix(out, inp, 5);
+    let q = quantize(&w, QuantSpec::affine(32, bits)).expect("quantize");
     mlx::eval([&q.weights, &q.scales]).expect("eval");
-    let x = random_matrix(rows, 576, 6);
+    let x = random_matrix(rows, inp, 6);
     let before = (mlx::cpu_kernels(), mlx::cpu_threads());
     mlx::set_cpu_kernels(kernels);
     mlx::set_cpu_threads(threads);
     bencher.bench_local(|| {
-        let y = q.matmul(&x, true).expect("qmm");
+        let y = q.matmul_with(&x, true, activations).expect("qmm");
         y.eval().expect("eval");
     });
     mlx::set_cpu_kernels(before.0);
     mlx::set_cpu_threads(before.1);
 }
 
+/// SmolLM2's MLP up projection: 1.7 MB packed, in L2/L3 between calls.
+const MLP: (i32, i32, i32) = (1536, 576, 4);
+/// SmolLM2's tied output head, 8-bit: 31 MB, streamed from memory every call.
+const HEAD: (i32, i32, i32) = (49152, 576, 8);
+
 #[divan::bench(args = [1, 8], sample_count = 200)]
 fn packed_4bit_576x1536_best_one_thread(bencher: divan::Bencher, rows: i32) {
-    packed_matvec(bencher, rows, mlx::CpuKernels::Avx512, 1);
+    packed_matvec(
+        bencher,
+        MLP,
+        rows,
+        mlx::CpuKernels::Avx512,
+        1,
+        Activations::F32,
+    );
 }
 
 #[divan::bench(args = [1, 8], sample_count = 200)]
 fn packed_4bit_576x1536_avx2_one_thread(bencher: divan::Bencher, rows: i32) {
-    packed_matvec(bencher, rows, mlx::CpuKernels::Avx2, 1);
+    packed_matvec(
+        bencher,
+        MLP,
+        rows,
+        mlx::CpuKernels::Avx2,
+        1,
+        Activations::F32,
+    );
 }
 
 #[divan::bench(args = [1, 8], sample_count = 200)]
 fn packed_4bit_576x1536_best_all_threads(bencher: divan::Bencher, rows: i32) {
-    packed_matvec(bencher, rows, mlx::CpuKernels::Avx512, 8);
+    packed_matvec(
+        bencher,
+        MLP,
+        rows,
+        mlx::CpuKernels::Avx512,
+        8,
+        Activations::F32,
+    );
+}
+
+#[divan::bench(args = [1, 8], sample_count = 200)]
+fn packed_4bit_576x1536_int8_one_thread(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(
+        bencher,
+        MLP,
+        rows,
+        mlx::CpuKernels::Avx512,
+        1,
+        Activations::Int8,
+    );
+}
+
+#[divan::bench(args = [1, 8], sample_count = 200)]
+fn packed_4bit_576x1536_int8_all_threads(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(
+        bencher,
+        MLP,
+        rows,
+        mlx::CpuKernels::Avx512,
+        8,
+        Activations::Int8,
+    );
+}
+
+#[divan::bench(args = [1, 8], sample_count = 20)]
+fn packed_8bit_head_576x49152_f32_one_thread(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(
+        bencher,
+        HEAD,
+        rows,
+        mlx::CpuKernels::Avx512,
+        1,
+        Activations::F32,
+    );
+}
+
+#[divan::bench(args = [1, 8], sample_count = 20)]
+fn packed_8bit_head_576x49152_int8_one_thread(bencher: divan::Bencher, rows: i32) {
+    packed_matvec(
+        bencher,
+        HEAD,
+        rows,
+        mlx::CpuKernels::Avx512,
+        1,
+        Activations::Int8,
+    );
 }

@@ -45,6 +45,7 @@ fn main() {
         .file("shim/shim.cc")
         .file("shim/gemv.cc")
         .file("shim/qmv.cc")
+        .file("shim/qmv8.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")
         .file("shim/delta.cc")

@@ -2,6 +2,8 @@
 // and these, so a decode step uses every core rather than one.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 
 namespace mlxkit {
@@ -21,5 +23,23 @@ int set_pool_threads(int threads);
 // same bits whatever the number of threads. A call made while another thread's call is
 // running runs its parts on the calling thread alone.
 void parallel_for(int parts, const std::function<void(int)>& part);
+
+// For a product of `rows` × `in` activations by `out` weight rows: runs `range(n0, n1)` over
+// consecutive ranges of the weight rows, spread over the threads when the product is large
+// enough to pay for handing work over (a few microseconds).
+template <typename Range>
+inline void split_rows(int rows, int in, int out, const Range& range) {
+  constexpr int64_t kMinMacsPerPart = 1 << 17;
+  const int64_t macs = static_cast<int64_t>(rows) * in * out;
+  const int parts = static_cast<int>(
+      std::min<int64_t>({pool_threads() * 4LL, macs / kMinMacsPerPart, out / 8}));
+  if (parts <= 1) {
+    range(0, out);
+    return;
+  }
+  // Ranges start on multiples of 8 weight rows, the widest tile.
+  auto bound = [&](int p) { return p == parts ? out : (out / 8 * p / parts) * 8; };
+  parallel_for(parts, [&](int p) { range(bound(p), bound(p + 1)); });
+}
 
 }  // namespace mlxkit

@@ -18,7 +18,10 @@
 #include "qmv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "mlx/primitives.h"
 
 #include "pool.h"
+#include "qmv8.h"
 #include "x86.h"
 
 namespace mlxkit {
@@ -304,23 +308,6 @@ void nibble_order(const float* x, size_t len, size_t chunk, float* out) {
   }
 }
 
-// Runs `range(n0, n1)` over consecutive ranges of the `out` weight rows, spread over the pool's
-// threads when the product is large enough to pay for handing work over (a few microseconds).
-template <typename Range>
-void split_rows(int rows, int in, int out, const Range& range) {
-  constexpr int64_t kMinMacsPerPart = 1 << 17;
-  const int64_t macs = static_cast<int64_t>(rows) * in * out;
-  const int parts = static_cast<int>(
-      std::min<int64_t>({pool_threads() * 4LL, macs / kMinMacsPerPart, out / 8}));
-  if (parts <= 1) {
-    range(0, out);
-    return;
-  }
-  // Ranges start on multiples of 8 weight rows, the widest tile.
-  auto bound = [&](int p) { return p == parts ? out : (out / 8 * p / parts) * 8; };
-  parallel_for(parts, [&](int p) { range(bound(p), bound(p + 1)); });
-}
-
 void matvec(const float* x, int rows, int in, const uint8_t* w, const float* scales,
             const float* biases, int group, int bits, int out, float* y) {
   const int groups = in / group;
@@ -386,8 +373,8 @@ void require_row_contiguous(const mx::array& a, const char* what) {
 
 class PackedMatvec : public mx::UnaryPrimitive {
  public:
-  PackedMatvec(mx::Stream stream, int group, int bits)
-      : mx::UnaryPrimitive(stream), group_(group), bits_(bits) {}
+  PackedMatvec(mx::Stream stream, int group, int bits, bool int8)
+      : mx::UnaryPrimitive(stream), group_(group), bits_(bits), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
     const auto& x = inputs[0];
@@ -413,9 +400,10 @@ class PackedMatvec : public mx::UnaryPrimitive {
                       scales = mx::array::unsafe_weak_copy(scales),
                       biases = mx::array::unsafe_weak_copy(biases),
                       y = mx::array::unsafe_weak_copy(y), in, rows, out, group = group_,
-                      bits = bits_]() mutable {
-      matvec(x.data<float>(), rows, in, w.data<uint8_t>(), scales.data<float>(),
-             biases.data<float>(), group, bits, out, y.data<float>());
+                      bits = bits_, int8 = int8_]() mutable {
+      (int8 ? int8_matvec : matvec)(x.data<float>(), rows, in, w.data<uint8_t>(),
+                                    scales.data<float>(), biases.data<float>(), group, bits, out,
+                                    y.data<float>());
     });
   }
 
@@ -429,15 +417,34 @@ class PackedMatvec : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const PackedMatvec*>(&other);
-    return o != nullptr && group_ == o->group_ && bits_ == o->bits_;
+    return o != nullptr && group_ == o->group_ && bits_ == o->bits_ && int8_ == o->int8_;
   }
 
  private:
   int group_;
   int bits_;
+  // Activations quantized to 8 bits (qmv8.cc) rather than kept in f32.
+  bool int8_;
 };
 
+std::atomic<int>& activations_setting() {
+  static std::atomic<int> setting([] {
+    const char* env = std::getenv("MLXKIT_ACTIVATIONS");
+    const bool int8 = env != nullptr && std::strcmp(env, "int8") == 0;
+    return static_cast<int>(int8 ? Activations::Int8 : Activations::F32);
+  }());
+  return setting;
+}
+
 }  // namespace
+
+Activations packed_activations() {
+  return static_cast<Activations>(activations_setting().load(std::memory_order_relaxed));
+}
+
+void set_packed_activations(Activations activations) {
+  activations_setting().store(static_cast<int>(activations), std::memory_order_relaxed);
+}
 
 int packed_matvec_max_rows() {
   return kMaxRows;
@@ -450,7 +457,7 @@ bool packed_matvec_supports(int group, int bits) {
 std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
                                        const mx::array& scales,
                                        const std::optional<mx::array>& biases, int group,
-                                       int bits) {
+                                       int bits, Activations activations) {
   if (mx::default_device() != mx::Device::cpu || !packed_matvec_supports(group, bits) ||
       !biases || x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32 ||
       x.dtype() != mx::float32 || scales.dtype() != mx::float32 ||
@@ -467,11 +474,14 @@ std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
   if (rows == 0 || rows > kMaxRows) {
     return std::nullopt;
   }
+  // The setting is read here, when the graph is built, so an op keeps the precision it was
+  // made with.
+  const bool int8 = activations == Activations::Int8 && int8_matvec_supports(in, group, bits);
   auto shape = x.shape();
   shape.back() = out;
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(std::move(shape), mx::float32,
-                   std::make_shared<PackedMatvec>(stream, group, bits),
+                   std::make_shared<PackedMatvec>(stream, group, bits, int8),
                    {mx::contiguous(x), mx::contiguous(w), mx::contiguous(scales),
                     mx::contiguous(*biases)});
 }

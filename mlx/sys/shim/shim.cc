@@ -532,10 +532,14 @@ std::unique_ptr<Array> quantized_matmul(
     bool transpose,
     int32_t group_size,
     int32_t bits,
-    QuantMode mode) {
+    QuantMode mode,
+    int32_t activations) {
   auto b = optional(has_biases, biases);
   if (transpose && mode == QuantMode::Affine) {
-    if (auto y = packed_matvec(x, w, scales, b, group_size, bits)) {
+    // A negative `activations` asks for the process's setting.
+    const auto precision = activations < 0 ? mlxkit::packed_activations()
+                                           : static_cast<mlxkit::Activations>(activations);
+    if (auto y = packed_matvec(x, w, scales, b, group_size, bits, precision)) {
       return own(std::move(*y));
     }
   }
@@ -548,6 +552,15 @@ bool packed_matvec_available(int32_t group_size, int32_t bits) {
 
 int32_t packed_matvec_rows() {
   return packed_matvec_max_rows();
+}
+
+int32_t packed_matvec_activations() {
+  return static_cast<int32_t>(mlxkit::packed_activations());
+}
+
+void set_packed_matvec_activations(int32_t activations) {
+  mlxkit::set_packed_activations(activations == 1 ? mlxkit::Activations::Int8
+                                                  : mlxkit::Activations::F32);
 }
 
 int32_t cpu_threads() {

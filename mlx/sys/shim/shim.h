@@ -193,9 +193,13 @@ std::unique_ptr<Array> quantized_matmul(
     bool transpose,
     int32_t group_size,
     int32_t bits,
-    QuantMode mode);
+    QuantMode mode,
+    int32_t activations);
 bool packed_matvec_available(int32_t group_size, int32_t bits);
 int32_t packed_matvec_rows();
+// 0: f32, 1: int8 (see qmv.h).
+int32_t packed_matvec_activations();
+void set_packed_matvec_activations(int32_t activations);
 int32_t cpu_threads();
 int32_t set_cpu_threads(int32_t threads);
 int32_t cpu_kernel_level();

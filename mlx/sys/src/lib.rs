@@ -349,9 +349,13 @@ pub mod ffi {
             group_size: i32,
             bits: i32,
             mode: QuantMode,
+            activations: i32,
         ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
         fn packed_matvec_rows() -> i32;
+        /// 0: f32, 1: int8.
+        fn packed_matvec_activations() -> i32;
+        fn set_packed_matvec_activations(activations: i32);
         fn cpu_threads() -> i32;
         fn set_cpu_threads(threads: i32) -> i32;
         fn cpu_kernel_level() -> i32;
