@@ -23,6 +23,8 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
+#include "inputs.h"
+
 namespace mlxkit {
 
 namespace mx = mlx::core;
@@ -148,8 +150,8 @@ std::optional<std::pair<mx::array, mx::array>> scan_gated_delta(
   auto outputs = mx::array::make_arrays(
       {v.shape(), state.shape()}, {mx::float32, mx::float32},
       std::make_shared<GatedDeltaScan>(stream),
-      {mx::contiguous(q), mx::contiguous(k), mx::contiguous(v), mx::contiguous(g),
-       mx::contiguous(beta), mx::contiguous(state)});
+      {row_contiguous(q), row_contiguous(k), row_contiguous(v), row_contiguous(g),
+       row_contiguous(beta), row_contiguous(state)});
   return std::make_pair(outputs[0], outputs[1]);
 }
 

@@ -15,6 +15,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "inputs.h"
 #include "vexp.h"
 #include "x86.h"
 
@@ -119,7 +120,7 @@ std::optional<mx::array> gated_activation(Gate kind, const mx::array& gate,
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(gate.shape(), mx::float32, std::make_shared<GatedActivation>(stream, kind),
-                   {mx::contiguous(gate), mx::contiguous(up)});
+                   {row_contiguous(gate), row_contiguous(up)});
 }
 
 }  // namespace mlxkit

@@ -30,6 +30,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
+#include "inputs.h"
 #include "pool.h"
 #include "qmv8.h"
 #include "x86.h"
@@ -482,8 +483,8 @@ std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(std::move(shape), mx::float32,
                    std::make_shared<PackedMatvec>(stream, group, bits, int8),
-                   {mx::contiguous(x), mx::contiguous(w), mx::contiguous(scales),
-                    mx::contiguous(*biases)});
+                   {row_contiguous(x), row_contiguous(w), row_contiguous(scales),
+                    row_contiguous(*biases)});
 }
 
 }  // namespace mlxkit

@@ -19,6 +19,8 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 
+#include "inputs.h"
+
 namespace mlxkit {
 
 namespace mx = mlx::core;
@@ -139,8 +141,8 @@ std::optional<std::pair<mx::array, mx::array>> scan_ssd(const mx::array& x, cons
   const auto stream = mx::default_stream(mx::Device::cpu);
   auto outputs = mx::array::make_arrays(
       {x.shape(), state.shape()}, {mx::float32, mx::float32}, std::make_shared<SsdScan>(stream),
-      {mx::contiguous(x), mx::contiguous(dt), mx::contiguous(a), mx::contiguous(b),
-       mx::contiguous(c), mx::contiguous(state)});
+      {row_contiguous(x), row_contiguous(dt), row_contiguous(a), row_contiguous(b),
+       row_contiguous(c), row_contiguous(state)});
   return std::make_pair(outputs[0], outputs[1]);
 }
 
