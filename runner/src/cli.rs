@@ -1216,7 +1216,7 @@ async fn bench(
     Ok(())
 }
 
-/// The system report: MLX version, device and a matmul timing.
+/// The system report: MLX version, device, the CPU kernel path and a matmul timing.
 fn info() -> Result<()> {
     use mlx::{Device, Dtype, random};
     let version = mlx::version()?;
@@ -1232,6 +1232,13 @@ fn info() -> Result<()> {
     println!(
         "single-row f32 matmul via sgemv: {}",
         mlx::blas_gemv_forwarding()
+    );
+    // Chosen at run time from this CPU's features, capped by MLXKIT_CPU_KERNELS.
+    println!(
+        "CPU kernels: {:?}, {} threads, packed-matvec activations {:?}",
+        mlx::cpu_kernels(),
+        mlx::cpu_threads(),
+        mlx::quantized::packed_activations()
     );
     let dtype = if device == Device::Gpu {
         Dtype::Bf16
