@@ -9,7 +9,7 @@ use mlx::fast::{AttentionMask, RowHistory, rows_attention, scaled_dot_product_at
 const HEADS: usize = 6;
 const KV_HEADS: usize = 2;
 /// A buffer longer than any history, so each history is a strided view as a cache hands it.
-const CAPACITY: usize = 40;
+const CAPACITY: usize = 320;
 
 struct Row {
     /// The whole buffer, `[1, kv_heads, CAPACITY, head_dim]`.
@@ -214,6 +214,39 @@ fn rows_attention_rows_are_independent() {
                 .to_vec::<f32>()
                 .unwrap();
             assert_eq!(alone, together[r * n..][..n], "row {r}");
+        }
+    });
+}
+
+/// A prompt chunk is attended in tiles of queries over blocks of keys, yet each query's result
+/// is the same bits as when it is attended alone over the keys it sees (as a decode step
+/// would): a prompt gives the same numbers whatever chunks it is cut into. 300 keys cross the
+/// kernel's 128-key blocks; 21 queries fill two tiles of 8 and part of a third.
+#[test]
+fn rows_attention_chunk_equals_its_queries_one_at_a_time() {
+    common::each_kernel_level(|_| {
+        for (head_dim, softcap) in [(64usize, None), (80, Some(5.0)), (12, None)] {
+            let (len, length) = (300usize, 21usize);
+            let mut rows = rows(&[len], head_dim, 70);
+            let (_, queries) = array(&[1, HEADS as i32, length as i32, head_dim as i32], 71);
+            let chunk = attend(&queries, &rows, head_dim, softcap, true)
+                .to_vec::<f32>()
+                .unwrap();
+            for i in 0..length {
+                let q = queries.slice_axis(2, i as i32, i as i32 + 1).unwrap();
+                rows[0].len = len - length + i + 1;
+                let alone = attend(&q, &rows, head_dim, softcap, false)
+                    .to_vec::<f32>()
+                    .unwrap();
+                for h in 0..HEADS {
+                    let at = (h * length + i) * head_dim;
+                    assert_eq!(
+                        alone[h * head_dim..][..head_dim],
+                        chunk[at..at + head_dim],
+                        "head_dim {head_dim}, head {h}, query {i}"
+                    );
+                }
+            }
         }
     });
 }

@@ -6,8 +6,10 @@
 // handful of small ops (slices, the GQA reshape, two matmuls, a softmax): on SmolLM2 with 8
 // rows that was about a fifth of the step. This primitive takes every row's keys and values
 // as they lie in the caches (strided views, nothing copied) and attends them all in one op.
-// For a prompt chunk it computes one query's scores at a time (never the whole score matrix)
-// with a vectorized `exp`, where MLX's CPU softmax evaluates `exp` one lane at a time.
+// For a prompt chunk it attends tiles of queries against blocks of keys, so a long prompt's
+// keys and values are read once per tile rather than once per query, and keeps only the
+// tile's scores (never the whole score matrix), with a vectorized `exp` where MLX's CPU softmax
+// evaluates `exp` one lane at a time.
 //
 // Each (row, head, query) runs the same operations in the same order whatever the other rows
 // are, so a row's result does not depend on the batch it is in.
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -58,21 +61,20 @@ float dot_portable(const float* a, const float* b, int n) {
   return sum;
 }
 
-// `out = Σ_t p[t] · v_t` over the first `len` tokens of one head's values.
-void weighted_sum_portable(const float* p, const float* vh, int64_t token, int len,
+// `out += Σ_t p[t] · v_t` over tokens `[t0, t1)` of one head's values.
+void weighted_sum_portable(const float* p, const float* vh, int64_t token, int t0, int t1,
                            int head_dim, float* out) {
-  std::fill(out, out + head_dim, 0.0f);
-  for (int t = 0; t < len; ++t) {
+  for (int t = t0; t < t1; ++t) {
     for (int d = 0; d < head_dim; ++d) {
       out[d] += p[t] * vh[t * token + d];
     }
   }
 }
 
-// `scores[t] = scale · q·k_t` for `t < len`.
-void scores_portable(const float* q, View keys, const float* kh, int len, int head_dim,
+// `scores[t] = scale · q·k_t` for `t` in `[t0, t1)`.
+void scores_portable(const float* q, View keys, const float* kh, int t0, int t1, int head_dim,
                      float scale, float* scores) {
-  for (int t = 0; t < len; ++t) {
+  for (int t = t0; t < t1; ++t) {
     scores[t] = dot_portable(q, kh + t * keys.token, head_dim) * scale;
   }
 }
@@ -104,18 +106,19 @@ MLXKIT_AVX2 float dot_avx2(const float* a, const float* b, int n) {
   return horizontal_sum(_mm256_add_ps(s0, s1));
 }
 
-// `out = Σ_t p[t] · v_t`, `head_dim` a multiple of 8. Sixty-four dimensions at a time stay in
-// registers across every token, instead of `out` being loaded and stored once per token.
-MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t token, int len,
-                                   int head_dim, float* out) {
+// `out += Σ_t p[t] · v_t` over tokens `[t0, t1)`, `head_dim` a multiple of 8. Sixty-four
+// dimensions at a time stay in registers across the range's tokens, instead of `out` being
+// loaded and stored once per token.
+MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t token, int t0,
+                                   int t1, int head_dim, float* out) {
   int d0 = 0;
   for (; d0 + 64 <= head_dim; d0 += 64) {
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      acc[j] = _mm256_setzero_ps();
+      acc[j] = _mm256_loadu_ps(out + d0 + 8 * j);
     }
-    for (int t = 0; t < len; ++t) {
+    for (int t = t0; t < t1; ++t) {
       const __m256 pt = _mm256_set1_ps(p[t]);
       const float* v = vh + t * token + d0;
 #pragma GCC unroll 8
@@ -129,8 +132,8 @@ MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t toke
     }
   }
   for (; d0 < head_dim; d0 += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int t = 0; t < len; ++t) {
+    __m256 acc = _mm256_loadu_ps(out + d0);
+    for (int t = t0; t < t1; ++t) {
       acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(vh + t * token + d0), acc);
     }
     _mm256_storeu_ps(out + d0, acc);
@@ -138,12 +141,13 @@ MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t toke
 }
 
 // Eight keys at a time: eight dot products in eight accumulators, reduced together, so no
-// key pays a horizontal sum of its own. `head_dim` a multiple of 8.
-MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int len, int head_dim,
-                             float scale, float* scores) {
+// key pays a horizontal sum of its own. `head_dim` a multiple of 8; `t0` a multiple of 8, so a
+// range's blocks of eight are the same whatever ranges a query's keys are cut into.
+MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int t0, int t1,
+                             int head_dim, float scale, float* scores) {
   const __m256 scale8 = _mm256_set1_ps(scale);
-  int t = 0;
-  for (; t + 8 <= len; t += 8) {
+  int t = t0;
+  for (; t + 8 <= t1; t += 8) {
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) {
       acc[j] = _mm256_setzero_ps();
@@ -164,7 +168,7 @@ MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int len
     const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(s4567), _mm256_extractf128_ps(s4567, 1));
     _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), scale8));
   }
-  for (; t < len; ++t) {
+  for (; t < t1; ++t) {
     scores[t] = dot_avx2(q, kh + t * keys.token, head_dim) * scale;
   }
 }
@@ -184,9 +188,9 @@ MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
 #endif  // __x86_64__
 
 struct Kernels {
-  void (*scores)(const float*, View, const float*, int, int, float, float*);
+  void (*scores)(const float*, View, const float*, int, int, int, float, float*);
   float (*exp_sum)(float*, int, float);
-  void (*weighted_sum)(const float*, const float*, int64_t, int, int, float*);
+  void (*weighted_sum)(const float*, const float*, int64_t, int, int, int, float*);
 };
 
 Kernels kernels_for(int head_dim) {
@@ -198,27 +202,59 @@ Kernels kernels_for(int head_dim) {
   return {scores_portable, exp_portable, weighted_sum_portable};
 }
 
-// One query of one head: `out = softmax(scale · K q) V` over the first `len` tokens.
-void attend_query(const Kernels& k, const float* q, View keys, View values, int kv_head, int len,
-                  int head_dim, float scale, std::optional<float> softcap, float* scores,
-                  float* out) {
+// Queries attended together, and keys per pass over them (a multiple of 8): a block of 128
+// keys (32 KB at head_dim 64) is read from memory once for the whole tile and from L1 for the
+// rest, where one query at a time read a long prompt's keys and values from L3 per query.
+constexpr int kQueryTile = 8;
+constexpr int kKeyBlock = 128;
+
+// Queries `q[i]` of one head, `i < count`: `out[i] = softmax(scale · K q[i]) V` over the first
+// `visible[i]` tokens. Keys and values are walked in blocks shared by the tile, but each
+// query's sums run in the same order as when it is attended alone (blocks of eight keys from
+// 0, values accumulated token after token), so its result is the same bits.
+void attend_tile(const Kernels& k, const float* const* q, const int* visible, int count,
+                 View keys, View values, int kv_head, int head_dim, float scale,
+                 std::optional<float> softcap, std::vector<float>& scores, float* const* out) {
   const float* kh = keys.data + kv_head * keys.head;
   const float* vh = values.data + kv_head * values.head;
-  k.scores(q, keys, kh, len, head_dim, scale, scores);
-  if (softcap) {
-    for (int t = 0; t < len; ++t) {
-      scores[t] = *softcap * std::tanh(scores[t] / *softcap);
+  const int longest = *std::max_element(visible, visible + count);
+  const size_t stride = static_cast<size_t>(longest);
+  scores.resize(std::max(scores.size(), stride * count));
+  for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
+    for (int i = 0; i < count; ++i) {
+      const int t1 = std::min(t0 + kKeyBlock, visible[i]);
+      if (t0 < t1) {
+        k.scores(q[i], keys, kh, t0, t1, head_dim, scale, scores.data() + i * stride);
+      }
     }
   }
-  float max = -INFINITY;
-  for (int t = 0; t < len; ++t) {
-    max = std::max(max, scores[t]);
+  std::vector<float> inverse(count);
+  for (int i = 0; i < count; ++i) {
+    float* s = scores.data() + i * stride;
+    if (softcap) {
+      for (int t = 0; t < visible[i]; ++t) {
+        s[t] = *softcap * std::tanh(s[t] / *softcap);
+      }
+    }
+    float max = -INFINITY;
+    for (int t = 0; t < visible[i]; ++t) {
+      max = std::max(max, s[t]);
+    }
+    inverse[i] = 1.0f / k.exp_sum(s, visible[i], max);
+    std::fill(out[i], out[i] + head_dim, 0.0f);
   }
-  const float total = k.exp_sum(scores, len, max);
-  k.weighted_sum(scores, vh, values.token, len, head_dim, out);
-  const float inverse = 1.0f / total;
-  for (int d = 0; d < head_dim; ++d) {
-    out[d] *= inverse;
+  for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
+    for (int i = 0; i < count; ++i) {
+      const int t1 = std::min(t0 + kKeyBlock, visible[i]);
+      if (t0 < t1) {
+        k.weighted_sum(scores.data() + i * stride, vh, values.token, t0, t1, head_dim, out[i]);
+      }
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    for (int d = 0; d < head_dim; ++d) {
+      out[i][d] *= inverse[i];
+    }
   }
 }
 
@@ -263,14 +299,20 @@ class RowsAttention : public mx::UnaryPrimitive {
         const auto& values = held[2 + 2 * r];
         const int group = heads / keys.shape(1);
         const int history = keys.shape(2);
-        scores.resize(std::max<size_t>(scores.size(), history));
-        for (int i = 0; i < length; ++i) {
-          // Causal: query i of `length` sits at position history - length + i.
-          const int visible = causal[r] ? history - length + i + 1 : history;
-          const float* q = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
-          attend_query(k, q, view_of(keys), view_of(values), h / group, visible, head_dim,
-                       scale, softcap, scores.data(),
-                       out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim);
+        for (int i0 = 0; i0 < length; i0 += kQueryTile) {
+          const int count = std::min(kQueryTile, length - i0);
+          const float* q[kQueryTile];
+          float* o[kQueryTile];
+          int visible[kQueryTile];
+          for (int j = 0; j < count; ++j) {
+            const int i = i0 + j;
+            // Causal: query i of `length` sits at position history - length + i.
+            visible[j] = causal[r] ? history - length + i + 1 : history;
+            q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
+            o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
+          }
+          attend_tile(k, q, visible, count, view_of(keys), view_of(values), h / group,
+                      head_dim, scale, softcap, scores, o);
         }
       };
       // Pairs split over the pool's threads when there is enough work to pay for it.
