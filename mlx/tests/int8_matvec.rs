@@ -278,3 +278,20 @@ fn int8_matvec_falls_back_and_follows_the_setting() {
     );
     mlx::quantized::set_packed_activations(before);
 }
+
+/// A NaN among the activations makes every output NaN, as it does in f32, instead of being
+/// rounded into an arbitrary integer.
+#[test]
+fn int8_matvec_keeps_nan_visible() {
+    let m = matrix(16, 64, 32, 4, 80);
+    let mut x = activations(1, 64, 81);
+    x[5] = f32::NAN;
+    let x = Array::from_slice(&x, &[1, 64]).unwrap();
+    let y = m
+        .packed
+        .matmul_with(&x, true, Activations::Int8)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+}

@@ -13,14 +13,16 @@
 // - The bias term of a group, `bias · Σ x`, uses the exact f32 sum of the unquantized `x`, as
 //   the f32 kernel does; only the `scale · Σ q·x` term sees the rounded activations.
 // - Each activation moves by at most half a step, `dx / 2`, so a block's term moves by at most
-//   `scale · dx / 2 · Σ |q|` (the bound `mlx/tests/quantized.rs` checks).
+//   `scale · dx / 2 · Σ |q - c|`, `c` the centre below (0 for 4-bit weights; the bound
+//   `mlx/tests/int8_matvec.rs` checks).
 //
 // 8-bit weights (`q` in 0..255) would overflow `maddubs`' 16-bit pair sums against activations
 // up to 127, so they are centred to `q - 128` (-128..127) and multiplied by sign: `|q - 128|`
 // as unsigned times `x` with the sign of `q - 128` (at most 2·128·127 = 32512 per pair). The
 // 128 that centring removed comes back through the bias: `(bias + 128 · scale) · Σ x`, with
-// the exact sum again. Only `scale · (q - 128)` then meets the rounded activations, which
-// halves the rounding error of typical weights; every kernel level does the same.
+// the exact sum again. Only `scale · (q - 128)` then meets the rounded activations: for weights
+// spread over 0..255 (Q8_0) that shrinks the rounding error, while 5- and 6-bit weights widened
+// into 8 bits sit far below 128 and see it grow (bench/RESULTS.md). Every level does the same.
 //
 // Every (row of x, weight row) pair runs the same operations in the same order whatever the
 // tile, the batch or the thread count, so a row's result does not depend on the rows it is
@@ -77,15 +79,15 @@ QuantizedRows quantize_rows(const float* x, int rows, int in, int group, bool ni
       for (int k = 0; k < kBlock; ++k) {
         most = std::max(most, std::fabs(xb[k]));
       }
-      // A block of zeros (or one a NaN poisons) gets scale 0 and zero integers; a NaN then
-      // shows through the exact sums of the bias term rather than vanishing.
+      // A block of zeros gets scale 0 and zero integers. A NaN gets integer 0 (converting it
+      // would be undefined) and shows through the exact sums of the bias term instead.
       const float scale = most > 0.0f ? most / 127.0f : 0.0f;
       const float inverse = most > 0.0f ? 127.0f / most : 0.0f;
       out.scale[static_cast<size_t>(m) * blocks + b] = scale;
       int8_t* qb = out.q.data() + static_cast<size_t>(m) * in + b * kBlock;
       for (int k = 0; k < kBlock; ++k) {
         const float v = std::nearbyint(xb[k] * inverse);
-        const int8_t q = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+        const int8_t q = std::isnan(v) ? 0 : static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
         const int at = nibble_order ? (k % 2) * (kBlock / 2) + k / 2 : k;
         qb[at] = q;
       }
