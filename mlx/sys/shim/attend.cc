@@ -208,7 +208,7 @@ Kernels kernels_for(int head_dim) {
 constexpr int kQueryTile = 8;
 constexpr int kKeyBlock = 128;
 
-// Queries `q[i]` of one head, `i < count`: `out[i] = softmax(scale · K q[i]) V` over the first
+// Queries `q[i]` of one head, `i < count <= kQueryTile`: `out[i] = softmax(scale · K q[i]) V` over the first
 // `visible[i]` tokens. Keys and values are walked in blocks shared by the tile, but each
 // query's sums run in the same order as when it is attended alone (blocks of eight keys from
 // 0, values accumulated token after token), so its result is the same bits.
@@ -228,7 +228,8 @@ void attend_tile(const Kernels& k, const float* const* q, const int* visible, in
       }
     }
   }
-  std::vector<float> inverse(count);
+  // On the stack: a decode step calls this once per row, head and layer.
+  float inverse[kQueryTile];
   for (int i = 0; i < count; ++i) {
     float* s = scores.data() + i * stride;
     if (softcap) {

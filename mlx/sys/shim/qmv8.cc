@@ -278,9 +278,9 @@ bool int8_matvec_supports(int in, int group, int bits) {
 
 void int8_matvec(const float* x, int rows, int in, const uint8_t* w, const float* scales,
                  const float* biases, int group, int bits, int out, float* y) {
+  const QuantizedRows xq = quantize_rows(x, rows, in, group, bits == 4);
 #if defined(__x86_64__)
   if (has_avx2()) {
-    const QuantizedRows xq = quantize_rows(x, rows, in, group, bits == 4);
     using Kernel = void (*)(const QuantizedRows&, int, const uint8_t*, const float*,
                             const float*, int, int, int, int, float*, int);
     static constexpr Kernel kernels[3][kBlockRows] = {
@@ -308,7 +308,6 @@ void int8_matvec(const float* x, int rows, int in, const uint8_t* w, const float
     return;
   }
 #endif
-  const QuantizedRows xq = quantize_rows(x, rows, in, group, bits == 4);
   split_rows(rows, in, out, [&](int n0, int n1) {
     matvec_portable(xq, rows, in, w, scales, biases, group, bits, n0, n1, out, y);
   });
