@@ -208,10 +208,10 @@ Kernels kernels_for(int head_dim) {
 constexpr int kQueryTile = 8;
 constexpr int kKeyBlock = 128;
 
-// Queries `q[i]` of one head, `i < count <= kQueryTile`: `out[i] = softmax(scale · K q[i]) V` over the first
-// `visible[i]` tokens. Keys and values are walked in blocks shared by the tile, but each
-// query's sums run in the same order as when it is attended alone (blocks of eight keys from
-// 0, values accumulated token after token), so its result is the same bits.
+// Queries `q[i]` of one head, `i < count <= kQueryTile`: `out[i] = softmax(scale · K q[i]) V`
+// over the first `visible[i]` tokens. Keys and values are walked in blocks shared by the
+// tile, but each query's sums run in the same order as when it is attended alone (blocks of
+// eight keys from 0, values accumulated token after token), so its result is the same bits.
 void attend_tile(const Kernels& k, const float* const* q, const int* visible, int count,
                  View keys, View values, int kv_head, int head_dim, float scale,
                  std::optional<float> softcap, std::vector<float>& scores, float* const* out) {
