@@ -1,5 +1,7 @@
 //! Fused kernels: MLX's normalization, rotary embedding and attention, and mlxkit's own CPU
-//! kernels for attention over per-row histories and gated activations.
+//! kernels for attention over per-row histories and gated activations. On the CPU with f32
+//! inputs, RMS norm and rotary embedding run as mlxkit primitives, one graph node each, where
+//! the MLX wheel composes them from 8 and about 30 ops.
 
 use mlx_sys::ffi;
 

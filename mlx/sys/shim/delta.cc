@@ -75,32 +75,31 @@ class GatedDeltaScan : public mx::Primitive {
   explicit GatedDeltaScan(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in;
     for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous) {
-        throw std::invalid_argument("gated delta scan: inputs are not row-contiguous");
-      }
+      in.push_back(ensure_row_contiguous(a, encoder));
     }
     auto& y = outputs[0];
     auto& state = outputs[1];
     y.set_data(mx::allocator::malloc(y.nbytes()));
     state.set_data(mx::allocator::malloc(state.nbytes()));
-    const auto& k = inputs[1];
-    const auto& v = inputs[2];
+    const auto& k = in[1];
+    const auto& v = in[2];
     const Dims dims{static_cast<int>(k.shape(0)), static_cast<int>(k.shape(1)),
                     static_cast<int>(k.shape(2)), static_cast<int>(v.shape(2)),
                     static_cast<int>(k.shape(3)), static_cast<int>(v.shape(3))};
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) {
+    for (const auto& a : in) {
       encoder.set_input_array(a);
     }
     encoder.set_output_array(y);
     encoder.set_output_array(state);
-    encoder.dispatch([dims, q = mx::array::unsafe_weak_copy(inputs[0]),
-                      k = mx::array::unsafe_weak_copy(inputs[1]),
-                      v = mx::array::unsafe_weak_copy(inputs[2]),
-                      g = mx::array::unsafe_weak_copy(inputs[3]),
-                      beta = mx::array::unsafe_weak_copy(inputs[4]),
-                      initial = mx::array::unsafe_weak_copy(inputs[5]),
+    encoder.dispatch([dims, q = mx::array::unsafe_weak_copy(in[0]),
+                      k = mx::array::unsafe_weak_copy(in[1]),
+                      v = mx::array::unsafe_weak_copy(in[2]),
+                      g = mx::array::unsafe_weak_copy(in[3]),
+                      beta = mx::array::unsafe_weak_copy(in[4]),
+                      initial = mx::array::unsafe_weak_copy(in[5]),
                       y = mx::array::unsafe_weak_copy(y),
                       state = mx::array::unsafe_weak_copy(state)]() mutable {
       std::memcpy(state.data<float>(), initial.data<float>(), state.nbytes());
@@ -150,8 +149,7 @@ std::optional<std::pair<mx::array, mx::array>> scan_gated_delta(
   auto outputs = mx::array::make_arrays(
       {v.shape(), state.shape()}, {mx::float32, mx::float32},
       std::make_shared<GatedDeltaScan>(stream),
-      {row_contiguous(q), row_contiguous(k), row_contiguous(v), row_contiguous(g),
-       row_contiguous(beta), row_contiguous(state)});
+      {q, k, v, g, beta, state});
   return std::make_pair(outputs[0], outputs[1]);
 }
 

@@ -76,13 +76,10 @@ class GatedActivation : public mx::UnaryPrimitive {
   GatedActivation(mx::Stream stream, Gate kind) : mx::UnaryPrimitive(stream), kind_(kind) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
-    const auto& gate = inputs[0];
-    const auto& up = inputs[1];
-    if (!gate.flags().row_contiguous || !up.flags().row_contiguous) {
-      throw std::invalid_argument("gated activation: inputs are not row-contiguous");
-    }
-    y.set_data(mx::allocator::malloc(y.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
+    const auto gate = ensure_row_contiguous(inputs[0], encoder);
+    const auto up = ensure_row_contiguous(inputs[1], encoder);
+    y.set_data(mx::allocator::malloc(y.nbytes()));
     encoder.set_input_array(gate);
     encoder.set_input_array(up);
     encoder.set_output_array(y);
@@ -120,7 +117,7 @@ std::optional<mx::array> gated_activation(Gate kind, const mx::array& gate,
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(gate.shape(), mx::float32, std::make_shared<GatedActivation>(stream, kind),
-                   {row_contiguous(gate), row_contiguous(up)});
+                   {gate, up});
 }
 
 }  // namespace mlxkit

@@ -366,32 +366,22 @@ void matvec(const float* x, int rows, int in, const uint8_t* w, const float* sca
   });
 }
 
-void require_row_contiguous(const mx::array& a, const char* what) {
-  if (!a.flags().row_contiguous) {
-    throw std::invalid_argument(std::string("packed matvec: ") + what + " is not row-contiguous");
-  }
-}
-
 class PackedMatvec : public mx::UnaryPrimitive {
  public:
   PackedMatvec(mx::Stream stream, int group, int bits, bool int8)
       : mx::UnaryPrimitive(stream), group_(group), bits_(bits), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
-    const auto& x = inputs[0];
-    const auto& w = inputs[1];
-    const auto& scales = inputs[2];
-    const auto& biases = inputs[3];
-    require_row_contiguous(x, "x");
-    require_row_contiguous(w, "the packed weight");
-    require_row_contiguous(scales, "the scales");
-    require_row_contiguous(biases, "the biases");
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    const auto x = ensure_row_contiguous(inputs[0], encoder);
+    const auto w = ensure_row_contiguous(inputs[1], encoder);
+    const auto scales = ensure_row_contiguous(inputs[2], encoder);
+    const auto biases = ensure_row_contiguous(inputs[3], encoder);
     y.set_data(mx::allocator::malloc(y.nbytes()));
 
     const int in = x.shape(-1);
     const int rows = static_cast<int>(x.size() / in);
     const int out = y.shape(-1);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
     encoder.set_input_array(w);
     encoder.set_input_array(scales);
@@ -483,8 +473,7 @@ std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(std::move(shape), mx::float32,
                    std::make_shared<PackedMatvec>(stream, group, bits, int8),
-                   {row_contiguous(x), row_contiguous(w), row_contiguous(scales),
-                    row_contiguous(*biases)});
+                   {x, w, scales, *biases});
 }
 
 }  // namespace mlxkit

@@ -10,6 +10,8 @@
 #include "delta.h"
 #include "ssd.h"
 #include "gated.h"
+#include "norm.h"
+#include "rope.h"
 #include "pool.h"
 #include "qmv.h"
 #include "x86.h"
@@ -451,6 +453,9 @@ std::unique_ptr<Array> random_categorical(const Array& logits, int32_t axis, con
 }
 
 std::unique_ptr<Array> rms_norm(const Array& x, bool has_weight, const Array& weight, float eps) {
+  if (auto ours = mlxkit::rms_norm(x, optional(has_weight, weight), eps)) {
+    return own(std::move(*ours));
+  }
   return own(mx::fast::rms_norm(x, optional(has_weight, weight), eps));
 }
 
@@ -464,6 +469,16 @@ std::unique_ptr<Array> layer_norm(
   return own(mx::fast::layer_norm(x, optional(has_weight, weight), optional(has_bias, bias), eps));
 }
 
+// Rotary embedding through mlxkit's CPU primitive where it applies, else MLX's op.
+std::unique_ptr<Array> rope_any(const Array& x, int32_t dims, bool traditional,
+                                std::optional<float> base, float scale, const mx::array& offset,
+                                const std::optional<mx::array>& freqs) {
+  if (auto ours = mlxkit::rope(x, dims, traditional, base, scale, offset, freqs)) {
+    return own(std::move(*ours));
+  }
+  return own(mx::fast::rope(x, dims, traditional, base, scale, offset, freqs));
+}
+
 std::unique_ptr<Array> rope(
     const Array& x,
     int32_t dims,
@@ -475,7 +490,8 @@ std::unique_ptr<Array> rope(
     bool has_freqs,
     const Array& freqs) {
   std::optional<float> b = has_base ? std::optional<float>(base) : std::nullopt;
-  return own(mx::fast::rope(x, dims, traditional, b, scale, offset, optional(has_freqs, freqs)));
+  return rope_any(x, dims, traditional, b, scale, mx::array(offset, mx::int32),
+                  optional(has_freqs, freqs));
 }
 
 std::unique_ptr<Array> rope_offsets(
@@ -489,7 +505,7 @@ std::unique_ptr<Array> rope_offsets(
     bool has_freqs,
     const Array& freqs) {
   std::optional<float> b = has_base ? std::optional<float>(base) : std::nullopt;
-  return own(mx::fast::rope(x, dims, traditional, b, scale, offsets, optional(has_freqs, freqs)));
+  return rope_any(x, dims, traditional, b, scale, offsets, optional(has_freqs, freqs));
 }
 
 std::unique_ptr<Array> scaled_dot_product_attention(

@@ -66,32 +66,31 @@ class SsdScan : public mx::Primitive {
   explicit SsdScan(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in;
     for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous) {
-        throw std::invalid_argument("ssd scan: inputs are not row-contiguous");
-      }
+      in.push_back(ensure_row_contiguous(a, encoder));
     }
     auto& y = outputs[0];
     auto& state = outputs[1];
     y.set_data(mx::allocator::malloc(y.nbytes()));
     state.set_data(mx::allocator::malloc(state.nbytes()));
-    const auto& x = inputs[0];
-    const auto& b = inputs[3];
+    const auto& x = in[0];
+    const auto& b = in[3];
     const Dims dims{static_cast<int>(x.shape(0)), static_cast<int>(x.shape(1)),
                     static_cast<int>(x.shape(2)), static_cast<int>(x.shape(3)),
                     static_cast<int>(b.shape(2)), static_cast<int>(b.shape(3))};
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) {
+    for (const auto& a : in) {
       encoder.set_input_array(a);
     }
     encoder.set_output_array(y);
     encoder.set_output_array(state);
-    encoder.dispatch([dims, x = mx::array::unsafe_weak_copy(inputs[0]),
-                      dt = mx::array::unsafe_weak_copy(inputs[1]),
-                      a = mx::array::unsafe_weak_copy(inputs[2]),
-                      b = mx::array::unsafe_weak_copy(inputs[3]),
-                      c = mx::array::unsafe_weak_copy(inputs[4]),
-                      initial = mx::array::unsafe_weak_copy(inputs[5]),
+    encoder.dispatch([dims, x = mx::array::unsafe_weak_copy(in[0]),
+                      dt = mx::array::unsafe_weak_copy(in[1]),
+                      a = mx::array::unsafe_weak_copy(in[2]),
+                      b = mx::array::unsafe_weak_copy(in[3]),
+                      c = mx::array::unsafe_weak_copy(in[4]),
+                      initial = mx::array::unsafe_weak_copy(in[5]),
                       y = mx::array::unsafe_weak_copy(y),
                       state = mx::array::unsafe_weak_copy(state)]() mutable {
       std::memcpy(state.data<float>(), initial.data<float>(), state.nbytes());
@@ -141,8 +140,7 @@ std::optional<std::pair<mx::array, mx::array>> scan_ssd(const mx::array& x, cons
   const auto stream = mx::default_stream(mx::Device::cpu);
   auto outputs = mx::array::make_arrays(
       {x.shape(), state.shape()}, {mx::float32, mx::float32}, std::make_shared<SsdScan>(stream),
-      {row_contiguous(x), row_contiguous(dt), row_contiguous(a), row_contiguous(b),
-       row_contiguous(c), row_contiguous(state)});
+      {x, dt, a, b, c, state});
   return std::make_pair(outputs[0], outputs[1]);
 }
 
