@@ -3,13 +3,13 @@
 use std::ops::Range;
 use std::sync::{Arc, Weak};
 
-use mlx::{Array, concatenate};
+use mlx::{Array, Dtype, concatenate};
 
 use crate::error::{CacheKind, Error, Result};
 use crate::kv_snapshot::{KvSnapshot, KvStore, SharedStore, lock_store};
 use crate::mask::{KeySpan, KvHistory, MaskApplier};
 use crate::schedule::CaptureSchedule;
-use crate::tensor::{KvShape, TOKENS, dim, write_tokens};
+use crate::tensor::{KvShape, TOKENS, check_storage, dim, stored_as, write_tokens};
 
 /// The buffer grows in steps of this many tokens, so a decode step rarely reallocates.
 pub const GROWTH_STEP: usize = 256;
@@ -26,6 +26,7 @@ pub struct KvCache {
     capacity: usize,
     schedule: CaptureSchedule,
     captured: Vec<(usize, KvSnapshot)>,
+    storage: Option<Dtype>,
 }
 
 impl Default for KvCache {
@@ -53,7 +54,17 @@ impl KvCache {
             capacity: 0,
             schedule: CaptureSchedule::default(),
             captured: Vec::new(),
+            storage: None,
         }
+    }
+
+    /// Stores keys and values as `dtype` whatever dtype writes arrive in (a half-precision
+    /// cache holds twice the context in the same memory and is read twice as fast); the history
+    /// comes back in that dtype. Only before the first write.
+    pub fn set_storage(&mut self, dtype: Dtype) -> Result<()> {
+        check_storage(dtype, self.shape.is_some(), "KV")?;
+        self.storage = Some(dtype);
+        Ok(())
     }
 
     /// Tokens cached.
@@ -70,9 +81,10 @@ impl KvCache {
     /// `[.., value_dim]` (already rotary-embedded) and returns the history `0..offset`.
     /// Scheduled captures the write crosses are recorded.
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<KvHistory> {
-        let (shape, n) = KvShape::of(keys, values)?;
+        let (keys, values) = stored_as(self.storage, keys, values)?;
+        let (shape, n) = KvShape::of(&keys, &values)?;
         let from = self.offset;
-        self.write(from, keys, values, shape, n)?;
+        self.write(from, &keys, &values, shape, n)?;
         self.offset = from + n;
         for (start, at) in self.schedule.crossed(from, self.offset) {
             let snapshot = KvStore::lazy(&self.store, start..at);
@@ -226,6 +238,7 @@ impl KvCache {
             return Ok(());
         }
         let (keys, values) = snapshot.arrays()?;
+        let (keys, values) = stored_as(self.storage, &keys, &values)?;
         let (shape, n) = KvShape::of(&keys, &values)?;
         self.write(range.start, &keys, &values, shape, n)?;
         self.offset = range.end;

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use mlx::Array;
+use mlx::{Array, Dtype};
 use prefix_trie::{Coverage, LayerKind};
 
 use crate::error::{CacheKind, Error, Result};
@@ -69,6 +69,16 @@ impl LayerCache {
             LayerCache::Kv(c) => c.state_arrays(),
             LayerCache::Rotating(c) => c.state_arrays(),
             LayerCache::Recurrent(c) => c.state_arrays(),
+        }
+    }
+
+    /// Stores keys and values as `dtype` from now on (attention kinds; a recurrent state keeps
+    /// its own precision). Only before the first write.
+    pub fn set_kv_storage(&mut self, dtype: Dtype) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) => c.set_storage(dtype),
+            LayerCache::Rotating(c) => c.set_storage(dtype),
+            LayerCache::Recurrent(_) => Ok(()),
         }
     }
 

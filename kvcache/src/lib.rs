@@ -11,6 +11,9 @@
 //! restrictions into the model's [`LogicalMask`] and keeps MLX's causal and no-mask fast paths
 //! whenever they are exact.
 //!
+//! An attention cache may store keys and values in a dtype of its own (`set_storage`: f16 halves
+//! a long context's memory and reads); writes and restored snapshots are converted to it.
+//!
 //! KV snapshots are lazy views of the live buffer, copied out only when a write would clobber
 //! them; the other kinds snapshot whole states. [`LayerSnapshot`] implements the prefix trie's
 //! [`prefix_trie::Snapshot`] (merge, split, bytes owned).

@@ -15,12 +15,12 @@
 //! (`valid_from` onwards, never fewer than the window), and its snapshots and contents are that
 //! valid suffix. New writes push the stale slots out again.
 
-use mlx::{Array, concatenate};
+use mlx::{Array, Dtype, concatenate};
 
 use crate::error::{CacheKind, Error, Result};
 use crate::mask::{KeySpan, KvHistory, MaskApplier, StorageWindow};
 use crate::schedule::CaptureSchedule;
-use crate::tensor::{KvShape, TOKENS, dim, gather, write_tokens};
+use crate::tensor::{KvShape, TOKENS, check_storage, dim, gather, stored_as, write_tokens};
 
 /// The shape of a sliding window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +102,7 @@ pub struct RotatingKvCache {
     valid_from: usize,
     schedule: CaptureSchedule,
     captured: Vec<(usize, RotatingSnapshot)>,
+    storage: Option<Dtype>,
 }
 
 impl RotatingKvCache {
@@ -124,6 +125,7 @@ impl RotatingKvCache {
             valid_from: 0,
             schedule: CaptureSchedule::default(),
             captured: Vec::new(),
+            storage: None,
         })
     }
 
@@ -167,9 +169,19 @@ impl RotatingKvCache {
         }
     }
 
+    /// Stores keys and values as `dtype` (see [`crate::KvCache::set_storage`]). Only before
+    /// the first write.
+    pub fn set_storage(&mut self, dtype: Dtype) -> Result<()> {
+        check_storage(dtype, self.shape.is_some(), "rotating")?;
+        self.storage = Some(dtype);
+        Ok(())
+    }
+
     /// Appends `[batch, kv_heads, new_tokens, dim]` keys and values and returns what the new
     /// queries may attend to, with a mask applier that enforces the window.
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<KvHistory> {
+        let (keys, values) = stored_as(self.storage, keys, values)?;
+        let (keys, values) = (&keys, &values);
         let (shape, n) = KvShape::of(keys, values)?;
         self.check_shape(shape)?;
         let from = self.offset;
@@ -453,6 +465,8 @@ impl RotatingKvCache {
             self.valid_from = 0;
             return Ok(());
         };
+        let (keys, values) = stored_as(self.storage, keys, values)?;
+        let (keys, values) = (&keys, &values);
         let (shape, _) = KvShape::of(keys, values)?;
         self.check_shape(shape)?;
         // The snapshot holds its prefix and the valid end of its ring.

@@ -76,7 +76,7 @@ pub enum Activations {
     /// Experimental: not exact, and on real models not close enough to be a default. Each
     /// activation moves by up to half its block's step, and a block holding one of a layer's
     /// outlier channels rounds its other 31 values coarsely. Measured with
-    /// `nn/examples/activations_error.rs` (32 teacher-forced greedy steps against f32): SmolLM2
+    /// `nn/examples/fast_path_error.rs` (32 teacher-forced greedy steps against f32): SmolLM2
     /// 135M logits move by up to 1.7 and its argmax changes at 2 steps; Gemma 3 270M, whose
     /// activations are far more uneven, moves by up to 13 and changes at 7. One decode row
     /// runs 1.2× (4-bit MLP) to 2× (8-bit head) faster; batches of 8 gain nothing on AVX2.

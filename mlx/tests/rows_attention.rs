@@ -276,6 +276,66 @@ fn rows_attention_does_not_depend_on_the_thread_count() {
     });
 }
 
+/// An f16 history (a half-precision KV cache) is widened exactly as it is read: attending it
+/// gives the same bits as attending an f32 history holding the same rounded values, at every
+/// kernel level, for a decode step and a causal chunk, with rows of different lengths.
+#[test]
+fn rows_attention_reads_f16_histories_exactly() {
+    common::each_kernel_level(|level| {
+        for (head_dim, length, causal) in [(64usize, 1usize, false), (80, 5, true), (12, 3, true)] {
+            let lens = [40usize, 7, 19];
+            let rows = rows(&lens, head_dim, 80);
+            let (_, queries) = array(
+                &[
+                    lens.len() as i32,
+                    HEADS as i32,
+                    length as i32,
+                    head_dim as i32,
+                ],
+                81,
+            );
+            let views: Vec<(Array, Array)> = rows.iter().map(|r| views(r, head_dim)).collect();
+            let half: Vec<(Array, Array)> = views
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.astype(mlx::Dtype::F16).unwrap(),
+                        v.astype(mlx::Dtype::F16).unwrap(),
+                    )
+                })
+                .collect();
+            let rounded: Vec<(Array, Array)> = half
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.astype(mlx::Dtype::F32).unwrap(),
+                        v.astype(mlx::Dtype::F32).unwrap(),
+                    )
+                })
+                .collect();
+            let run = |held: &[(Array, Array)]| {
+                let history: Vec<RowHistory<'_>> = held
+                    .iter()
+                    .map(|(keys, values)| RowHistory {
+                        keys,
+                        values,
+                        causal,
+                    })
+                    .collect();
+                rows_attention(&queries, &history, 0.3, None)
+                    .unwrap()
+                    .expect("the kernel takes f16 histories")
+                    .to_vec::<f32>()
+                    .unwrap()
+            };
+            let (from_half, from_rounded) = (run(&half), run(&rounded));
+            assert_eq!(from_half, from_rounded, "head_dim {head_dim} at {level:?}");
+            // The check can fail: the rounding to f16 moves the result.
+            assert_ne!(from_half, run(&views), "head_dim {head_dim} at {level:?}");
+        }
+    });
+}
+
 /// Shapes the kernel does not take come back as `None`, for the caller to attend row by row.
 #[test]
 fn rows_attention_declines_what_it_does_not_take() {

@@ -30,6 +30,19 @@ impl ScaledDotProduct {
         values: &Array,
         mask: AttentionMask<'_>,
     ) -> Result<Array> {
+        // A cache may store keys and values in a narrower dtype than the queries (an f16 KV
+        // cache under f32 activations); MLX's attention takes one dtype.
+        let widened;
+        let (keys, values) = if keys.dtype() == queries.dtype() && values.dtype() == queries.dtype()
+        {
+            (keys, values)
+        } else {
+            widened = (
+                keys.astype(queries.dtype())?,
+                values.astype(queries.dtype())?,
+            );
+            (&widened.0, &widened.1)
+        };
         if self.logit_softcap.is_none() && self.sinks.is_none() {
             return Ok(mlx::fast::scaled_dot_product_attention(
                 queries, keys, values, self.scale, mask,

@@ -60,6 +60,11 @@ enum Command {
         /// prompt lookup; `none`: plain decoding).
         #[arg(long, env = "MLXKIT_DRAFT", value_parser = parse_draft)]
         draft: Option<DraftArg>,
+        /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
+        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
+        /// dtype the model computes in).
+        #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
+        kv_cache: Option<KvCacheArg>,
     },
     /// Chat with a model (pulled first if needed): one prompt, or an interactive session.
     Run {
@@ -89,6 +94,11 @@ enum Command {
         /// Decode speculatively with this drafter (`ngram`: prompt lookup).
         #[arg(long, value_parser = parse_draft)]
         draft: Option<DraftArg>,
+        /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
+        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
+        /// dtype the model computes in).
+        #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
+        kv_cache: Option<KvCacheArg>,
     },
     /// Download a model from the catalog.
     Pull {
@@ -192,6 +202,11 @@ enum Command {
         /// its decisions and whether the controller reproduces them.
         #[arg(long, conflicts_with_all = ["draft", "concurrency"])]
         replay: Option<PathBuf>,
+        /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
+        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
+        /// dtype the model computes in).
+        #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
+        kv_cache: Option<KvCacheArg>,
     },
     /// Report the MLX version, the device and a matmul timing.
     Info,
@@ -239,6 +254,22 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the async runtime")
+}
+
+/// A `--kv-cache` value: the dtype caches store keys and values in, `None` for `auto`.
+#[derive(Debug, Clone, Copy)]
+struct KvCacheArg(Option<mlx::Dtype>);
+
+fn parse_kv_cache(text: &str) -> std::result::Result<KvCacheArg, String> {
+    match text {
+        "auto" => Ok(KvCacheArg(None)),
+        "f32" => Ok(KvCacheArg(Some(mlx::Dtype::F32))),
+        "f16" => Ok(KvCacheArg(Some(mlx::Dtype::F16))),
+        "q8" => Err("an 8-bit quantized KV cache is not implemented yet (use f16)".into()),
+        other => Err(format!(
+            "unknown KV cache dtype `{other}` (known: auto, f32, f16)"
+        )),
+    }
 }
 
 /// A `--draft` value: a built-in drafter, a draft model's name, or `none`.
@@ -303,8 +334,9 @@ fn run(command: Command) -> Result<()> {
             cache_bytes,
             max_sequences,
             draft,
+            kv_cache,
         } => {
-            let mut config = LoopConfig::from_env();
+            let mut config = loop_config(kv_cache);
             let mut default_draft = None;
             if let Some(draft) = draft {
                 config.draft = draft.kind;
@@ -335,6 +367,7 @@ fn run(command: Command) -> Result<()> {
             num_predict,
             format,
             draft,
+            kv_cache,
         } => {
             let name = ModelName::parse(&model)?;
             // Checked before the model loads: a typo should not cost a load.
@@ -370,9 +403,11 @@ fn run(command: Command) -> Result<()> {
                 format,
                 ..Requested::none()
             };
-            runtime()?.block_on(chat(
-                store, name, prompt, think, verbose, options, requested,
-            ))
+            let config = loop_config(kv_cache);
+            runtime()?.block_on(async move {
+                let state = app_state_with(store, config, None)?;
+                chat(state, name, prompt, think, verbose, options, requested).await
+            })
         }
         Command::Pull { model } => {
             let name = ModelName::parse(&model)?;
@@ -501,6 +536,7 @@ fn run(command: Command) -> Result<()> {
             late_short,
             draft,
             replay,
+            kv_cache,
         } => {
             if let Some(path) = replay {
                 return replay_decisions(&path);
@@ -515,24 +551,29 @@ fn run(command: Command) -> Result<()> {
                 Some(path) => BenchPrompt::Ids(read_prompt_ids(&path)?),
                 None => BenchPrompt::Synthetic(prompt_tokens),
             };
-            runtime()?.block_on(bench(
-                store,
-                name,
-                prompt,
-                BenchLength {
-                    tokens: generate_tokens,
-                    ignore_eos,
-                    speculation: draft.speculation(),
-                    draft_model: draft.model,
-                },
-                BenchStreams {
-                    concurrency: concurrency.max(1),
-                    distinct,
-                    late_short,
-                },
-                runs.max(1),
-                json,
-            ))
+            let config = loop_config(kv_cache);
+            runtime()?.block_on(async move {
+                let state = app_state_with(store, config, None)?;
+                bench(
+                    state,
+                    name,
+                    prompt,
+                    BenchLength {
+                        tokens: generate_tokens,
+                        ignore_eos,
+                        speculation: draft.speculation(),
+                        draft_model: draft.model,
+                    },
+                    BenchStreams {
+                        concurrency: concurrency.max(1),
+                        distinct,
+                        late_short,
+                    },
+                    runs.max(1),
+                    json,
+                )
+                .await
+            })
         }
         Command::Info => info(),
     }
@@ -596,8 +637,12 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-fn app_state(store: Store) -> Result<AppState> {
-    app_state_with(store, LoopConfig::from_env(), None)
+/// The engine's settings from the environment, with the command line's KV cache dtype.
+fn loop_config(kv_cache: Option<KvCacheArg>) -> LoopConfig {
+    LoopConfig {
+        kv_storage: kv_cache.and_then(|arg| arg.0),
+        ..LoopConfig::from_env()
+    }
 }
 
 fn app_state_with(
@@ -663,7 +708,7 @@ async fn ps(host: String) -> Result<()> {
 
 /// One-shot or interactive chat, streamed to the terminal.
 async fn chat(
-    store: Store,
+    state: AppState,
     name: ModelName,
     prompt_text: String,
     think: bool,
@@ -671,7 +716,6 @@ async fn chat(
     options: serde_json::Map<String, serde_json::Value>,
     requested: Requested,
 ) -> Result<()> {
-    let state = app_state(store)?;
     let mut generation = GenerationOptions::default();
     let defaults: serde_json::Map<String, serde_json::Value> = state
         .store
@@ -1007,7 +1051,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// `bench`: greedy runs over a synthetic prompt or given ids, one or several streams at once,
 /// reported per run.
 async fn bench(
-    store: Store,
+    state: AppState,
     name: ModelName,
     prompt: BenchPrompt,
     length: BenchLength,
@@ -1015,7 +1059,6 @@ async fn bench(
     runs: usize,
     as_json: bool,
 ) -> Result<()> {
-    let state = app_state(store)?;
     let started = Instant::now();
     let lease = state
         .scheduler

@@ -311,3 +311,48 @@ proptest! {
         }
     }
 }
+
+/// With keys and values stored in f16 (`--kv-cache f16`), batching and the prefix trie still
+/// leave every answer what the request gets alone on a fresh engine with the same storage: the
+/// full-attention kernel, the sliding-window layers (MLX's attention over a mask, which takes
+/// the history widened) and a hybrid's attention layers alike.
+#[test]
+fn an_f16_kv_cache_batches_and_reuses_like_a_request_alone() {
+    for name in ["llama", "gemma3", "qwen3_5"] {
+        let f16_engine = || {
+            let config = runner::engine::LoopConfig {
+                kv_storage: Some(mlx::Dtype::F16),
+                ..steps::config(64 << 20)
+            };
+            runner::engine::LoadedModel::new(steps::model(name), CONTEXT, config).unwrap()
+        };
+        let prompts: Vec<Vec<u32>> = (0..4).map(|r| ids(r, 9 + 11 * r as usize)).collect();
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| run(&mut f16_engine(), p, 16).tokens)
+            .collect();
+        let mut engine = f16_engine();
+        let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 16)).collect();
+        run_to_idle(&mut engine);
+        for ((handle, expected), prompt) in handles.iter_mut().zip(&alone).zip(&prompts) {
+            assert!(handle.ended());
+            assert_eq!(
+                &handle.tokens,
+                expected,
+                "{name}, batched, prompt of {}",
+                prompt.len()
+            );
+        }
+        // A longer turn of the last conversation restores its cached prefix from the trie.
+        let mut longer = prompts[3].clone();
+        longer.extend(ids(9, 6));
+        let again = run(&mut engine, &longer, 8);
+        assert!(again.stats().cached_tokens > 0, "{name}: nothing reused");
+        assert_eq!(
+            again.tokens,
+            run(&mut f16_engine(), &longer, 8).tokens,
+            "{name}"
+        );
+        check_trie(&engine);
+    }
+}

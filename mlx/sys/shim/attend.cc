@@ -11,6 +11,9 @@
 // tile's scores (never the whole score matrix), with a vectorized `exp` where MLX's CPU softmax
 // evaluates `exp` one lane at a time.
 //
+// Keys and values are f32, or f16 from a half-precision cache (`--kv-cache f16`), widened
+// exactly as they are read: half the bytes a long history costs per step.
+//
 // Each (row, head, query) runs the same operations in the same order whatever the other rows
 // are, so a row's result does not depend on the batch it is in.
 
@@ -26,6 +29,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "half.h"
 #include "pool.h"
 #include "vexp.h"
 
@@ -41,41 +45,47 @@ namespace {
 // of the attention to another thread costs more than it saves.
 constexpr int64_t kMinWorkPerPart = 1 << 16;
 
-// Element strides of a `[1 or rows, heads, tokens, head_dim]` view, head_dim contiguous.
+// Element strides of a `[1 or rows, heads, tokens, head_dim]` view, head_dim contiguous, of
+// f32 or (an f16 cache) `Half` elements, which the kernels widen to f32 as they read them.
+template <typename T>
 struct View {
-  const float* data;
+  const T* data;
   int64_t head;
   int64_t token;
 };
 
-View view_of(const mx::array& a, int64_t row = 0) {
+template <typename T>
+View<T> view_of(const mx::array& a) {
   const auto& s = a.strides();
-  return View{a.data<float>() + row * s[0], s[1], s[2]};
+  return View<T>{a.data<T>(), s[1], s[2]};
 }
 
-float dot_portable(const float* a, const float* b, int n) {
+template <typename T>
+float dot_portable(const float* a, const T* b, int n) {
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) {
-    sum += a[i] * b[i];
+    sum += a[i] * widen(b[i]);
   }
   return sum;
 }
 
 // `out += Σ_t p[t] · v_t` over tokens `[t0, t1)` of one head's values.
-void weighted_sum_portable(const float* p, const float* vh, int64_t token, int t0, int t1,
+template <typename T>
+void weighted_sum_portable(const float* p, const T* vh, int64_t token, int t0, int t1,
                            int head_dim, float* out) {
   for (int t = t0; t < t1; ++t) {
     for (int d = 0; d < head_dim; ++d) {
-      out[d] += p[t] * vh[t * token + d];
+      out[d] += p[t] * widen(vh[t * token + d]);
     }
   }
 }
 
 // `scores[t] = scale · q·k_t` for `t` in `[t0, t1)`.
-void scores_portable(const float* q, View keys, const float* kh, int t0, int t1, int head_dim,
+template <typename T>
+void scores_portable(const float* q, int64_t token, const T* kh, int t0, int t1, int head_dim,
                      float scale, float* scores) {
   for (int t = t0; t < t1; ++t) {
-    scores[t] = dot_portable(q, kh + t * keys.token, head_dim) * scale;
+    scores[t] = dot_portable(q, kh + t * token, head_dim) * scale;
   }
 }
 
@@ -92,16 +102,17 @@ float exp_portable(float* scores, int len, float max) {
 #if defined(__x86_64__)
 
 // `n` a multiple of 8.
-MLXKIT_AVX2 float dot_avx2(const float* a, const float* b, int n) {
+template <typename T>
+MLXKIT_AVX2 float dot_avx2(const float* a, const T* b, int n) {
   __m256 s0 = _mm256_setzero_ps();
   __m256 s1 = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
   }
   if (i < n) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
   }
   return horizontal_sum(_mm256_add_ps(s0, s1));
 }
@@ -109,8 +120,9 @@ MLXKIT_AVX2 float dot_avx2(const float* a, const float* b, int n) {
 // `out += Σ_t p[t] · v_t` over tokens `[t0, t1)`, `head_dim` a multiple of 8. Sixty-four
 // dimensions at a time stay in registers across the range's tokens, instead of `out` being
 // loaded and stored once per token.
-MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t token, int t0,
-                                   int t1, int head_dim, float* out) {
+template <typename T>
+MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const T* vh, int64_t token, int t0, int t1,
+                                   int head_dim, float* out) {
   int d0 = 0;
   for (; d0 + 64 <= head_dim; d0 += 64) {
     __m256 acc[8];
@@ -120,10 +132,10 @@ MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t toke
     }
     for (int t = t0; t < t1; ++t) {
       const __m256 pt = _mm256_set1_ps(p[t]);
-      const float* v = vh + t * token + d0;
+      const T* v = vh + t * token + d0;
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * j), acc[j]);
+        acc[j] = _mm256_fmadd_ps(pt, load8(v + 8 * j), acc[j]);
       }
     }
 #pragma GCC unroll 8
@@ -134,7 +146,7 @@ MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t toke
   for (; d0 < head_dim; d0 += 8) {
     __m256 acc = _mm256_loadu_ps(out + d0);
     for (int t = t0; t < t1; ++t) {
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(vh + t * token + d0), acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(vh + t * token + d0), acc);
     }
     _mm256_storeu_ps(out + d0, acc);
   }
@@ -143,7 +155,8 @@ MLXKIT_AVX2 void weighted_sum_avx2(const float* p, const float* vh, int64_t toke
 // Eight keys at a time: eight dot products in eight accumulators, reduced together, so no
 // key pays a horizontal sum of its own. `head_dim` a multiple of 8; `t0` a multiple of 8, so a
 // range's blocks of eight are the same whatever ranges a query's keys are cut into.
-MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int t0, int t1,
+template <typename T>
+MLXKIT_AVX2 void scores_avx2(const float* q, int64_t token, const T* kh, int t0, int t1,
                              int head_dim, float scale, float* scores) {
   const __m256 scale8 = _mm256_set1_ps(scale);
   int t = t0;
@@ -156,7 +169,7 @@ MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int t0,
       const __m256 qd = _mm256_loadu_ps(q + d);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kh + (t + j) * keys.token + d), acc[j]);
+        acc[j] = _mm256_fmadd_ps(qd, load8(kh + (t + j) * token + d), acc[j]);
       }
     }
     // hadd pairs within each 128-bit half; the halves then add into the eight sums.
@@ -169,7 +182,7 @@ MLXKIT_AVX2 void scores_avx2(const float* q, View keys, const float* kh, int t0,
     _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), scale8));
   }
   for (; t < t1; ++t) {
-    scores[t] = dot_avx2(q, kh + t * keys.token, head_dim) * scale;
+    scores[t] = dot_avx2(q, kh + t * token, head_dim) * scale;
   }
 }
 
@@ -187,19 +200,21 @@ MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
 
 #endif  // __x86_64__
 
+template <typename T>
 struct Kernels {
-  void (*scores)(const float*, View, const float*, int, int, int, float, float*);
+  void (*scores)(const float*, int64_t, const T*, int, int, int, float, float*);
   float (*exp_sum)(float*, int, float);
-  void (*weighted_sum)(const float*, const float*, int64_t, int, int, int, float*);
+  void (*weighted_sum)(const float*, const T*, int64_t, int, int, int, float*);
 };
 
-Kernels kernels_for(int head_dim) {
+template <typename T>
+Kernels<T> kernels_for(int head_dim) {
 #if defined(__x86_64__)
   if (has_avx2() && head_dim % 8 == 0) {
-    return {scores_avx2, exp_avx2_sum, weighted_sum_avx2};
+    return {scores_avx2<T>, exp_avx2_sum, weighted_sum_avx2<T>};
   }
 #endif
-  return {scores_portable, exp_portable, weighted_sum_portable};
+  return {scores_portable<T>, exp_portable, weighted_sum_portable<T>};
 }
 
 // Queries attended together, and keys per pass over them (a multiple of 8): a block of 128
@@ -212,11 +227,12 @@ constexpr int kKeyBlock = 128;
 // over the first `visible[i]` tokens. Keys and values are walked in blocks shared by the
 // tile, but each query's sums run in the same order as when it is attended alone (blocks of
 // eight keys from 0, values accumulated token after token), so its result is the same bits.
-void attend_tile(const Kernels& k, const float* const* q, const int* visible, int count,
-                 View keys, View values, int kv_head, int head_dim, float scale,
+template <typename T>
+void attend_tile(const Kernels<T>& k, const float* const* q, const int* visible, int count,
+                 View<T> keys, View<T> values, int kv_head, int head_dim, float scale,
                  std::optional<float> softcap, std::vector<float>& scores, float* const* out) {
-  const float* kh = keys.data + kv_head * keys.head;
-  const float* vh = values.data + kv_head * values.head;
+  const T* kh = keys.data + kv_head * keys.head;
+  const T* vh = values.data + kv_head * values.head;
   const int longest = *std::max_element(visible, visible + count);
   const size_t stride = static_cast<size_t>(longest);
   scores.resize(std::max(scores.size(), stride * count));
@@ -224,7 +240,7 @@ void attend_tile(const Kernels& k, const float* const* q, const int* visible, in
     for (int i = 0; i < count; ++i) {
       const int t1 = std::min(t0 + kKeyBlock, visible[i]);
       if (t0 < t1) {
-        k.scores(q[i], keys, kh, t0, t1, head_dim, scale, scores.data() + i * stride);
+        k.scores(q[i], keys.token, kh, t0, t1, head_dim, scale, scores.data() + i * stride);
       }
     }
   }
@@ -259,6 +275,62 @@ void attend_tile(const Kernels& k, const float* const* q, const int* visible, in
   }
 }
 
+// Every (row, head) pair's queries over the row's keys and values, whose elements are `T`.
+template <typename T>
+void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int heads,
+                 int length, int head_dim, float scale, std::optional<float> softcap,
+                 const std::vector<bool>& causal) {
+  const Kernels<T> k = kernels_for<T>(head_dim);
+  const auto& queries = held[0];
+  float* out = y.data<float>();
+  const auto& qs = queries.strides();
+  // One (row, head) pair: all its queries.
+  auto attend_pair = [&](int pair, std::vector<float>& scores) {
+    const int r = pair / heads;
+    const int h = pair % heads;
+    const auto& keys = held[1 + 2 * r];
+    const auto& values = held[2 + 2 * r];
+    const int group = heads / keys.shape(1);
+    const int history = keys.shape(2);
+    for (int i0 = 0; i0 < length; i0 += kQueryTile) {
+      const int count = std::min(kQueryTile, length - i0);
+      const float* q[kQueryTile];
+      float* o[kQueryTile];
+      int visible[kQueryTile];
+      for (int j = 0; j < count; ++j) {
+        const int i = i0 + j;
+        // Causal: query i of `length` sits at position history - length + i.
+        visible[j] = causal[r] ? history - length + i + 1 : history;
+        q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
+        o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
+      }
+      attend_tile(k, q, visible, count, view_of<T>(keys), view_of<T>(values), h / group,
+                  head_dim, scale, softcap, scores, o);
+    }
+  };
+  // Pairs split over the pool's threads when there is enough work to pay for it.
+  int64_t work = 0;
+  for (int r = 0; r < rows; ++r) {
+    work += static_cast<int64_t>(heads) * length * held[1 + 2 * r].shape(2) * head_dim;
+  }
+  const int pairs = rows * heads;
+  const int parts = static_cast<int>(
+      std::min<int64_t>({pool_threads() * 4LL, work / kMinWorkPerPart, pairs}));
+  if (parts <= 1) {
+    std::vector<float> scores;
+    for (int pair = 0; pair < pairs; ++pair) {
+      attend_pair(pair, scores);
+    }
+    return;
+  }
+  parallel_for(parts, [&](int p) {
+    std::vector<float> scores;
+    for (int pair = pairs * p / parts; pair < pairs * (p + 1) / parts; ++pair) {
+      attend_pair(pair, scores);
+    }
+  });
+}
+
 class RowsAttention : public mx::UnaryPrimitive {
  public:
   RowsAttention(mx::Stream stream, float scale, std::optional<float> softcap,
@@ -285,58 +357,15 @@ class RowsAttention : public mx::UnaryPrimitive {
       held.push_back(mx::array::unsafe_weak_copy(a));
     }
     encoder.set_output_array(y);
+    const bool half = inputs[1].dtype() == mx::float16;
     encoder.dispatch([held = std::move(held), y = mx::array::unsafe_weak_copy(y), rows, heads,
-                      length, head_dim, scale = scale_, softcap = softcap_,
-                      causal = causal_]() mutable {
-      const Kernels k = kernels_for(head_dim);
-      const auto& queries = held[0];
-      float* out = y.data<float>();
-      const auto& qs = queries.strides();
-      // One (row, head) pair: all its queries.
-      auto attend_pair = [&](int pair, std::vector<float>& scores) {
-        const int r = pair / heads;
-        const int h = pair % heads;
-        const auto& keys = held[1 + 2 * r];
-        const auto& values = held[2 + 2 * r];
-        const int group = heads / keys.shape(1);
-        const int history = keys.shape(2);
-        for (int i0 = 0; i0 < length; i0 += kQueryTile) {
-          const int count = std::min(kQueryTile, length - i0);
-          const float* q[kQueryTile];
-          float* o[kQueryTile];
-          int visible[kQueryTile];
-          for (int j = 0; j < count; ++j) {
-            const int i = i0 + j;
-            // Causal: query i of `length` sits at position history - length + i.
-            visible[j] = causal[r] ? history - length + i + 1 : history;
-            q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
-            o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
-          }
-          attend_tile(k, q, visible, count, view_of(keys), view_of(values), h / group,
-                      head_dim, scale, softcap, scores, o);
-        }
-      };
-      // Pairs split over the pool's threads when there is enough work to pay for it.
-      int64_t work = 0;
-      for (int r = 0; r < rows; ++r) {
-        work += static_cast<int64_t>(heads) * length * held[1 + 2 * r].shape(2) * head_dim;
+                      length, head_dim, scale = scale_, softcap = softcap_, causal = causal_,
+                      half]() mutable {
+      if (half) {
+        attend_rows<Half>(held, y, rows, heads, length, head_dim, scale, softcap, causal);
+      } else {
+        attend_rows<float>(held, y, rows, heads, length, head_dim, scale, softcap, causal);
       }
-      const int pairs = rows * heads;
-      const int parts = static_cast<int>(
-          std::min<int64_t>({pool_threads() * 4LL, work / kMinWorkPerPart, pairs}));
-      if (parts <= 1) {
-        std::vector<float> scores;
-        for (int pair = 0; pair < pairs; ++pair) {
-          attend_pair(pair, scores);
-        }
-        return;
-      }
-      parallel_for(parts, [&](int p) {
-        std::vector<float> scores;
-        for (int pair = pairs * p / parts; pair < pairs * (p + 1) / parts; ++pair) {
-          attend_pair(pair, scores);
-        }
-      });
     });
   }
 
@@ -384,8 +413,11 @@ std::optional<mx::array> rows_attention(const mx::array& queries,
   for (size_t r = 0; r < keys.size(); ++r) {
     const auto& k = keys[r];
     const auto& v = values[r];
-    if (k.ndim() != 4 || k.shape() != v.shape() || k.dtype() != mx::float32 ||
-        v.dtype() != mx::float32 || k.shape(0) != 1 || k.shape(1) == 0 ||
+    // Keys and values are f32, or f16 (a half-precision cache) for every row alike.
+    const auto stored = keys[0].dtype();
+    if (k.ndim() != 4 || k.shape() != v.shape() ||
+        (stored != mx::float32 && stored != mx::float16) || k.dtype() != stored ||
+        v.dtype() != stored || k.shape(0) != 1 || k.shape(1) == 0 ||
         heads % k.shape(1) != 0 || k.shape(2) == 0 || k.shape(3) != head_dim ||
         (causal[r] && k.shape(2) < length)) {
       return std::nullopt;

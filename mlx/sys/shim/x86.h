@@ -20,7 +20,8 @@ enum KernelLevel : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 inline int supported_kernel_level() {
 #if defined(__x86_64__)
   static const int level = [] {
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c")) {
       return kPortable;
     }
     return __builtin_cpu_supports("avx512f") ? kAvx512 : kAvx2;
@@ -67,10 +68,11 @@ inline bool has_avx2() {
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-// Compiles one function for AVX2 + FMA; callers check `has_avx2()` before calling it.
-#define MLXKIT_AVX2 __attribute__((target("avx2,fma")))
+// Compiles one function for AVX2 + FMA + F16C (every CPU with the first two has the third);
+// callers check `has_avx2()` before calling it.
+#define MLXKIT_AVX2 __attribute__((target("avx2,fma,f16c")))
 // Compiles one function for AVX-512 (foundation) with AVX2 + FMA; callers check the level.
-#define MLXKIT_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define MLXKIT_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 namespace mlxkit {
 

@@ -84,6 +84,9 @@ pub struct LoopConfig {
     pub memory: MemoryBudget,
     /// The drafter of requests that do not choose (`--draft`); `None`: plain decoding.
     pub draft: Option<DrafterKind>,
+    /// The dtype KV caches store keys and values in (`--kv-cache`); `None`: the dtype the
+    /// model computes them in.
+    pub kv_storage: Option<Dtype>,
 }
 
 impl LoopConfig {
@@ -105,8 +108,24 @@ impl LoopConfig {
             draft: std::env::var("MLXKIT_DRAFT")
                 .ok()
                 .and_then(|name| DrafterKind::parse(&name)),
+            kv_storage: None,
         }
     }
+}
+
+/// Empty caches for one sequence of `model`, rewindable by a draft's depth, storing keys and
+/// values as `kv_storage` when given.
+fn fresh_caches(
+    model: &dyn Model,
+    kv_storage: Option<Dtype>,
+) -> Result<Vec<Option<kvcache::LayerCache>>> {
+    let mut caches = model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
+    if let Some(dtype) = kv_storage {
+        for cache in caches.iter_mut().flatten() {
+            cache.set_kv_storage(dtype)?;
+        }
+    }
+    Ok(caches)
 }
 
 /// What the loop is doing, for `ps` and the stats endpoints.
@@ -172,7 +191,7 @@ impl LoadedModel {
         config: LoopConfig,
     ) -> Result<LoadedModel> {
         let prefix = PrefixCache::new(
-            &model.new_caches_rewindable(MAX_DRAFT_DEPTH)?,
+            &fresh_caches(model.as_ref(), config.kv_storage)?,
             config.memory.cache_bytes,
             config.capture_interval,
         )?;
@@ -417,9 +436,9 @@ impl LoadedModel {
             );
             return refuse(job, StepError::Invalid(message));
         }
-        let mut caches = match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
+        let mut caches = match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
             Ok(caches) => caches,
-            Err(e) => return refuse(job, e.into()),
+            Err(e) => return refuse(job, e),
         };
         let (mut session, mut restore_at, capture_at) =
             match self
@@ -433,9 +452,9 @@ impl LoadedModel {
                 ),
                 Err(e) => {
                     tracing::warn!("prefix cache not used for a request: {e}");
-                    match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
+                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
                         Ok(fresh) => caches = fresh,
-                        Err(e) => return refuse(job, e.into()),
+                        Err(e) => return refuse(job, e),
                     }
                     (None, 0, Vec::new())
                 }
@@ -453,9 +472,9 @@ impl LoadedModel {
                     if let Some(session) = session.take() {
                         self.prefix.abandon_session(session);
                     }
-                    match self.model.new_caches_rewindable(MAX_DRAFT_DEPTH) {
+                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
                         Ok(fresh) => caches = fresh,
-                        Err(e) => return refuse(job, e.into()),
+                        Err(e) => return refuse(job, e),
                     }
                     restore_at = 0;
                 }

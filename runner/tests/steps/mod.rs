@@ -32,6 +32,7 @@ pub fn config(cache_bytes: usize) -> LoopConfig {
             kv_bytes: 1 << 30,
         },
         draft: None,
+        kv_storage: None,
     }
 }
 

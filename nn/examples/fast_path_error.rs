@@ -1,35 +1,47 @@
-//! What 8-bit activations in the packed decode kernel cost in accuracy on a real model.
+//! What an optional fast path costs in accuracy on a real model: 8-bit activations in the
+//! packed decode kernel (`int8`), or a half-precision KV cache (`f16-kv`).
 //!
 //! ```sh
-//! cargo run --release -p nn --example activations_error -- MODEL.gguf [STEPS]
+//! cargo run --release -p nn --example fast_path_error -- MODEL.gguf int8|f16-kv [STEPS] [PROMPT]
 //! ```
 //!
-//! Decodes `STEPS` greedy tokens after a fixed prompt with f32 activations, then feeds the very
-//! same tokens with int8 activations (teacher forcing, so both see one context), and prints per
-//! step the largest logit difference, the largest difference among the f32 top-5
-//! log-probabilities, and whether the argmax changed.
+//! Decodes `STEPS` greedy tokens after a fixed prompt of `PROMPT` tokens on the default path
+//! (f32 activations, f32 cache), then feeds the very same tokens through the fast path (teacher
+//! forcing, so both see one context), and prints per step the largest logit difference, the
+//! largest difference among the reference's top-5 log-probabilities, and whether the argmax
+//! changed.
 
 use mlx::quantized::{Activations, set_packed_activations};
 use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 
+const USAGE: &str = "usage: fast_path_error MODEL.gguf int8|f16-kv [STEPS] [PROMPT]";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args
-        .get(1)
-        .ok_or("usage: activations_error MODEL.gguf [STEPS]")?;
-    let steps: usize = args.get(2).map_or(Ok(32), |s| s.parse())?;
+    let path = args.get(1).ok_or(USAGE)?;
+    let mode = args.get(2).ok_or(USAGE)?.as_str();
+    let steps: usize = args.get(3).map_or(Ok(32), |s| s.parse())?;
+    let prompt_len: usize = args.get(4).map_or(Ok(24), |s| s.parse())?;
     let loaded = nn::load::load(std::path::Path::new(path), Some(Dtype::F32))?;
     let model = loaded.model.as_ref();
-    let prompt: Vec<u32> = (0..24).map(|i| 100 + (i * 37 % 3000) as u32).collect();
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|i| 100 + (i * 37 % 3000) as u32)
+        .collect();
 
     set_packed_activations(Activations::F32);
-    let (tokens, reference) = decode(model, &prompt, steps, None)?;
-    set_packed_activations(Activations::Int8);
-    let (_, int8) = decode(model, &prompt, steps, Some(&tokens))?;
+    let (tokens, reference) = decode(model, &prompt, steps, None, None)?;
+    let (_, fast) = match mode {
+        "int8" => {
+            set_packed_activations(Activations::Int8);
+            decode(model, &prompt, steps, Some(&tokens), None)?
+        }
+        "f16-kv" => decode(model, &prompt, steps, Some(&tokens), Some(Dtype::F16))?,
+        _ => return Err(USAGE.into()),
+    };
 
     let (mut worst_logit, mut worst_top5, mut flips) = (0f32, 0f32, 0);
-    for (step, (r, q)) in reference.iter().zip(&int8).enumerate() {
+    for (step, (r, q)) in reference.iter().zip(&fast).enumerate() {
         let logit = r.iter().zip(q).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         let (lr, lq) = (log_softmax(r), log_softmax(q));
         let mut order: Vec<usize> = (0..r.len()).collect();
@@ -58,15 +70,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Greedy decoding (or, with `forced`, feeding those tokens): the tokens and each step's logits.
+/// Greedy decoding (or, with `forced`, feeding those tokens), with caches storing keys and
+/// values as `kv_storage`: the tokens and each step's logits.
 #[allow(clippy::type_complexity)]
 fn decode(
     model: &dyn Model,
     prompt: &[u32],
     steps: usize,
     forced: Option<&[u32]>,
+    kv_storage: Option<Dtype>,
 ) -> Result<(Vec<u32>, Vec<Vec<f32>>), Box<dyn std::error::Error>> {
     let mut caches = model.new_caches()?;
+    if let Some(dtype) = kv_storage {
+        for cache in caches.iter_mut().flatten() {
+            cache.set_kv_storage(dtype)?;
+        }
+    }
     let out = model.forward(&Batch::single(prompt, 0)?, &mut caches)?;
     let hidden = out.hidden.slice_axis(1, -1, prompt.len() as i32)?;
     let mut logits = row(model, &hidden)?;
