@@ -276,6 +276,13 @@ fn rows_attention_does_not_depend_on_the_thread_count() {
     });
 }
 
+/// Every history converted to `dtype`.
+fn cast(held: &[(Array, Array)], dtype: mlx::Dtype) -> Vec<(Array, Array)> {
+    held.iter()
+        .map(|(k, v)| (k.astype(dtype).unwrap(), v.astype(dtype).unwrap()))
+        .collect()
+}
+
 /// An f16 history (a half-precision KV cache) is widened exactly as it is read: attending it
 /// gives the same bits as attending an f32 history holding the same rounded values, at every
 /// kernel level, for a decode step and a causal chunk, with rows of different lengths.
@@ -295,24 +302,8 @@ fn rows_attention_reads_f16_histories_exactly() {
                 81,
             );
             let views: Vec<(Array, Array)> = rows.iter().map(|r| views(r, head_dim)).collect();
-            let half: Vec<(Array, Array)> = views
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.astype(mlx::Dtype::F16).unwrap(),
-                        v.astype(mlx::Dtype::F16).unwrap(),
-                    )
-                })
-                .collect();
-            let rounded: Vec<(Array, Array)> = half
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.astype(mlx::Dtype::F32).unwrap(),
-                        v.astype(mlx::Dtype::F32).unwrap(),
-                    )
-                })
-                .collect();
+            let half = cast(&views, mlx::Dtype::F16);
+            let rounded = cast(&half, mlx::Dtype::F32);
             let run = |held: &[(Array, Array)]| {
                 let history: Vec<RowHistory<'_>> = held
                     .iter()
