@@ -101,6 +101,16 @@ fn attend(
     causal: bool,
 ) -> Array {
     let held: Vec<(Array, Array)> = rows.iter().map(|row| views(row, head_dim)).collect();
+    attend_held(queries, &held, softcap, causal)
+}
+
+/// [`attend`] over histories already cut (`[1, kv_heads, len, head_dim]` per row).
+fn attend_held(
+    queries: &Array,
+    held: &[(Array, Array)],
+    softcap: Option<f32>,
+    causal: bool,
+) -> Array {
     let history: Vec<RowHistory<'_>> = held
         .iter()
         .map(|(keys, values)| RowHistory {
@@ -111,7 +121,7 @@ fn attend(
         .collect();
     rows_attention(queries, &history, 0.3, softcap)
         .unwrap()
-        .expect("the kernel takes f32 on the CPU")
+        .expect("the kernel takes f32 and f16 histories on the CPU")
 }
 
 /// Rows of different lengths, grouped heads, with and without a soft cap, one query per row
@@ -305,17 +315,7 @@ fn rows_attention_reads_f16_histories_exactly() {
             let half = cast(&views, mlx::Dtype::F16);
             let rounded = cast(&half, mlx::Dtype::F32);
             let run = |held: &[(Array, Array)]| {
-                let history: Vec<RowHistory<'_>> = held
-                    .iter()
-                    .map(|(keys, values)| RowHistory {
-                        keys,
-                        values,
-                        causal,
-                    })
-                    .collect();
-                rows_attention(&queries, &history, 0.3, None)
-                    .unwrap()
-                    .expect("the kernel takes f16 histories")
+                attend_held(&queries, held, None, causal)
                     .to_vec::<f32>()
                     .unwrap()
             };
