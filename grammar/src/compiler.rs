@@ -71,12 +71,13 @@ impl GrammarCompiler {
         let parser = match cached {
             Some(parser) => parser,
             None => {
-                let grammar = top_level(spec, &self.shared)?;
-                let parser = self
-                    .shared
-                    .factory
-                    .create_parser(grammar)
-                    .map_err(|e| compile_error(spec, e.to_string()))?;
+                let parser = on_compile_stack(|| {
+                    let grammar = top_level(spec, &self.shared)?;
+                    self.shared
+                        .factory
+                        .create_parser(grammar)
+                        .map_err(|e| compile_error(spec, e.to_string()))
+                })?;
                 lock(&self.shared.compiled).insert(key, parser.clone());
                 parser
             }
@@ -91,6 +92,26 @@ impl GrammarCompiler {
             self.shared.ends.clone(),
         ))
     }
+}
+
+/// The stack a compile runs on. llguidance's schema compiler recurses through nesting and
+/// `$ref` chains; the caps in [`Limits`] keep that shallow, and this keeps a schema within them
+/// from overflowing whatever small stack the caller's thread has (an overflow aborts the whole
+/// process). Only the pages a compile touches are ever committed.
+const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// Runs `compile` on a thread of its own with [`COMPILE_STACK_BYTES`] of stack.
+fn on_compile_stack<T: Send>(compile: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("grammar-compile".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(scope, compile)
+            .map_err(|e| Error::Matcher(format!("cannot start the compile thread: {e}")))?;
+        thread
+            .join()
+            .map_err(|_| Error::Matcher("the grammar compiler panicked".to_string()))?
+    })
 }
 
 /// The llguidance form of a spec.
@@ -183,6 +204,16 @@ fn tool_calls_lark(
     parallel: bool,
     shared: &Shared,
 ) -> String {
+    // Each call schema is a root of its own; under `anyOf` its local references must say so.
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let mut call = call.clone();
+            crate::schema_shape::rebase_refs(&mut call, &format!("/anyOf/{i}"));
+            call
+        })
+        .collect();
     let body = with_json_options(json!({ "anyOf": calls }));
     let (lead, plain, open_rule) = match special_token(shared, open) {
         // Special tokens never occur inside text, so text needs no exclusion.

@@ -11,6 +11,8 @@
 //!   must close before the constrained output, free text followed by tool calls pinned to
 //!   their schemas), the mapping from Ollama's `format` and OpenAI's
 //!   `response_format`, and the caps on schema size and nesting.
+//! - `schema_shape`: measures of a schema that bound its compile cost (nesting, `$ref` chains,
+//!   breadth), and rebasing local `$ref`s when a schema is embedded in another.
 //! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
 //!   treated.
 //! - `compiler`: compiling specs, with the per-tokenizer factory and compiled-grammar caches.
@@ -20,10 +22,12 @@
 mod compiler;
 mod error;
 mod grammar;
+mod schema_shape;
 mod spec;
 mod token_env;
 
 pub use compiler::GrammarCompiler;
 pub use error::{Error, Result};
 pub use grammar::Grammar;
+pub use schema_shape::rebase_refs;
 pub use spec::{GrammarSpec, Limits};

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::schema_shape::{breadth, nesting_depth, reference_depth};
 use crate::{Error, Result};
 
 /// A constraint on the whole output.
@@ -39,7 +40,9 @@ pub enum GrammarSpec {
         /// The marker that closes a call, such as `</tool_call>`.
         close: String,
         /// One schema per tool for the whole call object (for Hermes-style templates,
-        /// `{"name": {"const": …}, "arguments": <parameters>}`).
+        /// `{"name": {"const": …}, "arguments": <parameters>}`). Each is a root of its own:
+        /// its local `$ref`s (`#/…`) point into it (see [`crate::rebase_refs`] for embedding
+        /// a tool's parameters).
         calls: Vec<Value>,
         /// Whether at least one call must be made (OpenAI `tool_choice: "required"`).
         required: bool,
@@ -112,13 +115,12 @@ impl GrammarSpec {
 
     /// Checks the caps before the compiler sees the input.
     pub(crate) fn check(&self, limits: &Limits) -> Result<()> {
-        let (bytes, depth) = match self {
+        let schema = match self {
             Self::JsonObject => return Ok(()),
-            Self::JsonSchema(schema) => (
-                serde_json::to_string(schema).map_or(usize::MAX, |s| s.len()),
-                nesting_depth(schema),
-            ),
-            Self::Regex(text) | Self::Lark(text) => (text.len(), 0),
+            Self::JsonSchema(schema) => schema.clone(),
+            Self::Regex(text) | Self::Lark(text) => {
+                return check_size(text.len(), limits);
+            }
             Self::AfterThinking {
                 open, close, then, ..
             } => {
@@ -137,26 +139,60 @@ impl GrammarSpec {
                         "tool calls need non-empty markers and at least one schema".to_string(),
                     ));
                 }
-                let all = Value::Array(calls.clone());
-                (
-                    serde_json::to_string(&all).map_or(usize::MAX, |s| s.len()),
-                    nesting_depth(&all),
-                )
+                if calls.len() > limits.max_alternatives {
+                    return Err(over("tools offered", calls.len(), limits.max_alternatives));
+                }
+                Value::Array(calls.clone())
             }
         };
-        let over = |what, actual, limit| Error::TooLarge {
-            what,
-            actual,
-            limit,
-        };
-        if bytes > limits.max_bytes {
-            return Err(over("grammar source in bytes", bytes, limits.max_bytes));
-        }
+        check_size(
+            serde_json::to_string(&schema).map_or(usize::MAX, |s| s.len()),
+            limits,
+        )?;
+        let depth = nesting_depth(&schema);
         if depth > limits.max_schema_depth {
             return Err(over("schema nesting depth", depth, limits.max_schema_depth));
         }
+        let references = reference_depth(&schema, limits.max_reference_depth);
+        if references > limits.max_reference_depth {
+            return Err(over(
+                "chain of `$ref` references",
+                references,
+                limits.max_reference_depth,
+            ));
+        }
+        let wide = breadth(&schema);
+        if wide.properties > limits.max_properties {
+            return Err(over(
+                "properties of one object",
+                wide.properties,
+                limits.max_properties,
+            ));
+        }
+        if wide.alternatives > limits.max_alternatives {
+            return Err(over(
+                "alternatives of one anyOf/oneOf/allOf/enum",
+                wide.alternatives,
+                limits.max_alternatives,
+            ));
+        }
         Ok(())
     }
+}
+
+fn over(what: &'static str, actual: usize, limit: usize) -> Error {
+    Error::TooLarge {
+        what,
+        actual,
+        limit,
+    }
+}
+
+fn check_size(bytes: usize, limits: &Limits) -> Result<()> {
+    if bytes > limits.max_bytes {
+        return Err(over("grammar source in bytes", bytes, limits.max_bytes));
+    }
+    Ok(())
 }
 
 /// Caps on what a request may compile.
@@ -166,34 +202,29 @@ pub struct Limits {
     pub max_bytes: usize,
     /// Nesting of JSON values in a schema (each schema level costs about two).
     pub max_schema_depth: usize,
+    /// How many `$ref`s one chain may follow (recursion back into a definition on the chain
+    /// does not count): the compiler expands chains recursively.
+    pub max_reference_depth: usize,
+    /// Properties one object may declare: each optional property multiplies the parser's
+    /// states, and llguidance refuses rows of more than 2,000 items mid-generation.
+    pub max_properties: usize,
+    /// Entries of one `anyOf`/`oneOf`/`allOf`/`enum`, and tools offered at once.
+    pub max_alternatives: usize,
 }
 
 impl Default for Limits {
-    /// 256 KiB and 64 levels: far beyond real tool schemas, far below what would stall a
-    /// request thread.
+    /// 256 KiB, 64 levels of nesting, 64 references deep, 256 properties and 1,024
+    /// alternatives: far beyond real tool schemas, far below what would stall a request
+    /// thread or overflow llguidance's limits.
     fn default() -> Self {
         Self {
             max_bytes: 256 * 1024,
             max_schema_depth: 64,
+            max_reference_depth: 64,
+            max_properties: 256,
+            max_alternatives: 1024,
         }
     }
-}
-
-/// Depth of nested arrays and objects; a scalar is 0. Iterative so a deep value cannot
-/// overflow the stack.
-fn nesting_depth(value: &Value) -> usize {
-    let mut deepest = 0;
-    let mut stack = vec![(value, 0usize)];
-    while let Some((v, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
-        deepest = deepest.max(depth + 1);
-        stack.extend(children.map(|c| (c, depth + 1)));
-    }
-    deepest
 }
 
 fn json_kind(value: &Value) -> &'static str {
@@ -266,6 +297,45 @@ mod tests {
                 Err(Error::Unsupported(_))
             ));
         }
+    }
+
+    #[test]
+    fn caps_reject_long_reference_chains_and_wide_schemas() {
+        let mut defs = serde_json::Map::new();
+        for i in 0..600 {
+            defs.insert(
+                format!("d{i}"),
+                json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+            );
+        }
+        defs.insert("d600".into(), json!({"type": "string"}));
+        let chain = GrammarSpec::JsonSchema(json!({"$ref": "#/$defs/d0", "$defs": defs}));
+        assert!(matches!(
+            chain.check(&Limits::default()),
+            Err(Error::TooLarge {
+                what: "chain of `$ref` references",
+                ..
+            })
+        ));
+        let limits = Limits::default();
+        let wide = |n: usize| {
+            let properties: serde_json::Map<_, _> = (0..n)
+                .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+                .collect();
+            GrammarSpec::JsonSchema(json!({"type": "object", "properties": properties}))
+        };
+        assert!(wide(limits.max_properties).check(&limits).is_ok());
+        assert!(matches!(
+            wide(limits.max_properties + 1).check(&limits),
+            Err(Error::TooLarge {
+                what: "properties of one object",
+                ..
+            })
+        ));
+        let choices =
+            |n: usize| GrammarSpec::JsonSchema(json!({"enum": (0..n).collect::<Vec<_>>()}));
+        assert!(choices(limits.max_alternatives).check(&limits).is_ok());
+        assert!(choices(limits.max_alternatives + 1).check(&limits).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 mod support;
 
-use grammar::{Error, Grammar, GrammarSpec};
+use grammar::{Error, Grammar, GrammarSpec, Limits};
 use serde_json::json;
 use support::{allowed, smollm2, smollm2_compiler};
 
@@ -413,4 +413,123 @@ fn tool_calls_are_pinned_to_their_schemas() {
         g.consume(ids("<")[0]),
         Err(Error::TokenRejected { .. })
     ));
+}
+
+/// A tool's parameters as Pydantic writes them: nested models in local `$defs`.
+fn pydantic_call(name: &str) -> serde_json::Value {
+    let mut parameters = json!({
+        "$defs": {"Inner": {"type": "object", "properties": {"x": {"type": "integer"}},
+                            "required": ["x"], "additionalProperties": false}},
+        "type": "object",
+        "properties": {"inner": {"$ref": "#/$defs/Inner"}},
+        "required": ["inner"],
+        "additionalProperties": false
+    });
+    grammar::rebase_refs(&mut parameters, "/properties/arguments");
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": false
+    })
+}
+
+#[test]
+fn tools_with_local_definitions_compile_and_constrain() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let spec = GrammarSpec::ToolCalls {
+        open: "<tool_call>".into(),
+        close: "</tool_call>".into(),
+        calls: vec![pydantic_call("first"), pydantic_call("second")],
+        required: true,
+        parallel: false,
+    };
+    let mut g = compiler.compile(&spec).unwrap();
+    feed(
+        &mut g,
+        &ends,
+        "<tool_call>\n{\"name\": \"second\", \"arguments\": {\"inner\": {\"x\": 4}}}\n</tool_call>",
+        true,
+    );
+    assert!(g.is_accepting());
+    // The definition is enforced, not merely resolved.
+    let mut g = compiler.compile(&spec).unwrap();
+    feed(
+        &mut g,
+        &ends,
+        "<tool_call>\n{\"name\": \"first\", \"arguments\": {\"inner\": {\"x\": ",
+        true,
+    );
+    assert!(g.consume(ids("\"")[0]).is_err(), "x is an integer");
+}
+
+/// A chain of definitions, each only a reference to the next.
+fn reference_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert(format!("d{n}"), json!({"type": "string"}));
+    json!({"$ref": "#/$defs/d0", "$defs": defs})
+}
+
+#[test]
+fn long_reference_chains_are_refused_and_never_overflow_the_callers_stack() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let chain = GrammarSpec::JsonSchema(reference_chain(600));
+    assert!(matches!(
+        compiler.compile(&chain),
+        Err(Error::TooLarge {
+            what: "chain of `$ref` references",
+            ..
+        })
+    ));
+    // With the cap lifted, the compile runs on a stack of its own: this test's thread has
+    // the default 2 MiB, on which the same compile used to abort the process.
+    let Some(uncapped) = smollm2_compiler() else {
+        return;
+    };
+    let uncapped = uncapped.with_limits(Limits {
+        max_reference_depth: usize::MAX,
+        ..Limits::default()
+    });
+    let outcome = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || uncapped.compile(&chain).map(|_| ()))
+        .unwrap()
+        .join()
+        .expect("the compile thread survives");
+    if let Err(e) = outcome {
+        assert!(!e.to_string().is_empty());
+    }
+}
+
+#[test]
+fn the_widest_object_allowed_walks_within_the_parsers_row_limit() {
+    let Some(compiler) = smollm2_compiler() else {
+        return;
+    };
+    let ends = compiler.end_tokens().to_vec();
+    let n = Limits::default().max_properties;
+    let properties: serde_json::Map<_, _> = (0..n)
+        .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+        .collect();
+    // Every property optional: the case whose parser rows grow with the property count.
+    let spec = GrammarSpec::JsonSchema(json!({"type": "object", "properties": properties}));
+    let mut g = compiler.compile(&spec).unwrap();
+    feed(
+        &mut g,
+        &ends,
+        &format!("{{\"p0\": 1, \"p{}\": 2}}", n - 1),
+        true,
+    );
+    assert!(g.is_accepting());
 }

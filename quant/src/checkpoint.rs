@@ -38,12 +38,13 @@ enum Source {
 }
 
 impl Checkpoint {
-    /// Opens a checkpoint directory (with `config.json`), a `.gguf` file, or a single
+    /// Opens a checkpoint directory (with `config.json`), a GGUF file (by its `.gguf`
+    /// extension or, for stores that name files by digest, by its magic bytes), or a single
     /// `.safetensors` file whose directory holds `config.json`.
     pub fn open(path: &Path) -> Result<Checkpoint> {
         let source = if path.is_dir() {
             Source::Safetensors(SafetensorsDir::open(path)?)
-        } else if has_extension(path, "gguf") {
+        } else if has_extension(path, "gguf") || starts_with_gguf_magic(path) {
             Source::Gguf(GgufCheckpoint::open(path)?)
         } else if has_extension(path, "safetensors") {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -166,4 +167,14 @@ impl Checkpoint {
 fn has_extension(path: &Path, extension: &str) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case(extension))
+}
+
+/// Whether the file at `path` begins with GGUF's magic, `GGUF`.
+fn starts_with_gguf_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut file| file.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
 }

@@ -461,8 +461,14 @@ fn run(command: Command) -> Result<()> {
             );
             for entry in store.list()? {
                 let digest = entry.manifest.digest();
+                // Ollama's models are marked; one mlxkit cannot serve says why.
+                let note = match (&entry.unusable, entry.from_ollama) {
+                    (Some(reason), _) => format!("  (ollama; cannot serve: {reason})"),
+                    (None, true) => "  (ollama)".to_string(),
+                    (None, false) => String::new(),
+                };
                 println!(
-                    "{:<32} {:<14} {:>10}  {:<12} {}",
+                    "{:<32} {:<14} {:>10}  {:<12} {}{note}",
                     entry.name.to_string(),
                     digest.trim_start_matches("sha256:").get(..12).unwrap_or(""),
                     human_bytes(entry.manifest.size()),
@@ -653,7 +659,7 @@ fn app_state_with(
     let engine = Arc::new(Engine::with_config(config)?);
     let scheduler =
         Scheduler::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
-    Ok(AppState { store, scheduler })
+    Ok(AppState::new(store, scheduler))
 }
 
 async fn serve(
@@ -671,12 +677,11 @@ async fn serve(
         env!("CARGO_PKG_VERSION"),
         listener.local_addr()?
     );
-    axum::serve(listener, crate::server::router(state))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .context("serving")
+    crate::server::listen::serve(listener, crate::server::router(state), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("serving")
 }
 
 async fn ps(host: String) -> Result<()> {
@@ -785,7 +790,8 @@ async fn chat(
                 started: Instant::now(),
                 load,
             },
-        );
+        )
+        .map_err(|e| anyhow::anyhow!(e.message))?;
         let mut reply = String::new();
         let mut stdout = std::io::stdout();
         while let Some(output) = outputs.recv().await {
@@ -1018,7 +1024,8 @@ async fn bench_stream(
             started: begin,
             load,
         },
-    );
+    )
+    .map_err(|e| anyhow::anyhow!(e.message))?;
     let mut first_token = None;
     let mut summary = None;
     while let Some(output) = outputs.recv().await {

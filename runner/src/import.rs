@@ -27,6 +27,14 @@ pub enum ImportError {
         /// Why.
         source: nn::Error,
     },
+    /// The checkpoint's chat template does not compile or render.
+    #[error("{path}: its chat template is unusable: {source}")]
+    Template {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: tokenizer::Error,
+    },
     /// Writing to the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -70,6 +78,12 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
     let template = tokenizer
         .ok()
         .and_then(|t| t.chat_template().map(str::to_string));
+    if let Some(source) = &template {
+        tokenizer::ChatTemplate::check(source).map_err(|source| ImportError::Template {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
     let format = match checkpoint.format() {
         quant::Format::Gguf => Format::Gguf,
         quant::Format::Safetensors => Format::Safetensors,

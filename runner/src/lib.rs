@@ -1,13 +1,14 @@
 //! The `mlxkit` server and command-line tool, composed from the workspace's crates.
 //!
-//! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`].
+//! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
+//!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
 //!   transformers folders; [`modelfile`]: `create -f`; [`export`]: a stored model written out
 //!   as a transformers / mlx-lm folder.
 //! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at once
 //!   (batched decode, the prefix trie behind every request, cancellation).
 //! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
-//! - [`server`]: Ollama's and OpenAI's HTTP APIs.
+//! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs.
 //! - [`cli`]: the `mlxkit` commands.
 
 pub mod capabilities;
@@ -17,6 +18,7 @@ pub mod export;
 pub mod import;
 pub mod model_name;
 pub mod modelfile;
+pub mod ollama_store;
 pub mod pull;
 pub mod scheduler;
 pub mod server;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::model_name::ModelName;
+use crate::ollama_store::{OllamaModel, OllamaStore};
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,17 @@ pub enum StoreError {
         /// The parser's message.
         message: String,
     },
+    /// A model of Ollama's store that mlxkit cannot serve.
+    #[error("`{name}` (in Ollama's store) cannot be served: {reason}")]
+    Unusable {
+        /// The model.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A change asked of a model that belongs to Ollama's store, which is read, never written.
+    #[error("`{0}` is in Ollama's store, which mlxkit only reads; change it with `ollama`")]
+    Foreign(String),
 }
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -156,12 +168,18 @@ pub struct Entry {
     pub manifest: Manifest,
     /// When its manifest file was last written.
     pub modified: std::time::SystemTime,
+    /// Whether it is read from Ollama's store.
+    pub from_ollama: bool,
+    /// Why it cannot be served, for a listed model that cannot (Ollama's store holds
+    /// architectures mlxkit lacks).
+    pub unusable: Option<String>,
 }
 
-/// The store under one root folder.
+/// The store under one root folder, and the Ollama installation it also reads.
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    ollama: Option<OllamaStore>,
 }
 
 impl Store {
@@ -180,7 +198,13 @@ impl Store {
                     ),
                 })?,
         };
-        Store::open(root)
+        Ok(Store::open(root)?.with_ollama(OllamaStore::from_env()))
+    }
+
+    /// The same store, also reading the models of `ollama` (ours win on a name both have).
+    pub fn with_ollama(mut self, ollama: Option<OllamaStore>) -> Store {
+        self.ollama = ollama;
+        self
     }
 
     /// The store at `root`, creating its folders.
@@ -189,7 +213,7 @@ impl Store {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
         }
-        Ok(Store { root })
+        Ok(Store { root, ollama: None })
     }
 
     /// The root folder.
@@ -205,9 +229,20 @@ impl Store {
             .join(manifest.digest().trim_start_matches("sha256:"))
     }
 
-    /// The path of the blob `digest` (`sha256:<hex>`).
+    /// The path of the blob `digest` (`sha256:<hex>`) in this store.
     pub fn blob_path(&self, digest: &str) -> PathBuf {
         self.root.join("blobs").join(digest.replace(':', "-"))
+    }
+
+    /// Where the blob `digest` is: this store's, else Ollama's (read in place).
+    fn locate_blob(&self, digest: &str) -> PathBuf {
+        let ours = self.blob_path(digest);
+        match &self.ollama {
+            Some(ollama) if !ours.exists() && ollama.blob_path(digest).exists() => {
+                ollama.blob_path(digest)
+            }
+            _ => ours,
+        }
     }
 
     fn manifest_path(&self, name: &ModelName) -> PathBuf {
@@ -264,7 +299,7 @@ impl Store {
 
     /// Checks that a blob's content still hashes to its digest.
     pub fn verify_blob(&self, layer: &Layer) -> Result<()> {
-        let path = self.blob_path(&layer.digest);
+        let path = self.locate_blob(&layer.digest);
         let mut file = fs::File::open(&path).map_err(io_err("opening", &path))?;
         let mut hasher = Sha256::new();
         io::copy(&mut file, &mut hasher).map_err(io_err("reading", &path))?;
@@ -304,7 +339,16 @@ impl Store {
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(StoreError::NotFound(name.to_string()));
+                return match self.ollama.as_ref().and_then(|o| o.get(name)) {
+                    Some(model) => match model.unusable {
+                        Some(reason) => Err(StoreError::Unusable {
+                            name: name.to_string(),
+                            reason,
+                        }),
+                        None => Ok(ollama_entry(model)),
+                    },
+                    None => Err(StoreError::NotFound(name.to_string())),
+                };
             }
             Err(e) => return Err(io_err("reading", &path)(e)),
         };
@@ -320,6 +364,8 @@ impl Store {
             name: name.clone(),
             manifest,
             modified,
+            from_ollama: false,
+            unusable: None,
         })
     }
 
@@ -346,6 +392,14 @@ impl Store {
                 }
             }
         }
+        // Ollama's models, usable or not (a listing says why not), unless ours shadow them.
+        let ours: std::collections::HashSet<ModelName> =
+            entries.iter().map(|e| e.name.clone()).collect();
+        for model in self.ollama.iter().flat_map(OllamaStore::list) {
+            if !ours.contains(&model.name) {
+                entries.push(ollama_entry(model));
+            }
+        }
         entries.sort_by_key(|e| e.name.to_string());
         Ok(entries)
     }
@@ -353,6 +407,9 @@ impl Store {
     /// Removes `name`'s manifest and every blob no other model uses.
     pub fn remove(&self, name: &ModelName) -> Result<()> {
         let entry = self.get(name)?;
+        if entry.from_ollama {
+            return Err(StoreError::Foreign(name.to_string()));
+        }
         let path = self.manifest_path(name);
         fs::remove_file(&path).map_err(io_err("removing", &path))?;
         let still_used: std::collections::HashSet<String> = self
@@ -401,7 +458,7 @@ impl Store {
             if let Some(parent) = link.parent() {
                 fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
             }
-            let blob = self.blob_path(&layer.digest);
+            let blob = self.locate_blob(&layer.digest);
             if fs::read_link(&link).ok().as_deref() == Some(blob.as_path()) {
                 continue;
             }
@@ -409,6 +466,16 @@ impl Store {
             symlink(&blob, &link).map_err(io_err("linking", &link))?;
         }
         Ok(view)
+    }
+}
+
+fn ollama_entry(model: OllamaModel) -> Entry {
+    Entry {
+        name: model.name,
+        manifest: model.manifest,
+        modified: model.modified,
+        from_ollama: true,
+        unusable: model.unusable,
     }
 }
 

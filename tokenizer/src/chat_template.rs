@@ -7,8 +7,8 @@
 //! each such message turned into a user turn, merged with its neighbours, instead of failing
 //! the request; templates without a system role get it folded into the first user turn.
 
-use minijinja::Environment;
 use minijinja::value::Value;
+use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -100,6 +100,11 @@ pub struct RenderOptions {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// The work one render may do, in minijinja's fuel (about one instruction, or 64 bytes of data
+/// created): a template that loops or builds huge strings fails with an error instead of
+/// holding a thread. Real templates over a full context spend a few hundred thousand.
+pub const RENDER_FUEL: u64 = 8_000_000;
+
 /// A compiled chat template with the special-token texts it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -125,6 +130,7 @@ impl ChatTemplate {
     ) -> Result<Self> {
         let source = source.into();
         let mut env = new_environment().map_err(|e| Error::TemplateSyntax(e.to_string()))?;
+        env.set_fuel(Some(RENDER_FUEL));
         let knows_developer_role = source.contains("developer");
         let source = without_generation_blocks(&source);
         env.add_template_owned(TEMPLATE_NAME, source)
@@ -135,6 +141,19 @@ impl ChatTemplate {
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
+    }
+
+    /// Checks a template a user supplies before it is stored: it must compile and render a
+    /// one-message conversation within its work budget, so that a broken template is refused
+    /// once instead of failing every request that reaches it.
+    pub fn check(source: &str) -> Result<()> {
+        let template = Self::new(source, "", "")?;
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
+        template.render(&[Message::new("user", "Hello")], None, &options)?;
+        Ok(())
     }
 
     /// The template the tokenizer's checkpoint ships, else its family's fallback.
@@ -164,9 +183,16 @@ impl ChatTemplate {
         options: &RenderOptions,
     ) -> Result<String> {
         let messages = self.normalize(messages);
-        let err = match self.render_exact(&messages, tools, options) {
+        let err = match self.render_exact(&messages, tools, options)? {
             Ok(text) => return Ok(text),
-            Err(err) => err,
+            Err(err) if err.kind() == ErrorKind::OutOfFuel => {
+                return Err(Error::TemplateRender(format!(
+                    "the chat template exceeded its work budget of {RENDER_FUEL} steps \
+                     (does it loop, or build huge strings?): {}",
+                    describe(&err)
+                )));
+            }
+            Err(err) => Error::TemplateRender(describe(&err)),
         };
         // Retry the shapes templates commonly reject, keeping the first error to report.
         let demoted = demote_late_system_messages(&messages);
@@ -176,19 +202,21 @@ impl ChatTemplate {
             .into_iter()
             .chain(folded.as_ref());
         for retry in retries {
-            if let Ok(text) = self.render_exact(retry, tools, options) {
+            if let Ok(Ok(text)) = self.render_exact(retry, tools, options) {
                 return Ok(text);
             }
         }
         Err(err)
     }
 
+    /// One render of exactly `messages`: the outer error is ours (the context could not be
+    /// built), the inner one the template's.
     fn render_exact(
         &self,
         messages: &[Message],
         tools: Option<&[serde_json::Value]>,
         options: &RenderOptions,
-    ) -> Result<String> {
+    ) -> Result<std::result::Result<String, minijinja::Error>> {
         let mut ctx = options.extra.clone();
         ctx.insert("messages".into(), to_json(messages)?);
         if let Some(tools) = tools {
@@ -206,13 +234,10 @@ impl ChatTemplate {
         if let Some(now) = options.now_unix {
             ctx.insert(NOW_VARIABLE.into(), now.into());
         }
-        let template = self
+        Ok(self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| Error::TemplateRender(describe(&e)))?;
-        template
-            .render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| Error::TemplateRender(describe(&e)))
+            .and_then(|template| template.render(Value::from(minijinja::value::Serde(&ctx)))))
     }
 
     fn normalize(&self, messages: &[Message]) -> Vec<Message> {
@@ -277,7 +302,8 @@ fn without_generation_blocks(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}").map(|end| end + 2) else {
+        // The closing `%}` is searched after the opening `{%`: in `{%}` they overlap.
+        let Some(len) = rest[start + 2..].find("%}").map(|end| end + 4) else {
             break;
         };
         let tag = &rest[start..start + len];
@@ -349,6 +375,42 @@ mod tests {
             t.render(&msgs, None, &RenderOptions::default()).unwrap(),
             "[user:S\n\nU]"
         );
+    }
+
+    #[test]
+    fn a_tag_whose_markers_overlap_is_a_syntax_error_not_a_panic() {
+        for source in ["{%}", "a{%}b", "{%-}", "{%%}", "{% generation %}{%}"] {
+            let err = ChatTemplate::new(source, "", "").unwrap_err();
+            assert!(matches!(err, Error::TemplateSyntax(_)), "{source}: {err}");
+        }
+    }
+
+    #[test]
+    fn check_refuses_what_would_fail_every_request() {
+        assert!(ChatTemplate::check("{% for m in messages %}{{ m.content }}{% endfor %}").is_ok());
+        for broken in [
+            "{%}",
+            "{{ foo(",
+            "{{ raise_exception('no') }}",
+            "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}",
+        ] {
+            assert!(ChatTemplate::check(broken).is_err(), "{broken}");
+        }
+    }
+
+    #[test]
+    fn a_template_that_loops_runs_out_of_fuel() {
+        let looping =
+            "{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(looping, "", "").unwrap();
+        match t.render(
+            &[Message::new("user", "U")],
+            None,
+            &RenderOptions::default(),
+        ) {
+            Err(err) => assert!(err.to_string().contains("work budget"), "{err}"),
+            Ok(text) => panic!("rendered {} bytes", text.len()),
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`ChatTemplate`] (`chat_template.rs`): renders conversations with minijinja as HF's
 //!   Python jinja2 would (`template_env.rs` holds the Python-compatible helpers,
 //!   `template_fallback.rs` the family templates for checkpoints that ship none).
+//! - [`FillInMiddle`] (`fill_in_middle.rs`): the markers of code models' infill prompts.
 //! - [`Detokenizer`] (`detokenizer.rs`): streamed text pieces that never split a character.
 //! - [`StopMatcher`] (`stop.rs`): stop strings that may span pieces, never leaked.
 //! - [`OutputParser`] (`parser/`): splits model output into content, thinking and tool calls,
@@ -52,6 +53,7 @@ mod chat_template;
 mod detokenizer;
 mod error;
 mod family;
+mod fill_in_middle;
 mod gguf_meta;
 mod gguf_vocab;
 mod hf_config;
@@ -67,6 +69,7 @@ pub use chat_template::{ChatTemplate, FunctionCall, Message, MessageToolCall, Re
 pub use detokenizer::Detokenizer;
 pub use error::{Error, Result};
 pub use family::Family;
+pub use fill_in_middle::FillInMiddle;
 pub use gguf_meta::{GgufMetadata, MetaValue, parse_gguf_metadata, read_gguf_metadata};
 pub use hf_config::HfSideFiles;
 pub use parser::{OutputParser, ParserConfig, ParserEvent, ThinkingTags, ToolCall, ToolCallFormat};

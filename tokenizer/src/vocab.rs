@@ -172,6 +172,20 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The most UTF-8 bytes any token's stored text has (at least 4). Stored texts are never
+    /// shorter than the text they decode to (byte-level and `▁` marks, `<0x..>` byte tokens
+    /// only lengthen them), so a text of `n` bytes needs at least `n` / this many tokens:
+    /// enough to refuse an oversize prompt before tokenizing it.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(0)
+            .max(4)
+    }
+
     /// One past the largest token id, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size

@@ -132,6 +132,29 @@ fn hermes_call_cut_by_end_of_stream_is_still_parsed() {
 }
 
 #[test]
+fn a_call_the_token_limit_cut_off_is_text_not_an_error() {
+    let cfg = Family::ChatMl.parser_config();
+    let cut = "Let me check.\n<tool_call>\n{\"name\": \"f\", \"argum";
+    let mut parser = OutputParser::new(cfg.clone());
+    let mut events = parser.push(cut);
+    events.extend(parser.finish_cut_off());
+    assert_eq!(coalesce(events), [content(cut)]);
+    // A call that is complete but for its closing marker is still a call.
+    let mut parser = OutputParser::new(cfg.clone());
+    let mut events = parser.push("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}");
+    events.extend(parser.finish_cut_off());
+    assert_eq!(events, [call("f", json!({}))]);
+    // Without the limit, the same text is a malformed call.
+    let mut parser = OutputParser::new(cfg);
+    let mut events = parser.push(cut);
+    events.extend(parser.finish());
+    assert!(
+        matches!(events.last(), Some(ParserEvent::Error(_))),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn malformed_call_is_reported_once_and_ends_the_stream() {
     let cfg = Family::Qwen3.parser_config();
     let text = "ok <tool_call>{\"name\": \"f\", \"arguments\": {oops}}</tool_call> more <tool_call>{bad}</tool_call>";

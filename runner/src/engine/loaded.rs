@@ -184,6 +184,12 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
+    /// The embedding of `tokens` (see [`crate::engine::embedding`]), evaluated in prefill
+    /// chunks on caches of its own.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        crate::engine::embedding::embed(self.model.as_ref(), tokens, self.config.prefill_chunk)
+    }
+
     /// Serves `model` with `context_length` tokens per sequence.
     pub fn new(
         model: Box<dyn Model>,

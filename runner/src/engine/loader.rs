@@ -79,6 +79,8 @@ pub struct ModelInfo {
     pub family: Option<Family>,
     /// The context length requests are held to.
     pub context_length: usize,
+    /// [`Tokenizer::longest_token_bytes`], for refusing oversize prompts before tokenizing.
+    pub longest_token_bytes: usize,
     /// The transformers-style config (for `show`).
     pub config: serde_json::Value,
     /// Compiles structured-output constraints for this vocabulary; built on first use
@@ -194,6 +196,7 @@ pub fn load(
             name: name.clone(),
             manifest: manifest.clone(),
             family: Family::detect(&tokenizer),
+            longest_token_bytes: tokenizer.longest_token_bytes(),
             tokenizer,
             template,
             context_length,

@@ -12,6 +12,7 @@
 //!   recurrent states restore captures taken inside the round).
 //! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
 //!   caches of its own per sequence.
+//! - `embedding`: a text's vector, its last token's final hidden state.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
 //!
@@ -20,6 +21,7 @@
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
 pub mod draft_model;
+pub mod embedding;
 pub mod job;
 pub mod loaded;
 pub mod loader;
@@ -85,6 +87,9 @@ pub enum EngineError {
     /// A job was submitted with no model loaded.
     #[error("no model is loaded")]
     NotLoaded,
+    /// An embedding could not be computed.
+    #[error("embedding: {0}")]
+    Embed(#[from] loaded::StepError),
 }
 
 /// The MLX worker and the model it holds.
@@ -167,6 +172,22 @@ impl Engine {
         let mut status = *lock(&self.shared.status);
         status.queued += lock(&self.shared.inbox).len();
         status
+    }
+
+    /// Embeddings of `inputs` with the loaded model, in order (not normalized). They run on the
+    /// worker between step loops: a request waits for the generations running when it came.
+    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.worker
+            .submit(move || {
+                LOADED.with(|cell| match cell.borrow().as_ref() {
+                    Some(loaded) => inputs
+                        .iter()
+                        .map(|tokens| loaded.embed(tokens).map_err(EngineError::from))
+                        .collect(),
+                    None => Err(EngineError::NotLoaded),
+                })
+            })
+            .await?
     }
 
     /// Active and peak MLX memory: read on the worker when it is free, else as of the loop's

@@ -11,6 +11,8 @@ pub enum Dialect {
     Ollama,
     /// `{"error": {"message": …, "type": …, "code": …}}`.
     OpenAi,
+    /// `{"type": "error", "error": {"type": …, "message": …}}`.
+    Anthropic,
 }
 
 /// An error answered before a response starts streaming.
@@ -54,6 +56,26 @@ impl ApiError {
         self.dialect = Dialect::OpenAi;
         self
     }
+
+    /// The same error in Anthropic's shape.
+    pub fn anthropic(mut self) -> ApiError {
+        self.dialect = Dialect::Anthropic;
+        self
+    }
+
+    /// Anthropic's name for the kind of error a status means.
+    pub fn anthropic_type(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -66,6 +88,13 @@ impl IntoResponse for ApiError {
                     "type": if self.status.is_server_error() { "server_error" } else { "invalid_request_error" },
                     "param": null,
                     "code": self.status.as_u16(),
+                }
+            }),
+            Dialect::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {
+                    "type": ApiError::anthropic_type(self.status),
+                    "message": self.message,
                 }
             }),
         };
@@ -88,6 +117,9 @@ impl From<crate::scheduler::ScheduleError> for ApiError {
         let status = match &e {
             ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            ScheduleError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
+                StatusCode::BAD_REQUEST
+            }
             // The request (or the model's Modelfile) named a draft that cannot draft for it.
             ScheduleError::Engine(crate::engine::EngineError::Load(
                 crate::engine::LoadError::Draft { .. },
@@ -100,8 +132,10 @@ impl From<crate::scheduler::ScheduleError> for ApiError {
 
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> ApiError {
+        use crate::store::StoreError;
         let status = match &e {
-            crate::store::StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+            StoreError::Unusable { .. } | StoreError::Foreign(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())

@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
 use crate::model_name::ModelName;
 use crate::scheduler::Lease;
+use crate::server::error::ApiError;
+use crate::server::metrics;
 use crate::server::options::GenerationOptions;
 
 /// One alternative in a logprobs entry.
@@ -66,6 +68,8 @@ pub struct Summary {
     pub load: Duration,
     /// The draft model loaded beside the model, if any.
     pub draft: Option<ModelName>,
+    /// The stop string that ended the output, when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// The drafter of `spec` by the name requests give it; `draft` names the draft model loaded
@@ -110,13 +114,26 @@ pub struct Prepared {
 }
 
 /// Starts `prepared` on the engine and returns its outputs. Dropping the receiver cancels the
-/// generation at its next step.
-pub fn start(lease: Lease, prepared: Prepared) -> mpsc::Receiver<Output> {
+/// generation at its next step. What can only be checked against the loaded model (token ids
+/// in `logit_bias`) is checked here, before the response starts.
+pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>, ApiError> {
+    let vocab = lease.info.tokenizer.vocab_size();
+    if let Some(&token) = prepared
+        .options
+        .sampling
+        .logit_bias
+        .keys()
+        .find(|&&token| token as usize >= vocab)
+    {
+        return Err(ApiError::bad_request(format!(
+            "`logit_bias` names token {token}, outside the vocabulary of {vocab}"
+        )));
+    }
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         run(lease, prepared, tx).await;
     });
-    rx
+    Ok(rx)
 }
 
 async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
@@ -150,7 +167,9 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
     // The lease, held until the job ends, keeps the model loaded.
     lease.engine.submit(job);
     let mut text = TextPipeline::new(&info.tokenizer, &prepared.options.stop, prepared.parser);
-    let mut stopped_by_text = false;
+    let metrics = metrics::RequestMetrics::new(&info.name.to_string());
+    let mut last_token: Option<Instant> = None;
+    let mut stopped_by_text: Option<String> = None;
     let mut client_gone = false;
     let mut ended = false;
     loop {
@@ -169,7 +188,12 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
         };
         match event {
             Event::Token { id, logprobs } => {
-                if stopped_by_text || client_gone {
+                let now = Instant::now();
+                match last_token.replace(now) {
+                    None => metrics.first_token(now - prepared.started),
+                    Some(previous) => metrics.next_token(now - previous),
+                }
+                if stopped_by_text.is_some() || client_gone {
                     continue; // Draining what the engine produced before it saw `cancel`.
                 }
                 let entry = logprobs.map(|lp| LogprobEntry::new(&info.tokenizer, id, &lp));
@@ -184,17 +208,19 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
                         client_gone = true;
                     }
                 }
-                if stopped || client_gone {
+                if stopped.is_some() || client_gone {
                     stopped_by_text = stopped;
                     cancel.store(true, Ordering::Relaxed);
                 }
             }
             Event::Done { reason, stats } => {
+                metrics.finished(&stats);
                 if !client_gone {
-                    for output in text.finish() {
+                    let cut_off = reason == DoneReason::Length && stopped_by_text.is_none();
+                    for output in text.finish(cut_off) {
                         let _ = out.send(output).await;
                     }
-                    let reason = if stopped_by_text {
+                    let reason = if stopped_by_text.is_some() {
                         DoneReason::Stop
                     } else {
                         reason
@@ -206,6 +232,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
                             total: prepared.started.elapsed(),
                             load: prepared.load,
                             draft: info.draft.clone(),
+                            stop_sequence: stopped_by_text,
                         }))
                         .await;
                 }
@@ -252,6 +279,13 @@ fn token_text(tokenizer: &tokenizer::Tokenizer, id: u32) -> String {
     tokenizer.decode(&[id], false).unwrap_or_default()
 }
 
+/// How the output ended, for the parser's last word.
+#[derive(Clone, Copy)]
+enum End {
+    Finished,
+    CutOff,
+}
+
 /// Token ids in, user-facing outputs out: detokenize, hold back stop strings, parse.
 struct TextPipeline<'t> {
     detokenizer: Detokenizer<'t>,
@@ -275,20 +309,20 @@ impl<'t> TextPipeline<'t> {
         }
     }
 
-    /// Feeds one token; returns the outputs it releases and whether a stop string matched.
-    fn push(&mut self, id: u32, logprobs: Option<LogprobEntry>) -> (Vec<Output>, bool) {
+    /// Feeds one token; returns the outputs it releases and the stop string that matched.
+    fn push(&mut self, id: u32, logprobs: Option<LogprobEntry>) -> (Vec<Output>, Option<String>) {
         self.pending.extend(logprobs);
         let piece = match self.detokenizer.push(id) {
             Ok(piece) => piece,
-            Err(e) => return (vec![Output::Error(format!("detokenizing: {e}"))], false),
+            Err(e) => return (vec![Output::Error(format!("detokenizing: {e}"))], None),
         };
         let released = self.stops.push(&piece);
-        let stopped = released.stopped.is_some();
-        (self.parse(&released.text, false), stopped)
+        (self.parse(&released.text, None), released.stopped)
     }
 
-    /// Flushes everything held back at the end of generation.
-    fn finish(&mut self) -> Vec<Output> {
+    /// Flushes everything held back at the end of generation; `cut_off` when the token limit
+    /// ended it (a tool call left unfinished is then text, not an error).
+    fn finish(&mut self, cut_off: bool) -> Vec<Output> {
         let mut text = String::new();
         if !self.stops.is_stopped() {
             if let Ok(tail) = self.detokenizer.finish() {
@@ -296,15 +330,18 @@ impl<'t> TextPipeline<'t> {
             }
             text.push_str(&self.stops.finish().text);
         }
-        self.parse(&text, true)
+        let end = if cut_off { End::CutOff } else { End::Finished };
+        self.parse(&text, Some(end))
     }
 
-    fn parse(&mut self, text: &str, last: bool) -> Vec<Output> {
+    fn parse(&mut self, text: &str, end: Option<End>) -> Vec<Output> {
         let events = match &mut self.parser {
             Some(parser) => {
                 let mut events = parser.push(text);
-                if last {
-                    events.extend(parser.finish());
+                match end {
+                    Some(End::Finished) => events.extend(parser.finish()),
+                    Some(End::CutOff) => events.extend(parser.finish_cut_off()),
+                    None => {}
                 }
                 events
             }

@@ -1,21 +1,39 @@
-//! The HTTP server: Ollama's and OpenAI's APIs over the scheduler.
+//! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the scheduler.
 //!
 //! - `ollama`: `/api/generate`, `/api/chat`; `models`: the management endpoints.
 //! - `openai`: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! - `embeddings`: `/api/embed`, `/api/embeddings`, `/v1/embeddings`.
+//! - `anthropic`: `/v1/messages`, `/v1/messages/count_tokens`.
+//! - `responses`: `/v1/responses`, with the store `previous_response_id` reads.
+//! - `chat`: rendering, constraining and starting a conversation, for every chat-shaped API.
 //! - `generation`: the token stream → text pipeline every endpoint shares.
+//! - `operations`: `/health`, `/tokenize`, `/detokenize`; `metrics`: `/metrics` and what
+//!   it counts.
+//! - `sse`: server-sent event streams (OpenAI's `data:` lines, Anthropic's named events).
 //! - `prompt`: requests → prompt tokens (templates, media checks, context).
 //! - `options`: request options, validated.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
+//! - `listen`: accepting connections, with header time limits; `cors`: which browser origins
+//!   may call the API.
 //! - `error`: errors before a stream starts (JSON with a status); after it starts, errors are
 //!   sent inside the stream.
 
+pub mod anthropic;
+pub mod chat;
+pub mod cors;
+pub mod embeddings;
 pub mod error;
 pub mod generation;
+pub mod listen;
+pub mod metrics;
 pub mod models;
 pub mod ollama;
 pub mod openai;
+pub mod operations;
 pub mod options;
 pub mod prompt;
+pub mod responses;
+pub mod sse;
 pub mod structured;
 
 use std::sync::Arc;
@@ -26,6 +44,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post};
 
+use crate::model_name;
 use crate::scheduler::Scheduler;
 use crate::store::Store;
 use error::ApiError;
@@ -37,6 +56,19 @@ pub struct AppState {
     pub store: Store,
     /// The loaded model and the request queue.
     pub scheduler: Arc<Scheduler>,
+    /// Recent Responses-API conversations, for `previous_response_id`.
+    pub responses: Arc<responses::ResponseStore>,
+}
+
+impl AppState {
+    /// The state of a server over `store` and `scheduler`.
+    pub fn new(store: Store, scheduler: Arc<Scheduler>) -> AppState {
+        AppState {
+            store,
+            scheduler,
+            responses: Arc::default(),
+        }
+    }
 }
 
 /// The largest request body accepted (images inline as base64 make bodies large).
@@ -44,9 +76,15 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// The routes of both APIs.
 pub fn router(state: AppState) -> Router {
+    // Installed before the first request, so every request is counted.
+    metrics::handle();
     Router::new()
         .route("/", get(|| async { "mlxkit is running" }))
         .route("/api/version", get(models::version))
+        .route("/health", get(operations::health))
+        .route("/metrics", get(metrics::render))
+        .route("/tokenize", post(operations::tokenize))
+        .route("/detokenize", post(operations::detokenize))
         .route("/api/generate", post(ollama::generate))
         .route("/api/chat", post(ollama::chat))
         .route("/api/tags", get(models::tags))
@@ -56,11 +94,16 @@ pub fn router(state: AppState) -> Router {
         .route("/api/create", post(models::create))
         .route("/api/delete", delete(models::delete))
         .route("/api/copy", post(models::copy))
-        .route("/api/embed", post(models::embed))
-        .route("/api/embeddings", post(models::embed))
+        .route("/api/embed", post(embeddings::ollama_embed))
+        .route("/api/embeddings", post(embeddings::ollama_embeddings))
+        .route("/v1/embeddings", post(embeddings::openai_embeddings))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(|request: Request| async move {
             ApiError::not_found(format!(
                 "no endpoint {} {}",
@@ -68,7 +111,19 @@ pub fn router(state: AppState) -> Router {
                 request.uri().path()
             ))
         })
+        .method_not_allowed_fallback(|request: Request| async move {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                format!(
+                    "{} is not allowed on {}",
+                    request.method(),
+                    request.uri().path()
+                ),
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(metrics::count_requests))
+        .layer(cors::layer())
         .with_state(state)
 }
 
@@ -85,8 +140,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let openai = req.uri().path().starts_with("/v1/");
-        let dialect = |e: ApiError| if openai { e.openai() } else { e };
+        let path = req.uri().path();
+        let (anthropic, openai) = (path.starts_with("/v1/messages"), path.starts_with("/v1/"));
+        let dialect = |e: ApiError| match (anthropic, openai) {
+            (true, _) => e.anthropic(),
+            (false, true) => e.openai(),
+            _ => e,
+        };
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             dialect(ApiError::new(rejection.status(), rejection.body_text()))
         })?;
@@ -97,6 +157,60 @@ where
             };
             dialect(ApiError::bad_request(message))
         })
+    }
+}
+
+/// A unique id for a response or tool call: `prefix`, a process-wide counter and the clock's
+/// nanoseconds, in hex.
+pub fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{:x}{:08x}", n, nanos)
+}
+
+/// An id in the `prefix_…` form OpenAI's Responses and Anthropic's Messages use (`msg_…`,
+/// `toolu_…`).
+pub fn item_id(prefix: &str) -> String {
+    request_id(prefix).replacen('-', "_", 1)
+}
+
+/// `model`'s name and the default options it was stored with; an unknown model is a 404.
+/// Errors are in Ollama's shape: callers put them in their API's.
+pub fn stored_model(
+    state: &AppState,
+    model: &str,
+) -> Result<
+    (
+        model_name::ModelName,
+        serde_json::Map<String, serde_json::Value>,
+    ),
+    ApiError,
+> {
+    if model.is_empty() {
+        return Err(ApiError::bad_request("`model` is required"));
+    }
+    let name = model_name::ModelName::parse(model)?;
+    let defaults = state
+        .store
+        .get(&name)?
+        .manifest
+        .parameters
+        .into_iter()
+        .collect();
+    Ok((name, defaults))
+}
+
+/// Appends `text` to the string `value` holds in place (amortized O(1) per piece; rebuilding
+/// the string per streamed piece would be quadratic in the answer's length).
+pub fn push_str(value: &mut serde_json::Value, text: &str) {
+    match value {
+        serde_json::Value::String(s) => s.push_str(text),
+        other => *other = serde_json::Value::String(text.to_string()),
     }
 }
 

@@ -35,14 +35,22 @@ fn details_json(manifest: &Manifest) -> Value {
 
 fn tag_json(entry: &Entry) -> Value {
     let name = entry.name.to_string();
-    json!({
+    let mut tag = json!({
         "name": name,
         "model": name,
         "modified_at": rfc3339(entry.modified),
         "size": entry.manifest.size(),
         "digest": entry.manifest.digest().trim_start_matches("sha256:"),
         "details": details_json(&entry.manifest),
-    })
+    });
+    // Not in Ollama's API: where a model is read from, and why one cannot be served.
+    if entry.from_ollama {
+        tag["store"] = json!("ollama");
+    }
+    if let Some(reason) = &entry.unusable {
+        tag["unusable"] = json!(reason);
+    }
+    tag
 }
 
 /// `GET /api/tags`.
@@ -250,14 +258,6 @@ pub async fn version() -> Json<Value> {
     Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
-/// `POST /api/embed` and `/api/embeddings`.
-pub async fn embed(JsonBody(req): JsonBody<ModelRequest>) -> Result<Response, ApiError> {
-    let name = req.name()?;
-    Err(ApiError::bad_request(format!(
-        "model `{name}` does not support embeddings"
-    )))
-}
-
 /// `/api/pull`'s body.
 #[derive(Debug, Deserialize)]
 pub struct PullRequest {
@@ -391,8 +391,10 @@ pub fn create_model(
         manifest.source = base.to_string();
         manifest
     };
-    if spec.template.is_some() {
-        manifest.template = spec.template.clone();
+    if let Some(template) = &spec.template {
+        tokenizer::ChatTemplate::check(template)
+            .map_err(|e| ApiError::bad_request(format!("TEMPLATE: {e}")))?;
+        manifest.template = Some(template.clone());
     }
     if spec.system.is_some() {
         manifest.system = spec.system.clone();

@@ -162,12 +162,13 @@ pub async fn generate(
         attachments.images += 1;
     }
     let prompt_text = req.prompt.unwrap_or_default();
+    // Checked before the model loads: what a model takes is known from its manifest.
+    attachments.require_supported(&state.store, &c.name)?;
     let lease = state
         .scheduler
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();
-    attachments.require_supported(&c.name.to_string())?;
     if prompt_text.is_empty() && req.suffix.is_none() {
         // An empty prompt only loads (or, with keep_alive 0, unloads) the model.
         drop(lease);
@@ -189,16 +190,22 @@ pub async fn generate(
         .into_response());
     }
     let info = lease.info.clone();
-    let rendered = if req.raw {
-        prompt::render_raw(&info, &prompt_text)?
-    } else {
+    let (suffix, raw, system, think) = (req.suffix, req.raw, req.system, c.think);
+    let rendered = prompt::off_runtime(move || {
+        if let Some(suffix) = suffix.filter(|s| !s.is_empty()) {
+            return prompt::render_infill(&info, &prompt_text, &suffix);
+        }
+        if raw {
+            return prompt::render_raw(&info, &prompt_text);
+        }
         let mut messages = Vec::new();
-        if let Some(system) = req.system.filter(|s| !s.is_empty()) {
+        if let Some(system) = system.filter(|s| !s.is_empty()) {
             messages.push(tokenizer::Message::new("system", system));
         }
         messages.push(tokenizer::Message::new("user", prompt_text));
-        prompt::render_chat(&info, messages, None, c.think)?
-    };
+        prompt::render_chat(&info, messages, None, think)
+    })
+    .await?;
     let timing = (started, load);
     run(
         lease,
@@ -221,12 +228,12 @@ pub async fn chat(
     let c = common(&state, &req.fields)?;
     let mut attachments = Attachments::default();
     let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
+    attachments.require_supported(&state.store, &c.name)?;
     let lease = state
         .scheduler
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();
-    attachments.require_supported(&c.name.to_string())?;
     if messages.is_empty() {
         drop(lease);
         return Ok(Json(json!({
@@ -239,7 +246,10 @@ pub async fn chat(
         .into_response());
     }
     let info = lease.info.clone();
-    let rendered = prompt::render_chat(&info, messages, req.tools.as_deref(), c.think)?;
+    let (tools, think) = (req.tools.clone(), c.think);
+    let rendered =
+        prompt::off_runtime(move || prompt::render_chat(&info, messages, tools.as_deref(), think))
+            .await?;
     let timing = (started, load);
     run(
         lease,
@@ -283,7 +293,7 @@ async fn run<C: Collector>(
             started,
             load,
         },
-    );
+    )?;
     let model = c.name.to_string();
     let name = model.clone();
     let shape = move |output: &Output| chunk(&name, output);

@@ -1,12 +1,9 @@
 //! OpenAI's API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
-use std::convert::Infallible;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -14,13 +11,15 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
+use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{self, LogprobEntry, Output, Prepared, Summary};
 use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
-use crate::server::{AppState, JsonBody};
+use crate::server::{AppState, JsonBody, request_id, stored_model};
 
 /// The generation fields both completion endpoints share.
 #[derive(Debug, Deserialize)]
@@ -57,28 +56,24 @@ pub struct Sampling {
 
 impl Sampling {
     fn options(&self, defaults: &Map<String, Value>) -> Result<GenerationOptions, ApiError> {
-        let mut options = GenerationOptions::default();
-        options.apply(defaults)?;
-        let mut given = Map::new();
-        for (key, value) in [
-            ("temperature", &self.temperature),
-            ("top_p", &self.top_p),
-            ("presence_penalty", &self.presence_penalty),
-            ("frequency_penalty", &self.frequency_penalty),
-            ("seed", &self.seed),
-            ("stop", &self.stop),
-            ("max_tokens", &self.max_tokens),
-            ("max_completion_tokens", &self.max_completion_tokens),
-            ("logit_bias", &self.logit_bias),
-            ("draft", &self.draft),
-            ("num_draft", &self.num_draft),
-            ("speculate", &self.speculate),
-        ] {
-            if let Some(value) = value {
-                given.insert(key.to_string(), value.clone());
-            }
-        }
-        options.apply(&given).map_err(ApiError::openai)?;
+        let options = GenerationOptions::layered(
+            defaults,
+            &[
+                ("temperature", self.temperature.as_ref()),
+                ("top_p", self.top_p.as_ref()),
+                ("presence_penalty", self.presence_penalty.as_ref()),
+                ("frequency_penalty", self.frequency_penalty.as_ref()),
+                ("seed", self.seed.as_ref()),
+                ("stop", self.stop.as_ref()),
+                ("max_tokens", self.max_tokens.as_ref()),
+                ("max_completion_tokens", self.max_completion_tokens.as_ref()),
+                ("logit_bias", self.logit_bias.as_ref()),
+                ("draft", self.draft.as_ref()),
+                ("num_draft", self.num_draft.as_ref()),
+                ("speculate", self.speculate.as_ref()),
+            ],
+        )
+        .map_err(ApiError::openai)?;
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::bad_request("only `n: 1` is supported").openai());
         }
@@ -140,17 +135,6 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}-{:x}{:08x}", n, nanos)
-}
-
 fn finish_reason(summary: &Summary, tool_calls: bool) -> &'static str {
     if tool_calls {
         return "tool_calls";
@@ -195,28 +179,13 @@ fn tool_call_json(index: usize, call: &tokenizer::ToolCall) -> Value {
     })
 }
 
-async fn prepare_model(
-    state: &AppState,
-    model: &str,
-) -> Result<(ModelName, Map<String, Value>), ApiError> {
-    if model.is_empty() {
-        return Err(ApiError::bad_request("`model` is required").openai());
-    }
-    let name = ModelName::parse(model).map_err(|e| ApiError::from(e).openai())?;
-    let defaults = match state.store.get(&name) {
-        Ok(entry) => entry.manifest.parameters.into_iter().collect(),
-        Err(e) => return Err(ApiError::from(e).openai()),
-    };
-    Ok((name, defaults))
-}
-
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let (name, defaults) = prepare_model(&state, &req.model).await?;
+    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::openai)?;
     let options = req.sampling.options(&defaults)?;
     let format = structured::openai_response_format(req.response_format.as_ref())?;
     let choice = ToolChoice::from_openai(req.tool_choice.as_ref()).map_err(ApiError::openai)?;
@@ -239,41 +208,31 @@ pub async fn chat_completions(
     if messages.is_empty() {
         return Err(ApiError::bad_request("`messages` must not be empty").openai());
     }
+    attachments
+        .require_supported(&state.store, &name)
+        .map_err(ApiError::openai)?;
     let lease = state
         .scheduler
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
-    attachments
-        .require_supported(&name.to_string())
-        .map_err(ApiError::openai)?;
-    let info = lease.info.clone();
-    let think = req.reasoning_effort.as_deref().map(|e| e != "none");
-    let rendered = prompt::render_chat(&info, messages, tools, think).map_err(ApiError::openai)?;
-    prompt::check_context(&info, &rendered.tokens, None).map_err(ApiError::openai)?;
     let requested = Requested {
         format,
         tools: tools.map(<[Value]>::to_vec).unwrap_or_default(),
         choice,
         parallel_calls: req.parallel_tool_calls.unwrap_or(true),
     };
-    let grammar = structured::prepare(&info, &requested, rendered.parser.as_ref())
-        .await
-        .map_err(ApiError::openai)?;
-    let outputs = generation::start(
-        lease,
-        Prepared {
-            prompt: rendered.tokens,
-            options,
-            logprobs,
-            parser: rendered.parser,
-            grammar,
-            turn_starts: rendered.turn_starts,
-            started,
-            load,
-        },
-    );
+    let job = ChatJob {
+        messages,
+        requested,
+        think: req.reasoning_effort.as_deref().map(|e| e != "none"),
+        options,
+        logprobs,
+        started,
+        load,
+    };
+    let (outputs, _) = chat::start(lease, job).await.map_err(ApiError::openai)?;
     let id = request_id("chatcmpl");
     let model = name.to_string();
     let include_usage = req
@@ -339,12 +298,6 @@ async fn collect_chat(
         "usage": usage(&summary),
     }))
     .into_response())
-}
-
-/// Turns outputs into SSE `data:` payloads.
-trait SseShape: Send + 'static {
-    /// Payloads for one output.
-    fn chunks(&mut self, output: &Output) -> Vec<Value>;
 }
 
 struct ChatStream {
@@ -437,48 +390,13 @@ impl SseShape for ChatStream {
     }
 }
 
-/// A streamed SSE body, ending with `data: [DONE]`.
-fn sse(outputs: Receiver<Output>, shape: impl SseShape) -> Response {
-    let events = futures_util::stream::unfold(
-        (outputs, shape, false),
-        |(mut outputs, mut shape, done)| async move {
-            if done {
-                return None;
-            }
-            match outputs.recv().await {
-                Some(output) => {
-                    let mut text = String::new();
-                    for chunk in shape.chunks(&output) {
-                        text.push_str("data: ");
-                        text.push_str(&chunk.to_string());
-                        text.push_str("\n\n");
-                    }
-                    Some((
-                        Ok::<Bytes, Infallible>(Bytes::from(text)),
-                        (outputs, shape, false),
-                    ))
-                }
-                None => Some((
-                    Ok(Bytes::from_static(b"data: [DONE]\n\n")),
-                    (outputs, shape, true),
-                )),
-            }
-        },
-    );
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| ApiError::internal("building the response").into_response())
-}
-
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let (name, defaults) = prepare_model(&state, &req.model).await?;
+    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::openai)?;
     let options = req.sampling.options(&defaults)?;
     let prompt_text = match &req.prompt {
         Value::String(s) => s.clone(),
@@ -503,7 +421,12 @@ pub async fn completions(
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
     let info = lease.info.clone();
-    let rendered = prompt::render_raw(&info, &prompt_text).map_err(ApiError::openai)?;
+    let rendered = prompt::off_runtime({
+        let (info, text) = (info.clone(), prompt_text.clone());
+        move || prompt::render_raw(&info, &text)
+    })
+    .await
+    .map_err(ApiError::openai)?;
     prompt::check_context(&info, &rendered.tokens, None).map_err(ApiError::openai)?;
     let requested = Requested {
         format,
@@ -524,7 +447,8 @@ pub async fn completions(
             started,
             load,
         },
-    );
+    )
+    .map_err(ApiError::openai)?;
     let id = request_id("cmpl");
     let model = name.to_string();
     let echo = req.echo.then(|| prompt_text.clone());
@@ -653,11 +577,28 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     let entries = state.store.list().map_err(|e| ApiError::from(e).openai())?;
     Ok(Json(json!({
         "object": "list",
-        "data": entries.iter().map(|e| json!({
-            "id": e.name.to_string(),
-            "object": "model",
-            "created": e.modified.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            "owned_by": "library",
-        })).collect::<Vec<_>>(),
+        "data": entries.iter().map(model_json).collect::<Vec<_>>(),
     })))
+}
+
+/// `GET /v1/models/{model}`.
+pub async fn model(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let name = ModelName::parse(&model).map_err(|e| ApiError::from(e).openai())?;
+    let entry = state
+        .store
+        .get(&name)
+        .map_err(|e| ApiError::from(e).openai())?;
+    Ok(Json(model_json(&entry)))
+}
+
+fn model_json(entry: &crate::store::Entry) -> Value {
+    json!({
+        "id": entry.name.to_string(),
+        "object": "model",
+        "created": entry.modified.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "owned_by": "library",
+    })
 }

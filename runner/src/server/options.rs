@@ -68,6 +68,22 @@ fn count(key: &str, value: &Value, hi: f64) -> Result<usize, ApiError> {
 }
 
 impl GenerationOptions {
+    /// A model's stored defaults, then a request's fields over them: `(option, value)` pairs
+    /// under Ollama's option names, absent values skipped. Errors are in Ollama's shape.
+    pub fn layered(
+        defaults: &Map<String, Value>,
+        given: &[(&str, Option<&Value>)],
+    ) -> Result<GenerationOptions, ApiError> {
+        let mut options = GenerationOptions::default();
+        options.apply(defaults)?;
+        let given: Map<String, Value> = given
+            .iter()
+            .filter_map(|(key, value)| value.map(|v| (key.to_string(), v.clone())))
+            .collect();
+        options.apply(&given)?;
+        Ok(options)
+    }
+
     /// Applies Ollama-style options (`temperature`, `top_k`, …, `num_predict`, `stop`,
     /// `seed`) over the current values. Unknown keys are ignored, as Ollama does, except that
     /// a known key with a bad value is an error naming it.

@@ -52,9 +52,19 @@ pub struct Attachments {
 }
 
 impl Attachments {
-    /// Fails with a clear error when the model cannot take what was attached. Every text model
-    /// of this release lacks vision and audio encoders.
-    pub fn require_supported(&self, model: &str) -> Result<(), ApiError> {
+    /// Fails with a clear error when the model cannot take what was attached, before anything
+    /// loads: an unknown model is "not found" first. Every text model of this release lacks
+    /// vision and audio encoders.
+    pub fn require_supported(
+        &self,
+        store: &crate::store::Store,
+        name: &crate::model_name::ModelName,
+    ) -> Result<(), ApiError> {
+        if self.images == 0 && self.audio == 0 {
+            return Ok(());
+        }
+        store.get(name)?;
+        let model = name.to_string();
         if self.images > 0 {
             return Err(ApiError::bad_request(format!(
                 "model `{model}` does not support images"
@@ -214,10 +224,7 @@ pub fn render_chat(
         .render(&messages, tools.filter(|t| !t.is_empty()), &options)
         .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
     // The template writes the special tokens itself (BOS included) as text.
-    let tokens = info
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))?;
+    let tokens = encode(info, &text, false)?;
     let parser = info.family.map(|family| {
         let mut config = family.parser_config().with_think(think.unwrap_or(true));
         if tools.is_none_or(|t| t.is_empty()) {
@@ -264,15 +271,84 @@ fn last_turn_start(
 
 /// Tokenizes raw text (no template), adding the model's BOS as configured.
 pub fn render_raw(info: &ModelInfo, text: &str) -> Result<RenderedPrompt, ApiError> {
-    let tokens = info
-        .tokenizer
-        .encode(text, true)
+    let tokens = encode(info, text, true)?;
+    Ok(RenderedPrompt {
+        tokens,
+        parser: None,
+        turn_starts: Vec::new(),
+    })
+}
+
+/// The prompt for Ollama's `suffix`: fill in what goes between `prefix` and `suffix`, for a
+/// model whose vocabulary has fill-in-the-middle markers; others are refused, as Ollama does.
+pub fn render_infill(
+    info: &ModelInfo,
+    prefix: &str,
+    suffix: &str,
+) -> Result<RenderedPrompt, ApiError> {
+    let markers = tokenizer::FillInMiddle::of(&info.tokenizer).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "`{}` does not support insert (`suffix`): its vocabulary has no \
+             fill-in-the-middle tokens",
+            info.name
+        ))
+    })?;
+    check_bytes(info, prefix.len() + suffix.len())?;
+    let tokens = markers
+        .prompt(&info.tokenizer, prefix, suffix)
         .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))?;
     Ok(RenderedPrompt {
         tokens,
         parser: None,
         turn_starts: Vec::new(),
     })
+}
+
+/// Tokenizes prompt text, refusing first a text too long for the context whatever its tokens.
+pub fn encode(info: &ModelInfo, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+    check_bytes(info, text.len())?;
+    info.tokenizer
+        .encode(text, add_special)
+        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))
+}
+
+/// Refuses `bytes` of prompt text that cannot fit the context however it tokenizes: no token
+/// covers more than the vocabulary's longest, so this is exact, not a guess, and it spares
+/// tokenizing megabytes (a 50 MB prompt took 31 s to tokenize only to be refused).
+fn check_bytes(info: &ModelInfo, bytes: usize) -> Result<(), ApiError> {
+    let most = info.context_length.saturating_mul(info.longest_token_bytes);
+    if bytes > most {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {bytes} bytes, more than the context of {} tokens can hold \
+             (at most {most} bytes with this vocabulary)",
+            info.context_length
+        )));
+    }
+    Ok(())
+}
+
+/// How many prompts are rendered and tokenized at once, off the async runtime.
+fn render_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::sync::Semaphore::new(cores.max(2))
+    })
+}
+
+/// Runs `work` (rendering a template, tokenizing: CPU-bound, up to seconds for a huge prompt)
+/// on the blocking pool, at most one per core at a time, so the runtime's threads keep
+/// answering every other request meanwhile.
+pub async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let _permit = render_permits()
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the prompt pool is closed"))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the prompt: {e}")))?
 }
 
 /// Refuses a prompt that leaves no room to generate within the context.

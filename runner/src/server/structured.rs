@@ -57,6 +57,21 @@ impl ToolChoice {
     }
 }
 
+/// A tool in the chat shape templates and [`Requested::tools`] take,
+/// `{"type": "function", "function": {name, description, parameters}}`, from the parts other
+/// APIs spell differently (Anthropic's `input_schema`, the Responses API's flat tools). No
+/// parameters means any object.
+pub fn function_tool(name: &str, parameters: Option<&Value>, description: Option<&Value>) -> Value {
+    let mut function = json!({
+        "name": name,
+        "parameters": parameters.cloned().unwrap_or_else(|| json!({"type": "object"})),
+    });
+    if let Some(description) = description {
+        function["description"] = description.clone();
+    }
+    json!({"type": "function", "function": function})
+}
+
 /// What a request asked of its output's shape.
 #[derive(Debug, Clone)]
 pub struct Requested {
@@ -187,15 +202,17 @@ pub fn spec_for(
     }))
 }
 
-/// A tool's name and its parameters' schema (any object when it declares none).
+/// A tool's name and its parameters' schema (any object when it declares none), with its
+/// local `$ref`s rebased to where the call object embeds it (`properties.arguments`).
 fn tool_signature(tool: &Value) -> Option<(&str, Value)> {
     let function = tool.get("function").unwrap_or(tool);
     let name = function.get("name")?.as_str()?;
-    let parameters = function
+    let mut parameters = function
         .get("parameters")
         .filter(|p| p.is_object())
         .cloned()
         .unwrap_or_else(|| json!({"type": "object"}));
+    grammar::rebase_refs(&mut parameters, "/properties/arguments");
     Some((name, parameters))
 }
 

@@ -14,7 +14,7 @@ use runner::model_name::ModelName;
 use runner::scheduler::Scheduler;
 use runner::server::{AppState, router};
 use runner::store::Store;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub const MODEL: &str = "smollm2:135m";
 
@@ -59,6 +59,17 @@ pub fn start_server_with(
 ) -> Option<Server> {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open(home.path().to_path_buf()).unwrap();
+    start_server_in(home, store, models, config, prepare)
+}
+
+/// Like [`start_server_with`], over `store` (kept in `home`, which the server owns).
+pub fn start_server_in(
+    home: tempfile::TempDir,
+    store: Store,
+    models: &[&str],
+    config: LoopConfig,
+    prepare: impl FnOnce(&Store),
+) -> Option<Server> {
     for model in models {
         let name = ModelName::parse(model).unwrap();
         if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
@@ -81,9 +92,13 @@ pub fn start_server_with(
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            axum::serve(listener, router(AppState { store, scheduler }))
-                .await
-                .unwrap();
+            runner::server::listen::serve(
+                listener,
+                router(AppState::new(store, scheduler)),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
         });
         format!("http://{addr}")
     });
@@ -153,4 +168,59 @@ pub fn post_sse(s: &Server, path: &str, body: Value) -> Vec<Value> {
         .filter_map(|l| l.strip_prefix("data: "))
         .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
         .collect()
+}
+
+/// Replaces values that change from run to run with placeholders.
+pub fn redact(value: &Value) -> Value {
+    const VOLATILE: &[&str] = &[
+        "created_at",
+        "created",
+        "modified_at",
+        "expires_at",
+        "total_duration",
+        "load_duration",
+        "prompt_eval_duration",
+        "eval_duration",
+        "id",
+        "digest",
+        "size",
+        "system_fingerprint",
+        "response",
+        "content",
+        "text",
+        "token",
+        "bytes",
+        "logprob",
+        "arguments",
+        "reasoning_content",
+        "thinking",
+        "version",
+        // What the prefix cache holds depends on which tests ran before.
+        "prompt_eval_count",
+        "prompt_cached_count",
+        "cached_tokens",
+        "prefix_cache_bytes",
+        "prefix_cache_budget",
+        "prefix_cache_nodes",
+        "prefilled_tokens",
+        "input_tokens",
+        "cache_read_input_tokens",
+    ];
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let scalar = !v.is_null() && !v.is_object() && !v.is_array();
+                    let v = if VOLATILE.contains(&k.as_str()) && (scalar || k == "bytes") {
+                        json!(format!("[{k}]"))
+                    } else {
+                        redact(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(redact).collect()),
+        other => other.clone(),
+    }
 }

@@ -78,6 +78,29 @@ impl OutputParser {
         std::mem::take(&mut self.events)
     }
 
+    /// Ends a stream the token limit cut off: like [`finish`](Self::finish), except that a tool
+    /// call left unfinished is not an error but text, released as content from its opening
+    /// marker on, so a client sees a `length` ending with what the model wrote.
+    pub fn finish_cut_off(&mut self) -> Vec<ParserEvent> {
+        let marker = match self.state {
+            State::HermesCall => HERMES_OPEN,
+            State::MistralCalls => MISTRAL_OPEN,
+            // A cut-off Llama 3 call is already released as text.
+            _ => return self.finish(),
+        };
+        let raw = format!("{marker}{}", self.pending);
+        let mut attempt = self.clone();
+        let events = attempt.finish();
+        if !events.iter().any(|e| matches!(e, ParserEvent::Error(_))) {
+            *self = attempt;
+            return events;
+        }
+        self.state = State::Done;
+        self.pending.clear();
+        self.emit_content(raw);
+        std::mem::take(&mut self.events)
+    }
+
     /// One transition; false when nothing more can be decided now.
     fn step(&mut self, at_end: bool) -> bool {
         match self.state {

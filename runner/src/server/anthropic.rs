@@ -1,0 +1,668 @@
+//! Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, which
+//! coding agents (Claude Code and others) speak to local servers.
+//!
+//! A conversation's content blocks map onto template messages: text joins a turn's content,
+//! `tool_use` blocks become the assistant turn's tool calls, each `tool_result` a `tool` turn
+//! (named by the call it answers), `thinking` the turn's reasoning. Messages render in the
+//! order sent, so a system reminder an agent inserts after every tool result stays where it
+//! was and the prompt's prefix is the previous turn's (the prefix cache hits).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokenizer::{Message, MessageToolCall};
+use tokio::sync::mpsc::Receiver;
+
+use crate::engine::DoneReason;
+use crate::server::chat::{self, ChatJob};
+use crate::server::error::ApiError;
+use crate::server::generation::{Output, Summary};
+use crate::server::options::GenerationOptions;
+use crate::server::prompt::{self, Attachments};
+use crate::server::sse::{SseShape, sse};
+use crate::server::structured::{self, Requested, ToolChoice};
+use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
+
+/// `/v1/messages`' body. Fields the API has and a local server ignores (`metadata`,
+/// `service_tier`, `container`) are accepted and ignored.
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    model: String,
+    #[serde(default)]
+    max_tokens: Option<Value>,
+    messages: Vec<InputMessage>,
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    stop_sequences: Option<Value>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    temperature: Option<Value>,
+    #[serde(default)]
+    top_p: Option<Value>,
+    #[serde(default)]
+    top_k: Option<Value>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    thinking: Option<Value>,
+}
+
+/// `/v1/messages/count_tokens`' body.
+#[derive(Debug, Deserialize)]
+pub struct CountTokensRequest {
+    model: String,
+    messages: Vec<InputMessage>,
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    thinking: Option<Value>,
+}
+
+/// One message: a role and a string or a list of content blocks.
+#[derive(Debug, Deserialize)]
+pub struct InputMessage {
+    role: String,
+    content: Value,
+}
+
+/// The conversation as the template sees it.
+struct Conversation {
+    messages: Vec<Message>,
+    /// Tools in the OpenAI function shape the templates and the grammar take.
+    tools: Vec<Value>,
+    attachments: Attachments,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message).anthropic()
+}
+
+/// The conversation of a request: its system prompt, its messages block by block, its tools.
+fn conversation(
+    system: Option<&Value>,
+    input: &[InputMessage],
+    tools: Option<&[Value]>,
+) -> Result<Conversation, ApiError> {
+    let mut messages = Vec::with_capacity(input.len() + 1);
+    let mut attachments = Attachments::default();
+    if let Some(system) = system {
+        let text = system_text(system)?;
+        if !text.is_empty() {
+            messages.push(Message::new("system", text));
+        }
+    }
+    // Tool results name the call they answer by id; templates want the tool's name.
+    let mut call_names: HashMap<String, String> = HashMap::new();
+    for (i, message) in input.iter().enumerate() {
+        match message.role.as_str() {
+            "user" | "assistant" => {}
+            other => {
+                return Err(bad(format!(
+                    "messages[{i}].role is {other:?}: expected \"user\" or \"assistant\" \
+                     (the system prompt is the top-level `system`)"
+                )));
+            }
+        }
+        let blocks = match &message.content {
+            Value::String(text) => vec![json!({"type": "text", "text": text})],
+            Value::Array(blocks) => blocks.clone(),
+            other => {
+                return Err(bad(format!(
+                    "messages[{i}].content must be a string or a list of content blocks, \
+                     got {other}"
+                )));
+            }
+        };
+        let mut turn = Message::new(message.role.clone(), "");
+        for (j, block) in blocks.iter().enumerate() {
+            let at = || format!("messages[{i}].content[{j}]");
+            let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+            match kind {
+                "text" => {
+                    let text = block
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(format!("{} is a text block without `text`", at())))?;
+                    turn.content.push_str(text);
+                }
+                "image" => {
+                    let source = block.get("source").unwrap_or(&Value::Null);
+                    match source.get("type").and_then(Value::as_str) {
+                        Some("base64") => {
+                            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+                            prompt::check_image_base64(data).map_err(ApiError::anthropic)?;
+                        }
+                        Some(other) => {
+                            return Err(bad(format!(
+                                "{}: image sources of type {other:?} are not fetched; send \
+                                 base64 data",
+                                at()
+                            )));
+                        }
+                        None => return Err(bad(format!("{}: an image needs a source", at()))),
+                    }
+                    attachments.images += 1;
+                }
+                "thinking" => {
+                    let thought = block.get("thinking").and_then(Value::as_str).unwrap_or("");
+                    let reasoning = turn.reasoning_content.get_or_insert_with(String::new);
+                    reasoning.push_str(thought);
+                }
+                // Encrypted reasoning from Anthropic's own models: nothing a local model reads.
+                "redacted_thinking" => {}
+                "tool_use" if message.role == "assistant" => {
+                    let name = block
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(format!("{} is a tool_use without `name`", at())))?;
+                    if let Some(id) = block.get("id").and_then(Value::as_str) {
+                        call_names.insert(id.to_string(), name.to_string());
+                    }
+                    let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                    turn.tool_calls.push(MessageToolCall::new(name, input));
+                }
+                "tool_result" if message.role == "user" => {
+                    // Text before a result belongs to the user turn it came in.
+                    flush(&mut messages, &mut turn);
+                    let id = block.get("tool_use_id").and_then(Value::as_str);
+                    let mut result = Message::new("tool", tool_result_text(block, &at)?);
+                    result.tool_call_id = id.map(str::to_string);
+                    result.name = id.and_then(|id| call_names.get(id).cloned());
+                    messages.push(result);
+                }
+                other => {
+                    return Err(bad(format!(
+                        "{}: content block type {other:?} is not supported in a {} message",
+                        at(),
+                        message.role
+                    )));
+                }
+            }
+        }
+        flush(&mut messages, &mut turn);
+    }
+    let tools = tools
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| function_tool(i, tool))
+        .collect::<Result<_, _>>()?;
+    Ok(Conversation {
+        messages,
+        tools,
+        attachments,
+    })
+}
+
+/// Ends the turn built so far, if it holds anything.
+fn flush(messages: &mut Vec<Message>, turn: &mut Message) {
+    let empty =
+        turn.content.is_empty() && turn.tool_calls.is_empty() && turn.reasoning_content.is_none();
+    let next = Message::new(turn.role.clone(), "");
+    let done = std::mem::replace(turn, next);
+    if !empty {
+        messages.push(done);
+    }
+}
+
+/// `system`: a string or a list of text blocks.
+fn system_text(system: &Value) -> Result<String, ApiError> {
+    match system {
+        Value::Null => Ok(String::new()),
+        Value::String(text) => Ok(text.clone()),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|block| {
+                block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("`system` blocks must be text blocks"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|parts| parts.join("\n\n")),
+        other => Err(bad(format!(
+            "`system` must be a string or a list of text blocks, got {other}"
+        ))),
+    }
+}
+
+/// A tool result's content: a string or a list of text blocks; an error result says so.
+fn tool_result_text(block: &Value, at: &dyn Fn() -> String) -> Result<String, ApiError> {
+    let mut text = match block.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                    }
+                    Some("image") => {
+                        return Err(bad(format!(
+                            "{}: images in tool results are not supported by text models",
+                            at()
+                        )));
+                    }
+                    other => {
+                        return Err(bad(format!(
+                            "{}: tool result part type {other:?} is not supported",
+                            at()
+                        )));
+                    }
+                }
+            }
+            text
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "{}: tool result content must be a string or text blocks, got {other}",
+                at()
+            )));
+        }
+    };
+    if block.get("is_error").and_then(Value::as_bool) == Some(true) {
+        text.insert_str(0, "Error: ");
+    }
+    Ok(text)
+}
+
+/// An Anthropic tool (`name`, `description`, `input_schema`) in the function shape.
+fn function_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
+    let name = tool
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("tools[{i}] needs a `name`")))?;
+    if let Some(kind) = tool.get("type").and_then(Value::as_str)
+        && kind != "custom"
+    {
+        return Err(bad(format!(
+            "tools[{i}] is Anthropic's server tool {kind:?}, which a local server does not run"
+        )));
+    }
+    Ok(structured::function_tool(
+        name,
+        tool.get("input_schema"),
+        tool.get("description"),
+    ))
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none"}`, with `name` for `tool` and
+/// `disable_parallel_tool_use`. Returns the choice and whether parallel calls are allowed.
+fn tool_choice(value: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok((ToolChoice::Auto, true));
+    };
+    let parallel = value
+        .get("disable_parallel_tool_use")
+        .and_then(Value::as_bool)
+        != Some(true);
+    let choice = match value.get("type").and_then(Value::as_str) {
+        Some("auto") => ToolChoice::Auto,
+        Some("any") => ToolChoice::Required,
+        Some("none") => ToolChoice::None,
+        Some("tool") => ToolChoice::Named(
+            value
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("`tool_choice` of type \"tool\" needs a `name`"))?
+                .to_string(),
+        ),
+        _ => {
+            return Err(bad(format!(
+                "`tool_choice` {value}: expected type \"auto\", \"any\", \"tool\" or \"none\""
+            )));
+        }
+    };
+    Ok((choice, parallel))
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": …}`, `{"type": "disabled"}`, or
+/// `{"type": "adaptive"}` (the model decides, as when absent). The budget is not enforced: a
+/// local model's reasoning ends when it closes its block.
+fn thinking(value: Option<&Value>) -> Result<Option<bool>, ApiError> {
+    match value
+        .filter(|v| !v.is_null())
+        .map(|v| v.get("type").and_then(Value::as_str))
+    {
+        None | Some(Some("adaptive")) => Ok(None),
+        Some(Some("enabled")) => Ok(Some(true)),
+        Some(Some("disabled")) => Ok(Some(false)),
+        Some(_) => Err(bad(
+            "`thinking.type` must be \"enabled\", \"disabled\" or \"adaptive\"",
+        )),
+    }
+}
+
+/// The request's sampling and length, over the model's stored defaults.
+fn options(
+    req: &MessagesRequest,
+    defaults: &Map<String, Value>,
+) -> Result<GenerationOptions, ApiError> {
+    let max_tokens = req
+        .max_tokens
+        .as_ref()
+        .ok_or_else(|| bad("`max_tokens` is required"))?;
+    GenerationOptions::layered(
+        defaults,
+        &[
+            ("num_predict", Some(max_tokens)),
+            ("temperature", req.temperature.as_ref()),
+            ("top_p", req.top_p.as_ref()),
+            ("top_k", req.top_k.as_ref()),
+            ("stop", req.stop_sequences.as_ref()),
+        ],
+    )
+    .map_err(ApiError::anthropic)
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<MessagesRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::anthropic)?;
+    let options = options(&req, &defaults)?;
+    let think = thinking(req.thinking.as_ref())?;
+    let (choice, parallel) = tool_choice(req.tool_choice.as_ref())?;
+    let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
+    conversation
+        .attachments
+        .require_supported(&state.store, &name)
+        .map_err(ApiError::anthropic)?;
+    if conversation.messages.is_empty() {
+        return Err(bad("`messages` must not be empty"));
+    }
+    let lease = state
+        .scheduler
+        .acquire_drafted(&name, options.draft_model.as_ref(), None)
+        .await
+        .map_err(|e| ApiError::from(e).anthropic())?;
+    let load = started.elapsed();
+    // `none` withholds the tools from the model altogether.
+    let tools = match choice {
+        ToolChoice::None => Vec::new(),
+        _ => conversation.tools,
+    };
+    let job = ChatJob {
+        messages: conversation.messages,
+        requested: Requested {
+            format: None,
+            tools,
+            choice,
+            parallel_calls: parallel,
+        },
+        think,
+        options,
+        logprobs: None,
+        started,
+        load,
+    };
+    let (outputs, input_tokens) = chat::start(lease, job).await.map_err(ApiError::anthropic)?;
+    let message = MessageShape::new(name.to_string(), input_tokens);
+    if req.stream {
+        return Ok(sse(outputs, message));
+    }
+    collect(outputs, message).await
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's length as this model's template renders
+/// and tokenizes it.
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<CountTokensRequest>,
+) -> Result<Response, ApiError> {
+    let (name, _) = stored_model(&state, &req.model).map_err(ApiError::anthropic)?;
+    let think = thinking(req.thinking.as_ref())?;
+    let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
+    let lease = state
+        .scheduler
+        .acquire(&name, None)
+        .await
+        .map_err(|e| ApiError::from(e).anthropic())?;
+    let info = lease.info.clone();
+    let rendered = prompt::off_runtime(move || {
+        prompt::render_chat(
+            &info,
+            conversation.messages,
+            Some(conversation.tools.as_slice()),
+            think,
+        )
+    })
+    .await
+    .map_err(ApiError::anthropic)?;
+    Ok(Json(json!({ "input_tokens": rendered.tokens.len() })).into_response())
+}
+
+/// What Anthropic's API calls a stop reason.
+fn stop_reason(summary: &Summary, tool_calls: bool) -> &'static str {
+    if tool_calls {
+        return "tool_use";
+    }
+    match (summary.reason, &summary.stop_sequence) {
+        (DoneReason::Length, _) => "max_tokens",
+        (_, Some(_)) => "stop_sequence",
+        (DoneReason::Stop | DoneReason::Cancelled, None) => "end_turn",
+    }
+}
+
+/// Usage: `input_tokens` are the prompt tokens evaluated, `cache_read_input_tokens` those the
+/// prefix cache had (together the whole prompt).
+fn usage(summary: &Summary) -> Value {
+    let s = &summary.stats;
+    json!({
+        "input_tokens": s.prompt_tokens.saturating_sub(s.cached_tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": s.cached_tokens,
+        "output_tokens": s.generated_tokens,
+    })
+}
+
+fn tool_use_block(call: &tokenizer::ToolCall) -> Value {
+    json!({
+        "type": "tool_use",
+        "id": item_id("toolu"),
+        "name": call.name,
+        "input": call.arguments,
+    })
+}
+
+/// Appends text to the last block when it is of `kind`, else starts a block: adjacent pieces of
+/// one kind make one block.
+fn append(content: &mut Vec<Value>, kind: &str, field: &str, text: &str) {
+    match content.last_mut() {
+        Some(last) if last["type"] == kind => push_str(&mut last[field], text),
+        _ => {
+            let mut block = json!({"type": kind, field: text});
+            if kind == "thinking" {
+                block["signature"] = json!("");
+            }
+            content.push(block);
+        }
+    }
+}
+
+async fn collect(mut outputs: Receiver<Output>, shape: MessageShape) -> Result<Response, ApiError> {
+    let mut content: Vec<Value> = Vec::new();
+    let mut summary = None;
+    let mut tool_calls = false;
+    while let Some(output) = outputs.recv().await {
+        match output {
+            Output::Content(text, _) => append(&mut content, "text", "text", &text),
+            Output::Thinking(text) => append(&mut content, "thinking", "thinking", &text),
+            Output::ToolCall(call) => {
+                tool_calls = true;
+                content.push(tool_use_block(&call));
+            }
+            Output::Done(s) => summary = Some(s),
+            Output::Error(message) => return Err(ApiError::internal(message).anthropic()),
+        }
+    }
+    let summary = summary
+        .ok_or_else(|| ApiError::internal("generation ended without a result").anthropic())?;
+    Ok(Json(json!({
+        "id": shape.id,
+        "type": "message",
+        "role": "assistant",
+        "model": shape.model,
+        "content": content,
+        "stop_reason": stop_reason(&summary, tool_calls),
+        "stop_sequence": summary.stop_sequence,
+        "usage": usage(&summary),
+    }))
+    .into_response())
+}
+
+/// The kind of content block open in a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+}
+
+/// A message streamed as Anthropic's events: `message_start`, `ping`, then per block
+/// `content_block_start`, deltas and `content_block_stop`, then `message_delta` with the
+/// stop reason and usage, and `message_stop`.
+struct MessageShape {
+    id: String,
+    model: String,
+    input_tokens: usize,
+    /// The block open now and its index.
+    open: Option<(Block, usize)>,
+    /// Blocks started so far.
+    blocks: usize,
+    tool_calls: bool,
+}
+
+impl MessageShape {
+    fn new(model: String, input_tokens: usize) -> Self {
+        Self {
+            id: item_id("msg"),
+            model,
+            input_tokens,
+            open: None,
+            blocks: 0,
+            tool_calls: false,
+        }
+    }
+
+    /// Closes the open block, if any.
+    fn close(&mut self, events: &mut Vec<Value>) {
+        if let Some((kind, index)) = self.open.take() {
+            if kind == Block::Thinking {
+                events.push(json!({"type": "content_block_delta", "index": index,
+                                   "delta": {"type": "signature_delta", "signature": ""}}));
+            }
+            events.push(json!({"type": "content_block_stop", "index": index}));
+        }
+    }
+
+    /// Opens a block with `start` as its initial form; returns its index.
+    fn start(&mut self, events: &mut Vec<Value>, start: Value) -> usize {
+        self.close(events);
+        let index = self.blocks;
+        self.blocks += 1;
+        events.push(json!({"type": "content_block_start", "index": index, "content_block": start}));
+        index
+    }
+
+    /// A delta for a text or thinking block, opening it first when another kind is open.
+    fn delta(&mut self, kind: Block, delta: Value) -> Vec<Value> {
+        let mut events = Vec::new();
+        let index = match self.open {
+            Some((open, index)) if open == kind => index,
+            _ => {
+                let start = match kind {
+                    Block::Text => json!({"type": "text", "text": ""}),
+                    Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                };
+                let index = self.start(&mut events, start);
+                self.open = Some((kind, index));
+                index
+            }
+        };
+        events.push(json!({"type": "content_block_delta", "index": index, "delta": delta}));
+        events
+    }
+}
+
+impl SseShape for MessageShape {
+    fn opening(&mut self) -> Vec<Value> {
+        vec![
+            json!({"type": "message_start", "message": {
+                "id": self.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            }}),
+            json!({"type": "ping"}),
+        ]
+    }
+
+    fn chunks(&mut self, output: &Output) -> Vec<Value> {
+        match output {
+            Output::Content(text, _) => {
+                self.delta(Block::Text, json!({"type": "text_delta", "text": text}))
+            }
+            Output::Thinking(text) => self.delta(
+                Block::Thinking,
+                json!({"type": "thinking_delta", "thinking": text}),
+            ),
+            Output::ToolCall(call) => {
+                self.tool_calls = true;
+                let mut events = Vec::new();
+                let mut start = tool_use_block(call);
+                start["input"] = json!({});
+                let index = self.start(&mut events, start);
+                let partial = serde_json::to_string(&call.arguments).unwrap_or_default();
+                events.push(json!({"type": "content_block_delta", "index": index,
+                                   "delta": {"type": "input_json_delta", "partial_json": partial}}));
+                events.push(json!({"type": "content_block_stop", "index": index}));
+                events
+            }
+            Output::Done(summary) => {
+                let mut events = Vec::new();
+                self.close(&mut events);
+                events.push(json!({
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": stop_reason(summary, self.tool_calls),
+                        "stop_sequence": summary.stop_sequence,
+                    },
+                    "usage": usage(summary),
+                }));
+                events.push(json!({"type": "message_stop"}));
+                events
+            }
+            Output::Error(message) => vec![json!({
+                "type": "error",
+                "error": {"type": "api_error", "message": message},
+            })],
+        }
+    }
+
+    fn named_events(&self) -> bool {
+        true
+    }
+
+    fn done_marker(&self) -> Option<&'static str> {
+        None
+    }
+}
