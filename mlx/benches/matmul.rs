@@ -2,7 +2,7 @@
 //! packed CPU matvec per instruction set, thread count and activation precision.
 //!
 //! Run `cargo bench -p mlx`. The dense numbers depend on the BLAS the binary loaded: build once
-//! with `MLXKIT_NO_OPENBLAS=1` (in another target dir) to measure the wheel's reference BLAS.
+//! with `MLXKIT_BLAS=reference` (in another target dir) to measure the wheel's reference BLAS.
 
 use mlx::quantized::{Activations, QuantSpec, quantize};
 use mlx::{Array, Dtype, random};

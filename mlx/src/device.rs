@@ -84,6 +84,19 @@ pub fn blas_gemv_forwarding() -> bool {
     ffi::blas_gemv_forwarding()
 }
 
+/// The BLAS this build's f32 matmuls reach: a system OpenBLAS, the one `mlx-sys` installs from
+/// PyPI when the system has none, or the MLX wheel's reference BLAS (with a warning at build
+/// time); OpenBLAS's own configuration string follows its name.
+pub fn blas_name() -> String {
+    ffi::blas_name()
+}
+
+/// True when f32 matmuls run on the MLX wheel's reference BLAS: a Linux CPU build that found
+/// no OpenBLAS, where prefill is about 25 times slower.
+pub fn blas_is_reference() -> bool {
+    ffi::blas_is_reference()
+}
+
 /// Threads the shim's CPU kernels (packed matvec, rows attention) spread their work over: the
 /// thread MLX evaluates on plus helpers. By default the CPUs this process may use, at most 8;
 /// `MLXKIT_THREADS` sets it at start.

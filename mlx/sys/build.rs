@@ -8,6 +8,9 @@
 //! 3. the pinned release wheel, installed by `pip --target` into a per-user cache shared by every
 //!    clone (`$XDG_CACHE_HOME/mlxkit`, else `~/.cache/mlxkit`).
 //!
+//! On a Linux CPU build, OpenBLAS is linked ahead of the wheel's reference BLAS: the system's,
+//! else `scipy-openblas32` from PyPI into the same cache (see [`choose_blas`]).
+//!
 //! The wheel's folder layout is kept intact: `libmlx.so` finds its bundled BLAS through
 //! `$ORIGIN/../../mlx_cpu.libs`, and `$ORIGIN` does not follow a symlinked file.
 
@@ -36,10 +39,18 @@ fn main() {
     let include = mlx.join("include");
     let lib = mlx.join("lib");
 
-    let openblas = openblas_override();
+    let blas = choose_blas();
     let mut bridge = cxx_build::bridge("src/lib.rs");
-    if openblas.is_some() {
+    bridge.define(
+        "MLXKIT_BLAS_NAME",
+        format!("\"{}\"", blas.describe()).as_str(),
+    );
+    if matches!(blas, Blas::Reference { .. }) {
+        bridge.define("MLXKIT_BLAS_REFERENCE", None);
+    }
+    if let Some(prefix) = blas.symbol_prefix() {
         bridge.define("MLXKIT_GEMV_FORWARD", None);
+        bridge.define("MLXKIT_BLAS_PREFIX", format!("\"{prefix}\"").as_str());
     }
     bridge
         .file("shim/shim.cc")
@@ -71,12 +82,14 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=mlx");
 
     let mut link_args = vec![format!("-Wl,-rpath,{}", lib.display())];
-    if let Some(openblas) = openblas {
-        link_args.push(openblas);
-        // `shim/gemv.cc` defines `cblas_sgemm` to route single-row products to `sgemv`: pull
-        // it into every executable and export it, so libmlx binds to it ahead of OpenBLAS.
-        link_args.push("-Wl,--undefined=cblas_sgemm".to_string());
-        link_args.push("-Wl,--export-dynamic-symbol=cblas_sgemm".to_string());
+    link_args.extend(blas.link_args());
+    if let Blas::Reference { why } = &blas {
+        // Once, loudly: prefill on the reference BLAS is ~25x slower, and nothing else says so
+        // until a user measures it (`mlxkit info` names the BLAS at run time).
+        println!(
+            "cargo:warning=mlx-sys: MLX's f32 matmuls will run on the wheel's reference BLAS, \
+             about 25x slower at prefill than OpenBLAS ({why})"
+        );
     }
     for arg in &link_args {
         println!("cargo:rustc-link-arg={arg}");
@@ -247,20 +260,33 @@ fn wheel_requirements() -> (&'static str, Vec<String>, bool) {
 /// Installs (once per user) and returns the pinned release wheel's `mlx` folder.
 fn cached_wheel() -> Result<PathBuf, String> {
     let (variant, requirements, with_deps) = wheel_requirements();
+    let target = pip_install_cached(
+        &format!("mlx-{MLX_VERSION}-{variant}"),
+        &requirements,
+        with_deps,
+        |dir| is_mlx_dir(&dir.join("mlx")),
+    )?;
+    Ok(target.join("mlx"))
+}
+
+/// Installs `requirements` with `pip --target` into `<cache>/<folder>` once per user and
+/// returns that folder; `complete` says whether an install holds what the caller needs.
+fn pip_install_cached(
+    folder: &str,
+    requirements: &[String],
+    with_deps: bool,
+    complete: impl Fn(&Path) -> bool,
+) -> Result<PathBuf, String> {
     let root = cache_root()?;
-    let target = root.join(format!("mlx-{MLX_VERSION}-{variant}"));
-    let mlx = target.join("mlx");
-    if is_mlx_dir(&mlx) {
-        return Ok(mlx);
+    let target = root.join(folder);
+    if complete(&target) {
+        return Ok(target);
     }
     std::fs::create_dir_all(&root)
         .map_err(|e| format!("could not create the cache {}: {e}", root.display()))?;
     // Install beside the final folder and rename it into place, so a concurrent build or an
-    // interrupted install never leaves a half-written wheel where the next build looks.
-    let staging = root.join(format!(
-        ".mlx-{MLX_VERSION}-{variant}.{}.partial",
-        std::process::id()
-    ));
+    // interrupted install never leaves a half-written package where the next build looks.
+    let staging = root.join(format!(".{folder}.{}.partial", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     let mut pip = Command::new(python());
     pip.args([
@@ -273,7 +299,7 @@ fn cached_wheel() -> Result<PathBuf, String> {
     if !with_deps {
         pip.arg("--no-deps");
     }
-    pip.arg("--target").arg(&staging).args(&requirements);
+    pip.arg("--target").arg(&staging).args(requirements);
     println!(
         "cargo:warning=installing {} into {}",
         requirements.join(" "),
@@ -291,40 +317,144 @@ fn cached_wheel() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&output.stderr).trim()
         ));
     }
-    if !is_mlx_dir(&staging.join("mlx")) {
+    if !complete(&staging) {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(format!(
-            "the installed wheel {} has no headers or library",
+            "the installed package {} does not hold what mlx-sys needs",
             requirements.join(" ")
         ));
     }
     match std::fs::rename(&staging, &target) {
         Ok(()) => {}
         // Another build finished first: use its copy.
-        Err(_) if is_mlx_dir(&mlx) => {
+        Err(_) if complete(&target) => {
             let _ = std::fs::remove_dir_all(&staging);
         }
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
             return Err(format!(
-                "could not move the wheel into {}: {e}",
+                "could not move {} into {}: {e}",
+                requirements.join(" "),
                 target.display()
             ));
         }
     }
-    Ok(mlx)
+    Ok(target)
 }
 
-/// On Linux, the CPU wheel bundles reference BLAS (~36x slower for f32 matmul than OpenBLAS).
-/// Linking OpenBLAS into the executable first makes its symbols win when `libmlx` resolves BLAS.
-fn openblas_override() -> Option<String> {
+/// The PyPI OpenBLAS used when the system has none: its symbols carry a `scipy_` prefix, so it
+/// never clashes with another BLAS in the process, and `shim/gemv.cc` forwards to it by name.
+const PYPI_OPENBLAS: &str = "scipy-openblas32==0.3.34.481.3";
+
+/// The BLAS that MLX's f32 matmuls reach on a Linux CPU build.
+///
+/// The CPU wheel bundles reference BLAS, ~36x slower for f32 matmul than OpenBLAS. The
+/// executable defines `cblas_sgemm` itself (`shim/gemv.cc`) and exports it, so `libmlx` binds
+/// to it; it forwards to the OpenBLAS chosen here.
+enum Blas {
+    /// A system `libopenblas.so.0` in `dir`, unprefixed symbols.
+    System { dir: PathBuf },
+    /// `PYPI_OPENBLAS` installed into the cache, its library in `dir`.
+    Pypi { dir: PathBuf },
+    /// No OpenBLAS: MLX keeps its reference BLAS, for the reason given.
+    Reference { why: String },
+    /// Not a Linux CPU build: MLX's own BLAS (Accelerate, cuBLAS) is used as it is.
+    Native,
+}
+
+impl Blas {
+    /// Names this BLAS for `mlxkit info` (a C string literal's contents: no quotes).
+    fn describe(&self) -> &'static str {
+        match self {
+            Blas::System { .. } => "system OpenBLAS",
+            Blas::Pypi { .. } => "OpenBLAS from PyPI (scipy-openblas32)",
+            Blas::Reference { .. } => {
+                "the MLX wheel's reference BLAS: about 25x slower prefill than OpenBLAS"
+            }
+            Blas::Native => "MLX's own",
+        }
+    }
+
+    /// The prefix of the forwarded-to CBLAS symbols, when the shim forwards at all.
+    fn symbol_prefix(&self) -> Option<&'static str> {
+        match self {
+            Blas::System { .. } => Some(""),
+            Blas::Pypi { .. } => Some("scipy_"),
+            Blas::Reference { .. } | Blas::Native => None,
+        }
+    }
+
+    fn link_args(&self) -> Vec<String> {
+        let (dir, library) = match self {
+            Blas::System { dir } => (dir, "libopenblas.so.0"),
+            Blas::Pypi { dir } => (dir, "libscipy_openblas.so"),
+            Blas::Reference { .. } | Blas::Native => return Vec::new(),
+        };
+        let dir = dir.display();
+        vec![
+            format!("-Wl,--no-as-needed,-L{dir},-l:{library},--as-needed"),
+            format!("-Wl,-rpath,{dir}"),
+            // Pull the shim's `cblas_sgemm` into every executable and export it, so libmlx
+            // binds to it ahead of any other.
+            "-Wl,--undefined=cblas_sgemm".to_string(),
+            "-Wl,--export-dynamic-symbol=cblas_sgemm".to_string(),
+        ]
+    }
+}
+
+/// `MLXKIT_BLAS` picks (`system`, `pypi`, `reference`); unset, the system's OpenBLAS is
+/// preferred, then the PyPI one, then the reference BLAS with a warning.
+fn choose_blas() -> Blas {
     if target_os() != "linux" || env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        return None;
+        return Blas::Native;
     }
+    println!("cargo:rerun-if-env-changed=MLXKIT_BLAS");
     println!("cargo:rerun-if-env-changed=MLXKIT_NO_OPENBLAS");
-    if env::var_os("MLXKIT_NO_OPENBLAS").is_some() {
-        return None;
+    let choice = env::var("MLXKIT_BLAS").unwrap_or_default();
+    if choice == "reference" || env::var_os("MLXKIT_NO_OPENBLAS").is_some() {
+        return Blas::Reference {
+            why: "asked for by MLXKIT_BLAS=reference or MLXKIT_NO_OPENBLAS".to_string(),
+        };
     }
+    let system = || system_openblas().map(|dir| Blas::System { dir });
+    let pypi = || {
+        pip_install_cached(
+            &format!("blas-{}", PYPI_OPENBLAS.replace("==", "-")),
+            &[PYPI_OPENBLAS.to_string()],
+            false,
+            |dir| {
+                pypi_openblas_lib(dir)
+                    .join("libscipy_openblas.so")
+                    .is_file()
+            },
+        )
+        .map(|dir| Blas::Pypi {
+            dir: pypi_openblas_lib(&dir),
+        })
+    };
+    match choice.as_str() {
+        "system" => system().unwrap_or_else(|| Blas::Reference {
+            why: "MLXKIT_BLAS=system, and no libopenblas.so.0 was found".to_string(),
+        }),
+        "pypi" => pypi().unwrap_or_else(|why| Blas::Reference { why }),
+        _ => system()
+            .map(Ok)
+            .unwrap_or_else(pypi)
+            .unwrap_or_else(|why| Blas::Reference {
+                why: format!(
+                    "no system libopenblas.so.0 (Debian: libopenblas0-pthread), and {why}"
+                ),
+            }),
+    }
+}
+
+/// The library folder of `scipy-openblas32` installed into `dir`.
+fn pypi_openblas_lib(dir: &Path) -> PathBuf {
+    dir.join("scipy_openblas32/lib")
+}
+
+/// The folder holding a system `libopenblas.so.0`.
+fn system_openblas() -> Option<PathBuf> {
     let dirs = [
         "/usr/lib/x86_64-linux-gnu",
         "/usr/lib/aarch64-linux-gnu",
@@ -337,8 +467,5 @@ fn openblas_override() -> Option<String> {
         .map(|dir| Path::new(dir).join("libopenblas.so.0"))
         .find(|path| path.exists())?;
     println!("cargo:rerun-if-changed={}", found.display());
-    let dir = found.parent()?.display().to_string();
-    Some(format!(
-        "-Wl,--no-as-needed,-L{dir},-l:libopenblas.so.0,--as-needed"
-    ))
+    found.parent().map(Path::to_path_buf)
 }

@@ -656,6 +656,13 @@ fn app_state_with(
     config: LoopConfig,
     default_draft: Option<ModelName>,
 ) -> Result<AppState> {
+    if mlx::blas_is_reference() {
+        tracing::warn!(
+            "this build found no OpenBLAS: f32 matmuls run on {}. Rebuild with a system \
+             libopenblas.so.0 or with PyPI reachable (mlx-sys installs scipy-openblas32)",
+            mlx::blas_name()
+        );
+    }
     let engine = Arc::new(Engine::with_config(config)?);
     let scheduler =
         Scheduler::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
@@ -1280,7 +1287,8 @@ fn info() -> Result<()> {
         mlx::cuda_available()?
     );
     println!(
-        "single-row f32 matmul via sgemv: {}",
+        "BLAS: {}; single-row f32 matmul via sgemv: {}",
+        mlx::blas_name(),
         mlx::blas_gemv_forwarding()
     );
     // Chosen at run time from this CPU's features, capped by MLXKIT_CPU_KERNELS.

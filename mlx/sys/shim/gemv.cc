@@ -8,8 +8,10 @@
 // Built only when the build links OpenBLAS (`MLXKIT_GEMV_FORWARD`). This file defines
 // `cblas_sgemm` itself; the build exports it from the final executable
 // (`--export-dynamic-symbol`), so the dynamic linker binds libmlx's calls here first. Anything
-// that is not a row-major single-row product goes on, unchanged, to the next `cblas_sgemm` in
-// the lookup order (OpenBLAS, linked by the build). Single-row products also run OpenBLAS on
+// that is not a row-major single-row product goes on, unchanged, to the OpenBLAS linked by the
+// build: a system one's `cblas_sgemm`, next in the lookup order, or PyPI's scipy-openblas32,
+// whose symbols carry the `MLXKIT_BLAS_PREFIX` ("scipy_") so that it never clashes with a BLAS
+// something else loads. Single-row products also run OpenBLAS on
 // one thread (see `use_one_thread`); the next prefill-sized product gives the threads back.
 
 #include <dlfcn.h>
@@ -18,6 +20,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "rust/cxx.h"
+
+namespace mlxkit {
+
+bool blas_is_reference() {
+#ifdef MLXKIT_BLAS_REFERENCE
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace mlxkit
 
 #ifdef MLXKIT_GEMV_FORWARD
 
@@ -44,13 +61,20 @@ struct Blas {
   GetThreadsFn get_threads;
 };
 
+using ConfigFn = const char* (*)();
+
+// The linked OpenBLAS's symbol `name`. RTLD_NEXT: the unprefixed `cblas_sgemm` after this one.
+void* openblas_symbol(const char* name) {
+  return dlsym(RTLD_NEXT, (std::string(MLXKIT_BLAS_PREFIX) + name).c_str());
+}
+
 const Blas& next_blas() {
   // Resolved once; a thread-safe static (MLX calls BLAS from its stream threads).
   static const Blas blas = {
-      reinterpret_cast<SgemmFn>(dlsym(RTLD_NEXT, "cblas_sgemm")),
-      reinterpret_cast<SgemvFn>(dlsym(RTLD_NEXT, "cblas_sgemv")),
-      reinterpret_cast<SetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")),
-      reinterpret_cast<GetThreadsFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")),
+      reinterpret_cast<SgemmFn>(openblas_symbol("cblas_sgemm")),
+      reinterpret_cast<SgemvFn>(openblas_symbol("cblas_sgemv")),
+      reinterpret_cast<SetThreadsFn>(openblas_symbol("openblas_set_num_threads")),
+      reinterpret_cast<GetThreadsFn>(openblas_symbol("openblas_get_num_threads")),
   };
   return blas;
 }
@@ -129,6 +153,17 @@ bool blas_gemv_forwarding() {
   return blas.sgemm != nullptr && blas.sgemv != nullptr;
 }
 
+rust::String blas_name() {
+  auto config = reinterpret_cast<ConfigFn>(openblas_symbol("openblas_get_config"));
+  std::string name = MLXKIT_BLAS_NAME;
+  if (config != nullptr) {
+    name += " (";
+    name += config();
+    name += ")";
+  }
+  return rust::String(name);
+}
+
 }  // namespace mlxkit
 
 #else
@@ -136,6 +171,8 @@ bool blas_gemv_forwarding() {
 namespace mlxkit {
 
 bool blas_gemv_forwarding() { return false; }
+
+rust::String blas_name() { return rust::String(MLXKIT_BLAS_NAME); }
 
 }  // namespace mlxkit
 

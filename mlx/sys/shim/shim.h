@@ -34,6 +34,9 @@ enum class QuantMode : uint8_t;
 // Version and devices.
 rust::String version();
 bool blas_gemv_forwarding();
+// The BLAS MLX's f32 matmuls reach, with OpenBLAS's build configuration when linked.
+rust::String blas_name();
+bool blas_is_reference();
 bool metal_is_available();
 bool cuda_is_available();
 void set_default_device(bool gpu);

@@ -7,7 +7,8 @@
 //!
 //! - `DEP_MLX_LIB_DIR`: the folder holding `libmlx`;
 //! - `DEP_MLX_LINK_ARGS`: link arguments (an rpath to that folder, and OpenBLAS ahead of the
-//!   wheel's reference BLAS on Linux), separated by `\u{1f}`.
+//!   wheel's reference BLAS on Linux: the system's, else `scipy-openblas32` installed from
+//!   PyPI into the cache), separated by `\u{1f}`.
 //!
 //! The shim also holds CPU fast paths MLX lacks: `shim/gemv.cc` sends single-row f32 matmuls to
 //! BLAS `sgemv` (when OpenBLAS is linked); `shim/qmv.cc` multiplies decode rows by packed 4- and
@@ -162,6 +163,10 @@ pub mod ffi {
         fn version() -> Result<String>;
         /// Whether single-row f32 matmuls go to BLAS `sgemv` (see `shim/gemv.cc`).
         fn blas_gemv_forwarding() -> bool;
+        /// The BLAS MLX's f32 matmuls reach (`shim/gemv.cc`), with OpenBLAS's configuration.
+        fn blas_name() -> String;
+        /// Whether a Linux CPU build fell back to the MLX wheel's reference BLAS.
+        fn blas_is_reference() -> bool;
         fn metal_is_available() -> Result<bool>;
         fn cuda_is_available() -> Result<bool>;
         fn set_default_device(gpu: bool) -> Result<()>;
