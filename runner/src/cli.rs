@@ -233,13 +233,7 @@ impl ExportDtype {
 /// Runs the command line; returns the process exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MLXKIT_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    crate::logging::init_from_env();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

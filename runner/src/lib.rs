@@ -9,13 +9,14 @@
 //!   (batched decode, the prefix trie behind every request, cancellation).
 //! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
 //! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs.
-//! - [`cli`]: the `mlxkit` commands.
+//! - [`cli`]: the `mlxkit` commands; [`logging`]: text or JSON log lines.
 
 pub mod capabilities;
 pub mod cli;
 pub mod engine;
 pub mod export;
 pub mod import;
+pub mod logging;
 pub mod model_name;
 pub mod modelfile;
 pub mod ollama_store;

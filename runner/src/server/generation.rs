@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokenizer::{Detokenizer, OutputParser, ParserConfig, ParserEvent, StopMatcher, ToolCall};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
 use crate::model_name::ModelName;
@@ -130,9 +131,13 @@ pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>,
         )));
     }
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        run(lease, prepared, tx).await;
-    });
+    // In the request's span: the generation's log lines carry its request id.
+    tokio::spawn(
+        async move {
+            run(lease, prepared, tx).await;
+        }
+        .in_current_span(),
+    );
     Ok(rx)
 }
 
@@ -215,6 +220,17 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
             }
             Event::Done { reason, stats } => {
                 metrics.finished(&stats);
+                tracing::info!(
+                    model = %info.name,
+                    reason = reason.as_str(),
+                    prompt_tokens = stats.prompt_tokens,
+                    cached_tokens = stats.cached_tokens,
+                    generated_tokens = stats.generated_tokens,
+                    prompt_ms = stats.prompt_eval.as_secs_f64() * 1e3,
+                    eval_ms = stats.eval.as_secs_f64() * 1e3,
+                    client_gone,
+                    "generation finished"
+                );
                 if !client_gone {
                     let cut_off = reason == DoneReason::Length && stopped_by_text.is_none();
                     for output in text.finish(cut_off) {
@@ -240,6 +256,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
                 break;
             }
             Event::Failed(message) => {
+                tracing::warn!(model = %info.name, "generation failed: {message}");
                 let _ = out.send(Output::Error(message)).await;
                 ended = true;
                 break;

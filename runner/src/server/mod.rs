@@ -32,6 +32,7 @@ pub mod openai;
 pub mod operations;
 pub mod options;
 pub mod prompt;
+pub mod request_log;
 pub mod responses;
 pub mod sse;
 pub mod structured;
@@ -123,6 +124,7 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(metrics::count_requests))
+        .layer(axum::middleware::from_fn(request_log::log_requests))
         .layer(cors::layer())
         .with_state(state)
 }
