@@ -25,7 +25,7 @@ scripts/README.md:
     ~/.cache/mlxkit/fixtures-venv/bin/python scripts/make_real_model_references.py [smollm2|gemma3 ...]
 
 The GGUF files must already be in the cache (`$XDG_CACHE_HOME/mlxkit/models`, else
-`~/.cache/mlxkit/models`): running `cargo test -p nn --release --test real_models` once fetches
+`~/.cache/mlxkit/models`): running `cargo test -p mlxkit-nn --release --test real_models` once fetches
 them.
 
 For every model it writes, under nn/tests/fixtures/real/:
@@ -173,7 +173,7 @@ def build(name: str) -> dict:
     gguf = cache_dir() / spec["file"]
     if not gguf.is_file():
         sys.exit(
-            f"{gguf} is missing: run `cargo test -p nn --release --test real_models` once to "
+            f"{gguf} is missing: run `cargo test -p mlxkit-nn --release --test real_models` once to "
             "fetch it into the cache"
         )
     digest = sha256(gguf)

@@ -2,7 +2,7 @@
 //! fixed, seeded random walk through a grammar, computing the mask before every token and
 //! consuming it, so the time per item is one generation step's grammar cost.
 //!
-//! Run: `cargo bench -p grammar --bench mask`.
+//! Run: `cargo bench -p mlxkit-grammar --bench mask`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -1,6 +1,6 @@
 //! Decode and preprocess cost for a 1024x1024 JPEG and a 60 s 44.1 kHz stereo WAV.
 //!
-//! `cargo bench -p media --bench intake`
+//! `cargo bench -p mlxkit-media --bench intake`
 
 use divan::{Bencher, black_box};
 use image::{ImageEncoder, Rgb, RgbImage};

@@ -3,7 +3,7 @@
 //!
 //! The cases are built here by code and also committed as tiny files under `tests/corpus/`
 //! (the fuzz targets' seed corpus); a test keeps the two identical. After changing a case,
-//! regenerate with `MEDIA_WRITE_CORPUS=1 cargo test -p media --test corpus`.
+//! regenerate with `MEDIA_WRITE_CORPUS=1 cargo test -p mlxkit-media --test corpus`.
 
 mod support;
 

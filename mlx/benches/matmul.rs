@@ -1,7 +1,7 @@
 //! Matmul throughput on the default device: dense f32, 4-bit quantized matvec, and the shim's
 //! packed CPU matvec per instruction set, thread count and activation precision.
 //!
-//! Run `cargo bench -p mlx`. The dense numbers depend on the BLAS the binary loaded: build once
+//! Run `cargo bench -p mlxkit-mlx`. The dense numbers depend on the BLAS the binary loaded: build once
 //! with `MLXKIT_BLAS=reference` (in another target dir) to measure the wheel's reference BLAS.
 
 use mlx::quantized::{Activations, QuantSpec, quantize};

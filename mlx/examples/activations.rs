@@ -1,7 +1,7 @@
 //! The packed CPU matvec with f32 against 8-bit activations, alternating, on SmolLM2's shapes.
 //!
 //! ```sh
-//! cargo run --release -p mlx --example activations -- [ROUNDS]
+//! cargo run --release -p mlxkit-mlx --example activations -- [ROUNDS]
 //! ```
 //!
 //! Each round times every (shape, rows, threads) case once per precision, back to back, as the

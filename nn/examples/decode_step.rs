@@ -2,7 +2,7 @@
 //! it, for 1 row and for B rows, alternating, on one model file.
 //!
 //! ```sh
-//! cargo run --release -p nn --example decode_step -- MODEL.gguf [ROWS] [PROMPT] [STEPS]
+//! cargo run --release -p mlxkit-nn --example decode_step -- MODEL.gguf [ROWS] [PROMPT] [STEPS]
 //! ```
 //!
 //! Each round runs with one kernel thread and with all of them ([`mlx::set_cpu_threads`]). It

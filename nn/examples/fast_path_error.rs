@@ -2,7 +2,7 @@
 //! packed decode kernel (`int8`), or a half-precision KV cache (`f16-kv`).
 //!
 //! ```sh
-//! cargo run --release -p nn --example fast_path_error -- MODEL.gguf int8|f16-kv [STEPS] [PROMPT]
+//! cargo run --release -p mlxkit-nn --example fast_path_error -- MODEL.gguf int8|f16-kv [STEPS] [PROMPT]
 //! ```
 //!
 //! Decodes `STEPS` greedy tokens after a fixed prompt of `PROMPT` tokens on the default path

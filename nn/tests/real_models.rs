@@ -9,7 +9,7 @@
 //! - the last-position logits of a fixed 32-token prompt must agree within [`TOLERANCE`].
 //!
 //! Without the network the models cannot be fetched: with `CI` set that is a failure, locally
-//! the tests print why and pass. Run in release mode (`cargo test -p nn --release --test
+//! the tests print why and pass. Run in release mode (`cargo test -p mlxkit-nn --release --test
 //! real_models -- --nocapture` prints load time, peak memory and decode speed); a debug build
 //! works but is several times slower.
 

@@ -1,7 +1,7 @@
 //! Match, attach and evict on a 100k-token conversation stored as 1,000 nodes of 100 keys,
 //! each with a hybrid model's four layers (two recurrent, two full-attention).
 //!
-//! Run with `cargo bench -p prefix-trie`.
+//! Run with `cargo bench -p mlxkit-prefix-trie`.
 
 use std::convert::Infallible;
 use std::ops::Range;

@@ -2,7 +2,7 @@
 //! dequantizing in Rust, on tensors the size of SmolLM2's and Gemma 3's, and (when the model
 //! is in the cache) opening SmolLM2 and loading every tensor.
 //!
-//! Run: `cargo bench -p quant --bench gguf_load`. MLX work is evaluated inside the timed
+//! Run: `cargo bench -p mlxkit-quant --bench gguf_load`. MLX work is evaluated inside the timed
 //! region, so lazy graphs cannot hide the cost.
 
 use divan::Bencher;

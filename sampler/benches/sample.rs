@@ -1,7 +1,7 @@
 //! `Sampler::sample` per token on the default device, one slot, at two vocabulary sizes
 //! (SmolLM2's 49,152 and Qwen's 151,936): greedy, and with every filter, penalty and logprobs.
 //!
-//! Run `cargo bench -p sampler`. Each iteration samples and evaluates the token (and the
+//! Run `cargo bench -p mlxkit-sampler`. Each iteration samples and evaluates the token (and the
 //! logprobs), so the lazy graph is timed, not just built.
 //!
 //! Medians on 2026-11-29, commit 35d3053, MLX 0.32.4 CPU wheel, a 2-core shared Intel Xeon VM

@@ -1,7 +1,7 @@
 //! Encode throughput on 100 KB of English prose and 100 KB of C++ code (from the
 //! `llama_cpp_python` sdist fixture), per vocabulary and source; streaming decode per token.
 //!
-//! `cargo bench -p tokenizer --bench encode`; divan prints bytes/s per case.
+//! `cargo bench -p mlxkit-tokenizer --bench encode`; divan prints bytes/s per case.
 
 #[path = "../tests/support/mod.rs"]
 mod support;

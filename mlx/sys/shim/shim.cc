@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "mlx-sys/src/lib.rs.h"
+#include "mlxkit-mlx-sys/src/lib.rs.h"
 #include "attend.h"
 #include "delta.h"
 #include "ssd.h"
