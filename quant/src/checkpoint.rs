@@ -132,6 +132,14 @@ impl Checkpoint {
         }
     }
 
+    /// How tensor `name` is stored, without loading it.
+    pub fn stored_as(&self, name: &str) -> Result<crate::create::Stored> {
+        match &self.source {
+            Source::Safetensors(dir) => dir.stored_as(name),
+            Source::Gguf(gguf) => gguf.stored_as(name),
+        }
+    }
+
     /// Loads tensor `name`; [`Error::MissingTensor`] names it if absent.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         match &self.source {

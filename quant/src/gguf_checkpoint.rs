@@ -93,6 +93,11 @@ impl GgufCheckpoint {
         Ok(self.file.tensors()[index].shape.clone())
     }
 
+    /// The GGUF type tensor `name` is stored as.
+    pub fn stored_as(&self, name: &str) -> Result<crate::create::Stored> {
+        Ok(crate::create::Stored::Gguf(self.info(name)?.ggml_type))
+    }
+
     /// Tensor `name` (HF name) as the HF checkpoint would hold it.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         self.undo_converter(name, self.raw_tensor(name)?)

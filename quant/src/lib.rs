@@ -1,4 +1,4 @@
-//! What a checkpoint's tensors are.
+//! What a checkpoint's tensors are, and how `create` rewrites them.
 //!
 //! [`Checkpoint::open`] reads an HF-style safetensors directory (sharded or not, plain or
 //! MLX-quantized in mlx-lm's layout) or a GGUF file, and shows both the same way: an HF-style
@@ -23,6 +23,8 @@
 //! - `tensor`: [`Tensor`], dense or quantized; dtype conversion, row selection.
 //! - `safetensors`: one safetensors file, header validated against the file before any read.
 //! - `safetensors_dir`: HF-style directories, shard index, mlx-lm quantized weights.
+//! - `safetensors_writer`: [`SafetensorsWriter`], a safetensors file written tensor by tensor.
+//! - [`create`]: the create pipeline (read, classify, plan, write) and its quantization policy.
 //! - `mlx_quantization`: mlx-lm's `quantization` config with per-module overrides.
 //! - `gguf`: GGUF v2/v3 parsing: metadata, tensor infos, alignment, bounds.
 //! - `ggml_type`: GGML tensor types and block sizes.
@@ -41,6 +43,7 @@
 
 mod block_formats;
 mod checkpoint;
+pub mod create;
 mod error;
 mod ggml_type;
 mod gguf;
@@ -55,6 +58,7 @@ pub mod package;
 mod rope_permutation;
 mod safetensors;
 mod safetensors_dir;
+mod safetensors_writer;
 mod tensor;
 mod widen;
 
@@ -70,5 +74,6 @@ pub use mlx_quantization::{QuantizationConfig, mode_from_name};
 pub use rope_permutation::{permute_qk_rows, qk_rows_permuted, unpermute_qk_rows};
 pub use safetensors::{SafetensorsEntry, SafetensorsFile};
 pub use safetensors_dir::SafetensorsDir;
+pub use safetensors_writer::{SafetensorsWriter, safetensors_dtype_name};
 pub use tensor::Tensor;
 pub use widen::widen_to_8_bits;

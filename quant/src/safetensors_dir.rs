@@ -206,6 +206,22 @@ impl SafetensorsDir {
         Ok(shape)
     }
 
+    /// How tensor `name` is stored: its dtype, or its MLX quantization.
+    pub fn stored_as(&self, name: &str) -> Result<crate::create::Stored> {
+        let &file = self
+            .location
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let spec = name
+            .strip_suffix(".weight")
+            .filter(|module| self.location.contains_key(&format!("{module}.scales")))
+            .and_then(|module| self.quantization.as_ref()?.spec_for(module));
+        Ok(match spec {
+            Some(spec) => crate::create::Stored::Mlx(spec),
+            None => crate::create::Stored::Float(self.files[file].entries()[name].dtype),
+        })
+    }
+
     fn load_raw(&self, name: &str) -> Result<mlx::Array> {
         let &file = self
             .location

@@ -112,6 +112,13 @@ enum Command {
         /// The Modelfile.
         #[arg(short = 'f', long = "file", default_value = "Modelfile")]
         file: PathBuf,
+        /// Quantize the weights: int4, int8, mxfp4, mxfp8 or nvfp4 (embeddings, norms and
+        /// encoders stay as they are; the head and, under int4, k/v/down projections get 8 bits).
+        #[arg(short = 'q', long, value_name = "TYPE")]
+        quantize: Option<quant::create::Target>,
+        /// Print what --quantize would do to each tensor, and write nothing.
+        #[arg(long, requires = "quantize")]
+        dry_run: bool,
     },
     /// Write a stored model out as a transformers / mlx-lm folder (config.json,
     /// model.safetensors, tokenizer.json).
@@ -407,7 +414,12 @@ fn run(command: Command) -> Result<()> {
             let name = ModelName::parse(&model)?;
             pull_with_progress(&store, &name)
         }
-        Command::Create { model, file } => {
+        Command::Create {
+            model,
+            file,
+            quantize,
+            dry_run,
+        } => {
             let name = ModelName::parse(&model)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
@@ -417,9 +429,17 @@ fn run(command: Command) -> Result<()> {
             if !spec.from.starts_with('/') && base.join(&spec.from).exists() {
                 spec.from = base.join(&spec.from).display().to_string();
             }
+            if let (true, Some(target)) = (dry_run, quantize) {
+                let from = PathBuf::from(&spec.from);
+                let plan = crate::create::plan(&store, &from, &spec.from, target)?;
+                print!("{plan}");
+                return Ok(());
+            }
             let bar = Bars::new();
-            crate::server::models::create_model(&store, &name, &spec, &mut |p| bar.update(p))
-                .map_err(|e| anyhow::anyhow!(e.message))?;
+            crate::server::models::create_model(&store, &name, &spec, quantize, &mut |p| {
+                bar.update(p)
+            })
+            .map_err(|e| anyhow::anyhow!(e.message))?;
             bar.finish();
             println!("created {name}");
             Ok(())
@@ -613,6 +633,9 @@ impl Bars {
     fn update(&self, progress: PullProgress) {
         match progress {
             PullProgress::Status(status) => self.bar.println(status),
+            PullProgress::Count { what, done, total } => {
+                self.bar.set_message(format!("{what} {done}/{total}"));
+            }
             PullProgress::Bytes { what, done, total } => {
                 self.bar.set_message(what);
                 self.bar.set_length(total.max(done));

@@ -13,12 +13,10 @@
 //! quantization.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use mlx::Dtype;
-use mlx::quantized::{QuantMode, QuantSpec};
+use mlx::quantized::QuantSpec;
 use serde_json::{Map, Value, json};
 use tokenizer::Tokenizer;
 
@@ -108,44 +106,6 @@ fn torch_dtype_name(dtype: Dtype) -> Option<&'static str> {
         Dtype::F16 => Some("float16"),
         _ => None,
     }
-}
-
-/// safetensors' name of a dtype.
-fn safetensors_dtype_name(dtype: Dtype) -> Option<&'static str> {
-    Some(match dtype {
-        Dtype::Bool => "BOOL",
-        Dtype::U8 => "U8",
-        Dtype::U16 => "U16",
-        Dtype::U32 => "U32",
-        Dtype::U64 => "U64",
-        Dtype::I8 => "I8",
-        Dtype::I16 => "I16",
-        Dtype::I32 => "I32",
-        Dtype::I64 => "I64",
-        Dtype::F16 => "F16",
-        Dtype::F32 => "F32",
-        Dtype::F64 => "F64",
-        Dtype::Bf16 => "BF16",
-        Dtype::Complex64 => return None,
-    })
-}
-
-/// mlx-lm's name of a quantization mode.
-fn mode_name(mode: QuantMode) -> &'static str {
-    match mode {
-        QuantMode::Affine => "affine",
-        QuantMode::Mxfp4 => "mxfp4",
-        QuantMode::Mxfp8 => "mxfp8",
-        QuantMode::Nvfp4 => "nvfp4",
-    }
-}
-
-fn spec_json(spec: QuantSpec) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("group_size".into(), json!(spec.group_size));
-    m.insert("bits".into(), json!(spec.bits));
-    m.insert("mode".into(), json!(mode_name(spec.mode)));
-    m
 }
 
 /// Writes model `name` from `store` into `dir` (created if missing; files of the same names
@@ -245,7 +205,7 @@ pub fn export(
         object.remove("quantization");
         object.remove("quantization_config");
         object.insert("torch_dtype".into(), json!(dtype_name));
-        if let Some(section) = quantization_section(&specs) {
+        if let Some(section) = quant::create::quantization_section(&specs) {
             object.insert("quantization".into(), section);
         }
         if let (Some(keep), Some(total)) = (keep_layers, total_layers) {
@@ -283,80 +243,13 @@ fn layer_of(tensor: &str) -> Option<usize> {
         .ok()
 }
 
-/// mlx-lm's `quantization` section: the most common spec as the default, the others as
-/// per-module overrides (GGUF k-quant files mix 4-, 5- and 6-bit matrices). Modules left dense
-/// need no entry: mlx-lm and `quant` both quantize only modules whose `.scales` exist.
-fn quantization_section(specs: &BTreeMap<String, QuantSpec>) -> Option<Value> {
-    let mut counts: Vec<(QuantSpec, usize)> = Vec::new();
-    for spec in specs.values() {
-        match counts.iter_mut().find(|(s, _)| s == spec) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((*spec, 1)),
-        }
-    }
-    let (default, _) = counts.iter().max_by_key(|(_, n)| *n)?;
-    let mut section = spec_json(*default);
-    for (module, spec) in specs {
-        if spec != default {
-            section.insert(module.clone(), Value::Object(spec_json(*spec)));
-        }
-    }
-    Some(Value::Object(section))
-}
-
-/// Writes `tensors` (sorted by name) as one safetensors file; returns its size. The format is
-/// an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
-/// byte range, then the data; written here directly so runner needs no extra dependency.
+/// Writes `tensors` as one safetensors file; returns its size.
 fn write_safetensors(path: &Path, tensors: &[(String, mlx::Array)]) -> Result<u64> {
-    let mut header = Map::new();
-    let mut metadata = Map::new();
-    // transformers refuses files whose format is not one it knows; mx.load ignores it.
-    metadata.insert("format".into(), json!("pt"));
-    header.insert("__metadata__".into(), Value::Object(metadata));
-    let mut offset = 0usize;
+    let mut writer = quant::SafetensorsWriter::create(path)?;
     for (name, array) in tensors {
-        let dtype =
-            safetensors_dtype_name(array.dtype()).ok_or_else(|| ExportError::Unsupported {
-                name: name.clone(),
-                what: format!("safetensors has no {:?}", array.dtype()),
-            })?;
-        let end = offset + array.nbytes();
-        header.insert(
-            name.clone(),
-            json!({"dtype": dtype, "shape": array.shape(), "data_offsets": [offset, end]}),
-        );
-        offset = end;
+        writer.add(name, array)?;
     }
-    let mut header_bytes =
-        serde_json::to_vec(&Value::Object(header)).map_err(|e| ExportError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::other(e),
-        })?;
-    // Readers that map the file expect the data to start 8-byte aligned; spaces are allowed.
-    while header_bytes.len() % 8 != 0 {
-        header_bytes.push(b' ');
-    }
-    let file = File::create(path).map_err(io_err(path))?;
-    let mut out = BufWriter::new(file);
-    out.write_all(&(header_bytes.len() as u64).to_le_bytes())
-        .and_then(|()| out.write_all(&header_bytes))
-        .map_err(io_err(path))?;
-    for (name, array) in tensors {
-        // One tensor in host memory at a time.
-        let bytes = array.to_bytes().map_err(|source| ExportError::Tensor {
-            name: name.clone(),
-            source,
-        })?;
-        if cfg!(target_endian = "big") {
-            return Err(ExportError::Unsupported {
-                name: name.clone(),
-                what: "safetensors is little-endian; this host is not".into(),
-            });
-        }
-        out.write_all(&bytes).map_err(io_err(path))?;
-    }
-    out.flush().map_err(io_err(path))?;
-    Ok(8 + header_bytes.len() as u64 + offset as u64)
+    Ok(writer.finish()?)
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
@@ -370,7 +263,7 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 
 /// The vocabulary of a GGUF file as `tokenizer.json`, `tokenizer_config.json` and
 /// `generation_config.json`.
-fn write_gguf_vocabulary(gguf: &Path, dir: &Path, config: &Value) -> Result<()> {
+pub(crate) fn write_gguf_vocabulary(gguf: &Path, dir: &Path, config: &Value) -> Result<()> {
     let tok = Tokenizer::from_gguf_file(gguf).map_err(|e| ExportError::Tokenizer(e.to_string()))?;
     let text = tok
         .hf()
@@ -465,7 +358,7 @@ fn write_gguf_vocabulary(gguf: &Path, dir: &Path, config: &Value) -> Result<()> 
 }
 
 /// Copies the vocabulary and template files of a transformers folder unchanged.
-fn copy_vocabulary(source: &Path, dir: &Path) -> Result<()> {
+pub(crate) fn copy_vocabulary(source: &Path, dir: &Path) -> Result<()> {
     let entries = std::fs::read_dir(source).map_err(io_err(source))?;
     for entry in entries {
         let entry = entry.map_err(io_err(source))?;

@@ -3,8 +3,9 @@
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
 //!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
-//!   transformers folders; [`modelfile`]: `create -f`; [`export`]: a stored model written out
-//!   as a transformers / mlx-lm folder.
+//!   transformers folders; [`modelfile`]: `create -f`; [`create`]: `create --quantize` through
+//!   `quant`'s pipeline; [`export`]: a stored model written out as a transformers / mlx-lm
+//!   folder.
 //! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at once
 //!   (batched decode, the prefix trie behind every request, cancellation).
 //! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
@@ -13,6 +14,7 @@
 
 pub mod capabilities;
 pub mod cli;
+pub mod create;
 pub mod engine;
 pub mod export;
 pub mod import;

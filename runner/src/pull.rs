@@ -46,6 +46,15 @@ pub enum PullProgress {
         /// The total.
         total: u64,
     },
+    /// Items (tensors) of `what` done out of `total`.
+    Count {
+        /// What is being done.
+        what: String,
+        /// Done so far.
+        done: u64,
+        /// The total.
+        total: u64,
+    },
 }
 
 /// The catalog's model names.

@@ -314,6 +314,9 @@ pub struct CreateRequest {
     /// A draft model, as a Modelfile's `DRAFT` names it.
     #[serde(default)]
     draft: Option<String>,
+    /// Quantize the weights (`int4`, `int8`, `mxfp4`, `mxfp8`, `nvfp4`).
+    #[serde(default)]
+    quantize: Option<String>,
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -353,9 +356,16 @@ pub async fn create(
     // Options are checked now, not at the first request that uses them.
     let mut check = crate::server::options::GenerationOptions::default();
     check.apply(&spec.parameters.clone().into_iter().collect())?;
+    let quantize = req
+        .quantize
+        .as_deref()
+        .map(str::parse::<quant::create::Target>)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let store = state.store.clone();
-    let job =
-        move |progress: &mut dyn FnMut(PullProgress)| create_model(&store, &name, &spec, progress);
+    let job = move |progress: &mut dyn FnMut(PullProgress)| {
+        create_model(&store, &name, &spec, quantize, progress)
+    };
     Ok(progress_response(req.stream.unwrap_or(true), job).await)
 }
 
@@ -364,10 +374,14 @@ pub fn create_model(
     store: &crate::store::Store,
     name: &ModelName,
     spec: &Modelfile,
+    quantize: Option<quant::create::Target>,
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<(), ApiError> {
     let path = expand_home(&spec.from);
-    let mut manifest = if path.exists() {
+    let mut manifest = if let Some(target) = quantize {
+        crate::create::quantize_into_store(store, name, &path, &spec.from, target, progress)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+    } else if path.exists() {
         progress(PullProgress::Status(format!(
             "importing {}",
             path.display()
@@ -471,6 +485,13 @@ where
         let mut report = |event: PullProgress| {
             let value = match event {
                 PullProgress::Status(status) => json!({ "status": status }),
+                PullProgress::Count { what, done, total } => {
+                    if done < total && last_report.elapsed() < Duration::from_millis(100) {
+                        return;
+                    }
+                    last_report = Instant::now();
+                    json!({ "status": what, "total": total, "completed": done })
+                }
                 PullProgress::Bytes { what, done, total } => {
                     // At most ten byte updates a second, and always the last one.
                     if done < total && last_report.elapsed() < Duration::from_millis(100) {

@@ -1,0 +1,212 @@
+//! The *plan* phase: the policy's decision for every tensor, with what it costs, before any
+//! data is read. `mlxkit create --dry-run` prints it.
+
+use std::fmt;
+
+use mlx::Dtype;
+use mlx::quantized::{QuantMode, QuantSpec};
+
+use super::policy::{Decision, decide};
+use super::source::{Source, Stored};
+use super::target::{Target, spec_label};
+
+/// What the write phase does with one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Written exactly as the source loads it (dense in its dtype, or in its quantized layout).
+    Keep,
+    /// Quantized from floating-point weights.
+    Quantize(QuantSpec),
+    /// Already quantized another way: dequantized, then quantized to this layout.
+    Requantize(QuantSpec),
+    /// Already in this exact layout: copied without a round trip.
+    PassThrough(QuantSpec),
+}
+
+impl Action {
+    /// The layout written, for the quantizing actions.
+    pub fn spec(self) -> Option<QuantSpec> {
+        match self {
+            Action::Keep => None,
+            Action::Quantize(s) | Action::Requantize(s) | Action::PassThrough(s) => Some(s),
+        }
+    }
+}
+
+/// One tensor's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPlan {
+    /// The tensor's name (transformers' naming).
+    pub name: String,
+    /// Its logical shape.
+    pub shape: Vec<i32>,
+    /// How the source stores it.
+    pub stored: Stored,
+    /// What is done with it.
+    pub action: Action,
+    /// Why, when the policy has something to say (kept, promoted, a smaller group).
+    pub reason: Option<String>,
+}
+
+impl TensorPlan {
+    fn elements(&self) -> u64 {
+        self.shape
+            .iter()
+            .map(|&d| u64::try_from(d).unwrap_or(0))
+            .product()
+    }
+
+    /// Bytes this tensor takes once written (an estimate for kept GGUF tensors, whose loaded
+    /// form depends on the block type).
+    pub fn written_bytes(&self, compute: Dtype) -> u64 {
+        let elements = self.elements();
+        match (self.action, self.stored) {
+            (Action::Keep, Stored::Float(dtype)) => elements * dtype.size_of() as u64,
+            (Action::Keep, Stored::Mlx(spec)) => quantized_bytes(elements, spec, compute),
+            (Action::Keep, Stored::Gguf(ty)) => match ty.block_layout() {
+                Some((block, bytes)) => elements / block.max(1) * bytes,
+                None => elements * 4,
+            },
+            (action, _) => action
+                .spec()
+                .map_or(0, |spec| quantized_bytes(elements, spec, compute)),
+        }
+    }
+}
+
+/// Packed weights plus per-group scales (and biases for affine, in `compute`; the
+/// floating-point modes store one byte per scale).
+fn quantized_bytes(elements: u64, spec: QuantSpec, compute: Dtype) -> u64 {
+    let groups = elements / u64::try_from(spec.group_size.max(1)).unwrap_or(1);
+    let per_group = match spec.mode {
+        QuantMode::Affine => 2 * compute.size_of() as u64,
+        _ => 1,
+    };
+    elements * u64::try_from(spec.bits).unwrap_or(0) / 8 + groups * per_group
+}
+
+/// A model's plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The target quantization.
+    pub target: Target,
+    /// The source's architecture.
+    pub architecture: String,
+    /// The source's precision, as a label.
+    pub precision: String,
+    /// The dtype quantization runs in and scales are stored in.
+    pub compute: Dtype,
+    /// Every tensor, in name order.
+    pub tensors: Vec<TensorPlan>,
+}
+
+impl Plan {
+    /// Applies the policy to every tensor of `source`.
+    pub fn new(source: &Source, target: Target) -> Plan {
+        let tensors = source
+            .tensors
+            .iter()
+            .map(|t| {
+                let (action, reason) = match decide(t, target) {
+                    Decision::Keep(why) => (Action::Keep, Some(why)),
+                    Decision::Quantize(spec, why) => {
+                        let action = match t.stored {
+                            Stored::Float(_) => Action::Quantize(spec),
+                            Stored::Mlx(stored) if stored == spec => Action::PassThrough(spec),
+                            Stored::Mlx(_) | Stored::Gguf(_) => Action::Requantize(spec),
+                        };
+                        (action, why)
+                    }
+                };
+                TensorPlan {
+                    name: t.name.clone(),
+                    shape: t.shape.clone(),
+                    stored: t.stored,
+                    action,
+                    reason,
+                }
+            })
+            .collect();
+        Plan {
+            target,
+            architecture: source.architecture.clone(),
+            precision: source.precision_label(),
+            compute: source.compute_dtype(),
+            tensors,
+        }
+    }
+
+    /// Bytes the written weights take.
+    pub fn written_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|t| t.written_bytes(self.compute))
+            .sum()
+    }
+
+    /// How many tensors each written layout gets, most common first: the first is the
+    /// model's default in its `quantization` config section.
+    pub fn layouts(&self) -> Vec<(QuantSpec, usize)> {
+        let mut counts: Vec<(QuantSpec, usize)> = Vec::new();
+        for spec in self.tensors.iter().filter_map(|t| t.action.spec()) {
+            match counts.iter_mut().find(|(s, _)| *s == spec) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((spec, 1)),
+            }
+        }
+        counts.sort_by(|a, b| {
+            b.1.cmp(&a.1)
+                .then_with(|| spec_label(a.0).cmp(&spec_label(b.0)))
+        });
+        counts
+    }
+}
+
+impl fmt::Display for Plan {
+    /// One line per tensor (name, shape, stored as, written as, why), then a summary.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "source: {} ({}); target: {}; scales in {:?}",
+            self.architecture, self.precision, self.target, self.compute
+        )?;
+        let width = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
+        for t in &self.tensors {
+            let shape = format!("{:?}", t.shape);
+            let written = match t.action {
+                Action::Keep => "keep".to_string(),
+                Action::Quantize(s) => spec_label(s),
+                Action::Requantize(s) => format!("{} (requantized)", spec_label(s)),
+                Action::PassThrough(s) => format!("{} (as stored)", spec_label(s)),
+            };
+            let line = format!(
+                "{:width$}  {shape:16}  {:8}  {written:24}  {}",
+                t.name,
+                t.stored.label(),
+                t.reason.as_deref().unwrap_or("")
+            );
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        let kept = self
+            .tensors
+            .iter()
+            .filter(|t| t.action == Action::Keep)
+            .count();
+        let layouts: Vec<String> = self
+            .layouts()
+            .iter()
+            .map(|(s, n)| format!("{n} {}", spec_label(*s)))
+            .collect();
+        writeln!(
+            f,
+            "{} tensors: {}, {kept} kept; about {:.1} MB written",
+            self.tensors.len(),
+            if layouts.is_empty() {
+                "none quantized".to_string()
+            } else {
+                layouts.join(", ")
+            },
+            self.written_bytes() as f64 / 1e6
+        )
+    }
+}

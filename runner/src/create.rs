@@ -1,0 +1,164 @@
+//! `create --quantize`: a model rewritten through `quant`'s pipeline (read, classify, plan,
+//! write) into a scratch folder under the store, given its vocabulary, then stored like any
+//! imported folder. Nothing reaches the store's manifests until the folder is complete, and the
+//! scratch folder goes whether or not it succeeds, so a failure leaves no half-written model.
+
+use std::path::{Path, PathBuf};
+
+use quant::create::{Plan, Source, Target, write_folder};
+
+use crate::engine::loader::weights_path;
+use crate::model_name::ModelName;
+use crate::pull::PullProgress;
+use crate::store::{Format, Manifest, Store};
+
+/// What a quantizing create failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// `FROM` names neither a file, a folder nor a stored model.
+    #[error("FROM `{0}` is neither a file, a folder nor a model name")]
+    UnknownSource(String),
+    /// The store refused.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The checkpoint could not be read, planned or written.
+    #[error("{0}")]
+    Quant(#[from] quant::Error),
+    /// The vocabulary could not be written beside the weights.
+    #[error("{0}")]
+    Vocabulary(#[from] crate::export::ExportError),
+    /// The scratch folder could not be made.
+    #[error("{path}: {source}")]
+    Io {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The written folder could not be stored.
+    #[error("{0}")]
+    Import(#[from] crate::import::ImportError),
+}
+
+/// A checkpoint to quantize: where its weights are, and its format.
+struct Located {
+    weights: PathBuf,
+    format: Format,
+}
+
+/// Finds `from` as a path (a GGUF file or a transformers / mlx-lm folder) or a stored model.
+fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, CreateError> {
+    if from.exists() {
+        let format = if from.is_dir() {
+            Format::Safetensors
+        } else if quant::Checkpoint::open(from)?.format() == quant::Format::Gguf {
+            Format::Gguf
+        } else {
+            Format::Safetensors
+        };
+        let weights = match format {
+            Format::Safetensors if !from.is_dir() => from
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from(".")),
+            _ => from.to_path_buf(),
+        };
+        return Ok(Located { weights, format });
+    }
+    let name = ModelName::parse(from_text)
+        .map_err(|_| CreateError::UnknownSource(from_text.to_string()))?;
+    let entry = store.get(&name)?;
+    let view = store.materialize(&entry.manifest)?;
+    let weights = weights_path(&view, &entry.manifest)
+        .ok_or_else(|| CreateError::UnknownSource(from_text.to_string()))?;
+    Ok(Located {
+        weights,
+        format: entry.manifest.format,
+    })
+}
+
+/// The plan for quantizing `from` to `target`, without writing anything (`--dry-run`).
+pub fn plan(
+    store: &Store,
+    from: &Path,
+    from_text: &str,
+    target: Target,
+) -> Result<Plan, CreateError> {
+    let located = locate(store, from, from_text)?;
+    let checkpoint = quant::Checkpoint::open(&located.weights)?;
+    Ok(Plan::new(&Source::read(&checkpoint)?, target))
+}
+
+/// Quantizes `from` to `target` and stores it as `name`; returns the stored manifest (which the
+/// caller completes with the Modelfile's settings).
+pub fn quantize_into_store(
+    store: &Store,
+    name: &ModelName,
+    from: &Path,
+    from_text: &str,
+    target: Target,
+    progress: &mut dyn FnMut(PullProgress),
+) -> Result<Manifest, CreateError> {
+    let located = locate(store, from, from_text)?;
+    let checkpoint = quant::Checkpoint::open(&located.weights)?;
+    let plan = Plan::new(&Source::read(&checkpoint)?, target);
+    progress(PullProgress::Status(format!(
+        "quantizing {} to {target}: about {:.0} MB",
+        plan.architecture,
+        plan.written_bytes() as f64 / 1e6
+    )));
+    let scratch = scratch(store)?;
+    let written = write_folder(&checkpoint, &plan, scratch.path(), &mut |done, total, _| {
+        progress(PullProgress::Count {
+            what: "quantizing tensors".into(),
+            done: done as u64,
+            total: total as u64,
+        })
+    })?;
+    tracing::info!(
+        model = %name,
+        tensors = written.tensors,
+        quantized = written.quantized,
+        bytes = written.bytes,
+        "quantized"
+    );
+    match located.format {
+        Format::Gguf => crate::export::write_gguf_vocabulary(
+            &located.weights,
+            scratch.path(),
+            checkpoint.config(),
+        )?,
+        Format::Safetensors => crate::export::copy_vocabulary(&located.weights, scratch.path())?,
+    }
+    let mut manifest = crate::import::import_path(
+        store,
+        name,
+        scratch.path(),
+        from_text,
+        &mut |what, done, total| {
+            progress(PullProgress::Bytes {
+                what: what.to_string(),
+                done,
+                total,
+            })
+        },
+    )?;
+    manifest.details.quantization_level = target.name().to_string();
+    Ok(manifest)
+}
+
+/// A folder under the store's `tmp/` (on the same file system as its blobs), removed with
+/// everything in it when dropped.
+fn scratch(store: &Store) -> Result<tempfile::TempDir, CreateError> {
+    let parent = store.root().join("tmp");
+    std::fs::create_dir_all(&parent)
+        .and_then(|()| {
+            tempfile::Builder::new()
+                .prefix("create-")
+                .tempdir_in(&parent)
+        })
+        .map_err(|source| CreateError::Io {
+            path: parent,
+            source,
+        })
+}
