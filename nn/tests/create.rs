@@ -129,3 +129,59 @@ fn the_int4_plan_of_an_untied_model_follows_the_policy() {
     let plan = Plan::new(&Source::read(&checkpoint).unwrap(), Target::Int4);
     insta::assert_snapshot!(plan.to_string());
 }
+
+/// The tiny Llama with its projections replaced by the FP8 fixture's reference dequantization,
+/// written dense into `dir`.
+fn fp8_reference_folder(source: &str, dir: &Path) {
+    let quant_fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../quant/tests/fixtures");
+    let reference =
+        mlx::load_safetensors(&quant_fixtures.join(source).join("reference.safetensors")).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let llama = quant::Checkpoint::open(&fixture("llama")).unwrap();
+    let mut writer = quant::SafetensorsWriter::create(&dir.join("model.safetensors")).unwrap();
+    for name in llama.names() {
+        let tensor = match reference.iter().find(|(n, _)| *n == name) {
+            Some((_, array)) => array.clone(),
+            None => llama.tensor(&name).unwrap().into_dense(None).unwrap(),
+        };
+        writer.add(&name, &tensor).unwrap();
+    }
+    writer.finish().unwrap();
+    std::fs::copy(
+        fixture("llama").join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn fp8_sources_load_as_their_reference_and_create_mxfp8_by_default() {
+    let quant_fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../quant/tests/fixtures");
+    for source in ["fp8_block", "fp8_channel"] {
+        let scratch = tempfile::tempdir().unwrap();
+        let reference_dir = scratch.path().join("reference");
+        fp8_reference_folder(source, &reference_dir);
+        let reference = logits(&reference_dir);
+        // Read in place, the FP8 folder is its reference weights exactly: same logits.
+        let fp8_dir = quant_fixtures.join(source);
+        assert_eq!(logits(&fp8_dir), reference, "{source}");
+
+        let checkpoint = quant::Checkpoint::open(&fp8_dir).unwrap();
+        let plan_source = Source::read(&checkpoint).unwrap();
+        let target = plan_source.default_target().unwrap();
+        assert_eq!(target, Target::Mxfp8);
+        let plan = Plan::new(&plan_source, target);
+        let quantized_dir = scratch.path().join("q");
+        write_folder(&checkpoint, &plan, &quantized_dir, &mut |_, _, _| {}).unwrap();
+        let quantized = logits(&quantized_dir);
+        let dense_dir = scratch.path().join("dense");
+        dequantized_copy(&quantized_dir, &dense_dir);
+        let scale = reference.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let load_error = max_abs_diff(&quantized, &logits(&dense_dir));
+        assert!(load_error <= 2e-5 * scale, "{source}: {load_error}");
+        eprintln!(
+            "{source}: mxfp8 from FP8 moves logits by {} (max |logit| {scale})",
+            max_abs_diff(&quantized, &reference)
+        );
+    }
+}

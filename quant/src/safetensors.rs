@@ -20,8 +20,11 @@ const MAX_HEADER_BYTES: u64 = 100 << 20;
 /// Where one tensor lives inside a safetensors file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SafetensorsEntry {
-    /// Element type.
+    /// Element type (`U8` for FP8 bytes, see `e4m3`).
     pub dtype: Dtype,
+    /// Whether the bytes are `F8_E4M3` values, which MLX has no dtype for: they load as `U8`
+    /// and are decoded with their scales (see `fp8`).
+    pub e4m3: bool,
     /// Dimensions, outermost first.
     pub shape: Vec<i32>,
     /// Byte range within the file (already offset past the header).
@@ -145,8 +148,13 @@ fn parse_entry(
         .get("dtype")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("missing dtype"))?;
-    let dtype = dtype_from_name(dtype_name)
-        .ok_or_else(|| bad(&format!("unsupported dtype {dtype_name:?}")))?;
+    let e4m3 = dtype_name == "F8_E4M3";
+    let dtype = if e4m3 {
+        Dtype::U8
+    } else {
+        dtype_from_name(dtype_name)
+            .ok_or_else(|| bad(&format!("unsupported dtype {dtype_name:?}")))?
+    };
     let shape_json = object
         .get("shape")
         .and_then(Value::as_array)
@@ -194,6 +202,7 @@ fn parse_entry(
     }
     Ok(SafetensorsEntry {
         dtype,
+        e4m3,
         shape,
         start: data_start + start,
         end: data_start + end,

@@ -176,12 +176,75 @@ impl SafetensorsDir {
     }
 
     fn companion_of(&self, name: &str) -> Option<String> {
+        if let Some(module) = [".weight_scale_inv", ".weight_scale", ".input_scale"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+        {
+            // An FP8 weight's scales (see `fp8`).
+            let weight = format!("{module}.weight");
+            return self.is_e4m3(&weight).then_some(weight);
+        }
         let module = name
             .strip_suffix(".scales")
             .or_else(|| name.strip_suffix(".biases"))?;
         let weight = format!("{module}.weight");
         let has_scales = self.location.contains_key(&format!("{module}.scales"));
         (has_scales && self.location.contains_key(&weight)).then_some(weight)
+    }
+
+    fn entry(&self, name: &str) -> Option<&crate::SafetensorsEntry> {
+        let &file = self.location.get(name)?;
+        self.files[file].entries().get(name)
+    }
+
+    fn is_e4m3(&self, name: &str) -> bool {
+        self.entry(name).is_some_and(|e| e.e4m3)
+    }
+
+    /// An FP8 weight decoded with its scales: `weight_scale_inv` per block of the config's
+    /// `weight_block_size` (HF fine-grained FP8), else `weight_scale` (compressed-tensors).
+    fn fp8_tensor(&self, name: &str, module: &str) -> Result<Tensor> {
+        let entry = self
+            .entry(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let shape = entry.shape.clone();
+        let codes = self.load_raw(name)?.to_vec::<u8>()?;
+        let block_scales = format!("{module}.weight_scale_inv");
+        let shaped_scales = format!("{module}.weight_scale");
+        let (scales_name, layout) = if self.location.contains_key(&block_scales) {
+            let block = self
+                .config
+                .get("quantization_config")
+                .and_then(|q| q.get("weight_block_size"))
+                .and_then(Value::as_array)
+                .map(|b| b.iter().filter_map(Value::as_u64).collect::<Vec<_>>())
+                .unwrap_or_else(|| vec![128, 128]);
+            let [rows, cols] = block[..] else {
+                return Err(Error::Config(format!(
+                    "weight_block_size {block:?} is not [rows, columns]"
+                )));
+            };
+            let size = |n: u64| usize::try_from(n).unwrap_or(0);
+            (
+                block_scales,
+                crate::fp8::Fp8Scales::Blocks {
+                    rows: size(rows),
+                    cols: size(cols),
+                },
+            )
+        } else if self.location.contains_key(&shaped_scales) {
+            (shaped_scales, crate::fp8::Fp8Scales::Shaped)
+        } else {
+            return Err(Error::Unsupported {
+                name: name.to_string(),
+                what: "an FP8 weight without `weight_scale_inv` or `weight_scale` beside it".into(),
+            });
+        };
+        let scales = self.load_raw(&scales_name)?;
+        let scale_shape = scales.shape();
+        let scales = scales.astype(mlx::Dtype::F32)?.to_vec::<f32>()?;
+        crate::fp8::dequantize_fp8(name, &codes, &shape, &scales, &scale_shape, layout)
+            .map(Tensor::Dense)
     }
 
     /// The logical shape of tensor `name` (unpacked, for a quantized weight), without loading.
@@ -212,6 +275,9 @@ impl SafetensorsDir {
             .location
             .get(name)
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        if self.is_e4m3(name) {
+            return Ok(crate::create::Stored::Fp8);
+        }
         let spec = name
             .strip_suffix(".weight")
             .filter(|module| self.location.contains_key(&format!("{module}.scales")))
@@ -235,6 +301,9 @@ impl SafetensorsDir {
         let Some(module) = name.strip_suffix(".weight") else {
             return Ok(Tensor::Dense(self.load_raw(name)?));
         };
+        if self.is_e4m3(name) {
+            return self.fp8_tensor(name, module);
+        }
         let scales_name = format!("{module}.scales");
         if !self.location.contains_key(&scales_name) {
             return Ok(Tensor::Dense(self.load_raw(name)?));

@@ -77,6 +77,14 @@ fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, Create
     })
 }
 
+/// The quantization a create without `--quantize` still applies to the checkpoint at `from`
+/// (FP8 sources become mxfp8); `None` for every other source, and for sources that cannot be
+/// read, which the import then refuses with its own message.
+pub fn default_target(from: &Path) -> Option<Target> {
+    let checkpoint = quant::Checkpoint::open(from).ok()?;
+    Source::read(&checkpoint).ok()?.default_target()
+}
+
 /// The plan for quantizing `from` to `target`, without writing anything (`--dry-run`).
 pub fn plan(
     store: &Store,

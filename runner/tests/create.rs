@@ -335,3 +335,21 @@ fn api_create_quantizes_with_progress_and_serves_the_result() {
         "{refused}"
     );
 }
+
+#[test]
+fn an_fp8_folder_is_stored_as_mxfp8_without_being_asked() {
+    let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../quant/tests/fixtures/fp8_block");
+    let spec = Modelfile {
+        from: source.to_str().unwrap().to_string(),
+        ..Modelfile::default()
+    };
+    let name = ModelName::parse("fp8:latest").unwrap();
+    runner::server::models::create_model(&store, &name, &spec, None, &mut |_| {}).unwrap();
+    let manifest = store.get(&name).unwrap().manifest;
+    assert_eq!(manifest.details.quantization_level, "mxfp8");
+    let loaded = nn::load::load(&weights(&store, &name), Some(Dtype::F32)).unwrap();
+    assert_eq!(loaded.model.spec().vocab_size, 512);
+}

@@ -62,6 +62,7 @@ impl TensorPlan {
         let elements = self.elements();
         match (self.action, self.stored) {
             (Action::Keep, Stored::Float(dtype)) => elements * dtype.size_of() as u64,
+            (Action::Keep, Stored::Fp8) => elements * compute.size_of() as u64,
             (Action::Keep, Stored::Mlx(spec)) => quantized_bytes(elements, spec, compute),
             (Action::Keep, Stored::Gguf(ty)) => match ty.block_layout() {
                 Some((block, bytes)) => elements / block.max(1) * bytes,
@@ -113,7 +114,9 @@ impl Plan {
                         let action = match t.stored {
                             Stored::Float(_) => Action::Quantize(spec),
                             Stored::Mlx(stored) if stored == spec => Action::PassThrough(spec),
-                            Stored::Mlx(_) | Stored::Gguf(_) => Action::Requantize(spec),
+                            Stored::Mlx(_) | Stored::Gguf(_) | Stored::Fp8 => {
+                                Action::Requantize(spec)
+                            }
                         };
                         (action, why)
                     }

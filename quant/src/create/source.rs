@@ -16,6 +16,8 @@ pub enum Stored {
     Mlx(QuantSpec),
     /// A GGUF tensor of this type.
     Gguf(GgmlType),
+    /// FP8 (E4M3) with scales beside it, as HF and compressed-tensors publish it.
+    Fp8,
 }
 
 impl Stored {
@@ -25,6 +27,7 @@ impl Stored {
             Stored::Float(dtype) => format!("{dtype:?}").to_uppercase(),
             Stored::Mlx(spec) => super::target::spec_label(spec),
             Stored::Gguf(ty) => ty.to_string(),
+            Stored::Fp8 => "F8_E4M3".into(),
         }
     }
 }
@@ -49,6 +52,9 @@ pub enum Precision {
     MlxQuantized,
     /// A GGUF file, quantized or not.
     Gguf,
+    /// FP8 weights with block, row or tensor scales (HF fine-grained or compressed-tensors);
+    /// the float dtype is the one its other tensors have.
+    Fp8(Dtype),
 }
 
 /// A model part other than the language model, which the policy leaves at source precision.
@@ -83,15 +89,19 @@ impl Source {
     /// refused by name rather than misread.
     pub fn read(checkpoint: &Checkpoint) -> Result<Source> {
         let config = checkpoint.config();
-        if let Some(method) = config
-            .get("quantization_config")
-            .and_then(|q| q.get("quant_method"))
-            .and_then(Value::as_str)
+        if let Some(section) = config.get("quantization_config")
+            && let Some(method) = section.get("quant_method").and_then(Value::as_str)
         {
-            return Err(Error::Config(format!(
-                "the source is quantized with `{method}`, which create cannot read yet \
-                 (it reads floating-point, GGUF and MLX-quantized checkpoints)"
-            )));
+            let format = section.get("format").and_then(Value::as_str);
+            let readable = method == "fp8"
+                || (method == "compressed-tensors" && format == Some("float-quantized"));
+            if !readable {
+                let what = format.map_or(method.to_string(), |f| format!("{method} ({f})"));
+                return Err(Error::Config(format!(
+                    "the source is quantized with `{what}`, which create cannot read yet \
+                     (it reads floating-point, FP8, GGUF and MLX-quantized checkpoints)"
+                )));
+            }
         }
         let mut tensors = Vec::new();
         for name in checkpoint.names() {
@@ -107,6 +117,9 @@ impl Source {
             Format::Gguf => Precision::Gguf,
             Format::Safetensors if tensors.iter().any(|t| matches!(t.stored, Stored::Mlx(_))) => {
                 Precision::MlxQuantized
+            }
+            Format::Safetensors if tensors.iter().any(|t| t.stored == Stored::Fp8) => {
+                Precision::Fp8(dominant_float(&tensors))
             }
             Format::Safetensors => Precision::Float(dominant_float(&tensors)),
         };
@@ -145,7 +158,7 @@ impl Source {
     /// MLX-quantized ones (GGUF keeps its scales in f16).
     pub fn compute_dtype(&self) -> Dtype {
         match self.precision {
-            Precision::Float(dtype) => dtype,
+            Precision::Float(dtype) | Precision::Fp8(dtype) => dtype,
             Precision::MlxQuantized | Precision::Gguf => Dtype::F16,
         }
     }
@@ -156,7 +169,14 @@ impl Source {
             Precision::Float(dtype) => format!("{dtype:?}").to_uppercase(),
             Precision::MlxQuantized => "MLX-quantized".into(),
             Precision::Gguf => "GGUF".into(),
+            Precision::Fp8(_) => "FP8".into(),
         }
+    }
+
+    /// The target a create without `--quantize` gets: FP8 sources become `mxfp8` (the nearest
+    /// MLX layout; kept as they are they would load as full-width floats), others none.
+    pub fn default_target(&self) -> Option<super::Target> {
+        matches!(self.precision, Precision::Fp8(_)).then_some(super::Target::Mxfp8)
     }
 }
 

@@ -12,6 +12,7 @@ use mlx::quantized::{QuantSpec, Quantized, quantize};
 use serde_json::{Map, Value, json};
 
 use super::plan::{Action, Plan};
+use super::source::Stored;
 use super::target::mode_name;
 use crate::safetensors_writer::SafetensorsWriter;
 use crate::{Checkpoint, Error, Result, Tensor};
@@ -43,6 +44,11 @@ pub fn write_folder(
     for (done, t) in plan.tensors.iter().enumerate() {
         let tensor = checkpoint.tensor(&t.name)?;
         let quantized = match (t.action, tensor) {
+            // A kept FP8 weight was decoded to f32; it is written in the model's float dtype.
+            (Action::Keep, Tensor::Dense(array)) if t.stored == Stored::Fp8 => {
+                writer.add(&t.name, &array.astype(plan.compute)?)?;
+                None
+            }
             (Action::Keep, Tensor::Dense(array)) => {
                 writer.add(&t.name, &array)?;
                 None

@@ -378,6 +378,11 @@ pub fn create_model(
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<(), ApiError> {
     let path = expand_home(&spec.from);
+    let quantize = quantize.or_else(|| {
+        path.exists()
+            .then(|| crate::create::default_target(&path))
+            .flatten()
+    });
     let mut manifest = if let Some(target) = quantize {
         crate::create::quantize_into_store(store, name, &path, &spec.from, target, progress)
             .map_err(|e| ApiError::bad_request(e.to_string()))?
