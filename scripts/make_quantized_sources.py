@@ -11,6 +11,11 @@ quant/tests/fixtures/<name>/:
     fp8_channel  compressed-tensors FP8 ("float-quantized", channel strategy), as
                  llm-compressor writes it: F8_E4M3 weights with an f32 `weight_scale` per
                  output row.
+    nvfp4_modelopt    NVIDIA ModelOpt NVFP4: packed E2M1 `weight` (two per byte), E4M3
+                      `weight_scale` per 16 values, f32 `weight_scale_2` per tensor.
+    nvfp4_compressed  compressed-tensors NVFP4 ("nvfp4-pack-quantized"): `weight_packed`, E4M3
+                      `weight_scale`, and `weight_global_scale`, the reciprocal of ModelOpt's
+                      second scale, divided by.
 
 Each folder also holds `reference.safetensors`: every quantized weight dequantized to f32 by
 the reference formula (E4M3 value times its scale), which the tests compare the import with.
@@ -196,6 +201,120 @@ def build(name: str, per_block: bool) -> None:
     print(f"wrote {folder}")
 
 
+# E2M1 (FP4) magnitudes by code 0..7; bit 3 is the sign.
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+NVFP4_GROUP = 16
+
+
+def e2m1_encode(x: float) -> int:
+    """Nearest E2M1 code to x (clamped to +-6), ties to the even code."""
+    sign = 0x8 if x < 0 else 0
+    a = min(abs(x), 6.0)
+    i = bisect.bisect_left(E2M1, a)
+    if i == 0:
+        return sign
+    if i == len(E2M1):
+        return sign | 7
+    lo, hi = E2M1[i - 1], E2M1[i]
+    if a - lo < hi - a:
+        code = i - 1
+    elif a - lo > hi - a:
+        code = i
+    else:
+        code = i - 1 if (i - 1) % 2 == 0 else i
+    return sign | code
+
+
+def e2m1_value(code: int) -> float:
+    return (-1.0 if code & 0x8 else 1.0) * E2M1[code & 0x7]
+
+
+def nvfp4(values: list[float], rows: int, cols: int):
+    """NVIDIA's two-level NVFP4 recipe (ModelOpt): a global f32 scale amax / (6 * 448), an E4M3
+    scale per 16 values (block amax / 6, divided by the global scale), E2M1 values. Returns the
+    packed bytes (element 2i in the low nibble), the scale codes, the global scale and the f32
+    dequantization E2M1 * E4M3 * global."""
+    amax = max(abs(v) for v in values)
+    global_scale = f32(amax / (6.0 * E4M3_MAX)) if amax > 0 else 1.0
+    packed = bytearray(rows * cols // 2)
+    scale_codes = bytearray(rows * cols // NVFP4_GROUP)
+    dequantized = [0.0] * (rows * cols)
+    for r in range(rows):
+        for g in range(cols // NVFP4_GROUP):
+            block = values[r * cols + g * NVFP4_GROUP : r * cols + (g + 1) * NVFP4_GROUP]
+            block_amax = max(abs(v) for v in block)
+            scale_code = e4m3_encode(f32(f32(block_amax / 6.0) / global_scale))
+            scale_codes[r * (cols // NVFP4_GROUP) + g] = scale_code
+            scale = f32(e4m3_value(scale_code) * global_scale)
+            for k, v in enumerate(block):
+                code = e2m1_encode(v / scale) if scale > 0 else 0
+                index = r * cols + g * NVFP4_GROUP + k
+                packed[index // 2] |= code << (4 * (index % 2))
+                dequantized[index] = f32(f32(e2m1_value(code) * e4m3_value(scale_code)) * global_scale)
+    return bytes(packed), bytes(scale_codes), global_scale, dequantized
+
+
+def build_nvfp4(name: str, compressed_tensors: bool) -> None:
+    weights = read_safetensors(SOURCE / "model.safetensors")
+    folder = OUT / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    tensors, reference = {}, {}
+    for tensor, (shape, values) in weights.items():
+        module = tensor.removesuffix(".weight")
+        if not (tensor.endswith(".weight") and module.split(".")[-1] in QUANTIZED):
+            tensors[tensor] = ("F32", shape, f32_bytes(values))
+            continue
+        rows, cols = shape
+        packed, scale_codes, global_scale, dequantized = nvfp4(values, rows, cols)
+        scale_shape = [rows, cols // NVFP4_GROUP]
+        if compressed_tensors:
+            # compressed-tensors stores the reciprocal global scale and divides by it.
+            tensors[f"{module}.weight_packed"] = ("U8", [rows, cols // 2], packed)
+            tensors[f"{module}.weight_scale"] = ("F8_E4M3", scale_shape, scale_codes)
+            tensors[f"{module}.weight_global_scale"] = ("F32", [1], f32_bytes([f32(1.0 / global_scale)]))
+            tensors[f"{module}.input_global_scale"] = ("F32", [1], f32_bytes([1.0]))
+            dequantized = [
+                f32(f32(e2m1_value(code) * e4m3_value(scale_codes[i // NVFP4_GROUP]))
+                    / f32(1.0 / global_scale))
+                for i, code in enumerate((packed[i // 2] >> (4 * (i % 2))) & 0xF for i in range(rows * cols))
+            ]
+        else:
+            tensors[tensor] = ("U8", [rows, cols // 2], packed)
+            tensors[f"{module}.weight_scale"] = ("F8_E4M3", scale_shape, scale_codes)
+            tensors[f"{module}.weight_scale_2"] = ("F32", [], f32_bytes([global_scale]))
+            tensors[f"{module}.input_scale"] = ("F32", [], f32_bytes([1.0]))
+        reference[tensor] = ("F32", shape, f32_bytes(dequantized))
+    write_safetensors(folder / "model.safetensors", tensors)
+    write_safetensors(folder / "reference.safetensors", reference)
+    config = json.loads((SOURCE / "config.json").read_text())
+    if compressed_tensors:
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": NVFP4_GROUP, "symmetric": True},
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    else:
+        config["quantization_config"] = {
+            "quant_method": "modelopt",
+            "quant_algo": "NVFP4",
+            "group_size": NVFP4_GROUP,
+            "exclude_modules": ["lm_head"],
+        }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    print(f"wrote {folder}")
+
+
 if __name__ == "__main__":
     build("fp8_block", per_block=True)
     build("fp8_channel", per_block=False)
+    build_nvfp4("nvfp4_modelopt", compressed_tensors=False)
+    build_nvfp4("nvfp4_compressed", compressed_tensors=True)

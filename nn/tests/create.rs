@@ -155,9 +155,14 @@ fn fp8_reference_folder(source: &str, dir: &Path) {
 }
 
 #[test]
-fn fp8_sources_load_as_their_reference_and_create_mxfp8_by_default() {
+fn fp8_and_nvfp4_sources_load_as_their_reference_and_create_their_mlx_layout() {
     let quant_fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../quant/tests/fixtures");
-    for source in ["fp8_block", "fp8_channel"] {
+    for (source, default) in [
+        ("fp8_block", Target::Mxfp8),
+        ("fp8_channel", Target::Mxfp8),
+        ("nvfp4_modelopt", Target::Nvfp4),
+        ("nvfp4_compressed", Target::Nvfp4),
+    ] {
         let scratch = tempfile::tempdir().unwrap();
         let reference_dir = scratch.path().join("reference");
         fp8_reference_folder(source, &reference_dir);
@@ -169,7 +174,7 @@ fn fp8_sources_load_as_their_reference_and_create_mxfp8_by_default() {
         let checkpoint = quant::Checkpoint::open(&fp8_dir).unwrap();
         let plan_source = Source::read(&checkpoint).unwrap();
         let target = plan_source.default_target().unwrap();
-        assert_eq!(target, Target::Mxfp8);
+        assert_eq!(target, default, "{source}");
         let plan = Plan::new(&plan_source, target);
         let quantized_dir = scratch.path().join("q");
         write_folder(&checkpoint, &plan, &quantized_dir, &mut |_, _, _| {}).unwrap();
@@ -180,7 +185,7 @@ fn fp8_sources_load_as_their_reference_and_create_mxfp8_by_default() {
         let load_error = max_abs_diff(&quantized, &logits(&dense_dir));
         assert!(load_error <= 2e-5 * scale, "{source}: {load_error}");
         eprintln!(
-            "{source}: mxfp8 from FP8 moves logits by {} (max |logit| {scale})",
+            "{source}: {target} moves logits by {} (max |logit| {scale})",
             max_abs_diff(&quantized, &reference)
         );
     }

@@ -10,6 +10,10 @@
 //!
 //! Each weight is its E4M3 value times its scale, one f32 product, so the result is exactly what
 //! the publisher's dequantizer gives in f32.
+//!
+//! NVFP4 (E2M1 values two per byte, an E4M3 scale per 16, an f32 scale per tensor) is read here
+//! too, in NVIDIA ModelOpt's layout (`weight`, `weight_scale`, `weight_scale_2`, multiplied) and
+//! compressed-tensors' (`weight_packed`, `weight_scale`, `weight_global_scale`, divided by).
 
 use mlx::Array;
 
@@ -106,6 +110,66 @@ pub fn dequantize_fp8(
                 .map(|(c, &code)| table[usize::from(code)] * scale_row[c / per_col]),
         );
     }
+    Ok(Array::from_slice(&values, shape)?)
+}
+
+/// The value of an E2M1 (FP4) code: bit 3 the sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}.
+pub fn e2m1_to_f32(code: u8) -> f32 {
+    const MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let magnitude = MAGNITUDES[usize::from(code & 0x7)];
+    if code & 0x8 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// How an NVFP4 tensor's per-tensor scale applies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Nvfp4Global {
+    /// Multiplied (ModelOpt's `weight_scale_2`).
+    Times(f32),
+    /// Divided by (compressed-tensors' `weight_global_scale`).
+    Over(f32),
+}
+
+/// Dequantizes an NVFP4 `[rows, cols]` matrix: `packed` holds two E2M1 codes per byte (element
+/// `2i` in the low nibble), `scales` one E4M3 code per 16 elements of a row. Each element is
+/// `(e2m1 · e4m3) ∘ global` in f32, in the publishers' order.
+pub fn dequantize_nvfp4(
+    name: &str,
+    packed: &[u8],
+    shape: &[i32],
+    scales: &[u8],
+    global: Nvfp4Global,
+) -> Result<Array> {
+    let bad = |what: String| Error::Unsupported {
+        name: name.to_string(),
+        what,
+    };
+    let [rows, cols] = shape else {
+        return Err(bad(format!(
+            "an NVFP4 weight of shape {shape:?} is not a matrix"
+        )));
+    };
+    let (rows, cols) = (to_usize(*rows), to_usize(*cols));
+    if cols % 16 != 0 || packed.len() * 2 != rows * cols || scales.len() * 16 != rows * cols {
+        return Err(bad(format!(
+            "{} packed bytes and {} scales do not make an NVFP4 {shape:?} weight",
+            packed.len(),
+            scales.len()
+        )));
+    }
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| {
+            let code = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
+            let scaled = e2m1_to_f32(code) * e4m3_to_f32(scales[i / 16]);
+            match global {
+                Nvfp4Global::Times(g) => scaled * g,
+                Nvfp4Global::Over(g) => scaled / g,
+            }
+        })
+        .collect();
     Ok(Array::from_slice(&values, shape)?)
 }
 

@@ -25,7 +25,7 @@
 //! - `safetensors_dir`: HF-style directories, shard index, mlx-lm quantized weights.
 //! - `safetensors_writer`: [`SafetensorsWriter`], a safetensors file written tensor by tensor.
 //! - [`create`]: the create pipeline (read, classify, plan, write) and its quantization policy.
-//! - `fp8`: FP8 (E4M3) weights with block, row or tensor scales, decoded to f32.
+//! - `fp8`: FP8 (E4M3) and NVFP4 weights in other quantizers' layouts, decoded to f32.
 //! - `mlx_quantization`: mlx-lm's `quantization` config with per-module overrides.
 //! - `gguf`: GGUF v2/v3 parsing: metadata, tensor infos, alignment, bounds.
 //! - `ggml_type`: GGML tensor types and block sizes.
@@ -66,7 +66,7 @@ mod widen;
 
 pub use checkpoint::{Checkpoint, Format};
 pub use error::{Error, Result};
-pub use fp8::{Fp8Scales, dequantize_fp8, e4m3_to_f32};
+pub use fp8::{Fp8Scales, Nvfp4Global, dequantize_fp8, dequantize_nvfp4, e2m1_to_f32, e4m3_to_f32};
 pub use ggml_type::GgmlType;
 pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
 pub use gguf_checkpoint::GgufCheckpoint;

@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mlx::quantized::Quantized;
+use mlx::Array;
+use mlx::quantized::{QuantSpec, Quantized};
 use serde_json::Value;
 
 use crate::mlx_quantization::QuantizationConfig;
@@ -21,6 +22,22 @@ type WeightMap = BTreeMap<String, String>;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
+
+/// Where an NVFP4 weight's parts are (see `fp8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nvfp4Layout {
+    /// NVIDIA ModelOpt: `weight` (packed), `weight_scale`, `weight_scale_2`.
+    ModelOpt,
+    /// compressed-tensors: `weight_packed`, `weight_scale`, `weight_global_scale`.
+    CompressedTensors,
+}
+
+/// MLX's NVFP4 layout: E2M1 values with an E4M3 scale per 16.
+const NVFP4: QuantSpec = QuantSpec {
+    group_size: 16,
+    bits: 4,
+    mode: mlx::quantized::QuantMode::Nvfp4,
+};
 
 /// A checkpoint directory with its shards opened and validated.
 #[derive(Debug)]
@@ -163,26 +180,136 @@ impl SafetensorsDir {
     /// Whether a tensor of this stored name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.location.contains_key(name)
+            || name
+                .strip_suffix(".weight")
+                .is_some_and(|module| self.nvfp4_of(module).is_some())
     }
 
     /// Logical tensor names: the stored names less the `.scales`/`.biases` companions of a
     /// quantized weight.
     pub fn names(&self) -> Vec<String> {
-        self.location
+        let mut names: Vec<String> = self
+            .location
             .keys()
             .filter(|name| self.companion_of(name).is_none())
-            .cloned()
-            .collect()
+            .map(|name| match name.strip_suffix(".weight_packed") {
+                // compressed-tensors' packed NVFP4 weight is the module's weight.
+                Some(module) if self.nvfp4_of(module).is_some() => format!("{module}.weight"),
+                _ => name.clone(),
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The NVFP4 layout of `module`'s weight, when it is stored as NVFP4.
+    fn nvfp4_of(&self, module: &str) -> Option<Nvfp4Layout> {
+        let scales = self.entry(&format!("{module}.weight_scale"))?;
+        if !scales.e4m3 {
+            return None;
+        }
+        let packed = |name: &str| {
+            self.entry(name)
+                .is_some_and(|e| e.dtype == mlx::Dtype::U8 && !e.e4m3)
+        };
+        let weight = format!("{module}.weight");
+        if packed(&weight)
+            && self
+                .location
+                .contains_key(&format!("{module}.weight_scale_2"))
+        {
+            return Some(Nvfp4Layout::ModelOpt);
+        }
+        let weight_packed = format!("{module}.weight_packed");
+        (packed(&weight_packed)
+            && self
+                .location
+                .contains_key(&format!("{module}.weight_global_scale")))
+        .then_some(Nvfp4Layout::CompressedTensors)
+    }
+
+    /// The stored packed weight and f32 per-tensor scale of an NVFP4 module.
+    fn nvfp4_parts(
+        &self,
+        module: &str,
+        layout: Nvfp4Layout,
+    ) -> Result<(String, crate::Nvfp4Global)> {
+        let (packed, global_name) = match layout {
+            Nvfp4Layout::ModelOpt => (
+                format!("{module}.weight"),
+                format!("{module}.weight_scale_2"),
+            ),
+            Nvfp4Layout::CompressedTensors => (
+                format!("{module}.weight_packed"),
+                format!("{module}.weight_global_scale"),
+            ),
+        };
+        let global = self
+            .load_raw(&global_name)?
+            .astype(mlx::Dtype::F32)?
+            .to_vec::<f32>()?;
+        let &[value] = global.as_slice() else {
+            return Err(Error::Unsupported {
+                name: global_name,
+                what: format!("a per-tensor scale of {} values", global.len()),
+            });
+        };
+        let global = match layout {
+            Nvfp4Layout::ModelOpt => crate::Nvfp4Global::Times(value),
+            Nvfp4Layout::CompressedTensors => crate::Nvfp4Global::Over(value),
+        };
+        Ok((packed, global))
+    }
+
+    /// An NVFP4 weight: in MLX's own `nvfp4` layout when its per-tensor scale is 1 (the bytes
+    /// are MLX's: two E2M1 codes per byte, low nibble first, and E4M3 scales per 16), else
+    /// decoded to f32 — MLX's quantized matmul takes no per-tensor scale.
+    fn nvfp4_tensor(&self, name: &str, module: &str, layout: Nvfp4Layout) -> Result<Tensor> {
+        let (packed_name, global) = self.nvfp4_parts(module, layout)?;
+        let shape = self.shape(name)?;
+        let packed = self.load_raw(&packed_name)?;
+        let scales = self.load_raw(&format!("{module}.weight_scale"))?;
+        let unit = matches!(global, crate::Nvfp4Global::Times(g) | crate::Nvfp4Global::Over(g) if g == 1.0);
+        if unit && shape.last().is_some_and(|c| c % 8 == 0) && shape.len() == 2 {
+            let words = Array::from_bytes(
+                &packed.to_vec::<u8>()?,
+                &[shape[0], shape[1] / 8],
+                mlx::Dtype::U32,
+            )?;
+            let quantized = Quantized {
+                weights: words,
+                scales,
+                biases: None,
+                spec: NVFP4,
+            };
+            check_quantized_shapes(name, &quantized)?;
+            return Ok(Tensor::Quantized(quantized));
+        }
+        crate::fp8::dequantize_nvfp4(
+            name,
+            &packed.to_vec::<u8>()?,
+            &shape,
+            &scales.to_vec::<u8>()?,
+            global,
+        )
+        .map(Tensor::Dense)
     }
 
     fn companion_of(&self, name: &str) -> Option<String> {
-        if let Some(module) = [".weight_scale_inv", ".weight_scale", ".input_scale"]
-            .iter()
-            .find_map(|suffix| name.strip_suffix(suffix))
+        if let Some(module) = [
+            ".weight_scale_inv",
+            ".weight_scale_2",
+            ".weight_scale",
+            ".input_scale",
+            ".weight_global_scale",
+            ".input_global_scale",
+        ]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
         {
-            // An FP8 weight's scales (see `fp8`).
+            // An FP8 or NVFP4 weight's scales (see `fp8`).
             let weight = format!("{module}.weight");
-            return self.is_e4m3(&weight).then_some(weight);
+            return (self.is_e4m3(&weight) || self.nvfp4_of(module).is_some()).then_some(weight);
         }
         let module = name
             .strip_suffix(".scales")
@@ -249,6 +376,26 @@ impl SafetensorsDir {
 
     /// The logical shape of tensor `name` (unpacked, for a quantized weight), without loading.
     pub fn shape(&self, name: &str) -> Result<Vec<i32>> {
+        if let Some(module) = name.strip_suffix(".weight")
+            && let Some(layout) = self.nvfp4_of(module)
+        {
+            let packed = match layout {
+                Nvfp4Layout::ModelOpt => name.to_string(),
+                Nvfp4Layout::CompressedTensors => format!("{module}.weight_packed"),
+            };
+            let mut shape = self
+                .entry(&packed)
+                .ok_or_else(|| Error::MissingTensor(packed.clone()))?
+                .shape
+                .clone();
+            if let Some(last) = shape.last_mut() {
+                *last = last.checked_mul(2).ok_or_else(|| Error::Unsupported {
+                    name: name.to_string(),
+                    what: "packed width too large".into(),
+                })?;
+            }
+            return Ok(shape);
+        }
         let &file = self
             .location
             .get(name)
@@ -271,6 +418,17 @@ impl SafetensorsDir {
 
     /// How tensor `name` is stored: its dtype, or its MLX quantization.
     pub fn stored_as(&self, name: &str) -> Result<crate::create::Stored> {
+        if let Some(module) = name.strip_suffix(".weight")
+            && let Some(layout) = self.nvfp4_of(module)
+        {
+            let (_, global) = self.nvfp4_parts(module, layout)?;
+            let unit = matches!(global, crate::Nvfp4Global::Times(g) | crate::Nvfp4Global::Over(g) if g == 1.0);
+            return Ok(if unit {
+                crate::create::Stored::Mlx(NVFP4)
+            } else {
+                crate::create::Stored::Nvfp4
+            });
+        }
         let &file = self
             .location
             .get(name)
@@ -303,6 +461,9 @@ impl SafetensorsDir {
         };
         if self.is_e4m3(name) {
             return self.fp8_tensor(name, module);
+        }
+        if let Some(layout) = self.nvfp4_of(module) {
+            return self.nvfp4_tensor(name, module, layout);
         }
         let scales_name = format!("{module}.scales");
         if !self.location.contains_key(&scales_name) {

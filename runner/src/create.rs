@@ -78,7 +78,7 @@ fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, Create
 }
 
 /// The quantization a create without `--quantize` still applies to the checkpoint at `from`
-/// (FP8 sources become mxfp8); `None` for every other source, and for sources that cannot be
+/// (FP8 sources become mxfp8, NVFP4 ones nvfp4); `None` for every other source, and for sources that cannot be
 /// read, which the import then refuses with its own message.
 pub fn default_target(from: &Path) -> Option<Target> {
     let checkpoint = quant::Checkpoint::open(from).ok()?;

@@ -62,7 +62,7 @@ impl TensorPlan {
         let elements = self.elements();
         match (self.action, self.stored) {
             (Action::Keep, Stored::Float(dtype)) => elements * dtype.size_of() as u64,
-            (Action::Keep, Stored::Fp8) => elements * compute.size_of() as u64,
+            (Action::Keep, Stored::Fp8 | Stored::Nvfp4) => elements * compute.size_of() as u64,
             (Action::Keep, Stored::Mlx(spec)) => quantized_bytes(elements, spec, compute),
             (Action::Keep, Stored::Gguf(ty)) => match ty.block_layout() {
                 Some((block, bytes)) => elements / block.max(1) * bytes,
@@ -111,10 +111,17 @@ impl Plan {
                 let (action, reason) = match decide(t, target) {
                     Decision::Keep(why) => (Action::Keep, Some(why)),
                     Decision::Quantize(spec, why) => {
+                        let why = match t.stored {
+                            Stored::Nvfp4 if spec.mode == QuantMode::Nvfp4 => Some(
+                                "re-quantized: its per-tensor scale is not one MLX's matmul takes"
+                                    .to_string(),
+                            ),
+                            _ => why,
+                        };
                         let action = match t.stored {
                             Stored::Float(_) => Action::Quantize(spec),
                             Stored::Mlx(stored) if stored == spec => Action::PassThrough(spec),
-                            Stored::Mlx(_) | Stored::Gguf(_) | Stored::Fp8 => {
+                            Stored::Mlx(_) | Stored::Gguf(_) | Stored::Fp8 | Stored::Nvfp4 => {
                                 Action::Requantize(spec)
                             }
                         };

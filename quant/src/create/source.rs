@@ -2,7 +2,7 @@
 //! any data, and what kind of source it is.
 
 use mlx::Dtype;
-use mlx::quantized::QuantSpec;
+use mlx::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
 
 use crate::{Checkpoint, Error, Format, GgmlType, Result};
@@ -18,6 +18,9 @@ pub enum Stored {
     Gguf(GgmlType),
     /// FP8 (E4M3) with scales beside it, as HF and compressed-tensors publish it.
     Fp8,
+    /// NVFP4 with a per-tensor scale (ModelOpt, compressed-tensors), which MLX's layout does
+    /// not hold (one whose scale is 1 is [`Stored::Mlx`]).
+    Nvfp4,
 }
 
 impl Stored {
@@ -28,6 +31,7 @@ impl Stored {
             Stored::Mlx(spec) => super::target::spec_label(spec),
             Stored::Gguf(ty) => ty.to_string(),
             Stored::Fp8 => "F8_E4M3".into(),
+            Stored::Nvfp4 => "NVFP4+g".into(),
         }
     }
 }
@@ -55,6 +59,8 @@ pub enum Precision {
     /// FP8 weights with block, row or tensor scales (HF fine-grained or compressed-tensors);
     /// the float dtype is the one its other tensors have.
     Fp8(Dtype),
+    /// NVFP4 weights (ModelOpt or compressed-tensors), and that float dtype.
+    Nvfp4(Dtype),
 }
 
 /// A model part other than the language model, which the policy leaves at source precision.
@@ -93,8 +99,11 @@ impl Source {
             && let Some(method) = section.get("quant_method").and_then(Value::as_str)
         {
             let format = section.get("format").and_then(Value::as_str);
+            let algorithm = section.get("quant_algo").and_then(Value::as_str);
             let readable = method == "fp8"
-                || (method == "compressed-tensors" && format == Some("float-quantized"));
+                || (method == "modelopt" && algorithm == Some("NVFP4"))
+                || (method == "compressed-tensors"
+                    && matches!(format, Some("float-quantized" | "nvfp4-pack-quantized")));
             if !readable {
                 let what = format.map_or(method.to_string(), |f| format!("{method} ({f})"));
                 return Err(Error::Config(format!(
@@ -120,6 +129,14 @@ impl Source {
             }
             Format::Safetensors if tensors.iter().any(|t| t.stored == Stored::Fp8) => {
                 Precision::Fp8(dominant_float(&tensors))
+            }
+            Format::Safetensors
+                if tensors.iter().any(|t| {
+                    t.stored == Stored::Nvfp4
+                        || matches!(t.stored, Stored::Mlx(s) if s.mode == QuantMode::Nvfp4)
+                }) =>
+            {
+                Precision::Nvfp4(dominant_float(&tensors))
             }
             Format::Safetensors => Precision::Float(dominant_float(&tensors)),
         };
@@ -158,7 +175,7 @@ impl Source {
     /// MLX-quantized ones (GGUF keeps its scales in f16).
     pub fn compute_dtype(&self) -> Dtype {
         match self.precision {
-            Precision::Float(dtype) | Precision::Fp8(dtype) => dtype,
+            Precision::Float(dtype) | Precision::Fp8(dtype) | Precision::Nvfp4(dtype) => dtype,
             Precision::MlxQuantized | Precision::Gguf => Dtype::F16,
         }
     }
@@ -170,13 +187,19 @@ impl Source {
             Precision::MlxQuantized => "MLX-quantized".into(),
             Precision::Gguf => "GGUF".into(),
             Precision::Fp8(_) => "FP8".into(),
+            Precision::Nvfp4(_) => "NVFP4".into(),
         }
     }
 
-    /// The target a create without `--quantize` gets: FP8 sources become `mxfp8` (the nearest
-    /// MLX layout; kept as they are they would load as full-width floats), others none.
+    /// The target a create without `--quantize` gets: FP8 sources become `mxfp8` and NVFP4
+    /// ones `nvfp4` (the nearest MLX layouts; kept as they are they would load as full-width
+    /// floats), others none.
     pub fn default_target(&self) -> Option<super::Target> {
-        matches!(self.precision, Precision::Fp8(_)).then_some(super::Target::Mxfp8)
+        match self.precision {
+            Precision::Fp8(_) => Some(super::Target::Mxfp8),
+            Precision::Nvfp4(_) => Some(super::Target::Nvfp4),
+            _ => None,
+        }
     }
 }
 

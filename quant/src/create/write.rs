@@ -44,8 +44,10 @@ pub fn write_folder(
     for (done, t) in plan.tensors.iter().enumerate() {
         let tensor = checkpoint.tensor(&t.name)?;
         let quantized = match (t.action, tensor) {
-            // A kept FP8 weight was decoded to f32; it is written in the model's float dtype.
-            (Action::Keep, Tensor::Dense(array)) if t.stored == Stored::Fp8 => {
+            // A kept FP8 or NVFP4 weight was decoded to f32; it is written in the model's float dtype.
+            (Action::Keep, Tensor::Dense(array))
+                if matches!(t.stored, Stored::Fp8 | Stored::Nvfp4) =>
+            {
                 writer.add(&t.name, &array.astype(plan.compute)?)?;
                 None
             }
