@@ -119,6 +119,10 @@ enum Command {
         /// Print what --quantize would do to each tensor, and write nothing.
         #[arg(long, requires = "quantize")]
         dry_run: bool,
+        /// Quantize the Modelfile's DRAFT model too (stored beside the model as
+        /// <model>-draft).
+        #[arg(long, value_name = "TYPE")]
+        quantize_draft: Option<quant::create::Target>,
     },
     /// Write a stored model out as a transformers / mlx-lm folder (config.json,
     /// model.safetensors, tokenizer.json).
@@ -419,6 +423,7 @@ fn run(command: Command) -> Result<()> {
             file,
             quantize,
             dry_run,
+            quantize_draft,
         } => {
             let name = ModelName::parse(&model)?;
             let text = std::fs::read_to_string(&file)
@@ -429,6 +434,12 @@ fn run(command: Command) -> Result<()> {
             if !spec.from.starts_with('/') && base.join(&spec.from).exists() {
                 spec.from = base.join(&spec.from).display().to_string();
             }
+            if let Some(draft) = &spec.draft
+                && !draft.starts_with('/')
+                && base.join(draft).exists()
+            {
+                spec.draft = Some(base.join(draft).display().to_string());
+            }
             if let (true, Some(target)) = (dry_run, quantize) {
                 let from = PathBuf::from(&spec.from);
                 let plan = crate::create::plan(&store, &from, &spec.from, target)?;
@@ -436,7 +447,11 @@ fn run(command: Command) -> Result<()> {
                 return Ok(());
             }
             let bar = Bars::new();
-            crate::server::models::create_model(&store, &name, &spec, quantize, &mut |p| {
+            let quantization = crate::create::Quantization {
+                model: quantize,
+                draft: quantize_draft,
+            };
+            crate::server::models::create_model(&store, &name, &spec, quantization, &mut |p| {
                 bar.update(p)
             })
             .map_err(|e| anyhow::anyhow!(e.message))?;

@@ -12,6 +12,15 @@ use crate::model_name::ModelName;
 use crate::pull::PullProgress;
 use crate::store::{Format, Manifest, Store};
 
+/// What a create quantizes: the model's weights, and its draft's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quantization {
+    /// `--quantize`.
+    pub model: Option<Target>,
+    /// `--quantize-draft`.
+    pub draft: Option<Target>,
+}
+
 /// What a quantizing create failed on.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
@@ -152,6 +161,7 @@ pub fn quantize_into_store(
         },
     )?;
     manifest.details.quantization_level = target.name().to_string();
+    store.put_manifest(name, &manifest)?;
     Ok(manifest)
 }
 

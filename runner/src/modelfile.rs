@@ -14,7 +14,8 @@ pub struct Modelfile {
     pub template: Option<String>,
     /// A default system prompt.
     pub system: Option<String>,
-    /// A draft model (`DRAFT`), by its name in the store.
+    /// A draft model (`DRAFT`): its name in the store, or a path to a GGUF file or a
+    /// transformers folder that create imports beside the model.
     pub draft: Option<String>,
 }
 
@@ -143,14 +144,18 @@ impl Modelfile {
                     }
                 }
                 "DRAFT" => {
-                    let name = unquote(rest);
-                    let parsed = crate::model_name::ModelName::parse(name).map_err(|_| {
-                        err(format!(
-                            "DRAFT `{name}`: a draft model is named as in the store \
-                             (`mlxkit create` or `pull` it first)"
-                        ))
-                    })?;
-                    out.draft = Some(parsed.to_string());
+                    let value = unquote(rest);
+                    out.draft = Some(match crate::model_name::ModelName::parse(value) {
+                        Ok(parsed) => parsed.to_string(),
+                        // A file or folder, imported beside the model at create.
+                        Err(_) if looks_like_path(value) => value.to_string(),
+                        Err(_) => {
+                            return Err(err(format!(
+                                "DRAFT `{value}`: neither a model in the store nor a path \
+                                 (a GGUF file or a transformers folder)"
+                            )));
+                        }
+                    });
                 }
                 other => return Err(err(format!("unknown command `{other}`"))),
             }
@@ -169,6 +174,12 @@ fn unquote(s: &str) -> &str {
     s.strip_prefix('"')
         .and_then(|s| s.strip_suffix('"'))
         .unwrap_or(s)
+}
+
+/// Whether a Modelfile value names a file rather than a model: it has a path separator or
+/// starts with `.` or `~`.
+fn looks_like_path(value: &str) -> bool {
+    value.contains('/') || value.contains('\\') || value.starts_with('.') || value.starts_with('~')
 }
 
 #[cfg(test)]
@@ -193,6 +204,8 @@ mod tests {
         assert_eq!(spec.parameters["speculate"], serde_json::json!(true));
         assert_eq!(m.system.as_deref(), Some("You are\nterse."));
         assert_eq!(m.template.as_deref(), Some("{{ .Prompt }}"));
+        let from_path = Modelfile::parse("FROM x\nDRAFT ./drafts/small.gguf").unwrap();
+        assert_eq!(from_path.draft.as_deref(), Some("./drafts/small.gguf"));
         let drafted = Modelfile::parse("FROM x\nDRAFT SmolLM2:135m\nPARAMETER draft y:1b").unwrap();
         assert_eq!(drafted.draft.as_deref(), Some("smollm2:135m"));
         assert_eq!(drafted.parameters["draft"], serde_json::json!("y:1b"));
@@ -223,7 +236,7 @@ mod tests {
             "FROM x\nPARAMETER draft a/../b",
             "FROM x\nPARAMETER speculate maybe",
             "FROM x\nPARAMETER num_draft four",
-            "FROM x\nDRAFT ./drafts/small.gguf",
+            "FROM x\nDRAFT bad name!",
         ] {
             assert_eq!(Modelfile::parse(bad).unwrap_err().line, 2, "{bad}");
         }

@@ -51,8 +51,17 @@ fn create(store: &Store, name: &str, from: &str, target: Target) -> Result<(), S
         ..Modelfile::default()
     };
     let name = ModelName::parse(name).unwrap();
-    runner::server::models::create_model(store, &name, &spec, Some(target), &mut |_| {})
-        .map_err(|e| e.message)
+    runner::server::models::create_model(
+        store,
+        &name,
+        &spec,
+        runner::create::Quantization {
+            model: Some(target),
+            draft: None,
+        },
+        &mut |_| {},
+    )
+    .map_err(|e| e.message)
 }
 
 /// Greedy ids, and the top-2 logit margin at each of them.
@@ -347,9 +356,73 @@ fn an_fp8_folder_is_stored_as_mxfp8_without_being_asked() {
         ..Modelfile::default()
     };
     let name = ModelName::parse("fp8:latest").unwrap();
-    runner::server::models::create_model(&store, &name, &spec, None, &mut |_| {}).unwrap();
+    runner::server::models::create_model(&store, &name, &spec, Default::default(), &mut |_| {})
+        .unwrap();
     let manifest = store.get(&name).unwrap().manifest;
     assert_eq!(manifest.details.quantization_level, "mxfp8");
     let loaded = nn::load::load(&weights(&store, &name), Some(Dtype::F32)).unwrap();
     assert_eq!(loaded.model.spec().vocab_size, 512);
+}
+
+#[test]
+fn a_draft_path_is_stored_beside_the_model_quantized_and_a_bad_one_leaves_nothing() {
+    let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().unwrap();
+    let Some(store) = store_with(home.path(), "smollm2:135m") else {
+        return;
+    };
+    // A draft with the target's vocabulary: its first 4 layers, exported as a folder.
+    let draft_dir = home.path().join("draft-folder");
+    runner::export::export(
+        &store,
+        &ModelName::parse("smollm2:135m").unwrap(),
+        &draft_dir,
+        runner::export::ExportOptions {
+            dtype: Dtype::F32,
+            quantized: false,
+            layers: Some(4),
+        },
+    )
+    .unwrap();
+    let spec =
+        Modelfile::parse(&format!("FROM smollm2:135m\nDRAFT {}", draft_dir.display())).unwrap();
+    let quantization = runner::create::Quantization {
+        model: None,
+        draft: Some(Target::Int4),
+    };
+    let name = ModelName::parse("spec:latest").unwrap();
+    runner::server::models::create_model(&store, &name, &spec, quantization, &mut |_| {}).unwrap();
+    let manifest = store.get(&name).unwrap().manifest;
+    assert_eq!(manifest.draft.as_deref(), Some("spec-draft:latest"));
+    let draft = store
+        .get(&ModelName::parse("spec-draft:latest").unwrap())
+        .unwrap()
+        .manifest;
+    assert_eq!(draft.details.quantization_level, "int4");
+
+    // A draft whose vocabulary is not the target's: refused, and neither the model nor the
+    // draft stored for it stays.
+    let before: Vec<String> = store
+        .list()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.to_string())
+        .collect();
+    let spec = Modelfile::parse(&format!(
+        "FROM smollm2:135m\nDRAFT {}",
+        tiny_llama().display()
+    ))
+    .unwrap();
+    let bad = ModelName::parse("badspec:latest").unwrap();
+    let err =
+        runner::server::models::create_model(&store, &bad, &spec, Default::default(), &mut |_| {})
+            .unwrap_err();
+    assert!(err.message.contains("draft"), "{}", err.message);
+    let after: Vec<String> = store
+        .list()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.to_string())
+        .collect();
+    assert_eq!(after, before);
 }

@@ -317,6 +317,9 @@ pub struct CreateRequest {
     /// Quantize the weights (`int4`, `int8`, `mxfp4`, `mxfp8`, `nvfp4`).
     #[serde(default)]
     quantize: Option<String>,
+    /// Quantize the draft model the same way (stored beside the model).
+    #[serde(default)]
+    quantize_draft: Option<String>,
     #[serde(default)]
     stream: Option<bool>,
 }
@@ -362,54 +365,61 @@ pub async fn create(
         .map(str::parse::<quant::create::Target>)
         .transpose()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let quantize_draft = req
+        .quantize_draft
+        .as_deref()
+        .map(str::parse::<quant::create::Target>)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let quantization = crate::create::Quantization {
+        model: quantize,
+        draft: quantize_draft,
+    };
     let store = state.store.clone();
     let job = move |progress: &mut dyn FnMut(PullProgress)| {
-        create_model(&store, &name, &spec, quantize, progress)
+        create_model(&store, &name, &spec, quantization, progress)
     };
     Ok(progress_response(req.stream.unwrap_or(true), job).await)
 }
 
-/// Creates `name` from a Modelfile: imports a local path, or bases it on a stored model.
+/// Creates `name` from a Modelfile: imports a local path (quantized when asked, or when the
+/// source is FP8 or NVFP4), or bases it on a stored model. A `DRAFT` path, or any draft with
+/// `quantization.draft`, is stored beside it as `<name>-draft`. When anything fails, nothing
+/// this call stored stays in the store.
 pub fn create_model(
     store: &crate::store::Store,
     name: &ModelName,
     spec: &Modelfile,
-    quantize: Option<quant::create::Target>,
+    quantization: crate::create::Quantization,
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<(), ApiError> {
-    let path = expand_home(&spec.from);
-    let quantize = quantize.or_else(|| {
-        path.exists()
-            .then(|| crate::create::default_target(&path))
-            .flatten()
-    });
-    let mut manifest = if let Some(target) = quantize {
-        crate::create::quantize_into_store(store, name, &path, &spec.from, target, progress)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?
-    } else if path.exists() {
-        progress(PullProgress::Status(format!(
-            "importing {}",
-            path.display()
-        )));
-        crate::import::import_path(store, name, &path, &spec.from, &mut |what, done, total| {
-            progress(PullProgress::Bytes {
-                what: what.to_string(),
-                done,
-                total,
-            })
-        })
-        .map_err(|e| ApiError::bad_request(e.to_string()))?
-    } else {
-        let base = ModelName::parse(&spec.from).map_err(|_| {
-            ApiError::bad_request(format!(
-                "FROM `{}` is neither a file, a folder nor a model name",
-                spec.from
-            ))
-        })?;
-        let mut manifest = store.get(&base)?.manifest;
-        manifest.source = base.to_string();
-        manifest
-    };
+    let existed = store.get(name).is_ok();
+    let mut stored: Vec<ModelName> = Vec::new();
+    let result = create_stored(store, name, spec, quantization, progress, &mut stored);
+    if result.is_err() {
+        for model in stored.iter().filter(|m| *m != name || !existed) {
+            let _ = store.remove(model);
+        }
+    }
+    result
+}
+
+fn create_stored(
+    store: &crate::store::Store,
+    name: &ModelName,
+    spec: &Modelfile,
+    quantization: crate::create::Quantization,
+    progress: &mut dyn FnMut(PullProgress),
+    stored: &mut Vec<ModelName>,
+) -> Result<(), ApiError> {
+    let mut manifest = store_weights(
+        store,
+        name,
+        &spec.from,
+        quantization.model,
+        progress,
+        stored,
+    )?;
     if let Some(template) = &spec.template {
         tokenizer::ChatTemplate::check(template)
             .map_err(|e| ApiError::bad_request(format!("TEMPLATE: {e}")))?;
@@ -419,8 +429,29 @@ pub fn create_model(
         manifest.system = spec.system.clone();
     }
     manifest.parameters.extend(spec.parameters.clone());
-    if spec.draft.is_some() {
-        manifest.draft = spec.draft.clone();
+    if let Some(draft) = &spec.draft {
+        let draft_path = expand_home(draft);
+        manifest.draft = Some(if draft_path.exists() || quantization.draft.is_some() {
+            // Stored beside the model, quantized the same way as a model would be.
+            let draft_name = ModelName {
+                name: format!("{}-draft", name.name),
+                tag: name.tag.clone(),
+            };
+            progress(PullProgress::Status(format!(
+                "storing draft {draft} as {draft_name}"
+            )));
+            store_weights(
+                store,
+                &draft_name,
+                draft,
+                quantization.draft,
+                progress,
+                stored,
+            )?;
+            draft_name.to_string()
+        } else {
+            draft.clone()
+        });
     }
     // Draft models are checked now, not when the first request loads them.
     let parameter_draft = manifest
@@ -442,8 +473,60 @@ pub fn create_model(
     manifest.created_at = rfc3339(SystemTime::now());
     progress(PullProgress::Status("writing manifest".into()));
     store.put_manifest(name, &manifest)?;
+    stored.push(name.clone());
     progress(PullProgress::Status("success".into()));
     Ok(())
+}
+
+/// The weights of `name` from `from` (a path, or a stored model): imported as they are,
+/// quantized to `quantize`, or to the source's own default (FP8 and NVFP4 sources). Returns
+/// the manifest, stored already when it was imported (and then listed in `stored`).
+fn store_weights(
+    store: &crate::store::Store,
+    name: &ModelName,
+    from: &str,
+    quantize: Option<quant::create::Target>,
+    progress: &mut dyn FnMut(PullProgress),
+    stored: &mut Vec<ModelName>,
+) -> Result<crate::store::Manifest, ApiError> {
+    let path = expand_home(from);
+    let quantize = quantize.or_else(|| {
+        path.exists()
+            .then(|| crate::create::default_target(&path))
+            .flatten()
+    });
+    if let Some(target) = quantize {
+        let manifest =
+            crate::create::quantize_into_store(store, name, &path, from, target, progress)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        stored.push(name.clone());
+        Ok(manifest)
+    } else if path.exists() {
+        progress(PullProgress::Status(format!(
+            "importing {}",
+            path.display()
+        )));
+        let manifest =
+            crate::import::import_path(store, name, &path, from, &mut |what, done, total| {
+                progress(PullProgress::Bytes {
+                    what: what.to_string(),
+                    done,
+                    total,
+                })
+            })
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        stored.push(name.clone());
+        Ok(manifest)
+    } else {
+        let base = ModelName::parse(from).map_err(|_| {
+            ApiError::bad_request(format!(
+                "FROM `{from}` is neither a file, a folder nor a model name"
+            ))
+        })?;
+        let mut manifest = store.get(&base)?.manifest;
+        manifest.source = base.to_string();
+        Ok(manifest)
+    }
 }
 
 /// Whether the stored model `draft` can draft for `name` (with `manifest`): it exists and its
