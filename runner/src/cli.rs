@@ -149,6 +149,9 @@ enum Command {
     Show {
         /// The model.
         model: String,
+        /// Also list every tensor: its shape and how it is stored (dtype or quantization).
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// List models loaded in the running server.
     Ps {
@@ -507,7 +510,7 @@ fn run(command: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Show { model } => {
+        Command::Show { model, verbose } => {
             let name = ModelName::parse(&model)?;
             let entry = store.get(&name)?;
             let m = &entry.manifest;
@@ -536,6 +539,24 @@ fn run(command: Command) -> Result<()> {
             }
             if let Some(system) = &m.system {
                 println!("\n  System\n    {system}");
+            }
+            if verbose {
+                let view = store.materialize(m)?;
+                let weights = crate::engine::loader::weights_path(&view, m)
+                    .with_context(|| format!("model `{name}` has no weights file"))?;
+                let checkpoint = quant::Checkpoint::open(&weights)?;
+                let source = quant::create::Source::read(&checkpoint)?;
+                println!("\n  Tensors ({})", source.tensors.len());
+                let width = source
+                    .tensors
+                    .iter()
+                    .map(|t| t.name.len())
+                    .max()
+                    .unwrap_or(0);
+                for t in &source.tensors {
+                    let shape = format!("{:?}", t.shape);
+                    println!("    {:width$}  {shape:16}  {}", t.name, t.stored.label());
+                }
             }
             Ok(())
         }

@@ -426,3 +426,73 @@ fn a_draft_path_is_stored_beside_the_model_quantized_and_a_bad_one_leaves_nothin
         .collect();
     assert_eq!(after, before);
 }
+
+/// The worst error each target's base layout may make on a group, from the group's values (the
+/// same derivations as `mlx`'s quantization tests, scaled from [-1, 1) to the group):
+/// - affine b bits: one step of the group's range, (max − min) / (2^b − 1): MLX snaps the bias
+///   so zero is exact, which shifts the grid by up to half a step, plus half a step of rounding;
+/// - mxfp8: 2⁻³ of the group's largest magnitude (3 mantissa bits, a power-of-two scale that
+///   can leave the largest value in the binade below);
+/// - mxfp4: 0.34 of it (E2M1's widest gap is a third of the grid's top, doubled by the
+///   power-of-two scale); nvfp4: 0.178 (a sixth, with the E4M3 scale's rounding).
+fn group_bound(spec: mlx::quantized::QuantSpec, group: &[f32]) -> f32 {
+    use mlx::quantized::QuantMode;
+    let max = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let min = group.iter().copied().fold(f32::INFINITY, f32::min);
+    let amax = max.abs().max(min.abs());
+    let slack = 1e-6 * amax.max(1e-6);
+    slack
+        + match spec.mode {
+            QuantMode::Affine => (max - min) / ((1 << spec.bits) - 1) as f32,
+            QuantMode::Mxfp8 => 0.125 * amax,
+            QuantMode::Mxfp4 => 0.34 * amax,
+            QuantMode::Nvfp4 => 0.178 * amax,
+        }
+}
+
+#[test]
+fn every_target_stays_within_its_bound_on_real_weight_matrices() {
+    let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().unwrap();
+    let Some(store) = store_with(home.path(), "smollm2:135m") else {
+        return;
+    };
+    let path = weights(&store, &ModelName::parse("smollm2:135m").unwrap());
+    let checkpoint = quant::Checkpoint::open(&path).unwrap();
+    for tensor in [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.7.mlp.down_proj.weight",
+    ] {
+        let w = checkpoint
+            .tensor(tensor)
+            .unwrap()
+            .into_dense(Some(Dtype::F32))
+            .unwrap();
+        let values = w.to_vec::<f32>().unwrap();
+        for target in Target::ALL {
+            let spec = target.base();
+            let q = mlx::quantized::quantize(&w, spec).unwrap();
+            let back = q
+                .dequantize(Some(Dtype::F32))
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let group = spec.group_size as usize;
+            let mut worst: f32 = 0.0;
+            for (i, (original, restored)) in
+                values.chunks(group).zip(back.chunks(group)).enumerate()
+            {
+                let bound = group_bound(spec, original);
+                for (a, b) in original.iter().zip(restored) {
+                    let err = (a - b).abs();
+                    assert!(
+                        err <= bound,
+                        "{tensor} {target}: group {i}: error {err} exceeds {bound}"
+                    );
+                    worst = worst.max(err / bound);
+                }
+            }
+            eprintln!("{tensor} {target}: worst error {worst:.2} of its bound");
+        }
+    }
+}
