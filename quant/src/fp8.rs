@@ -63,12 +63,7 @@ pub fn dequantize_fp8(
         name: name.to_string(),
         what,
     };
-    let [rows, cols] = shape else {
-        return Err(bad(format!(
-            "an FP8 weight of shape {shape:?} is not a matrix"
-        )));
-    };
-    let (rows, cols) = (to_usize(*rows), to_usize(*cols));
+    let (rows, cols) = matrix(name, shape, "FP8")?;
     let dims: Vec<usize> = scale_shape.iter().map(|&d| to_usize(d)).collect();
     // (scale rows, scale columns, rows per scale, columns per scale)
     let (scale_rows, scale_cols, per_row, per_col) = match layout {
@@ -147,12 +142,7 @@ pub fn dequantize_nvfp4(
         name: name.to_string(),
         what,
     };
-    let [rows, cols] = shape else {
-        return Err(bad(format!(
-            "an NVFP4 weight of shape {shape:?} is not a matrix"
-        )));
-    };
-    let (rows, cols) = (to_usize(*rows), to_usize(*cols));
+    let (rows, cols) = matrix(name, shape, "NVFP4")?;
     if cols % 16 != 0 || packed.len() * 2 != rows * cols || scales.len() * 16 != rows * cols {
         return Err(bad(format!(
             "{} packed bytes and {} scales do not make an NVFP4 {shape:?} weight",
@@ -171,6 +161,17 @@ pub fn dequantize_nvfp4(
         })
         .collect();
     Ok(Array::from_slice(&values, shape)?)
+}
+
+/// The rows and columns of a 2-D `shape`; an error naming `name` otherwise.
+fn matrix(name: &str, shape: &[i32], kind: &str) -> Result<(usize, usize)> {
+    match shape {
+        [rows, cols] => Ok((to_usize(*rows), to_usize(*cols))),
+        _ => Err(Error::Unsupported {
+            name: name.to_string(),
+            what: format!("an {kind} weight of shape {shape:?} is not a matrix"),
+        }),
+    }
 }
 
 fn to_usize(d: i32) -> usize {
