@@ -138,14 +138,18 @@ def amax_scale(amax: float) -> float:
     return f32(amax / E4M3_MAX) if amax > 0 else 1.0
 
 
-def build(name: str, per_block: bool) -> None:
-    weights = read_safetensors(SOURCE / "model.safetensors")
+def fresh_folder(name: str) -> Path:
     folder = OUT / name
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    return folder
+
+
+def build(name: str, per_block: bool) -> None:
+    folder = fresh_folder(name)
     tensors, reference = {}, {}
-    for tensor, (shape, values) in weights.items():
+    for tensor, (shape, values) in read_safetensors(SOURCE / "model.safetensors").items():
         module = tensor.removesuffix(".weight")
         if not (tensor.endswith(".weight") and module.split(".")[-1] in QUANTIZED):
             tensors[tensor] = ("F32", shape, f32_bytes(values))
@@ -255,13 +259,9 @@ def nvfp4(values: list[float], rows: int, cols: int):
 
 
 def build_nvfp4(name: str, compressed_tensors: bool) -> None:
-    weights = read_safetensors(SOURCE / "model.safetensors")
-    folder = OUT / name
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder = fresh_folder(name)
     tensors, reference = {}, {}
-    for tensor, (shape, values) in weights.items():
+    for tensor, (shape, values) in read_safetensors(SOURCE / "model.safetensors").items():
         module = tensor.removesuffix(".weight")
         if not (tensor.endswith(".weight") and module.split(".")[-1] in QUANTIZED):
             tensors[tensor] = ("F32", shape, f32_bytes(values))

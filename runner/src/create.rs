@@ -10,7 +10,7 @@ use quant::create::{Plan, Source, Target, write_folder};
 use crate::engine::loader::weights_path;
 use crate::model_name::ModelName;
 use crate::pull::PullProgress;
-use crate::store::{Format, Manifest, Store};
+use crate::store::{Manifest, Store};
 
 /// What a create quantizes: the model's weights, and its draft's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,46 +49,42 @@ pub enum CreateError {
     Import(#[from] crate::import::ImportError),
 }
 
-/// A checkpoint to quantize: where its weights are, and its format.
+/// A checkpoint to quantize, opened once, and where its vocabulary is: the GGUF file itself,
+/// or the folder holding `tokenizer.json` and its companions.
 struct Located {
-    weights: PathBuf,
-    format: Format,
+    checkpoint: quant::Checkpoint,
+    vocabulary: PathBuf,
 }
 
-/// Finds `from` as a path (a GGUF file or a transformers / mlx-lm folder) or a stored model.
+/// Opens `from` as a path (a GGUF file, a transformers / mlx-lm folder or one of its
+/// safetensors files) or a stored model.
 fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, CreateError> {
-    if from.exists() {
-        let format = if from.is_dir() {
-            Format::Safetensors
-        } else if quant::Checkpoint::open(from)?.format() == quant::Format::Gguf {
-            Format::Gguf
-        } else {
-            Format::Safetensors
-        };
-        let weights = match format {
-            Format::Safetensors if !from.is_dir() => from
-                .parent()
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from(".")),
-            _ => from.to_path_buf(),
-        };
-        return Ok(Located { weights, format });
-    }
-    let name = ModelName::parse(from_text)
-        .map_err(|_| CreateError::UnknownSource(from_text.to_string()))?;
-    let entry = store.get(&name)?;
-    let view = store.materialize(&entry.manifest)?;
-    let weights = weights_path(&view, &entry.manifest)
-        .ok_or_else(|| CreateError::UnknownSource(from_text.to_string()))?;
+    let weights = if from.exists() {
+        from.to_path_buf()
+    } else {
+        let name = ModelName::parse(from_text)
+            .map_err(|_| CreateError::UnknownSource(from_text.to_string()))?;
+        let entry = store.get(&name)?;
+        let view = store.materialize(&entry.manifest)?;
+        weights_path(&view, &entry.manifest)
+            .ok_or_else(|| CreateError::UnknownSource(from_text.to_string()))?
+    };
+    let checkpoint = quant::Checkpoint::open(&weights)?;
+    let vocabulary = match checkpoint.format() {
+        quant::Format::Safetensors if !weights.is_dir() => weights
+            .parent()
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        _ => weights,
+    };
     Ok(Located {
-        weights,
-        format: entry.manifest.format,
+        checkpoint,
+        vocabulary,
     })
 }
 
 /// The quantization a create without `--quantize` still applies to the checkpoint at `from`
-/// (FP8 sources become mxfp8, NVFP4 ones nvfp4); `None` for every other source, and for sources that cannot be
-/// read, which the import then refuses with its own message.
+/// (FP8 sources become mxfp8, NVFP4 ones nvfp4); `None` for every other source, and for
+/// sources that cannot be read, which the import then refuses with its own message.
 pub fn default_target(from: &Path) -> Option<Target> {
     let checkpoint = quant::Checkpoint::open(from).ok()?;
     Source::read(&checkpoint).ok()?.default_target()
@@ -102,8 +98,7 @@ pub fn plan(
     target: Target,
 ) -> Result<Plan, CreateError> {
     let located = locate(store, from, from_text)?;
-    let checkpoint = quant::Checkpoint::open(&located.weights)?;
-    Ok(Plan::new(&Source::read(&checkpoint)?, target))
+    Ok(Plan::new(&Source::read(&located.checkpoint)?, target))
 }
 
 /// Quantizes `from` to `target` and stores it as `name`; returns the stored manifest (which the
@@ -116,8 +111,10 @@ pub fn quantize_into_store(
     target: Target,
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<Manifest, CreateError> {
-    let located = locate(store, from, from_text)?;
-    let checkpoint = quant::Checkpoint::open(&located.weights)?;
+    let Located {
+        checkpoint,
+        vocabulary,
+    } = locate(store, from, from_text)?;
     let plan = Plan::new(&Source::read(&checkpoint)?, target);
     progress(PullProgress::Status(format!(
         "quantizing {} to {target}: about {:.0} MB",
@@ -139,13 +136,11 @@ pub fn quantize_into_store(
         bytes = written.bytes,
         "quantized"
     );
-    match located.format {
-        Format::Gguf => crate::export::write_gguf_vocabulary(
-            &located.weights,
-            scratch.path(),
-            checkpoint.config(),
-        )?,
-        Format::Safetensors => crate::export::copy_vocabulary(&located.weights, scratch.path())?,
+    match checkpoint.format() {
+        quant::Format::Gguf => {
+            crate::export::write_gguf_vocabulary(&vocabulary, scratch.path(), checkpoint.config())?
+        }
+        quant::Format::Safetensors => crate::export::copy_vocabulary(&vocabulary, scratch.path())?,
     }
     let mut manifest = crate::import::import_path(
         store,

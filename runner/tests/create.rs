@@ -24,20 +24,6 @@ const GREEDY_TOKENS: usize = 16;
 /// The tests share the MLX device; run them one at a time.
 static DEVICE: Mutex<()> = Mutex::new(());
 
-/// A store holding `model`, or `None` (after a notice) when it cannot be pulled outside CI.
-fn store_with(home: &Path, model: &str) -> Option<Store> {
-    let store = Store::open(home.to_path_buf()).unwrap();
-    let name = ModelName::parse(model).unwrap();
-    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set and {model} could not be pulled: {e}");
-        }
-        eprintln!("skipping: {model} could not be pulled ({e})");
-        return None;
-    }
-    Some(store)
-}
-
 /// The folder (or GGUF file) the loader reads for a stored model.
 fn weights(store: &Store, name: &ModelName) -> PathBuf {
     let manifest = store.get(name).unwrap().manifest;
@@ -99,7 +85,7 @@ fn agreeing(a: &[u32], b: &[u32]) -> usize {
 fn requantized_keeps_greedy_text(model: &str) {
     let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
-    let Some(store) = store_with(home.path(), model) else {
+    let Some(store) = support::store_with(home.path(), model) else {
         return;
     };
     let original = ModelName::parse(model).unwrap();
@@ -368,7 +354,7 @@ fn an_fp8_folder_is_stored_as_mxfp8_without_being_asked() {
 fn a_draft_path_is_stored_beside_the_model_quantized_and_a_bad_one_leaves_nothing() {
     let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
-    let Some(store) = store_with(home.path(), "smollm2:135m") else {
+    let Some(store) = support::store_with(home.path(), "smollm2:135m") else {
         return;
     };
     // A draft with the target's vocabulary: its first 4 layers, exported as a folder.
@@ -454,7 +440,7 @@ fn group_bound(spec: mlx::quantized::QuantSpec, group: &[f32]) -> f32 {
 fn every_target_stays_within_its_bound_on_real_weight_matrices() {
     let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
-    let Some(store) = store_with(home.path(), "smollm2:135m") else {
+    let Some(store) = support::store_with(home.path(), "smollm2:135m") else {
         return;
     };
     let path = weights(&store, &ModelName::parse("smollm2:135m").unwrap());

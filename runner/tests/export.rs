@@ -5,6 +5,8 @@
 //! The model is fetched through the project's own pull path into the per-user cache. When it
 //! cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice otherwise.
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -20,20 +22,6 @@ const GREEDY_TOKENS: usize = 12;
 
 /// The tests share the MLX device; run them one at a time.
 static DEVICE: Mutex<()> = Mutex::new(());
-
-/// A store holding the model, or `None` (after a notice) when it cannot be pulled outside CI.
-fn store_with_model(home: &std::path::Path) -> Option<Store> {
-    let store = Store::open(home.to_path_buf()).unwrap();
-    let name = ModelName::parse(MODEL).unwrap();
-    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set and {MODEL} could not be pulled: {e}");
-        }
-        eprintln!("skipping the export tests: {MODEL} could not be pulled ({e})");
-        return None;
-    }
-    Some(store)
-}
 
 /// The folder (or GGUF file) the loader reads for a stored model.
 fn weights(store: &Store, name: &ModelName) -> PathBuf {
@@ -76,7 +64,7 @@ fn greedy(model: &dyn Model, prompt: &[u32]) -> Vec<u32> {
 fn round_trip(quantized: bool) {
     let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
-    let Some(store) = store_with_model(home.path()) else {
+    let Some(store) = support::store_with(home.path(), MODEL) else {
         return;
     };
     let original = ModelName::parse(MODEL).unwrap();
