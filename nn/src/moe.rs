@@ -6,6 +6,7 @@ use mlx::{Array, Dtype};
 use crate::activation::Activation;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
+use crate::weights::Weights;
 use crate::{Error, Result};
 
 /// How router logits become expert weights.
@@ -29,6 +30,51 @@ impl StackedExperts {
     /// Wraps a stacked `[experts, out, in]` weight.
     pub fn new(weight: Tensor) -> StackedExperts {
         StackedExperts { weight }
+    }
+
+    /// One projection (`which`, such as `gate_proj` or `w1`) of the `count` experts under
+    /// `experts` (the module path ending in `.experts`), checked to be `[count, out, in]`.
+    /// Either stored stacked, as `{experts}.{which}.weight` (GGUF, mlx-lm conversions, and
+    /// what `mlxkit create` writes, so loading copies nothing), or one matrix per expert,
+    /// `{experts}.{e}.{which}.weight` (transformers), stacked here.
+    pub fn load(
+        weights: &mut Weights,
+        experts: &str,
+        which: &str,
+        count: usize,
+        out: i32,
+        inp: i32,
+    ) -> Result<StackedExperts> {
+        let stacked = format!("{experts}.{which}.weight");
+        if weights.contains(&stacked) {
+            let weight = weights.weight(&stacked)?;
+            let count = i32::try_from(count)
+                .map_err(|_| Error::Weights(format!("{count} experts is too many")))?;
+            let shape = match &weight {
+                Tensor::Dense(w) => w.shape(),
+                Tensor::Quantized(q) => {
+                    let mut s = q.weights.shape();
+                    // u32 words hold 32 / bits values.
+                    if let Some(last) = s.last_mut() {
+                        *last = last.saturating_mul(32) / q.spec.bits.max(1);
+                    }
+                    s
+                }
+            };
+            if shape != [count, out, inp] {
+                return Err(Error::Weights(format!(
+                    "tensor `{stacked}` is {shape:?}, expected [{count}, {out}, {inp}]"
+                )));
+            }
+            return Ok(StackedExperts::new(weight));
+        }
+        let each = (0..count)
+            .map(|e| {
+                let name = format!("{experts}.{e}.{which}");
+                Ok(weights.matrix(&name, out, inp)?.into_weight())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        StackedExperts::stack(each)
     }
 
     /// Stacks per-expert `[out, in]` weights of one kind.
@@ -447,5 +493,33 @@ impl Moe {
             mixed = mixed.add(&always)?;
         }
         Ok(mixed.reshape(&shape)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(name: &str, shape: &[i32]) -> Weights {
+        let array = Array::zeros(shape, Dtype::F32).unwrap();
+        Weights::new([(name.to_string(), Tensor::Dense(array))], Dtype::F32)
+    }
+
+    #[test]
+    fn a_stack_is_taken_when_its_shape_is_the_experts_and_refused_otherwise() {
+        let name = "m.experts.gate_proj.weight";
+        let mut weights = stored(name, &[4, 3, 8]);
+        let stack = StackedExperts::load(&mut weights, "m.experts", "gate_proj", 4, 3, 8).unwrap();
+        assert_eq!(stack.rows().unwrap(), 3);
+        assert!(weights.unused().is_empty());
+
+        let mut lying = stored(name, &[4, 3, 8]);
+        let error = StackedExperts::load(&mut lying, "m.experts", "gate_proj", 5, 3, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(name) && error.contains("[5, 3, 8]"),
+            "{error}"
+        );
     }
 }

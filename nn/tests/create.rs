@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use mlx::Dtype;
 use nn::Batch;
+use quant::Tensor;
 use quant::create::{Plan, Source, Target, write_folder};
 
 fn fixture(name: &str) -> PathBuf {
@@ -128,6 +129,97 @@ fn the_int4_plan_of_an_untied_model_follows_the_policy() {
     let checkpoint = quant::Checkpoint::open(&fixture("llama_untied")).unwrap();
     let plan = Plan::new(&Source::read(&checkpoint).unwrap(), Target::Int4);
     insta::assert_snapshot!(plan.to_string());
+}
+
+#[test]
+fn moe_experts_are_written_stacked_each_projection_in_its_own_precision() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("q");
+    let plan = quantize("qwen3_moe", Target::Int4, &dir);
+    insta::assert_snapshot!(plan.to_string());
+    let written = quant::Checkpoint::open(&dir).unwrap();
+    let names = written.names();
+    assert!(
+        !names.iter().any(|n| n.contains(".experts.0.")),
+        "per-expert tensors were written: {names:?}"
+    );
+    let source = quant::Checkpoint::open(&fixture("qwen3_moe")).unwrap();
+    let experts = source
+        .names()
+        .iter()
+        .filter(|n| {
+            n.starts_with("model.layers.0.mlp.experts.") && n.ends_with(".gate_proj.weight")
+        })
+        .count() as i32;
+    assert!(experts > 1);
+    // gate and up in the int4 base, down promoted to int8: mixed precision per projection.
+    for (projection, bits) in [("gate_proj", 4), ("up_proj", 4), ("down_proj", 8)] {
+        let name = format!("model.layers.0.mlp.experts.{projection}.weight");
+        let Tensor::Quantized(q) = written.tensor(&name).unwrap() else {
+            panic!("{name} is not quantized");
+        };
+        assert_eq!(q.spec.bits, bits, "{name}");
+        assert_eq!(q.weights.shape()[0], experts, "{name}");
+        // Expert e of the stack is expert e of the source, quantized on its own.
+        let last = format!(
+            "model.layers.0.mlp.experts.{}.{projection}.weight",
+            experts - 1
+        );
+        let alone = mlx::quantized::quantize(
+            &source
+                .tensor(&last)
+                .unwrap()
+                .into_dense(Some(Dtype::F32))
+                .unwrap(),
+            q.spec,
+        )
+        .unwrap();
+        let slice = q
+            .weights
+            .slice_axis(0, experts - 1, experts)
+            .unwrap()
+            .squeeze(&[0])
+            .unwrap();
+        assert_eq!(
+            slice.to_vec::<u32>().unwrap(),
+            alone.weights.to_vec::<u32>().unwrap(),
+            "{name}"
+        );
+    }
+}
+
+/// Every family whose checkpoint stores one matrix per expert reads the stacks `create`
+/// writes: the stacked folder gives the logits of its own weights read dense (tolerance as in
+/// `every_target_loads_exactly_what_it_quantized`).
+#[test]
+fn every_moe_family_loads_its_stacked_experts() {
+    for family in [
+        "mixtral",
+        "deepseek_v3",
+        "glm4_moe_lite",
+        "nemotron_h_moe",
+        "qwen3_5_moe",
+        "qwen3_next",
+    ] {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("q");
+        let plan = quantize(family, Target::Int8, &dir);
+        assert!(
+            plan.tensors.iter().any(|t| !t.members.is_empty()),
+            "{family}: no experts were stacked"
+        );
+        let names = quant::Checkpoint::open(&dir).unwrap().names();
+        assert!(
+            !names.iter().any(|n| n.contains(".experts.0.")),
+            "{family}: per-expert tensors were written"
+        );
+        let dense_dir = scratch.path().join("dense");
+        dequantized_copy(&dir, &dense_dir);
+        let reference = logits(&dense_dir);
+        let error = max_abs_diff(&logits(&dir), &reference);
+        let scale = reference.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        assert!(error <= 2e-5 * scale, "{family}: {error} (scale {scale})");
+    }
 }
 
 /// The tiny Llama with its projections replaced by the FP8 fixture's reference dequantization,

@@ -374,21 +374,10 @@ fn build_moe(
     let experts = dim(moe.num_experts, "num_experts")?;
     let inter = dim(moe.expert_intermediate_size, "moe_intermediate_size")?;
     let router = weights.linear(&format!("{p}.mlp.gate"), experts, hidden)?;
-    let stacked =
-        |weights: &mut Weights, which: &str, out: i32, inp: i32| -> Result<StackedExperts> {
-            // GGUF and converted checkpoints store experts stacked; transformers stores them apart.
-            let fused = format!("{p}.mlp.experts.{which}.weight");
-            if weights.contains(&fused) {
-                return Ok(StackedExperts::new(weights.weight(&fused)?));
-            }
-            let per_expert = (0..moe.num_experts)
-                .map(|e| {
-                    let name = format!("{p}.mlp.experts.{e}.{which}");
-                    Ok(weights.matrix(&name, out, inp)?.into_weight())
-                })
-                .collect::<Result<Vec<_>>>()?;
-            StackedExperts::stack(per_expert)
-        };
+    let experts_at = format!("{p}.mlp.experts");
+    let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
+        StackedExperts::load(weights, &experts_at, which, moe.num_experts, out, inp)
+    };
     Moe::new(
         router,
         stacked(weights, "gate_proj", inter, hidden)?,

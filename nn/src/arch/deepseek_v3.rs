@@ -565,14 +565,9 @@ fn sparse_block(c: &Config, weights: &mut Weights, p: &str, activation: Activati
             activation,
         )?
     } else {
+        let experts_at = format!("{p}.experts");
         let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
-            let each = (0..c.n_routed_experts)
-                .map(|e| {
-                    let name = format!("{p}.experts.{e}.{which}");
-                    Ok(weights.matrix(&name, out, inp)?.into_weight())
-                })
-                .collect::<Result<Vec<_>>>()?;
-            StackedExperts::stack(each)
+            StackedExperts::load(weights, &experts_at, which, c.n_routed_experts, out, inp)
         };
         Moe::new(
             router,

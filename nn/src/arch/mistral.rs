@@ -221,14 +221,9 @@ impl Mistral {
             let feed_forward = match config.experts {
                 Some((experts, top_k)) => {
                     let q = format!("{p}.block_sparse_moe");
+                    let experts_at = format!("{q}.experts");
                     let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
-                        let each = (0..experts)
-                            .map(|e| {
-                                let name = format!("{q}.experts.{e}.{which}");
-                                Ok(weights.matrix(&name, out, inp)?.into_weight())
-                            })
-                            .collect::<Result<Vec<_>>>()?;
-                        StackedExperts::stack(each)
+                        StackedExperts::load(weights, &experts_at, which, experts, out, inp)
                     };
                     FeedForward::Sparse(Moe::new(
                         weights.matrix(&format!("{q}.gate"), dim(experts, "experts")?, hidden)?,

@@ -372,13 +372,14 @@ impl ExpertBlock {
                     weights.dense(&fused, &[count, out, inp])?,
                 )));
             }
-            let each = (0..e.n_routed_experts)
-                .map(|i| {
-                    let name = format!("{p}.experts.{i}.{which}");
-                    Ok(weights.matrix(&name, out, inp)?.into_weight())
-                })
-                .collect::<Result<Vec<_>>>()?;
-            StackedExperts::stack(each)
+            StackedExperts::load(
+                weights,
+                &format!("{p}.experts"),
+                which,
+                e.n_routed_experts,
+                out,
+                inp,
+            )
         };
         let correction_bias =
             match weights.optional(&format!("{p}.gate.e_score_correction_bias"))? {

@@ -768,14 +768,9 @@ fn sparse(
             activation,
         )?
     } else {
+        let experts_at = format!("{p}.experts");
         let stacked = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
-            let each = (0..c.num_experts)
-                .map(|e| {
-                    let name = format!("{p}.experts.{e}.{which}");
-                    Ok(weights.matrix(&name, out, inp)?.into_weight())
-                })
-                .collect::<Result<Vec<_>>>()?;
-            StackedExperts::stack(each)
+            StackedExperts::load(weights, &experts_at, which, c.num_experts, out, inp)
         };
         Moe::new(
             router,

@@ -46,6 +46,10 @@ pub struct TensorPlan {
     pub action: Action,
     /// Why, when the policy has something to say (kept, promoted, a smaller group).
     pub reason: Option<String>,
+    /// The source tensors written stacked as this one, in order (one projection of every
+    /// expert of a mixture, as `[experts, out, in]`); empty when it is the source tensor of the
+    /// same name.
+    pub members: Vec<String>,
 }
 
 impl TensorPlan {
@@ -134,9 +138,11 @@ impl Plan {
                     stored: t.stored,
                     action,
                     reason,
+                    members: Vec::new(),
                 }
             })
             .collect();
+        let tensors = stack_experts(tensors);
         Plan {
             target,
             architecture: source.architecture.clone(),
@@ -170,6 +176,91 @@ impl Plan {
         });
         counts
     }
+}
+
+/// Where a tensor sits in a mixture's per-expert weights: `(experts module, expert index,
+/// projection)`, for `<…>.experts.<index>.<projection>.weight`.
+fn expert_member(name: &str) -> Option<(&str, usize, &str)> {
+    let at = name.rfind(".experts.")?;
+    let (module, rest) = (
+        &name[..at + ".experts".len()],
+        &name[at + ".experts.".len()..],
+    );
+    let (index, projection) = rest.split_once('.')?;
+    let projection = projection.strip_suffix(".weight")?;
+    if projection.contains(".experts.") {
+        return None;
+    }
+    Some((module, index.parse().ok()?, projection))
+}
+
+/// Replaces each complete set of per-expert matrices of one projection (experts `0..n`, every
+/// one the same shape and planned the same way) by one plan for
+/// `<…>.experts.<projection>.weight` of shape `[n, out, in]`, the layout MLX's gathered
+/// matmul reads: a stacked model loads without copying its experts together. A set that is
+/// incomplete or mixed stays per expert, which loads too.
+fn stack_experts(tensors: Vec<TensorPlan>) -> Vec<TensorPlan> {
+    use std::collections::BTreeMap;
+    let mut sets: BTreeMap<(String, String), Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, t) in tensors.iter().enumerate() {
+        if let Some((module, index, projection)) = expert_member(&t.name) {
+            sets.entry((module.to_string(), projection.to_string()))
+                .or_default()
+                .push((index, i));
+        }
+    }
+    let mut stacked_away = vec![false; tensors.len()];
+    let mut stacks = Vec::new();
+    for ((module, projection), mut members) in sets {
+        members.sort_unstable();
+        let first = &tensors[members[0].1];
+        let complete = members.len() > 1
+            && members
+                .iter()
+                .enumerate()
+                .all(|(e, &(index, _))| e == index);
+        let alike = members.iter().all(|&(_, i)| {
+            let t = &tensors[i];
+            t.shape == first.shape && t.action == first.action && t.stored == first.stored
+        });
+        // A kept GGUF block type has no stacked form the loader reads.
+        let stackable = !matches!(
+            (first.action, first.stored),
+            (Action::Keep, Stored::Gguf(_))
+        );
+        if !(complete && alike && stackable && first.shape.len() == 2) {
+            continue;
+        }
+        let Ok(count) = i32::try_from(members.len()) else {
+            continue;
+        };
+        let note = format!("{} experts stacked", members.len());
+        stacks.push(TensorPlan {
+            name: format!("{module}.{projection}.weight"),
+            shape: [vec![count], first.shape.clone()].concat(),
+            stored: first.stored,
+            action: first.action,
+            reason: Some(match &first.reason {
+                Some(why) => format!("{why}; {note}"),
+                None => note,
+            }),
+            members: members
+                .iter()
+                .map(|&(_, i)| tensors[i].name.clone())
+                .collect(),
+        });
+        for &(_, i) in &members {
+            stacked_away[i] = true;
+        }
+    }
+    let mut out: Vec<TensorPlan> = tensors
+        .into_iter()
+        .zip(stacked_away)
+        .filter_map(|(t, away)| (!away).then_some(t))
+        .chain(stacks)
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 impl fmt::Display for Plan {

@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use mlx::quantized::{QuantSpec, Quantized, quantize};
+use mlx::{Array, Dtype};
 use serde_json::{Map, Value, json};
 
-use super::plan::{Action, Plan};
+use super::plan::{Action, Plan, TensorPlan};
 use super::source::Stored;
 use super::target::mode_name;
 use crate::safetensors_writer::SafetensorsWriter;
@@ -42,42 +43,24 @@ pub fn write_folder(
     let mut layouts: BTreeMap<String, QuantSpec> = BTreeMap::new();
     let total = plan.tensors.len();
     for (done, t) in plan.tensors.iter().enumerate() {
-        let tensor = checkpoint.tensor(&t.name)?;
-        let quantized = match (t.action, tensor) {
-            // A kept FP8 or NVFP4 weight was decoded to f32; it is written in the model's float dtype.
-            (Action::Keep, Tensor::Dense(array))
-                if matches!(t.stored, Stored::Fp8 | Stored::Nvfp4) =>
-            {
-                writer.add(&t.name, &array.astype(plan.compute)?)?;
-                None
-            }
-            (Action::Keep, Tensor::Dense(array)) => {
-                writer.add(&t.name, &array)?;
-                None
-            }
-            (Action::Keep, Tensor::Quantized(q)) => Some(q),
-            (Action::PassThrough(spec), Tensor::Quantized(q)) if q.spec == spec => Some(q),
-            (Action::Quantize(spec) | Action::Requantize(spec), tensor) => {
-                let dense = tensor.into_dense(Some(plan.compute))?;
-                Some(quantize(&dense, spec)?)
-            }
-            (Action::PassThrough(spec), _) => {
-                return Err(Error::Unsupported {
-                    name: t.name.clone(),
-                    what: format!("planned as stored in {spec:?}, but it is not"),
-                });
-            }
+        let written = if t.members.is_empty() {
+            carry_out(checkpoint, &t.name, t.stored, t.action, plan.compute)?
+        } else {
+            stacked(checkpoint, t, plan.compute)?
         };
-        if let Some(q) = quantized {
-            let module = t
-                .name
-                .strip_suffix(".weight")
-                .ok_or_else(|| Error::Unsupported {
-                    name: t.name.clone(),
-                    what: "only `<module>.weight` matrices can be stored quantized".into(),
-                })?;
-            add_quantized(&mut writer, module, &q)?;
-            layouts.insert(module.to_string(), q.spec);
+        match written {
+            Tensor::Dense(array) => writer.add(&t.name, &array)?,
+            Tensor::Quantized(q) => {
+                let module = t
+                    .name
+                    .strip_suffix(".weight")
+                    .ok_or_else(|| Error::Unsupported {
+                        name: t.name.clone(),
+                        what: "only `<module>.weight` matrices can be stored quantized".into(),
+                    })?;
+                add_quantized(&mut writer, module, &q)?;
+                layouts.insert(module.to_string(), q.spec);
+            }
         }
         progress(done + 1, total, &t.name);
     }
@@ -105,6 +88,70 @@ pub fn write_folder(
         quantized: layouts.len(),
         bytes,
     })
+}
+
+/// Source tensor `name`, stored as `stored`, as `action` writes it.
+fn carry_out(
+    checkpoint: &Checkpoint,
+    name: &str,
+    stored: Stored,
+    action: Action,
+    compute: Dtype,
+) -> Result<Tensor> {
+    Ok(match (action, checkpoint.tensor(name)?) {
+        // A kept FP8 or NVFP4 weight was decoded to f32; it is written in the model's float dtype.
+        (Action::Keep, Tensor::Dense(array)) if matches!(stored, Stored::Fp8 | Stored::Nvfp4) => {
+            Tensor::Dense(array.astype(compute)?)
+        }
+        (Action::Keep, tensor) => tensor,
+        (Action::PassThrough(spec), Tensor::Quantized(q)) if q.spec == spec => Tensor::Quantized(q),
+        (Action::Quantize(spec) | Action::Requantize(spec), tensor) => {
+            let dense = tensor.into_dense(Some(compute))?;
+            Tensor::Quantized(quantize(&dense, spec)?)
+        }
+        (Action::PassThrough(spec), _) => {
+            return Err(Error::Unsupported {
+                name: name.to_string(),
+                what: format!("planned as stored in {spec:?}, but it is not"),
+            });
+        }
+    })
+}
+
+/// One projection of every expert, each written as planned, stacked `[experts, out, in]`.
+/// Only this projection of one block is in memory at once.
+fn stacked(checkpoint: &Checkpoint, t: &TensorPlan, compute: Dtype) -> Result<Tensor> {
+    let mut dense = Vec::new();
+    let mut quantized = Vec::new();
+    for name in &t.members {
+        match carry_out(checkpoint, name, t.stored, t.action, compute)? {
+            Tensor::Dense(a) => dense.push(a),
+            Tensor::Quantized(q) => quantized.push(q),
+        }
+    }
+    let stack = |arrays: Vec<Array>| -> Result<Array> { Ok(mlx::stack(&arrays, 0)?) };
+    let spec = quantized.first().map(|q| q.spec);
+    match spec {
+        None => Ok(Tensor::Dense(stack(dense)?)),
+        Some(spec) if dense.is_empty() && quantized.iter().all(|q| q.spec == spec) => {
+            let biases = quantized
+                .iter()
+                .map(|q| q.biases.clone())
+                .collect::<Option<Vec<Array>>>()
+                .map(stack)
+                .transpose()?;
+            Ok(Tensor::Quantized(Quantized {
+                weights: stack(quantized.iter().map(|q| q.weights.clone()).collect())?,
+                scales: stack(quantized.iter().map(|q| q.scales.clone()).collect())?,
+                biases,
+                spec,
+            }))
+        }
+        Some(_) => Err(Error::Unsupported {
+            name: t.name.clone(),
+            what: "its experts are stored in different layouts".into(),
+        }),
+    }
 }
 
 /// A quantized matrix in mlx-lm's layout.
