@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::engine::{Engine, LoopConfig};
@@ -651,37 +651,63 @@ fn pull_with_progress(store: &Store, name: &ModelName) -> Result<()> {
     Ok(())
 }
 
-/// A status line and a byte bar for pulls, imports and loads.
+/// A status line, a byte bar for pulls, imports and loads, and a count bar (tensors
+/// quantized by `create`) once something is counted.
 struct Bars {
-    bar: ProgressBar,
+    bars: MultiProgress,
+    bytes: ProgressBar,
+    count: std::cell::OnceCell<ProgressBar>,
 }
 
 impl Bars {
     fn new() -> Bars {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
+        let bars = MultiProgress::new();
+        let bytes = bars.add(ProgressBar::new(0));
+        bytes.set_style(
             ProgressStyle::with_template("{msg:30} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        Bars { bar }
+        Bars {
+            bars,
+            bytes,
+            count: std::cell::OnceCell::new(),
+        }
     }
 
     fn update(&self, progress: PullProgress) {
         match progress {
-            PullProgress::Status(status) => self.bar.println(status),
+            PullProgress::Status(status) => {
+                // Printed above the bars; a closed terminal is no reason to fail the pull.
+                let _ = self.bars.println(status);
+            }
             PullProgress::Count { what, done, total } => {
-                self.bar.set_message(format!("{what} {done}/{total}"));
+                let bar = self.count.get_or_init(|| {
+                    let bar = self
+                        .bars
+                        .insert_before(&self.bytes, ProgressBar::new(total));
+                    bar.set_style(
+                        ProgressStyle::with_template("{msg:30} {bar:30} {pos}/{len} eta {eta}")
+                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                    );
+                    bar
+                });
+                bar.set_message(what);
+                bar.set_length(total.max(done));
+                bar.set_position(done);
             }
             PullProgress::Bytes { what, done, total } => {
-                self.bar.set_message(what);
-                self.bar.set_length(total.max(done));
-                self.bar.set_position(done);
+                self.bytes.set_message(what);
+                self.bytes.set_length(total.max(done));
+                self.bytes.set_position(done);
             }
         }
     }
 
     fn finish(&self) {
-        self.bar.finish_and_clear();
+        if let Some(count) = self.count.get() {
+            count.finish_and_clear();
+        }
+        self.bytes.finish_and_clear();
     }
 }
 
