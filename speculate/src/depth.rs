@@ -31,10 +31,13 @@
 //! finds its maximum: every 8th decision in a bucket probes a neighbour of the best depth
 //! instead, alternating above and below (only 1 when the best is 0, so plain decoding keeps
 //! testing whether speculation started to pay). A probe costs at most the gap to a neighbour,
-//! and keeps the neighbours' costs fresh. From depth 0, each probe whose draft is rejected
-//! doubles the wait before the next, up to every 64th decision, and one accepted draft brings
-//! it back to every 8th: a drafter that never pays (an expensive draft model that disagrees
-//! with its target) then costs a probe in 64 rounds rather than one in 8. A bucket with no measured depth yet starts at the
+//! and keeps the neighbours' costs fresh. From depth 0, each probe that does not pay (commits
+//! fewer tokens per second than plain decoding, whether its drafts were rejected or cost more
+//! than they saved) doubles the wait before the next, up to every 64th decision, and one that
+//! pays brings it back to every 8th: a drafter that never pays (an expensive draft model that
+//! rarely agrees with its target) then costs a probe in 64 rounds rather than one in 8. A probe
+//! much dearer than a plain step waits longer still, so that probes take at most 1/64 of the
+//! decoding time (up to every 1,024th decision). A bucket with no measured depth yet starts at the
 //! best depth of the nearest bucket that has one, else at 3.
 //!
 //! # Persistence and replay
@@ -78,6 +81,11 @@ const PROBE_EVERY: u64 = 8;
 /// From depth 0, failed probes double the probe interval up to this many times (every 64th
 /// decision).
 const MAX_PROBE_BACKOFF: u32 = 3;
+/// From depth 0, the most of the decoding time that probes may take: a probe costing ten plain
+/// steps more waits for 640 decisions.
+const PROBE_SHARE: f64 = 1.0 / 64.0;
+/// The longest wait between probes from depth 0, in decisions.
+const MAX_PROBE_INTERVAL: u64 = 1024;
 /// The first depth tried when nothing is known.
 const START_DEPTH: usize = 3;
 /// A floor on costs so that a zero-length round cannot divide by zero.
@@ -265,6 +273,21 @@ impl Model {
         self.best(b).unwrap_or_else(|| self.start(b))
     }
 
+    /// Decisions between two probes of depth 1 while the best depth in bucket `b` is 0: the
+    /// backoff's wait, or longer when a probe costs so much more than a plain step that
+    /// probing that often would take more than [`PROBE_SHARE`] of the time.
+    fn probe_interval_from_zero(&self, b: usize) -> u64 {
+        let backoff = PROBE_EVERY << self.backoff[b];
+        let (Some(plain), Some(probe)) = (self.cost[b].first(), self.cost[b].get(1)) else {
+            return backoff;
+        };
+        if plain.samples == 0 || probe.samples == 0 {
+            return backoff;
+        }
+        let extra = (probe.mean - plain.mean).max(0.0) / (PROBE_SHARE * plain.mean.max(MIN_COST_S));
+        backoff.max((extra.ceil() as u64).min(MAX_PROBE_INTERVAL))
+    }
+
     fn decide(&mut self, batch: usize) -> usize {
         let b = bucket(batch);
         self.rounds[b] = self.rounds[b].wrapping_add(1);
@@ -273,7 +296,7 @@ impl Model {
             return self.start(b);
         };
         let interval = if best == 0 {
-            PROBE_EVERY << self.backoff[b]
+            self.probe_interval_from_zero(b)
         } else {
             PROBE_EVERY
         };
@@ -298,11 +321,18 @@ impl Model {
         for (j, a) in self.accept[..reached].iter_mut().enumerate() {
             a.add(if j < accepted { 1.0 } else { 0.0 }, ACCEPT_DECAY);
         }
-        // A probe from depth 0: a rejection stretches the wait for the next, an acceptance
-        // (or a best depth above 0) restores it.
+        // A probe from depth 0: one that did not pay stretches the wait for the next, one that
+        // did (or a best depth above 0) restores it. Paying means committing tokens at least
+        // as fast as plain decoding: an accepted draft is not enough when the drafter costs
+        // more than it saves (a draft model catching up on the text it skipped).
         let b = bucket(batch);
+        let plain = &self.cost[b][0];
+        let paid = match plain.samples {
+            0 => accepted > 0,
+            _ => (1 + accepted) as f64 * plain.mean >= cost.as_secs_f64(),
+        };
         self.backoff[b] = match self.best(b) {
-            Some(0) if depth > 0 && accepted == 0 => (self.backoff[b] + 1).min(MAX_PROBE_BACKOFF),
+            Some(0) if depth > 0 && !paid => (self.backoff[b] + 1).min(MAX_PROBE_BACKOFF),
             Some(0) if depth == 0 => self.backoff[b],
             _ => 0,
         };
@@ -808,13 +838,13 @@ mod tests {
     #[test]
     fn failed_probes_from_zero_wait_longer_and_an_accepted_one_restores_the_pace() {
         let mut c = DepthController::new(4);
-        // Depth 0 is cheap; depth 1 costs more and its drafts are always rejected.
+        // Depth 0 is cheap; depth 1 costs a little more and its drafts are always rejected.
         let run = |c: &mut DepthController, rounds: usize, accept: bool| -> Vec<usize> {
             let mut probes = Vec::new();
             for i in 0..rounds {
                 let depth = c.depth(1);
                 let accepted = usize::from(accept && depth > 0);
-                let cost = Duration::from_millis(if depth == 0 { 10 } else { 20 });
+                let cost = Duration::from_millis(if depth == 0 { 10 } else { 11 });
                 c.observe(1, depth, accepted.min(depth), cost);
                 if depth > 0 {
                     probes.push(i);
@@ -822,8 +852,8 @@ mod tests {
             }
             probes
         };
-        for _ in 0..2 {
-            c.observe(1, 1, 0, Duration::from_millis(20));
+        for _ in 0..20 {
+            c.observe(1, 1, 0, Duration::from_millis(11));
         }
         for _ in 0..2 {
             c.observe(1, 0, 0, Duration::from_millis(10));
@@ -842,6 +872,36 @@ mod tests {
         );
         let restored = DepthController::from_json(&c.to_json()).unwrap();
         assert_eq!(restored.to_json(), c.to_json());
+    }
+
+    #[test]
+    fn accepted_probes_that_cost_more_than_they_commit_still_back_off() {
+        // Every probe's draft is accepted, but its round commits 2 tokens in `probe` ms
+        // against plain decoding's 1 in 10 ms: it does not pay, so probes thin out past the
+        // backoff's every 64th decision, to where they take 1/64 of the time: a 25 ms probe
+        // (15 ms more than a plain step) every 96 steps, a 150 ms one every 896.
+        for (probe, gap) in [(25, 96), (150, 896)] {
+            let mut c = DepthController::new(4);
+            for _ in 0..2 {
+                c.observe(1, 0, 0, Duration::from_millis(10));
+                c.observe(1, 1, 1, Duration::from_millis(probe));
+            }
+            assert_eq!(c.best(1), 0);
+            let mut probes = Vec::new();
+            for i in 0..3000 {
+                let depth = c.depth(1);
+                let cost = Duration::from_millis(if depth == 0 { 10 } else { probe });
+                c.observe(1, depth, depth.min(1), cost);
+                if depth > 0 {
+                    probes.push(i);
+                }
+            }
+            let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+            assert!(
+                gaps.ends_with(&[gap, gap]),
+                "{probe} ms: probes at {probes:?}"
+            );
+        }
     }
 
     #[test]
