@@ -87,7 +87,7 @@ fn draft_model_answers_equal_the_targets_alone() {
             assert!(spec.drafted > 0, "{target}/{draft}: {spec:?}");
             // The first token follows the prompt; every round commits its accepted drafts and
             // one more.
-            assert_eq!(1 + spec.rounds + spec.accepted, 40, "{spec:?}");
+            assert_eq!(1 + spec.rounds + spec.accepted + spec.plain, 40, "{spec:?}");
             accepted += spec.accepted;
             if target == draft {
                 assert_eq!(spec.accepted, spec.drafted, "its own drafts: {spec:?}");
@@ -198,5 +198,39 @@ fn the_next_turn_finds_the_drafts_history_in_its_trie() {
         before > 0,
         "the first turn left nothing in the draft's trie"
     );
+    check_trie(&engine);
+}
+
+#[test]
+fn a_probe_after_a_plain_stretch_restarts_the_draft_from_a_window() {
+    // A controller that has measured only plain decoding: it picks depth 0, so the sequence
+    // decodes plainly from its first round on, and probes depth 1 at its 8th decision, by
+    // which time the draft (fed nothing yet) is more than a window behind.
+    let state = tempfile::tempdir().unwrap();
+    let mut learnt = speculate::DepthController::new(4);
+    for _ in 0..2 {
+        learnt.observe(1, 0, 0, std::time::Duration::from_millis(1));
+    }
+    assert_eq!(learnt.best(1), 0);
+    learnt.save(state.path().join("draft-llama.json")).unwrap();
+    let mut engine = with_draft("llama", "llama");
+    engine.keep_state_in(state.path().to_path_buf());
+    assert_eq!(engine.draft_depth(DrafterKind::Model), Some(0));
+
+    let prompt = ids(4, 60);
+    let answer = run_with(
+        &mut engine,
+        &prompt,
+        60,
+        sampler::Options::greedy(),
+        drafted(4),
+    );
+    assert_eq!(answer.tokens, cold(engine.model(), &prompt, 60));
+    let spec = answer.stats().speculation.expect("it speculated");
+    assert!(spec.plain > 0 && spec.drafted > 0, "{spec:?}");
+    assert_eq!(1 + spec.rounds + spec.accepted + spec.plain, 60, "{spec:?}");
+    // Its draft caches held a window of the text, not a prefix: nothing was recorded in the
+    // draft's trie (a draft caught up from the start would have left its 100-odd tokens).
+    assert_eq!(engine.status().draft_cache_bytes, 0);
     check_trie(&engine);
 }

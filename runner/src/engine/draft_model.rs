@@ -20,6 +20,13 @@
 //! up a prefill chunk per round, with no drafts in those rounds, so no step stalls behind a
 //! long catch-up. The draft's trie holds as many tokens as the target's: its byte budget is the
 //! target's scaled by their KV sizes.
+//!
+//! While the depth controller finds that drafting does not pay, the sequence decodes plainly
+//! and the draft is not fed. A probe after such a stretch would first have to catch the draft
+//! up on everything it skipped, at the draft's prefill cost per token, however rarely it
+//! probes; instead the draft starts again from the last [`PROBE_WINDOW`] tokens (its caches
+//! then hold a window of the text rather than a prefix, and are not recorded in its trie).
+//! Drafts from a window may be accepted less often; they are verified like any other.
 
 use std::collections::HashMap;
 
@@ -33,6 +40,9 @@ use crate::engine::loaded::{StepError, rows_of};
 use crate::engine::prefix_cache::{self, PrefixCache};
 use crate::engine::sequence::Sequence;
 use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
+
+/// The tokens a draft restarts from after a plain stretch left it further behind.
+pub const PROBE_WINDOW: usize = 32;
 
 /// A loaded draft model.
 pub struct DraftModel {
@@ -113,15 +123,19 @@ impl DraftModel {
         match self.prefix.begin(prompt, turn_starts, &mut caches) {
             Ok(restored) => Ok(DraftCaches {
                 caches,
+                start: 0,
                 held: restored.restore_at,
                 session: Some(restored.session),
+                skipped_plainly: false,
             }),
             Err(e) => {
                 tracing::warn!("the draft model's prefix cache not used for a request: {e}");
                 Ok(DraftCaches {
                     caches: fresh_caches(&self.name, self.model.as_ref())?,
+                    start: 0,
                     held: 0,
                     session: None,
+                    skipped_plainly: false,
                 })
             }
         }
@@ -133,6 +147,11 @@ impl DraftModel {
         let Some(session) = caches.session.take() else {
             return;
         };
+        if caches.start > 0 {
+            // A window of the text is no prefix to record.
+            self.prefix.abandon_session(session);
+            return;
+        }
         let held = caches.held.min(tokens.len());
         let recorded = caches
             .rewind(held)
@@ -179,17 +198,22 @@ fn fresh_caches(name: &str, model: &dyn Model) -> Result<Vec<Option<LayerCache>>
     Ok(caches)
 }
 
-/// One sequence's caches in the draft model. They hold the sequence's first `held` tokens:
-/// never more than the target's caches, often fewer (the draft is fed lazily, when it drafts).
+/// One sequence's caches in the draft model. They hold the sequence's tokens `start..held`
+/// (`start` is 0 unless the draft restarted from a window after a plain stretch): never more
+/// than the target's caches, often fewer (the draft is fed lazily, when it drafts).
 pub struct DraftCaches {
     caches: Vec<Option<LayerCache>>,
+    /// The first of the sequence's tokens the caches hold, at the draft's position 0.
+    start: usize,
     held: usize,
     /// Its session in the draft's prefix trie.
     session: Option<SessionId>,
+    /// Whether the sequence decoded plainly since the draft last drafted.
+    skipped_plainly: bool,
 }
 
 impl DraftCaches {
-    /// Tokens the caches hold.
+    /// The sequence's tokens the caches hold end here.
     pub fn held(&self) -> usize {
         self.held
     }
@@ -198,11 +222,16 @@ impl DraftCaches {
     pub fn rewind(&mut self, keep: usize) -> Result<(), StepError> {
         if self.held > keep {
             for cache in self.caches.iter_mut().flatten() {
-                cache.rewind(keep)?;
+                cache.rewind(keep.saturating_sub(self.start))?;
             }
             self.held = keep;
         }
         Ok(())
+    }
+
+    /// The sequence decoded a token plainly, without the draft.
+    pub fn skip_plainly(&mut self) {
+        self.skipped_plainly = true;
     }
 }
 
@@ -234,6 +263,17 @@ pub(crate) fn draft_by_model(
             continue; // Depth 0: the draft stays behind until it drafts again.
         }
         let unseen = seq.tokens.len().saturating_sub(caches.held());
+        let restart = caches.skipped_plainly && unseen > PROBE_WINDOW;
+        let seq = &mut sequences[plan.index];
+        if let Some(caches) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
+            caches.skipped_plainly = false;
+            if restart {
+                caches.caches = fresh_caches(&draft.name, draft.model.as_ref())?;
+                caches.start = seq.tokens.len() - PROBE_WINDOW;
+                caches.held = caches.start;
+            }
+        }
+        let unseen = if restart { PROBE_WINDOW } else { unseen };
         let work = if unseen + 1 > draft.catch_up {
             plan.draft = Draft::empty();
             plan.catching_up = true;
@@ -278,7 +318,8 @@ fn catch_up(
     for &i in indices {
         let seq = &sequences[i];
         let held = held_by(seq)?;
-        rows.push((seq.tokens[held..held + width].to_vec(), held));
+        let at = draft_position(seq, held)?;
+        rows.push((seq.tokens[held..held + width].to_vec(), at));
     }
     let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
     let batch = Batch::rows(&borrowed)?;
@@ -322,10 +363,10 @@ fn draft_rows(
         let mut tokens = seq.tokens[held..].to_vec();
         tokens.push(plan.tokens[0]);
         debug_assert_eq!(tokens.len(), feed);
-        rows.push((tokens, held));
+        rows.push((tokens, draft_position(seq, held)?));
         indices.push(plan.index);
     }
-    // Where the round's first token lands: every draft token follows it.
+    // Where the round's first token lands (the draft's position): every draft token follows.
     let firsts: Vec<usize> = rows.iter().map(|(t, at)| at + t.len() - 1).collect();
     let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
     let mut caches = draft_caches_of(sequences, &indices)?;
@@ -352,7 +393,7 @@ fn draft_rows(
             .as_mut()
             .and_then(|s| s.draft_caches_mut())
         {
-            c.held = first + depth;
+            c.held = c.start + first + depth;
         }
     }
     Ok(drafted)
@@ -381,6 +422,15 @@ fn held_by(seq: &Sequence) -> Result<usize, StepError> {
         ));
     }
     Ok(held)
+}
+
+/// The draft's position of `seq`'s token `at`, one its draft caches do not precede.
+fn draft_position(seq: &Sequence, at: usize) -> Result<usize, StepError> {
+    seq.speculating
+        .as_ref()
+        .and_then(|s| s.draft_caches())
+        .and_then(|c| at.checked_sub(c.start))
+        .ok_or_else(|| StepError::Invalid("a draft-model row starts before its window".into()))
 }
 
 /// The draft caches of `sequences[i]` for each `i` of `indices` (ascending), borrowed together

@@ -169,6 +169,9 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Of those, accepted.
     pub accepted: usize,
+    /// Tokens decoded in the plain forward, outside rounds, while the controller found that
+    /// drafting did not pay.
+    pub plain: usize,
 }
 
 impl SpeculationStats {

@@ -162,6 +162,17 @@ pub struct LoopStatus {
 struct Pending {
     sampled: Sampled,
     rows: Vec<SequenceId>,
+    /// When its forward was dispatched: the read a step later measures a step's cost.
+    dispatched: Instant,
+}
+
+/// What a decoding row of the batched forward is fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Feed {
+    /// The token the previous step sampled in this row of its `Pending`, not yet read.
+    Row(usize),
+    /// A token the host knows: the first of a speculating sequence's plain stretch.
+    Token(u32),
 }
 
 /// A loaded model, the sequences it serves and the jobs waiting for it.
@@ -558,7 +569,7 @@ impl LoadedModel {
         Ok(Some(Speculating::new(
             drafter,
             max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
-            job.sampling.seed,
+            &job.sampling,
             draft_caches,
         )))
     }
@@ -612,29 +623,38 @@ impl LoadedModel {
         let mut clear_pool = false;
         let seeds = self.prefill(&mut ending, &mut clear_pool);
 
-        // The batched decode forward, fed with last step's unread tokens.
+        // Speculating sequences whose drafting does not pay join the plain forward below.
+        speculation::decide_depths(&mut self.controllers, &mut self.sequences, &ending);
+
+        // The batched decode forward, fed with last step's unread tokens (and the first token
+        // of each plain stretch that starts now).
         let previous = self.pending.take();
-        let mut fed: Vec<(SequenceId, usize)> = Vec::new();
-        if let Some(prev) = &previous {
-            let rows: HashMap<SequenceId, usize> = prev
-                .rows
-                .iter()
-                .enumerate()
-                .map(|(r, &id)| (id, r))
-                .collect();
-            for seq in &self.sequences {
-                if let Some(&row) = rows.get(&seq.id)
-                    && !ending.contains(seq.id)
-                    && seq.speculating.is_none()
-                    && seq.may_continue()
-                {
-                    fed.push((seq.id, row));
+        let rows: HashMap<SequenceId, usize> = previous
+            .iter()
+            .flat_map(|prev| prev.rows.iter().enumerate().map(|(r, &id)| (id, r)))
+            .collect();
+        let mut fed: Vec<(SequenceId, Feed)> = Vec::new();
+        for seq in &mut self.sequences {
+            if ending.contains(seq.id) || !seq.may_continue() {
+                continue;
+            }
+            match seq.speculating.as_mut() {
+                Some(spec) if !spec.decodes_plainly() => {}
+                Some(spec) => match (rows.get(&seq.id), spec.take_next()) {
+                    (_, Some(token)) => fed.push((seq.id, Feed::Token(token))),
+                    (Some(&row), None) => fed.push((seq.id, Feed::Row(row))),
+                    (None, None) => {}
+                },
+                None => {
+                    if let Some(&row) = rows.get(&seq.id) {
+                        fed.push((seq.id, Feed::Row(row)));
+                    }
                 }
             }
         }
-        let decode_logits = match &previous {
-            Some(prev) if !fed.is_empty() => Some(self.decode_forward(prev, &fed)?),
-            _ => None,
+        let decode_logits = match fed.is_empty() {
+            false => Some(self.decode_forward(previous.as_ref(), &fed)?),
+            true => None,
         };
 
         // One sampler call for every row that needs a next token.
@@ -686,6 +706,7 @@ impl LoadedModel {
         self.pending = sampled.map(|sampled| Pending {
             sampled,
             rows: sample_ids,
+            dispatched: Instant::now(),
         });
 
         for (id, outcome) in ending.outcomes {
@@ -837,30 +858,62 @@ impl LoadedModel {
         Ok(ends)
     }
 
-    /// One forward over the decoding rows `fed` (sequence, row of `prev`), each fed the token
-    /// `prev` sampled for it; returns their logits `[rows, V]`.
-    fn decode_forward(&mut self, prev: &Pending, fed: &[(SequenceId, usize)]) -> Result<Array> {
-        let all_in_order =
-            fed.len() == prev.rows.len() && fed.iter().enumerate().all(|(i, &(_, row))| i == row);
-        let tokens = if all_in_order {
-            prev.sampled.tokens.clone()
-        } else {
-            let rows: Vec<i32> = fed.iter().map(|&(_, row)| row as i32).collect();
-            let rows = Array::from_slice(&rows, &[rows.len() as i32])?;
-            prev.sampled.tokens.take(&rows, 0)?
+    /// One forward over the decoding rows `fed`, each fed the token `prev` sampled in its row
+    /// or the token the host gives it; returns their logits `[rows, V]`. A host token joins
+    /// its sequence's cached tokens here; a sampled one when it is read.
+    fn decode_forward(
+        &mut self,
+        prev: Option<&Pending>,
+        fed: &[(SequenceId, Feed)],
+    ) -> Result<Array> {
+        let sampled_rows = prev.map_or(0, |p| p.rows.len());
+        let all_in_order = fed.len() == sampled_rows
+            && fed
+                .iter()
+                .enumerate()
+                .all(|(i, &(_, feed))| feed == Feed::Row(i));
+        let tokens = match prev {
+            Some(prev) if all_in_order => prev.sampled.tokens.clone(),
+            _ => {
+                // Host tokens go after the sampled ones; each row picks its own.
+                let mut host: Vec<i32> = Vec::new();
+                let mut picks: Vec<i32> = Vec::with_capacity(fed.len());
+                for &(_, feed) in fed {
+                    match feed {
+                        Feed::Row(row) => picks.push(row as i32),
+                        Feed::Token(token) => {
+                            picks.push((sampled_rows + host.len()) as i32);
+                            host.push(i32::try_from(token).unwrap_or(i32::MAX));
+                        }
+                    }
+                }
+                let host = Array::from_slice(&host, &[host.len() as i32])?;
+                let all = match prev {
+                    Some(prev) => {
+                        let sampled = &prev.sampled.tokens;
+                        mlx::concatenate(&[sampled.clone(), host.astype(sampled.dtype())?], 0)?
+                    }
+                    None => host,
+                };
+                all.take(&Array::from_slice(&picks, &[picks.len() as i32])?, 0)?
+            }
         };
         let tokens = tokens.reshape(&[fed.len() as i32, 1])?;
-        let positions: Vec<usize> = fed
-            .iter()
-            .filter_map(|&(id, _)| self.index_of(id))
-            .map(|i| self.sequences[i].tokens.len())
-            .collect();
-        let batch = Batch::from_device(&tokens, positions)?;
         // `fed` follows the order of `self.sequences`, so its caches can be borrowed in order.
         let indices: Vec<usize> = fed
             .iter()
             .filter_map(|&(id, _)| self.index_of(id))
             .collect();
+        let positions: Vec<usize> = indices
+            .iter()
+            .map(|&i| self.sequences[i].tokens.len())
+            .collect();
+        for (&i, &(_, feed)) in indices.iter().zip(fed) {
+            if let Feed::Token(token) = feed {
+                self.sequences[i].tokens.push(token);
+            }
+        }
+        let batch = Batch::from_device(&tokens, positions)?;
         let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         last_logits(self.model.as_ref(), &out.hidden)
@@ -872,7 +925,7 @@ impl LoadedModel {
     fn read_tokens(
         &mut self,
         prev: &Pending,
-        fed: &[(SequenceId, usize)],
+        fed: &[(SequenceId, Feed)],
         ending: &mut Ending,
         clear_pool: &mut bool,
     ) -> Result<()> {
@@ -886,6 +939,8 @@ impl LoadedModel {
             None => None,
         };
         let now = Instant::now();
+        // What a plain step cost, for the controllers of sequences decoding plainly.
+        let step_cost = now.saturating_duration_since(prev.dispatched);
         for (row, &id) in prev.rows.iter().enumerate() {
             let Some(index) = self.index_of(id) else {
                 continue;
@@ -904,6 +959,14 @@ impl LoadedModel {
             let was_fed = fed.iter().any(|&(f, _)| f == id);
             if was_fed {
                 seq.tokens.push(token);
+            }
+            if seq
+                .speculating
+                .as_ref()
+                .is_some_and(Speculating::rounds_started)
+            {
+                let batch = prev.rows.len();
+                speculation::plain_step(&mut self.controllers, seq, token, batch, step_cost);
             }
             let entry = match (&logprobs, seq.job.sampling.logprobs) {
                 (Some((chosen, ids, values)), Some(top)) => {

@@ -1,6 +1,8 @@
 //! Speculative rounds inside the step loop.
 //!
-//! A speculating sequence leaves the pipelined decode forward: each step it runs one *round*.
+//! A speculating sequence leaves the pipelined decode forward: each step it runs one *round*
+//! (while its depth controller finds that drafting does not pay, it decodes in the plain
+//! forward instead, see [`decide_depths`] and [`plain_step`]).
 //! The host knows the round's first token (the last one committed, not yet in the caches); the
 //! sequence's drafter proposes up to `k` more, the depth controller picking `k`; one forward
 //! over `[next, d1..dk]` yields the target's logits at every position; the sampler turns them
@@ -53,6 +55,14 @@ pub struct Speculating {
     /// Keys the random numbers of each output position: a seeded request's text then does not
     /// depend on how deep its rounds drafted (see [`speculate::verify_positional`]).
     key: u64,
+    /// Whether it may leave rounds for plain decoding: a greedy request decodes the same either
+    /// way, an unseeded one promises no particular draw; a seeded sampled one stays in rounds,
+    /// whose draws are keyed by position, so its text does not depend on the depths chosen.
+    may_decode_plainly: bool,
+    /// Whether it decodes in the plain forward, its controller having chosen depth 0.
+    plain: bool,
+    /// The depth decided for its next round by [`decide_depths`].
+    depth: Option<usize>,
     stats: SpeculationStats,
 }
 
@@ -62,9 +72,10 @@ impl Speculating {
     pub fn new(
         kind: DrafterKind,
         max_depth: usize,
-        seed: Option<u64>,
+        sampling: &sampler::Options,
         draft_caches: Option<DraftCaches>,
     ) -> Speculating {
+        let seed = sampling.seed;
         let drafter: Option<Box<dyn Drafter>> = match kind {
             DrafterKind::Ngram => Some(Box::new(NgramDrafter::new(NgramConfig::default()))),
             DrafterKind::SelfDraft(_) | DrafterKind::Model => None,
@@ -82,18 +93,51 @@ impl Speculating {
             next: None,
             max_depth: max_depth.min(MAX_DRAFT_DEPTH),
             key,
+            may_decode_plainly: sampling.is_greedy() || seed.is_none(),
+            plain: false,
+            depth: None,
             stats: SpeculationStats {
                 drafter: kind,
                 rounds: 0,
                 drafted: 0,
                 accepted: 0,
+                plain: 0,
             },
         }
     }
 
-    /// The next round starts from `token` (sampled by the ordinary sampler call after prefill).
+    /// The next round starts from `token`, sampled by the ordinary sampler call: the first
+    /// token after prefill, or the last of a plain stretch.
     pub fn resume_from(&mut self, token: u32) {
+        self.plain = false;
         self.next = Some(token);
+    }
+
+    /// Whether it decodes in the plain forward now, rather than in rounds.
+    pub fn decodes_plainly(&self) -> bool {
+        self.plain
+    }
+
+    /// The round's first token, to feed the plain forward as the stretch starts.
+    pub fn take_next(&mut self) -> Option<u32> {
+        self.next.take()
+    }
+
+    /// Whether its rounds have started: a token the plain forward samples after that belongs
+    /// to a plain stretch (before, it is the first token after prefill).
+    pub fn rounds_started(&self) -> bool {
+        self.settled
+    }
+
+    /// A token of a plain stretch was committed.
+    fn plain_token(&mut self, token: u32) {
+        self.stats.plain += 1;
+        if let Some(drafter) = self.drafter.as_mut() {
+            drafter.commit(&[token]);
+        }
+        if let Some(caches) = self.draft_caches.as_mut() {
+            caches.skip_plainly();
+        }
     }
 
     /// What the rounds did so far.
@@ -299,7 +343,11 @@ pub fn run_rounds(
     let ready: Vec<usize> = (0..sequences.len())
         .filter(|&i| {
             let seq = &sequences[i];
-            !ending.contains(seq.id) && seq.speculating.as_ref().is_some_and(|s| s.next.is_some())
+            !ending.contains(seq.id)
+                && seq
+                    .speculating
+                    .as_ref()
+                    .is_some_and(|s| s.next.is_some() && !s.decodes_plainly())
         })
         .collect();
     if ready.is_empty() {
@@ -322,9 +370,10 @@ pub fn run_rounds(
             drafter.settle(&context);
         }
         spec.settled = true;
-        // A round commits up to depth + 1 tokens: never more than the budget has left.
-        let limit = spec.max_depth.min(room.saturating_sub(1));
-        let depth = controllers.get(spec.kind).depth(batch).min(limit);
+        let depth = match spec.depth.take() {
+            Some(depth) => depth,
+            None => round_depth(controllers, spec, batch, room),
+        };
         let draft = match (depth, spec.drafter.as_mut()) {
             (0, _) => Draft::empty(),
             (_, Some(drafter)) => {
@@ -464,6 +513,82 @@ pub fn run_rounds(
         )?;
     }
     Ok(())
+}
+
+/// The depth of `spec`'s next round among `batch` speculating sequences, with `room` tokens
+/// left in its budget.
+fn round_depth(
+    controllers: &mut Controllers,
+    spec: &Speculating,
+    batch: usize,
+    room: usize,
+) -> usize {
+    // A round commits up to depth + 1 tokens: never more than the budget has left.
+    let limit = spec.max_depth.min(room.saturating_sub(1));
+    controllers.get(spec.kind).depth(batch).min(limit)
+}
+
+/// Decides this step's depth for every sequence about to start a round. One whose controller
+/// says that drafting does not pay, and that may, decodes in the pipelined plain forward
+/// instead (a round is a host sync per token even at depth 0), until [`plain_step`] hears
+/// otherwise from the controller; the others run their rounds at the decided depth.
+pub fn decide_depths(controllers: &mut Controllers, sequences: &mut [Sequence], ending: &Ending) {
+    let ready = |seq: &Sequence| {
+        !ending.contains(seq.id)
+            && seq
+                .speculating
+                .as_ref()
+                .is_some_and(|s| s.next.is_some() && !s.decodes_plainly())
+    };
+    let batch = sequences.iter().filter(|seq| ready(seq)).count();
+    for seq in sequences.iter_mut() {
+        if !ready(seq) {
+            continue;
+        }
+        let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
+        // The plain forward feeds only sequences with more than this token to go.
+        let may_continue = seq.may_continue();
+        let Some(spec) = seq.speculating.as_mut() else {
+            continue;
+        };
+        let depth = match spec.depth.take() {
+            Some(depth) => depth,
+            None => round_depth(controllers, spec, batch, room),
+        };
+        if depth == 0 && spec.may_decode_plainly && spec.settled && may_continue {
+            spec.plain = true;
+        } else {
+            spec.depth = Some(depth);
+        }
+    }
+}
+
+/// A token the plain forward sampled for a speculating sequence whose rounds have started (a
+/// plain stretch's) was read, in a step of `batch` rows that cost `cost`: the drafter and the
+/// statistics hear of it, the controller learns the cost of depth 0 from the plain forward
+/// rather than from depth-0 rounds, and decides again, per token as it does per round; when it
+/// picks a depth, the stretch ends and the next round uses it.
+pub fn plain_step(
+    controllers: &mut Controllers,
+    seq: &mut Sequence,
+    token: u32,
+    batch: usize,
+    cost: Duration,
+) {
+    // Counting the token being read.
+    let room = seq.budget.saturating_sub(seq.stats.generated_tokens + 1);
+    let Some(spec) = seq.speculating.as_mut() else {
+        return;
+    };
+    spec.plain_token(token);
+    controllers.observe(spec.kind, batch, 0, 0, cost);
+    if spec.plain {
+        let depth = round_depth(controllers, spec, batch, room);
+        if depth > 0 {
+            spec.plain = false;
+            spec.depth = Some(depth);
+        }
+    }
 }
 
 /// Verifies one evaluated round, rewinds its caches, streams what it committed and tells the

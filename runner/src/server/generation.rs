@@ -91,6 +91,7 @@ pub fn speculation_json(spec: &SpeculationStats, draft: Option<&ModelName>) -> s
         "drafted": spec.drafted,
         "accepted": spec.accepted,
         "mean_depth": spec.mean_depth(),
+        "plain_tokens": spec.plain,
     })
 }
 
