@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, cancel_after, check_trie, cold, engine, ids, run_to_idle, submit_job, submit_with,
+    Handle, cancel_after, check_trie, cold, engine, homogeneity, ids, run_to_idle, submit_job,
+    submit_with,
 };
 
 fn ngram(depth: usize) -> Speculation {
@@ -197,47 +198,6 @@ fn seeded_sampling_does_not_depend_on_the_depth() {
         answers.push(handle.tokens);
     }
     assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
-}
-
-/// Pearson's chi-square homogeneity test of two samples' counts over the same categories,
-/// categories expected fewer than 5 times in either sample pooled; the statistic and its
-/// 0.9999 quantile (Wilson–Hilferty).
-fn homogeneity(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
-    let (na, nb) = (
-        a.values().sum::<usize>() as f64,
-        b.values().sum::<usize>() as f64,
-    );
-    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let mut bins: Vec<(f64, f64)> = Vec::new();
-    let mut pooled = (0.0, 0.0);
-    for key in keys {
-        let (ca, cb) = (
-            *a.get(key).unwrap_or(&0) as f64,
-            *b.get(key).unwrap_or(&0) as f64,
-        );
-        let expected_smaller = (ca + cb) * na.min(nb) / (na + nb);
-        if expected_smaller < 5.0 {
-            pooled = (pooled.0 + ca, pooled.1 + cb);
-        } else {
-            bins.push((ca, cb));
-        }
-    }
-    if pooled.0 + pooled.1 > 0.0 {
-        bins.push(pooled);
-    }
-    let stat: f64 = bins
-        .iter()
-        .map(|&(ca, cb)| {
-            let total = ca + cb;
-            let (ea, eb) = (total * na / (na + nb), total * nb / (na + nb));
-            (ca - ea).powi(2) / ea + (cb - eb).powi(2) / eb
-        })
-        .sum();
-    let df = (bins.len().max(2) - 1) as f64;
-    let h = 2.0 / (9.0 * df);
-    (stat, df * (1.0 - h + 3.719 * h.sqrt()).powi(3))
 }
 
 #[test]

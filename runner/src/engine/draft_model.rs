@@ -9,9 +9,13 @@
 //! depth share each forward, and the drafts are read back once. After verification the draft
 //! caches rewind with the target's to what was committed.
 //!
-//! Drafts are the draft model's argmax, so they are deterministic and verified as one-hot
-//! proposals: lossless at any temperature (see [`speculate::verify_positional`]), and a seeded
-//! request's text does not depend on the depth.
+//! A greedy or seeded request's drafts are the draft model's argmax: deterministic, verified as
+//! one-hot proposals, lossless at any temperature (see [`speculate::verify_positional`]), and a
+//! seeded request's text does not depend on the depth. An unseeded request at T > 0 draws its
+//! drafts from the draft's own sampling distribution — the request's sampler chain applied to
+//! the draft's logits, penalties seeing the earlier drafts — and hands those distributions to
+//! verification: accepted with min(1, p/q), they are accepted far more often than an argmax
+//! that the target would have sampled with probability p.
 //!
 //! The draft model has a prefix trie of its own beside the target's: a sequence's draft
 //! caches start from the longest prefix of its prompt that the draft has seen, and what they
@@ -34,6 +38,7 @@ use kvcache::LayerCache;
 use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 use prefix_trie::SessionId;
+use sampler::Sampler;
 use speculate::Draft;
 
 use crate::engine::loaded::{StepError, rows_of};
@@ -250,6 +255,7 @@ enum Work {
 /// behind to draft this round (their drafts become empty).
 pub(crate) fn draft_by_model(
     draft: &DraftModel,
+    sampler: &Sampler,
     sequences: &mut [Sequence],
     planned: &mut [Planned],
 ) -> Result<(), StepError> {
@@ -293,13 +299,9 @@ pub(crate) fn draft_by_model(
         match work {
             Work::CatchUp(width) => catch_up(draft, sequences, &indices, width)?,
             Work::Draft { feed, depth } => {
-                let drafted = draft_rows(draft, sequences, planned, &group, feed, depth)?;
-                for (row, &p) in group.iter().enumerate() {
-                    let ids = drafted[row * depth..(row + 1) * depth]
-                        .iter()
-                        .map(|&t| u32::try_from(t).unwrap_or(0))
-                        .collect();
-                    planned[p].draft = Draft::one_hot(ids);
+                let drafts = draft_rows(draft, sampler, sequences, planned, &group, feed, depth)?;
+                for (&p, drafted) in group.iter().zip(drafts) {
+                    planned[p].draft = drafted;
                 }
             }
         }
@@ -344,18 +346,21 @@ fn catch_up(
 }
 
 /// Runs the draft for the rows `group` of `planned`: feeds each its `feed` unseen tokens (the
-/// round's first token last), then feeds back its argmax until `depth` tokens are drafted;
-/// returns them, `depth` per row, read in one go.
+/// round's first token last), then feeds back each row's next draft until `depth` tokens are
+/// drafted; returns each row's draft, read in one go.
+#[allow(clippy::too_many_arguments)]
 fn draft_rows(
     draft: &DraftModel,
+    sampler: &Sampler,
     sequences: &mut [Sequence],
     planned: &[Planned],
     group: &[usize],
     feed: usize,
     depth: usize,
-) -> Result<Vec<i32>, StepError> {
+) -> Result<Vec<Draft>, StepError> {
     let mut rows = Vec::with_capacity(group.len());
     let mut indices = Vec::with_capacity(group.len());
+    let mut drawers = Vec::with_capacity(group.len());
     for &p in group {
         let plan = &planned[p];
         let seq = &sequences[plan.index];
@@ -365,6 +370,7 @@ fn draft_rows(
         debug_assert_eq!(tokens.len(), feed);
         rows.push((tokens, draft_position(seq, held)?));
         indices.push(plan.index);
+        drawers.push(draws_drafts(seq).then_some(seq.id));
     }
     // Where the round's first token lands (the draft's position): every draft token follows.
     let firsts: Vec<usize> = rows.iter().map(|(t, at)| at + t.len() - 1).collect();
@@ -374,18 +380,31 @@ fn draft_rows(
         .model
         .forward_rows(&Batch::rows(&borrowed)?, &mut caches)?;
     let last = out.hidden.slice_axis(1, feed as i32 - 1, feed as i32)?;
-    let mut tokens = argmax_ids(draft, &last)?;
-    let mut drafted = vec![tokens.clone()];
+    let mut next = next_drafts(draft, sampler, &drawers, &last, &[])?;
+    let mut drafted = vec![next.tokens.clone()];
+    let mut drawn = vec![next.probs];
     for step in 1..depth {
         let positions = firsts.iter().map(|&first| first + step).collect();
         let out = draft
             .model
-            .forward_rows(&Batch::from_device(&tokens, positions)?, &mut caches)?;
-        tokens = argmax_ids(draft, &out.hidden)?;
-        drafted.push(tokens.clone());
+            .forward_rows(&Batch::from_device(&next.tokens, positions)?, &mut caches)?;
+        next = next_drafts(draft, sampler, &drawers, &out.hidden, &drafted)?;
+        drafted.push(next.tokens.clone());
+        drawn.push(next.probs);
     }
     drop(caches);
-    let drafted = mlx::concatenate(&drafted, 1)?.to_vec::<i32>()?;
+    // Each drawing row's distributions, `[depth, V]`, read with the drafts.
+    let drawn: Vec<Option<Array>> = (0..drawers.len())
+        .map(|row| {
+            let per_step: Option<Vec<Array>> = drawn.iter().map(|step| step[row].clone()).collect();
+            per_step.map(|rows| mlx::concatenate(&rows, 0)).transpose()
+        })
+        .collect::<Result<_, _>>()?;
+    let drafted = mlx::concatenate(&drafted, 1)?;
+    let mut to_read = vec![drafted.clone()];
+    to_read.extend(drawn.iter().flatten().cloned());
+    mlx::eval(&to_read)?;
+    let drafted = drafted.to_vec::<i32>()?;
     // The caches hold the round's first token and every draft but the last.
     for (&i, &first) in indices.iter().zip(&firsts) {
         if let Some(c) = sequences[i]
@@ -396,16 +415,89 @@ fn draft_rows(
             c.held = c.start + first + depth;
         }
     }
-    Ok(drafted)
+    let mut drafts = Vec::with_capacity(drawers.len());
+    for (row, probs) in drawn.into_iter().enumerate() {
+        let tokens: Vec<u32> = drafted[row * depth..(row + 1) * depth]
+            .iter()
+            .map(|&t| u32::try_from(t).unwrap_or(0))
+            .collect();
+        drafts.push(match probs {
+            None => Draft::one_hot(tokens),
+            Some(probs) => {
+                let probs = probs.to_vec::<f32>()?;
+                let vocab = probs.len() / depth.max(1);
+                Draft::dense(
+                    tokens,
+                    probs.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+                )
+            }
+        });
+    }
+    Ok(drafts)
 }
 
-/// The draft model's argmax after each row of `hidden` `[rows, 1, H]`, as `[rows, 1]` ids.
-fn argmax_ids(draft: &DraftModel, hidden: &Array) -> Result<Array, StepError> {
-    Ok(draft
-        .model
-        .unembed(hidden)?
-        .argmax(2, false)?
-        .astype(Dtype::I32)?)
+/// Whether `seq` draws its drafts from the draft's sampling distribution rather than taking
+/// its argmax: an unseeded request at T > 0 (a seeded one keeps argmax drafts, whose
+/// positional verification keeps its text independent of the depth).
+fn draws_drafts(seq: &Sequence) -> bool {
+    !seq.job.sampling.is_greedy() && seq.job.sampling.seed.is_none()
+}
+
+/// One draft step's proposals: `[rows, 1]` ids, and each drawing row's `[1, V]` distribution.
+struct NextDrafts {
+    tokens: Array,
+    probs: Vec<Option<Array>>,
+}
+
+/// The next draft of each row of `hidden` `[rows, 1, H]`: the argmax, or for a row whose
+/// `drawers` entry names its sampler slot, a draw from the request's sampling distribution over
+/// the draft's logits after the row's earlier drafts (`drafted`, `[rows, 1]` per step).
+fn next_drafts(
+    draft: &DraftModel,
+    sampler: &Sampler,
+    drawers: &[Option<crate::engine::sequence::SequenceId>],
+    hidden: &Array,
+    drafted: &[Array],
+) -> Result<NextDrafts, StepError> {
+    let logits = draft.model.unembed(hidden)?;
+    let argmax = logits.argmax(2, false)?.astype(Dtype::I32)?;
+    if drawers.iter().all(Option::is_none) {
+        return Ok(NextDrafts {
+            tokens: argmax,
+            probs: vec![None; drawers.len()],
+        });
+    }
+    let logits = logits.astype(Dtype::F32)?;
+    let earlier = match drafted {
+        [] => None,
+        steps => Some(mlx::concatenate(steps, 1)?),
+    };
+    let mut tokens = Vec::with_capacity(drawers.len());
+    let mut probs = Vec::with_capacity(drawers.len());
+    for (row, drawer) in drawers.iter().enumerate() {
+        let r = row as i32;
+        let Some(slot) = drawer else {
+            tokens.push(argmax.slice_axis(0, r, r + 1)?);
+            probs.push(None);
+            continue;
+        };
+        let row_logits = logits.slice_axis(0, r, r + 1)?.squeeze(&[0])?;
+        let chain = match &earlier {
+            Some(earlier) => Some(earlier.slice_axis(0, r, r + 1)?.squeeze(&[0])?),
+            None => None,
+        };
+        let q = sampler
+            .distribution(*slot, &row_logits, chain.as_ref())?
+            .probs;
+        let key = mlx::random::key(rand::random::<u64>())?;
+        let token = mlx::random::categorical(&q.log()?, 1, &key)?;
+        tokens.push(token.astype(Dtype::I32)?.reshape(&[1, 1])?);
+        probs.push(Some(q));
+    }
+    Ok(NextDrafts {
+        tokens: mlx::concatenate(&tokens, 0)?,
+        probs,
+    })
 }
 
 /// Tokens `seq`'s draft caches hold, checked against what the target holds.

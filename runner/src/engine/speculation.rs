@@ -394,7 +394,7 @@ pub fn run_rounds(
     }
     draft_by_layer_skip(model, sequences, &mut planned)?;
     if let Some(draft_model) = draft_model {
-        draft_by_model(draft_model, sequences, &mut planned)?;
+        draft_by_model(draft_model, sampler, sequences, &mut planned)?;
     }
     for plan in &mut planned {
         let seq = &mut sequences[plan.index];
