@@ -128,8 +128,10 @@ impl Weights {
         };
         self.taken.insert(name.to_string());
         Ok(Some(match tensor {
+            // Scales and biases cast first: MLX dequantizes in their dtype, and f16 arithmetic
+            // on a CPU is emulated, slower than f32 and rounded to f16 on the way.
             Tensor::Quantized(_) if self.dequantize => {
-                Tensor::Dense(tensor.clone().into_dense(Some(self.dtype))?)
+                Tensor::Dense(tensor.to_dtype(self.dtype)?.into_dense(Some(self.dtype))?)
             }
             _ => tensor.to_dtype(self.dtype)?,
         }))
@@ -236,4 +238,41 @@ pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> R
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_weights_with_f16_scales_dequantize_in_the_compute_dtype() {
+        // Values whose affine reconstruction needs more than f16's 11 significant bits.
+        let values: Vec<f32> = (0..64 * 4)
+            .map(|i| ((i * 37) % 101) as f32 * 0.0123 - 0.6)
+            .collect();
+        let dense = Array::from_slice(&values, &[4, 64]).unwrap();
+        let q = mlx::quantized::quantize(&dense, QuantSpec::affine(32, 4)).unwrap();
+        let half = Quantized {
+            scales: q.scales.astype(Dtype::F16).unwrap(),
+            biases: q.biases.as_ref().map(|b| b.astype(Dtype::F16).unwrap()),
+            ..q.clone()
+        };
+        // The reference: the same f16 scales and biases, widened, reconstructed in f32.
+        let exact = Quantized {
+            scales: half.scales.astype(Dtype::F32).unwrap(),
+            biases: half.biases.as_ref().map(|b| b.astype(Dtype::F32).unwrap()),
+            ..q.clone()
+        }
+        .dequantize(Some(Dtype::F32))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+        let mut weights = Weights::new([("w".to_string(), Tensor::Quantized(half))], Dtype::F32)
+            .dequantized(true);
+        let Some(Tensor::Dense(got)) = weights.optional("w").unwrap() else {
+            panic!("not handed out dense");
+        };
+        assert_eq!(got.dtype(), Dtype::F32);
+        assert_eq!(got.to_vec::<f32>().unwrap(), exact);
+    }
 }
