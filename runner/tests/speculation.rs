@@ -339,3 +339,44 @@ fn layer_skip_drafts_leave_answers_unchanged() {
         assert!(message.contains("self:64"), "{message}");
     }
 }
+
+#[test]
+fn a_round_right_after_a_plain_stretch_stays_within_the_budget() {
+    // The controller measured only plain decoding: rounds give way to plain decoding until a
+    // probe at its 8th decision, decided while the next plain token is already in flight.
+    // Whatever the budget left then, the answer has exactly the tokens asked for, and the
+    // target's.
+    let mut learnt = speculate::DepthController::new(8);
+    for _ in 0..2 {
+        learnt.observe(1, 0, 0, std::time::Duration::from_millis(1));
+    }
+    let prompt = ids(6, 12);
+    let mut probed = 0;
+    for budget in 4..16 {
+        let state = tempfile::tempdir().unwrap();
+        learnt.save(state.path().join("self-1.json")).unwrap();
+        let mut engine = engine("llama", 64 << 20);
+        engine.keep_state_in(state.path().to_path_buf());
+        let mut answer = submit_with(
+            &mut engine,
+            &prompt,
+            budget,
+            sampler::Options::greedy(),
+            Speculation::On {
+                drafter: DrafterKind::SelfDraft(1),
+                max_depth: Some(8),
+            },
+        );
+        run_to_idle(&mut engine);
+        assert!(answer.ended());
+        assert_eq!(answer.failed, None);
+        let spec = answer.stats().speculation.expect("it speculated");
+        probed += spec.drafted;
+        assert_eq!(
+            answer.tokens,
+            cold(engine.model(), &prompt, budget),
+            "a budget of {budget}: {spec:?}"
+        );
+    }
+    assert!(probed > 0, "no probe drafted anything");
+}

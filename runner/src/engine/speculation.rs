@@ -370,10 +370,7 @@ pub fn run_rounds(
             drafter.settle(&context);
         }
         spec.settled = true;
-        let depth = match spec.depth.take() {
-            Some(depth) => depth,
-            None => round_depth(controllers, spec, batch, room),
-        };
+        let depth = decided_depth(controllers, spec, batch, room);
         let draft = match (depth, spec.drafter.as_mut()) {
             (0, _) => Draft::empty(),
             (_, Some(drafter)) => {
@@ -523,9 +520,31 @@ fn round_depth(
     batch: usize,
     room: usize,
 ) -> usize {
-    // A round commits up to depth + 1 tokens: never more than the budget has left.
-    let limit = spec.max_depth.min(room.saturating_sub(1));
-    controllers.get(spec.kind).depth(batch).min(limit)
+    controllers
+        .get(spec.kind)
+        .depth(batch)
+        .min(depth_limit(spec, room))
+}
+
+/// The deepest round `spec` may draft with `room` tokens left: a round commits up to depth + 1
+/// tokens, never more than the budget has left.
+fn depth_limit(spec: &Speculating, room: usize) -> usize {
+    spec.max_depth.min(room.saturating_sub(1))
+}
+
+/// The depth of `spec`'s round starting now: the one already decided for it (when a plain
+/// stretch ended, with a token then still in flight, so clamped to the room left now), else
+/// the controller's.
+fn decided_depth(
+    controllers: &mut Controllers,
+    spec: &mut Speculating,
+    batch: usize,
+    room: usize,
+) -> usize {
+    match spec.depth.take() {
+        Some(depth) => depth.min(depth_limit(spec, room)),
+        None => round_depth(controllers, spec, batch, room),
+    }
 }
 
 /// Decides this step's depth for every sequence about to start a round. One whose controller
@@ -551,10 +570,7 @@ pub fn decide_depths(controllers: &mut Controllers, sequences: &mut [Sequence], 
         let Some(spec) = seq.speculating.as_mut() else {
             continue;
         };
-        let depth = match spec.depth.take() {
-            Some(depth) => depth,
-            None => round_depth(controllers, spec, batch, room),
-        };
+        let depth = decided_depth(controllers, spec, batch, room);
         if depth == 0 && spec.may_decode_plainly && spec.settled && may_continue {
             spec.plain = true;
         } else {
