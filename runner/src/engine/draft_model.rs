@@ -43,7 +43,7 @@ use speculate::Draft;
 
 use crate::engine::loaded::{StepError, rows_of};
 use crate::engine::prefix_cache::{self, PrefixCache};
-use crate::engine::sequence::Sequence;
+use crate::engine::sequence::{Sequence, SequenceId};
 use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
 
 /// The tokens a draft restarts from after a plain stretch left it further behind.
@@ -455,7 +455,7 @@ struct NextDrafts {
 fn next_drafts(
     draft: &DraftModel,
     sampler: &Sampler,
-    drawers: &[Option<crate::engine::sequence::SequenceId>],
+    drawers: &[Option<SequenceId>],
     hidden: &Array,
     drafted: &[Array],
 ) -> Result<NextDrafts, StepError> {
