@@ -50,17 +50,7 @@ impl StackedExperts {
             let weight = weights.weight(&stacked)?;
             let count = i32::try_from(count)
                 .map_err(|_| Error::Weights(format!("{count} experts is too many")))?;
-            let shape = match &weight {
-                Tensor::Dense(w) => w.shape(),
-                Tensor::Quantized(q) => {
-                    let mut s = q.weights.shape();
-                    // u32 words hold 32 / bits values.
-                    if let Some(last) = s.last_mut() {
-                        *last = last.saturating_mul(32) / q.spec.bits.max(1);
-                    }
-                    s
-                }
-            };
+            let shape = weight.shape();
             if shape != [count, out, inp] {
                 return Err(Error::Weights(format!(
                     "tensor `{stacked}` is {shape:?}, expected [{count}, {out}, {inp}]"
@@ -74,54 +64,12 @@ impl StackedExperts {
                 Ok(weights.matrix(&name, out, inp)?.into_weight())
             })
             .collect::<Result<Vec<_>>>()?;
-        StackedExperts::stack(each)
+        StackedExperts::stack(&format!("{experts}.{which}"), each)
     }
 
-    /// Stacks per-expert `[out, in]` weights of one kind.
-    pub fn stack(weights: Vec<Tensor>) -> Result<StackedExperts> {
-        let all_dense = weights.iter().all(|w| matches!(w, Tensor::Dense(_)));
-        if all_dense {
-            let arrays: Vec<Array> = weights
-                .into_iter()
-                .filter_map(|w| match w {
-                    Tensor::Dense(a) => Some(a),
-                    Tensor::Quantized(_) => None,
-                })
-                .collect();
-            return Ok(StackedExperts::new(Tensor::Dense(mlx::stack(&arrays, 0)?)));
-        }
-        let mut qs = Vec::with_capacity(weights.len());
-        for w in weights {
-            match w {
-                Tensor::Quantized(q) => qs.push(q),
-                Tensor::Dense(_) => {
-                    return Err(Error::Weights(
-                        "experts mix dense and quantized weights".into(),
-                    ));
-                }
-            }
-        }
-        let spec = qs
-            .first()
-            .map(|q| q.spec)
-            .ok_or_else(|| Error::Weights("no experts to stack".into()))?;
-        if qs.iter().any(|q| q.spec != spec) {
-            return Err(Error::Weights("experts are quantized differently".into()));
-        }
-        let weights: Vec<Array> = qs.iter().map(|q| q.weights.clone()).collect();
-        let scales: Vec<Array> = qs.iter().map(|q| q.scales.clone()).collect();
-        let biases = qs
-            .iter()
-            .map(|q| q.biases.clone())
-            .collect::<Option<Vec<Array>>>()
-            .map(|b: Vec<Array>| mlx::stack(&b, 0))
-            .transpose()?;
-        Ok(StackedExperts::new(Tensor::Quantized(Quantized {
-            weights: mlx::stack(&weights, 0)?,
-            scales: mlx::stack(&scales, 0)?,
-            biases,
-            spec,
-        })))
+    /// Stacks per-expert `[out, in]` weights of one kind, called `name` in errors.
+    pub fn stack(name: &str, weights: Vec<Tensor>) -> Result<StackedExperts> {
+        Ok(StackedExperts::new(Tensor::stack(name, weights)?))
     }
 
     /// `x: [tokens, 1, 1, in]` through expert `indices[t, j]` → `[tokens, k, 1, out]`.

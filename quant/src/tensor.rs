@@ -30,6 +30,49 @@ impl Tensor {
         }
     }
 
+    /// `parts`, matrices of one shape and one layout (all dense, or all quantized alike),
+    /// stacked along a new first axis: a `[parts, out, in]` tensor, such as one projection of
+    /// every expert of a mixture. `name` names the stack in errors.
+    pub fn stack(name: &str, parts: Vec<Tensor>) -> Result<Tensor> {
+        let refuse = |what: &str| crate::Error::Unsupported {
+            name: name.to_string(),
+            what: what.to_string(),
+        };
+        let stack = |arrays: Vec<Array>| -> Result<Array> { Ok(mlx::stack(&arrays, 0)?) };
+        let mut dense = Vec::new();
+        let mut quantized = Vec::new();
+        for part in parts {
+            match part {
+                Tensor::Dense(a) => dense.push(a),
+                Tensor::Quantized(q) => quantized.push(q),
+            }
+        }
+        let Some(spec) = quantized.first().map(|q| q.spec) else {
+            if dense.is_empty() {
+                return Err(refuse("nothing to stack"));
+            }
+            return Ok(Tensor::Dense(stack(dense)?));
+        };
+        if !dense.is_empty() {
+            return Err(refuse("its parts mix dense and quantized matrices"));
+        }
+        if quantized.iter().any(|q| q.spec != spec) {
+            return Err(refuse("its parts are quantized differently"));
+        }
+        let biases = quantized
+            .iter()
+            .map(|q| q.biases.clone())
+            .collect::<Option<Vec<Array>>>()
+            .map(stack)
+            .transpose()?;
+        Ok(Tensor::Quantized(Quantized {
+            weights: stack(quantized.iter().map(|q| q.weights.clone()).collect())?,
+            scales: stack(quantized.iter().map(|q| q.scales.clone()).collect())?,
+            biases,
+            spec,
+        }))
+    }
+
     /// Whether the tensor is quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Tensor::Quantized(_))
@@ -102,5 +145,43 @@ impl Tensor {
                 spec: q.spec,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx::quantized::{QuantSpec, quantize};
+
+    use super::*;
+
+    fn matrix(seed: usize) -> Array {
+        let values: Vec<f32> = (0..4 * 64)
+            .map(|i| ((i + seed) % 13) as f32 * 0.1)
+            .collect();
+        Array::from_slice(&values, &[4, 64]).unwrap()
+    }
+
+    #[test]
+    fn stacks_matrices_of_one_layout_and_names_the_stack_when_they_differ() {
+        let q =
+            |seed| Tensor::Quantized(quantize(&matrix(seed), QuantSpec::affine(32, 4)).unwrap());
+        let stacked = Tensor::stack("e.w", vec![q(0), q(1), q(2)]).unwrap();
+        assert!(stacked.is_quantized());
+        assert_eq!(stacked.shape(), [3, 4, 64]);
+        let dense = Tensor::stack(
+            "e.w",
+            vec![Tensor::Dense(matrix(0)), Tensor::Dense(matrix(1))],
+        );
+        assert_eq!(dense.unwrap().shape(), [2, 4, 64]);
+
+        let mixed = Tensor::stack("e.w", vec![q(0), Tensor::Dense(matrix(1))]).unwrap_err();
+        assert!(mixed.to_string().contains("e.w"), "{mixed}");
+        let eight = Tensor::Quantized(quantize(&matrix(1), QuantSpec::affine(32, 8)).unwrap());
+        let unlike = Tensor::stack("e.w", vec![q(0), eight]).unwrap_err();
+        assert!(
+            unlike.to_string().contains("quantized differently"),
+            "{unlike}"
+        );
+        assert!(Tensor::stack("e.w", Vec::new()).is_err());
     }
 }

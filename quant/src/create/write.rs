@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use mlx::Dtype;
 use mlx::quantized::{QuantSpec, Quantized, quantize};
-use mlx::{Array, Dtype};
 use serde_json::{Map, Value, json};
 
 use super::plan::{Action, Plan, TensorPlan};
@@ -121,37 +121,12 @@ fn carry_out(
 /// One projection of every expert, each written as planned, stacked `[experts, out, in]`.
 /// Only this projection of one block is in memory at once.
 fn stacked(checkpoint: &Checkpoint, t: &TensorPlan, compute: Dtype) -> Result<Tensor> {
-    let mut dense = Vec::new();
-    let mut quantized = Vec::new();
-    for name in &t.members {
-        match carry_out(checkpoint, name, t.stored, t.action, compute)? {
-            Tensor::Dense(a) => dense.push(a),
-            Tensor::Quantized(q) => quantized.push(q),
-        }
-    }
-    let stack = |arrays: Vec<Array>| -> Result<Array> { Ok(mlx::stack(&arrays, 0)?) };
-    let spec = quantized.first().map(|q| q.spec);
-    match spec {
-        None => Ok(Tensor::Dense(stack(dense)?)),
-        Some(spec) if dense.is_empty() && quantized.iter().all(|q| q.spec == spec) => {
-            let biases = quantized
-                .iter()
-                .map(|q| q.biases.clone())
-                .collect::<Option<Vec<Array>>>()
-                .map(stack)
-                .transpose()?;
-            Ok(Tensor::Quantized(Quantized {
-                weights: stack(quantized.iter().map(|q| q.weights.clone()).collect())?,
-                scales: stack(quantized.iter().map(|q| q.scales.clone()).collect())?,
-                biases,
-                spec,
-            }))
-        }
-        Some(_) => Err(Error::Unsupported {
-            name: t.name.clone(),
-            what: "its experts are stored in different layouts".into(),
-        }),
-    }
+    let parts = t
+        .members
+        .iter()
+        .map(|name| carry_out(checkpoint, name, t.stored, t.action, compute))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::stack(&t.name, parts)
 }
 
 /// A quantized matrix in mlx-lm's layout.
