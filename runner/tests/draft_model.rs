@@ -7,12 +7,10 @@
 
 mod steps;
 
-use std::collections::HashMap;
-
 use runner::engine::{DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, cancel_after, check_trie, cold, engine, homogeneity, ids, model, run_to_idle, run_with,
-    submit_with,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, engine, ids, model,
+    run_to_idle, run_with, submit_with,
 };
 
 fn drafted(depth: usize) -> Speculation {
@@ -256,45 +254,15 @@ fn unseeded_drafts_are_drawn_from_the_draft_accepted_as_p_over_q_and_leave_the_t
     // first three tokens of 2,000 requests are distributed as without speculation. (Unseeded,
     // the test is a fresh trial every run: it fails by chance once in about 3,000 runs. The
     // residual draw after a rejection is tested in `speculate`'s `lossless` tests.)
-    const DRAWS: usize = 2000;
+    const DRAWS: u64 = 2000;
     let mut engine = with_draft("llama", "llama");
     let prompt = ids(7, 10);
     let options = sampler::Options {
         repeat_penalty: 1.1,
         ..unseeded()
     };
-    let mut samples: Vec<HashMap<Vec<u32>, usize>> = Vec::new();
-    let (mut accepted, mut proposed) = (0, 0);
-    for speculation in [Speculation::Off, drafted(3)] {
-        let mut counts: [HashMap<Vec<u32>, usize>; 3] = Default::default();
-        for _ in 0..DRAWS / 16 {
-            let mut handles: Vec<Handle> = (0..16)
-                .map(|_| submit_with(&mut engine, &prompt, 4, options.clone(), speculation))
-                .collect();
-            run_to_idle(&mut engine);
-            for handle in &mut handles {
-                assert!(handle.ended());
-                assert_eq!(handle.failed, None);
-                let t = handle.tokens.clone();
-                assert_eq!(t.len(), 4);
-                *counts[0].entry(vec![t[1]]).or_default() += 1;
-                *counts[1].entry(vec![t[2]]).or_default() += 1;
-                *counts[2].entry(t[..3].to_vec()).or_default() += 1;
-                if let Some(spec) = handle.stats().speculation {
-                    accepted += spec.accepted;
-                    proposed += spec.drafted;
-                }
-            }
-        }
-        samples.extend(counts);
-    }
-    for (what, i) in [("second token", 0), ("third token", 1), ("all three", 2)] {
-        let (stat, quantile) = homogeneity(&samples[i], &samples[i + 3]);
-        eprintln!(
-            "{what}: chi-square {stat:.1}, 0.9999 quantile {quantile:.1}; {accepted} of {proposed} drafts accepted"
-        );
-        assert!(stat < quantile, "{what}: {stat} >= {quantile}");
-    }
+    let (accepted, proposed) =
+        assert_first_tokens_alike(&mut engine, &prompt, DRAWS, |_| options.clone(), drafted(3));
     // q and p differ by f32 rounding between the two forwards: a rejection is a rare event
     // (a top-p boundary token on one side of the cut only).
     assert!(proposed >= 100, "only {proposed} drafts");

@@ -4,12 +4,10 @@
 
 mod steps;
 
-use std::collections::HashMap;
-
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, cancel_after, check_trie, cold, engine, homogeneity, ids, run_to_idle, submit_job,
-    submit_with,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, engine, ids, run_to_idle,
+    submit_job, submit_with,
 };
 
 fn ngram(depth: usize) -> Speculation {
@@ -209,43 +207,8 @@ fn sampled_speculation_draws_what_plain_sampling_draws() {
     // A token the fixture tends to repeat, repeated: prompt lookup proposes more of it, and
     // the target accepts some and rejects some.
     let prompt = [repetitive(2, 30), vec![122; 6]].concat();
-    let mut samples: Vec<HashMap<Vec<u32>, usize>> = Vec::new();
-    let (mut accepted, mut drafted) = (0, 0);
-    for speculation in [Speculation::Off, ngram(4)] {
-        let mut counts: [HashMap<Vec<u32>, usize>; 3] = Default::default();
-        for batch in 0..DRAWS / 16 {
-            let mut handles: Vec<Handle> = (0..16)
-                .map(|i| {
-                    submit_with(
-                        &mut engine,
-                        &prompt,
-                        4,
-                        sampled(batch * 16 + i),
-                        speculation,
-                    )
-                })
-                .collect();
-            run_to_idle(&mut engine);
-            for handle in &mut handles {
-                assert!(handle.ended());
-                let t = handle.tokens.clone();
-                assert_eq!(t.len(), 4);
-                *counts[0].entry(vec![t[1]]).or_default() += 1;
-                *counts[1].entry(vec![t[2]]).or_default() += 1;
-                *counts[2].entry(t[..3].to_vec()).or_default() += 1;
-                accepted += handle.stats().speculation.map_or(0, |s| s.accepted);
-                drafted += handle.stats().speculation.map_or(0, |s| s.drafted);
-            }
-        }
-        samples.extend(counts);
-    }
-    for (what, i) in [("second token", 0), ("third token", 1), ("all three", 2)] {
-        let (stat, quantile) = homogeneity(&samples[i], &samples[i + 3]);
-        eprintln!(
-            "{what}: chi-square {stat:.1}, 0.9999 quantile {quantile:.1}; {accepted} of {drafted} drafts accepted"
-        );
-        assert!(stat < quantile, "{what}: {stat} >= {quantile}");
-    }
+    let (accepted, drafted) =
+        assert_first_tokens_alike(&mut engine, &prompt, DRAWS, sampled, ngram(4));
     assert!(
         accepted > 100,
         "only {accepted} of {drafted} drafts were accepted"

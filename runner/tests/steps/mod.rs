@@ -246,10 +246,57 @@ pub fn check_trie(engine: &LoadedModel) {
     engine.prefix_cache().trie().check_invariants().unwrap();
 }
 
+/// Sends `draws` requests of `prompt` for 4 tokens each, 16 at a time, first without
+/// speculation, then with `speculation`, request `i` sampling with `options(i)`; asserts that
+/// each answer is whole and that the second token, the third and the first three are
+/// distributed alike both ways (chi-square at the 0.9999 quantile). Returns the drafts the
+/// speculating requests had accepted, and proposed.
+pub fn assert_first_tokens_alike(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    draws: u64,
+    options: impl Fn(u64) -> sampler::Options,
+    speculation: Speculation,
+) -> (usize, usize) {
+    let mut samples: Vec<HashMap<Vec<u32>, usize>> = Vec::new();
+    let (mut accepted, mut drafted) = (0, 0);
+    for speculation in [Speculation::Off, speculation] {
+        let mut counts: [HashMap<Vec<u32>, usize>; 3] = Default::default();
+        for batch in 0..draws / 16 {
+            let mut handles: Vec<Handle> = (0..16)
+                .map(|i| submit_with(engine, prompt, 4, options(batch * 16 + i), speculation))
+                .collect();
+            run_to_idle(engine);
+            for handle in &mut handles {
+                assert!(handle.ended());
+                assert_eq!(handle.failed, None);
+                let t = handle.tokens.clone();
+                assert_eq!(t.len(), 4);
+                *counts[0].entry(vec![t[1]]).or_default() += 1;
+                *counts[1].entry(vec![t[2]]).or_default() += 1;
+                *counts[2].entry(t[..3].to_vec()).or_default() += 1;
+                if let Some(spec) = handle.stats().speculation {
+                    accepted += spec.accepted;
+                    drafted += spec.drafted;
+                }
+            }
+        }
+        samples.extend(counts);
+    }
+    for (what, i) in [("second token", 0), ("third token", 1), ("all three", 2)] {
+        let (stat, quantile) = homogeneity(&samples[i], &samples[i + 3]);
+        eprintln!(
+            "{what}: chi-square {stat:.1}, 0.9999 quantile {quantile:.1}; {accepted} of {drafted} drafts accepted"
+        );
+        assert!(stat < quantile, "{what}: {stat} >= {quantile}");
+    }
+    (accepted, drafted)
+}
+
 /// Pearson's chi-square homogeneity test of two samples' counts over the same categories,
 /// categories expected fewer than 5 times in either sample pooled; the statistic and its
 /// 0.9999 quantile (Wilson–Hilferty).
-pub fn homogeneity(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
+fn homogeneity(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
     let (na, nb) = (
         a.values().sum::<usize>() as f64,
         b.values().sum::<usize>() as f64,
