@@ -70,15 +70,8 @@ pub fn start_server_in(
     config: LoopConfig,
     prepare: impl FnOnce(&Store),
 ) -> Option<Server> {
-    for model in models {
-        let name = ModelName::parse(model).unwrap();
-        if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set and {model} could not be pulled: {e}");
-            }
-            eprintln!("skipping the server tests: {model} could not be pulled ({e})");
-            return None;
-        }
+    if !models.iter().all(|model| pulled(&store, model)) {
+        return None;
     }
     prepare(&store);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -113,15 +106,23 @@ pub fn start_server_in(
 /// a notice) when it cannot be fetched outside CI.
 pub fn store_with(home: &std::path::Path, model: &str) -> Option<Store> {
     let store = Store::open(home.to_path_buf()).unwrap();
+    pulled(&store, model).then_some(store)
+}
+
+/// Whether `model` is in `store`, pulled through the project's own path now if it was not; a
+/// failure panics when `CI` is set, and is a notice (the caller skips) otherwise.
+fn pulled(store: &Store, model: &str) -> bool {
     let name = ModelName::parse(model).unwrap();
-    if let Err(e) = runner::pull::pull(&store, &name, &mut |_| {}) {
-        if std::env::var_os("CI").is_some() {
-            panic!("CI is set and {model} could not be pulled: {e}");
+    match runner::pull::pull(store, &name, &mut |_| {}) {
+        Ok(_) => true,
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("CI is set and {model} could not be pulled: {e}")
         }
-        eprintln!("skipping: {model} could not be pulled ({e})");
-        return None;
+        Err(e) => {
+            eprintln!("skipping: {model} could not be pulled ({e})");
+            false
+        }
     }
-    Some(store)
 }
 
 pub fn client() -> reqwest::blocking::Client {
