@@ -9,8 +9,8 @@ mod steps;
 
 use runner::engine::{DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, engine, ids, model,
-    run_to_idle, run_with, submit_with,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold,
+    controller_of_plain_decoding, engine, ids, model, run_to_idle, run_with, submit_with,
 };
 
 fn drafted(depth: usize) -> Speculation {
@@ -209,11 +209,7 @@ fn a_probe_after_a_plain_stretch_restarts_the_draft_from_a_window() {
     // decodes plainly from its first round on, and probes depth 1 at its 8th decision, by
     // which time the draft (fed nothing yet) is more than a window behind.
     let state = tempfile::tempdir().unwrap();
-    let mut learnt = speculate::DepthController::new(4);
-    for _ in 0..2 {
-        learnt.observe(1, 0, 0, std::time::Duration::from_millis(1));
-    }
-    assert_eq!(learnt.best(1), 0);
+    let learnt = controller_of_plain_decoding(4);
     learnt.save(state.path().join("draft-llama.json")).unwrap();
     let mut engine = with_draft("llama", "llama");
     engine.keep_state_in(state.path().to_path_buf());

@@ -6,8 +6,8 @@ mod steps;
 
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, engine, ids, run_to_idle,
-    submit_job, submit_with,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold,
+    controller_of_plain_decoding, engine, ids, run_to_idle, submit_job, submit_with,
 };
 
 fn ngram(depth: usize) -> Speculation {
@@ -309,10 +309,7 @@ fn a_round_right_after_a_plain_stretch_stays_within_the_budget() {
     // probe at its 8th decision, decided while the next plain token is already in flight.
     // Whatever the budget left then, the answer has exactly the tokens asked for, and the
     // target's.
-    let mut learnt = speculate::DepthController::new(8);
-    for _ in 0..2 {
-        learnt.observe(1, 0, 0, std::time::Duration::from_millis(1));
-    }
+    let learnt = controller_of_plain_decoding(8);
     let prompt = ids(6, 12);
     let mut probed = 0;
     for budget in 4..16 {

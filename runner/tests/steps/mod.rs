@@ -246,6 +246,17 @@ pub fn check_trie(engine: &LoadedModel) {
     engine.prefix_cache().trie().check_invariants().unwrap();
 }
 
+/// A depth controller that has measured only plain decoding: it picks depth 0, and probes
+/// depth 1 at its 8th decision.
+pub fn controller_of_plain_decoding(max_depth: usize) -> speculate::DepthController {
+    let mut learnt = speculate::DepthController::new(max_depth);
+    for _ in 0..2 {
+        learnt.observe(1, 0, 0, std::time::Duration::from_millis(1));
+    }
+    assert_eq!(learnt.best(1), 0);
+    learnt
+}
+
 /// Sends `draws` requests of `prompt` for 4 tokens each, 16 at a time, first without
 /// speculation, then with `speculation`, request `i` sampling with `options(i)`; asserts that
 /// each answer is whole and that the second token, the third and the first three are
