@@ -128,10 +128,8 @@ impl Weights {
         };
         self.taken.insert(name.to_string());
         Ok(Some(match tensor {
-            // Scales and biases cast first: MLX dequantizes in their dtype, and f16 arithmetic
-            // on a CPU is emulated, slower than f32 and rounded to f16 on the way.
             Tensor::Quantized(_) if self.dequantize => {
-                Tensor::Dense(tensor.to_dtype(self.dtype)?.into_dense(Some(self.dtype))?)
+                Tensor::Dense(tensor.clone().into_dense(Some(self.dtype))?)
             }
             _ => tensor.to_dtype(self.dtype)?,
         }))

@@ -95,13 +95,31 @@ impl Tensor {
     }
 
     /// A dense array, dequantizing (into `dtype`, or the scales' dtype) if needed.
+    ///
+    /// Half-precision scales and biases are widened to f32 first: MLX dequantizes in their
+    /// dtype, and f16 arithmetic on a CPU is emulated (twice as slow as f32 loading SmolLM2)
+    /// and rounds every weight to f16 before the cast to `dtype`.
     pub fn into_dense(self, dtype: Option<Dtype>) -> Result<Array> {
         match self {
             Tensor::Dense(a) => match dtype {
                 Some(d) if d != a.dtype() => Ok(a.astype(d)?),
                 _ => Ok(a),
             },
-            Tensor::Quantized(q) => Ok(q.dequantize(dtype)?),
+            Tensor::Quantized(q) => {
+                let out = dtype.unwrap_or(q.scales.dtype());
+                let widen = |a: &Array| -> Result<Array> {
+                    match a.dtype() {
+                        Dtype::F16 | Dtype::Bf16 => Ok(a.astype(Dtype::F32)?),
+                        _ => Ok(a.clone()),
+                    }
+                };
+                let wide = Quantized {
+                    scales: widen(&q.scales)?,
+                    biases: q.biases.as_ref().map(widen).transpose()?,
+                    ..q
+                };
+                Ok(wide.dequantize(Some(out))?)
+            }
         }
     }
 
