@@ -106,14 +106,40 @@ pub fn attend_cached(
 pub fn attend_cached_heads(
     kernel: &ScaledDotProduct,
     queries: &Array,
-    (keys, values): (&Array, &Array),
+    keys_values: (&Array, &Array),
     caches: &mut [&mut [Option<LayerCache>]],
     layer: usize,
     positions: &[usize],
     logical: LogicalMask,
 ) -> Result<Array> {
-    let rows = positions.len();
     let tokens = queries.dim(2)?;
+    let histories = append_to_caches(
+        keys_values,
+        caches,
+        layer,
+        positions,
+        tokens as usize,
+        logical,
+    )?;
+    attend_histories(kernel, queries, &histories)
+}
+
+/// Every row's history after one layer's forward, with the mask its new tokens see: what a
+/// later layer that shares this layer's keys and values (Gemma 4) attends over.
+pub struct RowHistories(Vec<(KvHistory, AttentionMaskOwned)>);
+
+/// Appends each row's new keys and values (`[rows, kv_heads, tokens, d]`) to its cache for
+/// layer `layer`, and returns every row's history as `tokens` new queries under `logical` see
+/// it.
+pub fn append_to_caches(
+    (keys, values): (&Array, &Array),
+    caches: &mut [&mut [Option<LayerCache>]],
+    layer: usize,
+    positions: &[usize],
+    tokens: usize,
+    logical: LogicalMask,
+) -> Result<RowHistories> {
+    let rows = positions.len();
     let mut histories = Vec::with_capacity(rows);
     for (row, set) in caches.iter_mut().enumerate() {
         let cache = set[layer]
@@ -127,10 +153,10 @@ pub fn attend_cached_heads(
             )));
         }
         let history = cache.update(&pick_row(keys, row, rows)?, &pick_row(values, row, rows)?)?;
-        let mask = history.mask.attention_mask(tokens as usize, logical)?;
+        let mask = history.mask.attention_mask(tokens, logical)?;
         histories.push((history, mask));
     }
-    attend_histories(kernel, queries, &histories)
+    Ok(RowHistories(histories))
 }
 
 /// Row `row` of a `[rows, …]` array (the array itself when it has one row).
@@ -146,11 +172,12 @@ pub fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
 /// "every column" or causal (every decode step, and prompt chunks over full-attention caches),
 /// MLX's attention for a row that needs a mask array. Which path a row takes depends on that
 /// row alone, so its result does not depend on the batch.
-fn attend_histories(
+pub fn attend_histories(
     kernel: &ScaledDotProduct,
     queries: &Array,
-    histories: &[(KvHistory, AttentionMaskOwned)],
+    histories: &RowHistories,
 ) -> Result<Array> {
+    let histories = &histories.0;
     let rows = histories.len();
     let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
     if let Some(all) = &all

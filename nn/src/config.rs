@@ -465,6 +465,10 @@ pub(crate) fn read_scaling(value: &Value) -> Result<RopeScaling> {
             mscale_all_dim: s.f64("mscale_all_dim")?.unwrap_or(0.0),
             truncate: s.bool("truncate")?.unwrap_or(true),
         },
+        "proportional" => RopeScaling::Proportional {
+            rotated_fraction: s.f64("partial_rotary_factor")?.unwrap_or(1.0),
+            factor: s.f64("factor")?.unwrap_or(1.0),
+        },
         other => return Err(Error::Config(format!("unsupported rope scaling `{other}`"))),
     })
 }

@@ -130,6 +130,8 @@ pub struct Moe {
     expert_biases: Option<Box<(Array, Array)>>,
     /// Routing weights scale each expert's input instead of its output (Llama 4).
     scale_inputs: bool,
+    /// A factor per expert on its routing weight (Gemma 4).
+    expert_scales: Option<Array>,
     /// The experts are ungated: `gate_up` holds only their up projections and the hidden
     /// state is `act(up · x)` (Nemotron-H).
     ungated: bool,
@@ -249,6 +251,7 @@ impl Moe {
             routing: None,
             expert_biases: None,
             scale_inputs: false,
+            expert_scales: None,
             ungated: false,
         })
     }
@@ -297,6 +300,13 @@ impl Moe {
         Ok(moe)
     }
 
+    /// Multiplies each chosen expert's routing weight by its own learned factor (`[experts]`),
+    /// after the top-k weights are normalized (Gemma 4's `per_expert_scale`).
+    pub fn with_expert_scales(mut self, scales: Array) -> Moe {
+        self.expert_scales = Some(scales);
+        self
+    }
+
     /// Scales each expert's input by its routing weight instead of its output (Llama 4: the
     /// experts are nonlinear, so the two differ).
     pub fn with_scaled_inputs(mut self) -> Moe {
@@ -322,6 +332,7 @@ impl Moe {
         {
             out.push(bias.clone());
         }
+        out.extend(self.expert_scales.iter().cloned());
         if let Some(shared) = &self.shared {
             shared.mlp.collect_arrays(out);
             if let Some(gate) = &shared.gate {
@@ -400,6 +411,9 @@ impl Moe {
         }
         if let Some(routing) = &self.routing {
             weights = weights.multiply(routing.scale)?;
+        }
+        if let Some(scales) = &self.expert_scales {
+            weights = weights.multiply(&scales.astype(Dtype::F32)?.take(&indices, 0)?)?;
         }
         let weights = weights.astype(x.dtype())?;
 

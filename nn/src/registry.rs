@@ -8,7 +8,7 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    deepseek_v3, gemma2, gemma3, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
+    deepseek_v3, gemma2, gemma3, gemma4, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
     nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, TextConfig, missing};
@@ -171,6 +171,21 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(gemma2::Gemma2::new(
                 gemma2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &[
+            "gemma4_text",
+            "gemma4",
+            "Gemma4ForCausalLM",
+            "Gemma4ForConditionalGeneration",
+        ],
+        describe: |config| Ok(gemma4::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(gemma4::Gemma4::new(
+                gemma4::Config::from_json(config)?,
                 weights,
             )?))
         },

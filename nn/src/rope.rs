@@ -46,6 +46,15 @@ pub enum RopeScaling {
         /// gpt-oss turns it off).
         truncate: bool,
     },
+    /// Gemma 4's "proportional" rope: only the first `rotated_fraction` of the frequencies
+    /// turn, each at the rate a full-width rotation gives it (`base^(-2i/dims)`, divided by
+    /// `factor`); the features of the others stay where they are.
+    Proportional {
+        /// The share of frequency pairs that turn (`partial_rotary_factor`).
+        rotated_fraction: f64,
+        /// Frequencies are divided by it.
+        factor: f64,
+    },
 }
 
 /// Everything that defines one rotary embedding.
@@ -183,6 +192,32 @@ impl Rope {
                 };
                 rope.feature_scale =
                     (attention_scale(mscale) / attention_scale(mscale_all_dim)) as f32;
+            }
+            RopeScaling::Proportional {
+                rotated_fraction,
+                factor,
+            } => {
+                positive("proportional rope factor", factor)?;
+                if !(0.0..=1.0).contains(&rotated_fraction) {
+                    return Err(Error::Config(format!(
+                        "partial_rotary_factor must be between 0 and 1, got {rotated_fraction}"
+                    )));
+                }
+                // As the reference rounds: whole pairs, down.
+                let turning = (rotated_fraction * dims / 2.0).floor() as usize;
+                // An infinite period is an angle of zero at every position: no rotation.
+                let periods = base_periods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| {
+                        if i < turning {
+                            p * factor
+                        } else {
+                            f64::INFINITY
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                rope.periods = Some(periods_array(&periods)?);
             }
         }
         Ok(rope)

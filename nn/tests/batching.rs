@@ -41,6 +41,16 @@ fn gemma3_with_sliding_windows() {
 }
 
 #[test]
+fn gemma4_with_shared_keys_and_per_layer_inputs() {
+    check("gemma4");
+}
+
+#[test]
+fn gemma4_with_experts() {
+    check("gemma4_moe");
+}
+
+#[test]
 fn qwen3() {
     check("qwen3");
 }

@@ -67,14 +67,16 @@ fn dequantized_copy(from: &Path, to: &Path) {
     std::fs::write(to.join("config.json"), config.to_string()).unwrap();
 }
 
-/// Families with plain, untied-head, MoE and hybrid (convolution, recurrent) layouts.
-const FAMILIES: [&str; 6] = [
+/// Families with plain, untied-head, MoE, hybrid (convolution, recurrent) and Gemma 4's
+/// (per-layer table, layer scalars, layers without keys) layouts.
+const FAMILIES: [&str; 7] = [
     "llama",
     "llama_untied",
     "qwen3",
     "gemma3",
     "qwen3_moe",
     "qwen3_5",
+    "gemma4",
 ];
 
 #[test]

@@ -402,6 +402,18 @@ fn gemma3() {
 }
 
 #[test]
+fn gemma4() {
+    check_fixture("gemma4", "config.json");
+    check_fixture("gemma4", "config.transformers4.json");
+}
+
+#[test]
+fn gemma4_moe() {
+    check_fixture("gemma4_moe", "config.json");
+    check_fixture("gemma4_moe", "config.transformers4.json");
+}
+
+#[test]
 fn a_config_without_its_rope_base_is_refused_by_name() {
     let dir = fixture("llama");
     let mut config: serde_json::Value =

@@ -57,6 +57,8 @@ fn eight_at_once_equal_each_alone() {
         "granitemoehybrid",
         "mistral3",
         "llama4",
+        "gemma4",
+        "gemma4_moe",
     ] {
         let mut engine = engine(name, 64 << 20);
         let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(r, 5 + 7 * r as usize)).collect();
@@ -76,7 +78,7 @@ fn eight_at_once_equal_each_alone() {
 /// slices anywhere), and just before each prompt's last token.
 #[test]
 fn alternating_conversations_both_stay_cached() {
-    for name in ["llama", "qwen3_5", "lfm2", "nemotron_h"] {
+    for name in ["llama", "qwen3_5", "lfm2", "nemotron_h", "gemma4"] {
         let mut engine = engine(name, 64 << 20);
         let system = ids(9, 30);
         let a: Vec<u32> = system.iter().copied().chain(ids(1, 8)).collect();

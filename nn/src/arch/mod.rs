@@ -4,6 +4,7 @@ pub mod decoder;
 pub mod deepseek_v3;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod lfm2;
