@@ -47,6 +47,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import gguf
 import numpy as np
 import safetensors
 import safetensors.torch
@@ -1116,6 +1117,127 @@ def mlx_lm_logits(fixture_dir: Path, config_name: str, ids: list[int]) -> tuple[
         return np.array(logits[0].astype(mx.float32)), version
 
 
+
+# ---------------------------------------------------------------------------------------------
+# GGUF copies
+#
+# `--gguf` translates a committed fixture folder into `model.gguf` the way llama.cpp's
+# converter (`convert_hf_to_gguf.py`) would: its architecture name, its metadata keys, its
+# tensor names (the `gguf` package's own name map) and its changes to the weights (Llama's
+# interleaved q/k rows, experts stacked per projection). Tensors stay f32, so the copy must
+# give the safetensors fixture's logits; the parity tests load both.
+# ---------------------------------------------------------------------------------------------
+
+
+def llama_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter reorders each Llama head's q/k rows from halves into pairs."""
+    shape = weight.shape
+    return weight.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def stack_experts(tensors: dict) -> dict:
+    """Per-expert matrices `…experts.E.<proj>.weight` stacked into one `[E, out, in]` tensor
+    per layer and projection, as the converter writes `ffn_{gate,up,down}_exps`."""
+    grouped: dict[tuple[str, str], dict[int, np.ndarray]] = {}
+    rest = {}
+    for name, array in tensors.items():
+        match = re.match(r"(.*\.experts)\.(\d+)\.(\w+)\.weight$", name)
+        if match:
+            grouped.setdefault((match.group(1), match.group(3)), {})[int(match.group(2))] = array
+        else:
+            rest[name] = array
+    for (prefix, proj), experts in grouped.items():
+        stacked = np.stack([experts[e] for e in sorted(experts)])
+        rest[f"{prefix}.{proj}.weight"] = stacked
+    return rest
+
+
+def gguf_metadata_common(writer, config: dict, head_dim: int) -> None:
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    if config.get("intermediate_size") is not None:
+        writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config.get("num_key_value_heads") or config["num_attention_heads"])
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_vocab_size(config["vocab_size"])
+    for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id)):
+        if isinstance(config.get(key), int):
+            add(config[key])
+
+
+def gguf_llama(config: dict, tensors: dict, writer) -> dict:
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    gguf_metadata_common(writer, config, config.get("head_dim") or config["hidden_size"] // heads)
+    writer.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // heads)
+    if "num_local_experts" in config:
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+    out = {}
+    for name, array in tensors.items():
+        if name.endswith("q_proj.weight"):
+            array = llama_permute(array, heads)
+        elif name.endswith("k_proj.weight"):
+            array = llama_permute(array, kv_heads)
+        out[name] = array
+    return stack_experts(out)
+
+
+def gguf_qwen(config: dict, tensors: dict, writer) -> dict:
+    heads = config["num_attention_heads"]
+    gguf_metadata_common(writer, config, config.get("head_dim") or config["hidden_size"] // heads)
+    if "num_experts" in config or "num_local_experts" in config:
+        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    return stack_experts(tensors)
+
+
+# fixture: (llama.cpp architecture, translation of metadata and weights)
+GGUF_COPIES = {
+    "llama": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
+    "llama_untied": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
+    "qwen2": (gguf.MODEL_ARCH.QWEN2, gguf_qwen),
+    "qwen3": (gguf.MODEL_ARCH.QWEN3, gguf_qwen),
+    "qwen3_moe": (gguf.MODEL_ARCH.QWEN3MOE, gguf_qwen),
+}
+
+
+def write_gguf(name: str) -> Path:
+    """`model.gguf` beside the fixture's safetensors, as llama.cpp's converter would write it."""
+    folder = FIXTURES_DIR / name
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)
+    tensors = {}
+    with safetensors.safe_open(folder / "model.safetensors", "np") as f:
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    if config.get("tie_word_embeddings", True):
+        tensors.pop("lm_head.weight", None)
+    arch, translate = GGUF_COPIES[name]
+    path = folder / "model.gguf"
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_name(f"mlxkit fixture {name}")
+    translated = translate(config, tensors, writer)
+    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    for hf_name, array in translated.items():
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise SystemExit(f"{name}: no GGUF name for {hf_name}")
+        writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 # ---------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------
@@ -1223,7 +1345,19 @@ def build(name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help=f"fixtures to build (default: all of {list(FIXTURES)})")
+    parser.add_argument(
+        "--gguf",
+        action="store_true",
+        help=f"write model.gguf for committed fixtures instead (default: all of {list(GGUF_COPIES)})",
+    )
     args = parser.parse_args()
+    if args.gguf:
+        for name in args.names or list(GGUF_COPIES):
+            if name not in GGUF_COPIES:
+                parser.error(f"no GGUF translation for {name}; known: {list(GGUF_COPIES)}")
+            path = write_gguf(name)
+            print(f"{name}: {path.stat().st_size / 1024:.0f} KiB GGUF")
+        return
     names = args.names or list(FIXTURES)
     unknown = [n for n in names if n not in FIXTURES]
     if unknown:

@@ -147,13 +147,21 @@ fn logits_of(
 }
 
 fn check_fixture(name: &str, config_file: &str) {
-    let dir = fixture(name);
-    let golden = golden(&dir).reference();
-    let model = load(&dir, config_file);
+    check_model(
+        name,
+        config_file,
+        load(&fixture(name), config_file).as_ref(),
+    );
+}
+
+/// The model's logits against the fixture's golden ones: one-shot prefill, prefill in chunks
+/// of 5, and token-by-token decode after a prefill of a third of the prompt.
+fn check_model(name: &str, config_file: &str, model: &dyn Model) {
+    let golden = golden(&fixture(name)).reference();
     let n = golden.prompt.len();
 
     let mut caches = model.new_caches().unwrap();
-    let all = logits_of(model.as_ref(), &mut caches, &golden.prompt, 0);
+    let all = logits_of(model, &mut caches, &golden.prompt, 0);
     compare(
         &all,
         &golden,
@@ -164,7 +172,7 @@ fn check_fixture(name: &str, config_file: &str) {
     let mut caches = model.new_caches().unwrap();
     let mut position = 0;
     for chunk in golden.prompt.chunks(5) {
-        let logits = logits_of(model.as_ref(), &mut caches, chunk, position);
+        let logits = logits_of(model, &mut caches, chunk, position);
         compare(
             &logits,
             &golden,
@@ -176,7 +184,7 @@ fn check_fixture(name: &str, config_file: &str) {
 
     let mut caches = model.new_caches().unwrap();
     let prefix = n / 3;
-    let logits = logits_of(model.as_ref(), &mut caches, &golden.prompt[..prefix], 0);
+    let logits = logits_of(model, &mut caches, &golden.prompt[..prefix], 0);
     compare(
         &logits,
         &golden,
@@ -186,7 +194,7 @@ fn check_fixture(name: &str, config_file: &str) {
     let decode = &golden;
     for position in prefix..n {
         let logits = logits_of(
-            model.as_ref(),
+            model,
             &mut caches,
             &golden.prompt[position..position + 1],
             position,
@@ -495,4 +503,21 @@ fn qwen3_5_sets_aside_its_vision_tower_and_mtp_head_only() {
     let mut weights = Weights::new(tensors, Dtype::F32);
     build_model(&config, &mut weights).unwrap();
     assert_eq!(weights.unused(), vec!["model.stray.weight"]);
+}
+
+/// A fixture's `model.gguf`, written by `scripts/make_fixtures.py --gguf` as llama.cpp's
+/// converter would (its names, its metadata, its reordered Llama q/k rows, stacked experts), in
+/// f32: read through the GGUF path it must give the safetensors fixture's logits, at the same
+/// tolerance.
+fn check_gguf(name: &str) {
+    let path = fixture(name).join("model.gguf");
+    let loaded = nn::load::load(&path, Some(Dtype::F32)).unwrap();
+    check_model(name, "model.gguf", loaded.model.as_ref());
+}
+
+#[test]
+fn gguf_copies_match_their_safetensors_fixtures() {
+    for name in ["llama", "llama_untied", "qwen2", "qwen3", "qwen3_moe"] {
+        check_gguf(name);
+    }
 }

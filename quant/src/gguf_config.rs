@@ -1,10 +1,11 @@
 //! GGUF metadata translated into a Hugging Face-style `config.json`, so one config reader
 //! serves safetensors and GGUF checkpoints alike.
 //!
-//! Only facts the file states are written, with two exceptions that llama.cpp itself hard-codes
-//! for Gemma 3 and that HF configs spell out: every sixth layer is global (the rest use the
-//! sliding window) and local layers use a rope base of 10 000. A key the file lacks is left
-//! out rather than defaulted, so a reader that requires it fails naming it.
+//! Only facts the file states are written, with exceptions where llama.cpp itself hard-codes
+//! what HF configs spell out: in Gemma 3 every sixth layer is global (the rest use the sliding
+//! window) and local layers use a rope base of 10 000; Qwen3-MoE renormalizes its top-k expert
+//! weights. A key the file lacks is left out rather than defaulted, so a reader that requires
+//! it fails naming it.
 
 use std::collections::BTreeMap;
 
@@ -153,6 +154,14 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             // Gemma scales queries by 1/sqrt(query_pre_attn_scalar); llama.cpp uses head_dim.
             config.insert("query_pre_attn_scalar".into(), json!(head_dim));
         }
+    }
+    if arch == "qwen3moe" {
+        // llama.cpp renormalizes Qwen3-MoE's top-k weights unconditionally; the file says it
+        // only where a converter wrote `expert_weights_norm`.
+        let normalize = key("expert_weights_norm")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(true);
+        config.insert("norm_topk_prob".into(), json!(normalize));
     }
     if arch == "gemma3" {
         gemma3_layer_types(

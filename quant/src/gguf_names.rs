@@ -25,10 +25,11 @@ const LAYER: &[(&str, &str)] = &[
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
     ("ffn_gate_inp", "mlp.gate"),
-    // Stacked experts, named as mlx-lm names its stacked `SwitchGLU` weights.
-    ("ffn_gate_exps", "mlp.switch_mlp.gate_proj"),
-    ("ffn_up_exps", "mlp.switch_mlp.up_proj"),
-    ("ffn_down_exps", "mlp.switch_mlp.down_proj"),
+    // Stacked experts `[experts, out, in]`, under the name `mlxkit create` writes them, which
+    // the families' expert loaders read without restacking.
+    ("ffn_gate_exps", "mlp.experts.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.up_proj"),
+    ("ffn_down_exps", "mlp.experts.down_proj"),
 ];
 
 /// Whether `architecture` has Gemma 2/3-style sandwich norms around attention and MLP.
