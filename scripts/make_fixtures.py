@@ -1199,8 +1199,22 @@ def gguf_qwen(config: dict, tensors: dict, writer) -> dict:
     return stack_experts(tensors)
 
 
+def gguf_plain(config: dict, tensors: dict, writer) -> dict:
+    """Families whose converter keeps HF's weights as they are (OLMo 2; Phi-3, whose fused
+    `qkv_proj` and `gate_up_proj` stay fused as `attn_qkv` and `ffn_up`)."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    gguf_metadata_common(writer, config, head_dim)
+    rotated = int(head_dim * (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
+    writer.add_rope_dimension_count(rotated)
+    return tensors
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "mixtral": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
+    "olmo2": (gguf.MODEL_ARCH.OLMO2, gguf_plain),
+    "phi3": (gguf.MODEL_ARCH.PHI3, gguf_plain),
     "llama": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
     "llama_untied": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
     "qwen2": (gguf.MODEL_ARCH.QWEN2, gguf_qwen),

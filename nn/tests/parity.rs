@@ -517,7 +517,16 @@ fn check_gguf(name: &str) {
 
 #[test]
 fn gguf_copies_match_their_safetensors_fixtures() {
-    for name in ["llama", "llama_untied", "qwen2", "qwen3", "qwen3_moe"] {
+    for name in [
+        "llama",
+        "llama_untied",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "mixtral",
+        "olmo2",
+        "phi3",
+    ] {
         check_gguf(name);
     }
 }

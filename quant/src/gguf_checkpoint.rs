@@ -14,7 +14,7 @@ use serde_json::Value;
 use mlx::quantized::Quantized;
 
 use crate::gguf::{GgufFile, GgufTensorInfo, MetaValue};
-use crate::gguf_config::hf_config;
+use crate::gguf_config::{gguf_family, hf_config};
 use crate::gguf_names::hf_tensor_name;
 use crate::gguf_tensor::{gguf_packed_16, gguf_tensor};
 use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
@@ -45,10 +45,10 @@ impl GgufCheckpoint {
         let file = GgufFile::open(path)?;
         let architecture = file.architecture().unwrap_or_default().to_string();
         let config = hf_config(file.metadata(), file.tensors());
+        let family = gguf_family(&architecture, file.tensors());
         let mut names = BTreeMap::new();
         for (index, info) in file.tensors().iter().enumerate() {
-            let name =
-                hf_tensor_name(&architecture, &info.name).unwrap_or_else(|| info.name.clone());
+            let name = hf_tensor_name(family, &info.name).unwrap_or_else(|| info.name.clone());
             if names.insert(name.clone(), index).is_some() {
                 return Err(Error::malformed(
                     path,

@@ -30,6 +30,8 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "gemma2" => ("gemma2", Some("Gemma2ForCausalLM")),
         "gemma3" => ("gemma3_text", Some("Gemma3ForCausalLM")),
         "phi3" => ("phi3", Some("Phi3ForCausalLM")),
+        "mixtral" => ("mixtral", Some("MixtralForCausalLM")),
+        "olmo2" => ("olmo2", Some("Olmo2ForCausalLM")),
         other => (other, None),
     }
 }
@@ -57,6 +59,17 @@ fn to_json(value: &MetaValue) -> Value {
     }
 }
 
+/// The family a GGUF file holds: its `general.architecture`, except that llama.cpp files
+/// Mixtral as `llama` with stacked experts.
+pub fn gguf_family<'a>(architecture: &'a str, tensors: &[GgufTensorInfo]) -> &'a str {
+    let has_experts = || tensors.iter().any(|t| t.name.contains(".ffn_gate_exps."));
+    if architecture == "llama" && has_experts() {
+        "mixtral"
+    } else {
+        architecture
+    }
+}
+
 /// Builds the HF-style config of a GGUF file from its metadata and tensor list.
 pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorInfo]) -> Value {
     let mut config = Map::new();
@@ -65,13 +78,14 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         .and_then(MetaValue::as_str)
         .unwrap_or_default();
     let key = |suffix: &str| metadata.get(&format!("{arch}.{suffix}"));
+    let family = gguf_family(arch, tensors);
     let copy = |config: &mut Map<String, Value>, hf: &str, value: Option<&MetaValue>| {
         if let Some(v) = value {
             config.insert(hf.to_string(), to_json(v));
         }
     };
 
-    let (model_type, class) = hf_model_type(arch);
+    let (model_type, class) = hf_model_type(family);
     config.insert("model_type".into(), json!(model_type));
     if let Some(class) = class {
         config.insert("architectures".into(), json!([class]));
@@ -107,6 +121,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         key("attention.sliding_window"),
     );
     copy(&mut config, "num_experts", key("expert_count"));
+    if family == "mixtral" {
+        copy(&mut config, "num_local_experts", key("expert_count"));
+    }
     copy(&mut config, "num_experts_per_tok", key("expert_used_count"));
     copy(
         &mut config,

@@ -52,6 +52,13 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         "ffn_norm" => "post_attention_layernorm",
         "post_attention_norm" => "post_attention_layernorm",
         "post_ffw_norm" => "post_feedforward_layernorm",
+        // Phi-3 keeps its fused projections fused.
+        "attn_qkv" if architecture == "phi3" => "self_attn.qkv_proj",
+        "ffn_up" if architecture == "phi3" => "mlp.gate_up_proj",
+        "ffn_gate_inp" if architecture == "mixtral" => "block_sparse_moe.gate",
+        "ffn_gate_exps" if architecture == "mixtral" => "block_sparse_moe.experts.w1",
+        "ffn_up_exps" if architecture == "mixtral" => "block_sparse_moe.experts.w3",
+        "ffn_down_exps" if architecture == "mixtral" => "block_sparse_moe.experts.w2",
         other => LAYER.iter().find(|(g, _)| *g == other)?.1,
     };
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
