@@ -135,6 +135,20 @@ impl Weights {
         }))
     }
 
+    /// The tensor `name` exactly as the checkpoint stores it (its own dtype; quantized stays
+    /// quantized), for a table read a few rows at a time: widening all of it to the compute
+    /// dtype would cost memory for no arithmetic (Gemma 4's per-layer embeddings are 2.3 G
+    /// entries in its 2B model). The caller widens what it gathers.
+    pub fn stored(&mut self, name: &str) -> Result<Tensor> {
+        let tensor = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing")))?
+            .clone();
+        self.taken.insert(name.to_string());
+        Ok(tensor)
+    }
+
     /// The tensor `name`, dense or quantized; an error naming it when absent.
     pub fn weight(&mut self, name: &str) -> Result<Tensor> {
         self.optional(name)?

@@ -530,3 +530,51 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         check_gguf(name);
     }
 }
+
+/// Gemma 4's per-layer table is read as stored (bf16 in the released checkpoints) and its rows
+/// widened as they are gathered, instead of the whole table widened to f32 at load. The same
+/// bf16 values widened at load give the same logits bit for bit: widening is exact.
+#[test]
+fn gemma4_keeps_its_per_layer_table_as_stored() {
+    let dir = fixture("gemma4");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let table = "model.embed_tokens_per_layer.weight";
+    let build = |table_dtype: Dtype| {
+        let tensors = file.entries().keys().map(|name| {
+            let mut array = file.load(name).unwrap();
+            if name == table {
+                array = array
+                    .astype(Dtype::Bf16)
+                    .unwrap()
+                    .astype(table_dtype)
+                    .unwrap();
+            }
+            (name.clone(), Tensor::Dense(array))
+        });
+        build_model(
+            &config,
+            &mut Weights::new(tensors.collect::<Vec<_>>(), Dtype::F32),
+        )
+        .unwrap()
+    };
+    let stored = build(Dtype::Bf16);
+    let widened = build(Dtype::F32);
+    let rows = file.load(table).unwrap().shape();
+    assert!(
+        stored
+            .parameters()
+            .iter()
+            .any(|p| p.dtype() == Dtype::Bf16 && p.shape() == rows),
+        "the per-layer table was widened at load"
+    );
+    let prompt = golden(&dir).prompt;
+    let logits = |model: &dyn Model| {
+        let mut caches = model.new_caches().unwrap();
+        logits_of(model, &mut caches, &prompt, 0)
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    assert_eq!(logits(stored.as_ref()), logits(widened.as_ref()));
+}

@@ -683,7 +683,9 @@ impl Gemma4 {
             Some(ple) => {
                 let width = dim(ple.hidden, "hidden_size_per_layer_input")?;
                 let table_name = format!("{root}.embed_tokens_per_layer.weight");
-                let table = weights.weight(&table_name)?;
+                // Kept as stored (bf16 in the released checkpoints): rows are widened as they
+                // are gathered.
+                let table = weights.stored(&table_name)?;
                 check_matrix(
                     &table_name,
                     &table,
@@ -805,6 +807,7 @@ impl Gemma4 {
         let own = ple
             .embed_tokens_per_layer
             .forward(tokens)?
+            .astype(embedded.dtype())?
             .multiply((ple.hidden as f32).sqrt())?
             .reshape(&shape)?;
         let projected = ple
