@@ -1207,11 +1207,79 @@ def gguf_plain(config: dict, tensors: dict, writer) -> dict:
     gguf_metadata_common(writer, config, head_dim)
     rotated = int(head_dim * (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
     writer.add_rope_dimension_count(rotated)
+    if "original_max_position_embeddings" in config:
+        # Phi-3's converter always writes these two (0: no window).
+        writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+        writer.add_sliding_window(config.get("sliding_window") or 0)
     return tensors
+
+
+def gguf_gemma4(config: dict, tensors: dict, writer) -> dict:
+    """Gemma 4: head shapes of full layers, double-wide MLPs and key-value heads as per-layer
+    keys or arrays, the layer kinds as a bool array, proportional rope as a `rope_freqs`
+    factor tensor (1e30 stops a frequency), norms as they are (no +1), and the names the
+    converter gives tensors that its name map does not know (returned with a `gguf:` prefix)."""
+    layer_types = config["layer_types"]
+    layers = len(layer_types)
+    head_dim = config["head_dim"]
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    overrides = {int(k): v for k, v in (config.get("per_layer_config") or {}).items()}
+    global_head_dim = overrides.get(full[0], {}).get("head_dim", head_dim)
+    shared = config.get("num_kv_shared_layers") or 0
+    writer.add_block_count(layers)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    ff = config["intermediate_size"]
+    if config.get("use_double_wide_mlp"):
+        writer.add_feed_forward_length([ff if i < layers - shared else 2 * ff for i in range(layers)])
+    else:
+        writer.add_feed_forward_length(ff)
+    writer.add_head_count(config["num_attention_heads"])
+    kv = [overrides.get(i, {}).get("num_key_value_heads", config["num_key_value_heads"]) for i in range(layers)]
+    writer.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_sliding_window_pattern([kind == "sliding_attention" for kind in layer_types])
+    writer.add_shared_kv_layers(shared)
+    writer.add_embedding_length_per_layer_input(config.get("hidden_size_per_layer_input") or 0)
+    writer.add_key_length(global_head_dim)
+    writer.add_value_length(global_head_dim)
+    writer.add_key_length_swa(head_dim)
+    writer.add_value_length_swa(head_dim)
+    rope = config["rope_parameters"]
+    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    writer.add_rope_dimension_count(global_head_dim)
+    writer.add_rope_dimension_count_swa(int(head_dim * config.get("partial_rotary_factor", 1.0)))
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if config.get("enable_moe_block"):
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["top_k_experts"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id)):
+        if isinstance(config.get(key), int):
+            add(config[key])
+
+    turning = int(global_head_dim * rope["full_attention"]["partial_rotary_factor"] / 2)
+    out = {"gguf:rope_freqs.weight": np.array([1.0] * turning + [1e30] * (global_head_dim // 2 - turning))}
+    for name, array in tensors.items():
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        if name.endswith("router.scale"):
+            out[f"gguf:blk.{layer.group(1)}.ffn_gate_inp.scale"] = array
+        elif name.endswith("router.per_expert_scale"):
+            out[f"gguf:blk.{layer.group(1)}.ffn_down_exps.scale"] = array
+        elif name.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
+            out[name + ".weight"] = array
+        else:
+            out[name] = array
+    return out
 
 
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "gemma4": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),
+    "gemma4_moe": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),
     "mixtral": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
     "olmo2": (gguf.MODEL_ARCH.OLMO2, gguf_plain),
     "phi3": (gguf.MODEL_ARCH.PHI3, gguf_plain),
@@ -1241,6 +1309,9 @@ def write_gguf(name: str) -> Path:
     translated = translate(config, tensors, writer)
     names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for hf_name, array in translated.items():
+        if hf_name.startswith("gguf:"):
+            writer.add_tensor(hf_name.removeprefix("gguf:"), np.ascontiguousarray(array, dtype=np.float32))
+            continue
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise SystemExit(f"{name}: no GGUF name for {hf_name}")

@@ -465,6 +465,24 @@ pub(crate) fn read_scaling(value: &Value) -> Result<RopeScaling> {
             mscale_all_dim: s.f64("mscale_all_dim")?.unwrap_or(0.0),
             truncate: s.bool("truncate")?.unwrap_or(true),
         },
+        "gguf_rope_freqs" => {
+            let factors = s
+                .get("frequency_factors")
+                .and_then(Value::as_array)
+                .ok_or_else(|| missing("rope_scaling.frequency_factors"))?;
+            RopeScaling::Factors(
+                factors
+                    .iter()
+                    .map(|f| {
+                        f.as_f64().ok_or_else(|| {
+                            Error::Config(format!(
+                                "a rope frequency factor must be a number, got {f}"
+                            ))
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+            )
+        }
         "proportional" => RopeScaling::Proportional {
             rotated_fraction: s.f64("partial_rotary_factor")?.unwrap_or(1.0),
             factor: s.f64("factor")?.unwrap_or(1.0),

@@ -46,6 +46,10 @@ pub enum RopeScaling {
         /// gpt-oss turns it off).
         truncate: bool,
     },
+    /// Explicit per-frequency divisors (one per rotated pair): GGUF files carry Llama 3's
+    /// scaling and Gemma 4's proportional rope as a `rope_freqs` tensor of them (llama.cpp
+    /// stops a frequency with a divisor of 1e30).
+    Factors(Vec<f64>),
     /// Gemma 4's "proportional" rope: only the first `rotated_fraction` of the frequencies
     /// turn, each at the rate a full-width rotation gives it (`base^(-2i/dims)`, divided by
     /// `factor`); the features of the others stay where they are.
@@ -192,6 +196,25 @@ impl Rope {
                 };
                 rope.feature_scale =
                     (attention_scale(mscale) / attention_scale(mscale_all_dim)) as f32;
+            }
+            RopeScaling::Factors(ref factors) => {
+                if factors.len() != half {
+                    return Err(Error::Config(format!(
+                        "{} rope frequency factors for {half} rotated pairs",
+                        factors.len()
+                    )));
+                }
+                if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                    return Err(Error::Config(format!(
+                        "rope frequency factors must be positive, got {bad}"
+                    )));
+                }
+                let periods = base_periods
+                    .iter()
+                    .zip(factors)
+                    .map(|(p, f)| p * f)
+                    .collect::<Vec<_>>();
+                rope.periods = Some(periods_array(&periods)?);
             }
             RopeScaling::Proportional {
                 rotated_fraction,

@@ -526,6 +526,8 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "mixtral",
         "olmo2",
         "phi3",
+        "gemma4",
+        "gemma4_moe",
     ] {
         check_gguf(name);
     }

@@ -31,6 +31,70 @@ pub struct GgufCheckpoint {
     names: BTreeMap<String, usize>,
 }
 
+/// The tensor of per-frequency rope divisors llama.cpp's converter writes for Llama 3's
+/// scaling and Gemma 4's proportional rope: read into the config, not handed to the model.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// The divisors of `rope_freqs.weight` (a short f32 vector: one per rotated pair).
+fn rope_frequency_factors(file: &GgufFile, index: usize) -> Result<Vec<f32>> {
+    let info = &file.tensors()[index];
+    if info.shape.len() != 1 || info.shape[0] > 1 << 16 {
+        return Err(Error::Config(format!(
+            "{ROPE_FREQS} has shape {:?}, expected one factor per rotated pair",
+            info.shape
+        )));
+    }
+    let tensor = gguf_tensor(
+        ROPE_FREQS,
+        info.ggml_type,
+        &info.shape,
+        file.tensor_bytes(info)?,
+    )?;
+    match tensor {
+        Tensor::Dense(array) => Ok(array.astype(mlx::Dtype::F32)?.to_vec::<f32>()?),
+        Tensor::Quantized(_) => Err(Error::Unsupported {
+            name: ROPE_FREQS.into(),
+            what: "quantized rope frequency factors".into(),
+        }),
+    }
+}
+
+/// Puts rope divisors where the family's config reader looks for scaling: Gemma 4's full
+/// layers (its sliding ones rotate plainly), everyone else's `rope_scaling`.
+fn apply_rope_factors(
+    path: &Path,
+    config: &mut Value,
+    family: &str,
+    factors: Vec<f32>,
+) -> Result<()> {
+    let factors: Vec<f64> = factors.into_iter().map(f64::from).collect();
+    let scaling = |mut params: serde_json::Map<String, Value>| {
+        params.insert("rope_type".into(), "gguf_rope_freqs".into());
+        params.insert("frequency_factors".into(), factors.clone().into());
+        Value::Object(params)
+    };
+    let Some(object) = config.as_object_mut() else {
+        return Ok(());
+    };
+    if family == "gemma4" {
+        let full = object
+            .get_mut("rope_parameters")
+            .and_then(|rope| rope.get_mut("full_attention"))
+            .ok_or_else(|| Error::malformed(path, "rope_freqs without a full-attention rope"))?;
+        let params = full.as_object().cloned().unwrap_or_default();
+        *full = scaling(params);
+        return Ok(());
+    }
+    if object.contains_key("rope_scaling") {
+        return Err(Error::malformed(
+            path,
+            "the file carries both rope_freqs and rope.scaling keys",
+        ));
+    }
+    object.insert("rope_scaling".into(), scaling(serde_json::Map::new()));
+    Ok(())
+}
+
 /// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
 fn norms_shifted(architecture: &str) -> bool {
     matches!(
@@ -44,7 +108,7 @@ impl GgufCheckpoint {
     pub fn open(path: &Path) -> Result<GgufCheckpoint> {
         let file = GgufFile::open(path)?;
         let architecture = file.architecture().unwrap_or_default().to_string();
-        let config = hf_config(file.metadata(), file.tensors());
+        let mut config = hf_config(file.metadata(), file.tensors());
         let family = gguf_family(&architecture, file.tensors());
         let mut names = BTreeMap::new();
         for (index, info) in file.tensors().iter().enumerate() {
@@ -55,6 +119,10 @@ impl GgufCheckpoint {
                     format!("two tensors map onto the name {name:?}"),
                 ));
             }
+        }
+        if let Some(index) = names.remove(ROPE_FREQS) {
+            let factors = rope_frequency_factors(&file, index)?;
+            apply_rope_factors(path, &mut config, family, factors)?;
         }
         Ok(GgufCheckpoint {
             file,

@@ -29,6 +29,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "gemma" => ("gemma", Some("GemmaForCausalLM")),
         "gemma2" => ("gemma2", Some("Gemma2ForCausalLM")),
         "gemma3" => ("gemma3_text", Some("Gemma3ForCausalLM")),
+        "gemma4" => ("gemma4_text", Some("Gemma4ForCausalLM")),
         "phi3" => ("phi3", Some("Phi3ForCausalLM")),
         "mixtral" => ("mixtral", Some("MixtralForCausalLM")),
         "olmo2" => ("olmo2", Some("Olmo2ForCausalLM")),
@@ -180,6 +181,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             .unwrap_or(true);
         config.insert("norm_topk_prob".into(), json!(normalize));
     }
+    if arch == "gemma4" {
+        gemma4_layers(&mut config, &key, tensors);
+    }
     if arch == "gemma3" {
         gemma3_layer_types(
             &mut config,
@@ -261,4 +265,120 @@ fn gemma3_layer_types(
     config.insert("sliding_window_pattern".into(), json!(every));
     let types: Vec<&str> = (0..layers).map(|i| kind((i + 1) % every != 0)).collect();
     config.insert("layer_types".into(), json!(types));
+}
+
+/// A per-layer key's values: its array, or its one value for every layer.
+fn per_layer(value: Option<&MetaValue>, layers: usize) -> Option<Vec<u64>> {
+    match value? {
+        MetaValue::Array(items) => items.iter().map(MetaValue::as_u64).collect(),
+        one => Some(vec![one.as_u64()?; layers]),
+    }
+}
+
+/// Gemma 4's layers as its config spells them: the kinds from the per-layer sliding flags;
+/// `key_length` is the full layers' head width and `key_length_swa` the sliding ones', written
+/// back as `head_dim` and a `per_layer_config` with the full layers' key/value heads (a
+/// per-layer array when they differ); MLP widths per layer (doubled on the layers that share
+/// keys and values); keys reused as values where a full layer computing its own keys has no
+/// `attn_v` (llama.cpp infers it the same way: there is no key for it); the experts block
+/// where experts are counted; and the two rope bases (llama.cpp's 10 000 for sliding layers
+/// when the file gives none).
+fn gemma4_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
+) {
+    let Some(flags) = key("attention.sliding_window_pattern").and_then(MetaValue::as_array) else {
+        return;
+    };
+    let sliding: Vec<bool> = flags.iter().map(|f| f.as_bool().unwrap_or(false)).collect();
+    let layers = sliding.len();
+    let kind = |slides: bool| {
+        if slides {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        }
+    };
+    config.insert(
+        "layer_types".into(),
+        json!(sliding.iter().map(|&s| kind(s)).collect::<Vec<_>>()),
+    );
+    let shared = key("attention.shared_kv_layers")
+        .and_then(MetaValue::as_u64)
+        .unwrap_or(0);
+    config.insert("num_kv_shared_layers".into(), json!(shared));
+    let own_kv = layers.saturating_sub(shared as usize);
+    if let Some(width) = key("attention.key_length_swa").and_then(MetaValue::as_u64) {
+        config.insert("head_dim".into(), json!(width));
+    }
+    let full_width = key("attention.key_length").and_then(MetaValue::as_u64);
+    if let Some(kv) = per_layer(key("attention.head_count_kv"), layers) {
+        let sliding_kv = sliding
+            .iter()
+            .position(|&s| s)
+            .and_then(|i| kv.get(i))
+            .or(kv.first());
+        if let Some(&n) = sliding_kv {
+            config.insert("num_key_value_heads".into(), json!(n));
+        }
+        let mut overrides = Map::new();
+        for (i, &slides) in sliding.iter().enumerate() {
+            if !slides {
+                let mut layer = Map::new();
+                if let Some(width) = full_width {
+                    layer.insert("head_dim".into(), json!(width));
+                }
+                if let Some(&n) = kv.get(i) {
+                    layer.insert("num_key_value_heads".into(), json!(n));
+                }
+                overrides.insert(i.to_string(), Value::Object(layer));
+            }
+        }
+        config.insert("per_layer_config".into(), Value::Object(overrides));
+    }
+    if let Some(widths) = per_layer(key("feed_forward_length"), layers)
+        && let (Some(&narrow), Some(&wide)) = (widths.iter().min(), widths.iter().max())
+    {
+        config.insert("intermediate_size".into(), json!(narrow));
+        config.insert("use_double_wide_mlp".into(), json!(wide > narrow));
+    }
+    let has = |name: String| tensors.iter().any(|t| t.name == name);
+    let keys_as_values = (0..own_kv).any(|i| {
+        !sliding[i]
+            && has(format!("blk.{i}.attn_k.weight"))
+            && !has(format!("blk.{i}.attn_v.weight"))
+    });
+    config.insert("attention_k_eq_v".into(), json!(keys_as_values));
+    if let Some(width) = key("embedding_length_per_layer_input").and_then(MetaValue::as_u64) {
+        config.insert("hidden_size_per_layer_input".into(), json!(width));
+    }
+    if let Some(table) = tensors
+        .iter()
+        .find(|t| t.name == "per_layer_token_embd.weight")
+    {
+        config.insert(
+            "vocab_size_per_layer_input".into(),
+            json!(table.shape.first()),
+        );
+    }
+    if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
+        config.insert("enable_moe_block".into(), json!(experts > 0));
+        if let Some(k) = key("expert_used_count") {
+            config.insert("top_k_experts".into(), to_json(k));
+        }
+    }
+    let base = |k: &str| key(k).and_then(MetaValue::as_f64);
+    let mut rope = Map::new();
+    rope.insert(
+        "sliding_attention".into(),
+        json!({"rope_type": "default", "rope_theta": base("rope.freq_base_swa").unwrap_or(10_000.0)}),
+    );
+    if let Some(theta) = base("rope.freq_base") {
+        rope.insert(
+            "full_attention".into(),
+            json!({"rope_type": "default", "rope_theta": theta}),
+        );
+    }
+    config.insert("rope_parameters".into(), Value::Object(rope));
 }

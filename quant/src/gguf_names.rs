@@ -10,6 +10,38 @@ const GLOBAL: &[(&str, &str)] = &[
     ("token_embd", "model.embed_tokens"),
     ("output_norm", "model.norm"),
     ("output", "lm_head"),
+    // Gemma 4's per-layer inputs.
+    ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+    ("per_layer_model_proj", "model.per_layer_model_projection"),
+    ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+];
+
+/// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
+/// leaf name: several HF parameters have no `.weight` (`layer_scalar`, the fused expert
+/// stacks, the router's scales), and the router and expert scales hide under other tensors'
+/// stems (`ffn_gate_inp.scale`, `ffn_down_exps.scale`).
+const GEMMA4_LAYER: &[(&str, &str)] = &[
+    ("layer_output_scale.weight", "layer_scalar"),
+    ("inp_gate.weight", "per_layer_input_gate.weight"),
+    ("proj.weight", "per_layer_projection.weight"),
+    ("post_norm.weight", "post_per_layer_input_norm.weight"),
+    (
+        "pre_ffw_norm_2.weight",
+        "pre_feedforward_layernorm_2.weight",
+    ),
+    (
+        "post_ffw_norm_1.weight",
+        "post_feedforward_layernorm_1.weight",
+    ),
+    (
+        "post_ffw_norm_2.weight",
+        "post_feedforward_layernorm_2.weight",
+    ),
+    ("ffn_gate_inp.weight", "router.proj.weight"),
+    ("ffn_gate_inp.scale", "router.scale"),
+    ("ffn_down_exps.scale", "router.per_expert_scale"),
+    ("ffn_gate_up_exps.weight", "experts.gate_up_proj"),
+    ("ffn_down_exps.weight", "experts.down_proj"),
 ];
 
 /// Per-layer tensors shared by every architecture (`blk.N.<gguf>` → `model.layers.N.<hf>`).
@@ -32,9 +64,9 @@ const LAYER: &[(&str, &str)] = &[
     ("ffn_down_exps", "mlp.experts.down_proj"),
 ];
 
-/// Whether `architecture` has Gemma 2/3-style sandwich norms around attention and MLP.
+/// Whether `architecture` has Gemma 2–4-style sandwich norms around attention and MLP.
 fn has_sandwich_norms(architecture: &str) -> bool {
-    matches!(architecture, "gemma2" | "gemma3")
+    matches!(architecture, "gemma2" | "gemma3" | "gemma4")
 }
 
 /// The HF name of llama.cpp tensor `name` for `architecture`, or `None` when the name is not
@@ -47,6 +79,12 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
     let rest = stem.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: u32 = layer.parse().ok()?;
+    if architecture == "gemma4" {
+        let leaf = format!("{part}.{suffix}");
+        if let Some(&(_, hf)) = GEMMA4_LAYER.iter().find(|(g, _)| *g == leaf) {
+            return Some(format!("model.layers.{layer}.{hf}"));
+        }
+    }
     let hf = match part {
         "ffn_norm" if has_sandwich_norms(architecture) => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",

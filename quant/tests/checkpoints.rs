@@ -340,8 +340,12 @@ fn llama_gguf_reads_as_an_hf_checkpoint() {
             "model.layers.0.self_attn.k_proj.weight",
             "model.layers.0.self_attn.q_proj.weight",
             "model.norm.weight",
-            "rope_freqs.weight",
         ]
+    );
+    // llama.cpp's rope divisors become the config's rope scaling, not a tensor of the model.
+    assert_eq!(
+        config["rope_scaling"],
+        json!({"rope_type": "gguf_rope_freqs", "frequency_factors": [1.0, 1.0, 1.0, 1.0]})
     );
     assert_eq!(
         checkpoint
