@@ -1152,14 +1152,17 @@ def stack_experts(tensors: dict) -> dict:
     return rest
 
 
-def gguf_metadata_common(writer, config: dict, head_dim: int) -> None:
+def gguf_metadata_common(writer, config: dict, head_dim: int, kv_heads=None, feed_forward=None) -> None:
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    if config.get("intermediate_size") is not None:
-        writer.add_feed_forward_length(config["intermediate_size"])
+    feed_forward = feed_forward if feed_forward is not None else config.get("intermediate_size")
+    if feed_forward is not None:
+        writer.add_feed_forward_length(feed_forward)
     writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config.get("num_key_value_heads") or config["num_attention_heads"])
+    if kv_heads is None:
+        kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
@@ -1276,8 +1279,46 @@ def gguf_gemma4(config: dict, tensors: dict, writer) -> dict:
     return out
 
 
+def gguf_mistral3(config: dict, tensors: dict, writer) -> dict:
+    """Mistral 3's text model, the Llama way (permuted q/k rows) under its own architecture
+    name; the converter strips `language_model.` and leaves the vision tower to the projector
+    file."""
+    text = {}
+    for name, array in tensors.items():
+        if name.startswith("language_model."):
+            text[name.removeprefix("language_model.")] = array
+    return gguf_llama(config, text, writer)
+
+
+def gguf_lfm2(config: dict, tensors: dict, writer) -> dict:
+    """LFM2: convolution layers are those with no key/value heads; the MLP width is written
+    after LFM2's own adjustment; the short convolutions' `[C, 1, L]` kernels are squeezed."""
+    ff = config["intermediate_size"]
+    if config.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if config.get("block_ffn_dim_multiplier") is not None:
+            ff = int(config["block_ffn_dim_multiplier"] * ff)
+        multiple = config["block_multiple_of"]
+        ff = multiple * ((ff + multiple - 1) // multiple)
+    kv_heads = [config["num_key_value_heads"] if kind == "full_attention" else 0 for kind in config["layer_types"]]
+    gguf_metadata_common(
+        writer,
+        config | {"rms_norm_eps": config["norm_eps"]},
+        config["hidden_size"] // config["num_attention_heads"],
+        kv_heads=kv_heads,
+        feed_forward=ff,
+    )
+    writer.add_shortconv_l_cache(config["conv_L_cache"])
+    return {
+        name: array.squeeze(1) if name.endswith("conv.conv.weight") else array
+        for name, array in tensors.items()
+    }
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "mistral3": (gguf.MODEL_ARCH.MISTRAL3, gguf_mistral3),
+    "lfm2": (gguf.MODEL_ARCH.LFM2, gguf_lfm2),
     "gemma4": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),
     "gemma4_moe": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),
     "mixtral": (gguf.MODEL_ARCH.LLAMA, gguf_llama),

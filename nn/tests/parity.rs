@@ -528,6 +528,8 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "phi3",
         "gemma4",
         "gemma4_moe",
+        "mistral3",
+        "lfm2",
     ] {
         check_gguf(name);
     }

@@ -187,6 +187,14 @@ impl GgufCheckpoint {
 
     /// Undoes what llama.cpp's converter changed in tensor `name`.
     fn undo_converter(&self, name: &str, tensor: Tensor) -> Result<Tensor> {
+        if self.architecture == "lfm2" && name.ends_with(".conv.conv.weight") {
+            // The converter squeezes LFM2's `[channels, 1, kernel]` convolution kernels.
+            if let Tensor::Dense(kernel) = &tensor
+                && kernel.ndim() == 2
+            {
+                return Ok(Tensor::Dense(kernel.expand_dims(&[1])?));
+            }
+        }
         if qk_rows_permuted(&self.architecture) {
             let heads_key = if name.contains(".self_attn.q_proj.") {
                 Some("attention.head_count")

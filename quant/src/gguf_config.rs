@@ -33,6 +33,8 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "phi3" => ("phi3", Some("Phi3ForCausalLM")),
         "mixtral" => ("mixtral", Some("MixtralForCausalLM")),
         "olmo2" => ("olmo2", Some("Olmo2ForCausalLM")),
+        "mistral3" => ("mistral", Some("MistralForCausalLM")),
+        "lfm2" => ("lfm2", Some("Lfm2ForCausalLM")),
         other => (other, None),
     }
 }
@@ -180,6 +182,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             .and_then(MetaValue::as_bool)
             .unwrap_or(true);
         config.insert("norm_topk_prob".into(), json!(normalize));
+    }
+    if arch == "lfm2" {
+        lfm2_layers(&mut config, &key, tensors);
     }
     if arch == "gemma4" {
         gemma4_layers(&mut config, &key, tensors);
@@ -381,4 +386,35 @@ fn gemma4_layers<'a>(
         );
     }
     config.insert("rope_parameters".into(), Value::Object(rope));
+}
+
+/// LFM2's layers as its config spells them: a layer with no key/value heads is a short
+/// convolution; the MLP width is written already adjusted; biases where the file has them.
+fn lfm2_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
+) {
+    let layers = key("block_count").and_then(MetaValue::as_u64).unwrap_or(0) as usize;
+    if let Some(kv) = per_layer(key("attention.head_count_kv"), layers) {
+        let kinds: Vec<&str> = kv
+            .iter()
+            .map(|&n| if n == 0 { "conv" } else { "full_attention" })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+        if let Some(&n) = kv.iter().find(|&&n| n > 0) {
+            config.insert("num_key_value_heads".into(), json!(n));
+        }
+    }
+    if let Some(kernel) = key("shortconv.l_cache") {
+        config.insert("conv_L_cache".into(), to_json(kernel));
+    }
+    if let Some(eps) = key("attention.layer_norm_rms_epsilon") {
+        config.insert("norm_eps".into(), to_json(eps));
+    }
+    config.insert("block_auto_adjust_ff_dim".into(), json!(false));
+    let biased = tensors
+        .iter()
+        .any(|t| t.name.ends_with(".shortconv.in_proj.bias"));
+    config.insert("conv_bias".into(), json!(biased));
 }

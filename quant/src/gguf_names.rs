@@ -16,6 +16,22 @@ const GLOBAL: &[(&str, &str)] = &[
     ("per_layer_proj_norm", "model.per_layer_projection_norm"),
 ];
 
+/// LFM2's layer tensors (`blk.N.<gguf>` → `model.layers.N.<hf>`), named apart from every
+/// other family in both.
+const LFM2_LAYER: &[(&str, &str)] = &[
+    ("attn_norm", "operator_norm"),
+    ("ffn_norm", "ffn_norm"),
+    ("ffn_gate", "feed_forward.w1"),
+    ("ffn_up", "feed_forward.w3"),
+    ("ffn_down", "feed_forward.w2"),
+    ("attn_q_norm", "self_attn.q_layernorm"),
+    ("attn_k_norm", "self_attn.k_layernorm"),
+    ("attn_output", "self_attn.out_proj"),
+    ("shortconv.conv", "conv.conv"),
+    ("shortconv.in_proj", "conv.in_proj"),
+    ("shortconv.out_proj", "conv.out_proj"),
+];
+
 /// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
 /// leaf name: several HF parameters have no `.weight` (`layer_scalar`, the fused expert
 /// stacks, the router's scales), and the router and expert scales hide under other tensors'
@@ -76,9 +92,17 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
     if let Some(&(_, hf)) = GLOBAL.iter().find(|(g, _)| *g == stem) {
         return Some(format!("{hf}.{suffix}"));
     }
+    if architecture == "lfm2" && stem == "token_embd_norm" {
+        return Some(format!("model.embedding_norm.{suffix}"));
+    }
     let rest = stem.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: u32 = layer.parse().ok()?;
+    if architecture == "lfm2"
+        && let Some(&(_, hf)) = LFM2_LAYER.iter().find(|(g, _)| *g == part)
+    {
+        return Some(format!("model.layers.{layer}.{hf}.{suffix}"));
+    }
     if architecture == "gemma4" {
         let leaf = format!("{part}.{suffix}");
         if let Some(&(_, hf)) = GEMMA4_LAYER.iter().find(|(g, _)| *g == leaf) {
