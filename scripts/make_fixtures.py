@@ -1315,8 +1315,52 @@ def gguf_lfm2(config: dict, tensors: dict, writer) -> dict:
     }
 
 
+def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
+    """Nemotron-H: the block kinds as per-layer key/value head counts and MLP widths (0 where
+    a block has none), the Mamba-2 sizes as `ssm.*` keys, and the converter's Mamba-2 changes:
+    `A = -exp(A_log)` and `D` as columns, squeezed convolution kernels, the gated norm split
+    per group, `dt_bias` under `ssm_dt`; attention q/k rows permuted as Llama's (llama.cpp's
+    NemotronH converter is a Llama one; without rope the order does not change a score)."""
+    blocks = config["layers_block_type"]
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    mamba_heads, mamba_head_dim = config["mamba_num_heads"], config["mamba_head_dim"]
+    inner = mamba_heads * mamba_head_dim
+    gguf_metadata_common(
+        writer,
+        config | {"rms_norm_eps": config["layer_norm_epsilon"]},
+        config["head_dim"],
+        kv_heads=[kv if b == "full_attention" else 0 for b in blocks],
+        feed_forward=[config["intermediate_size"] if b == "mlp" else 0 for b in blocks],
+    )
+    writer.add_ssm_conv_kernel(config["conv_kernel"])
+    writer.add_ssm_state_size(config["ssm_state_size"])
+    writer.add_ssm_group_count(config["n_groups"])
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_time_step_rank(mamba_heads)
+    out = {}
+    for name, array in tensors.items():
+        if name.endswith("mixer.A_log"):
+            out[name] = -np.exp(array).reshape(-1, 1)
+        elif name.endswith("mixer.D"):
+            out[name] = array.reshape(-1, 1)
+        elif name.endswith("conv1d.weight"):
+            out[name] = array.squeeze(1)
+        elif name.endswith("mixer.norm.weight"):
+            out[name] = array.reshape(config["n_groups"], inner // config["n_groups"])
+        elif name.endswith("mixer.dt_bias"):
+            out[name.replace("dt_bias", "dt_proj.bias")] = array
+        elif name.endswith("q_proj.weight"):
+            out[name] = llama_permute(array, heads)
+        elif name.endswith("k_proj.weight"):
+            out[name] = llama_permute(array, kv)
+        else:
+            out[name] = array
+    return out
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
     "mistral3": (gguf.MODEL_ARCH.MISTRAL3, gguf_mistral3),
     "lfm2": (gguf.MODEL_ARCH.LFM2, gguf_lfm2),
     "gemma4": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),
@@ -1337,6 +1381,8 @@ def write_gguf(name: str) -> Path:
     folder = FIXTURES_DIR / name
     config = json.loads((folder / "config.json").read_text())
     config = config.get("text_config", config)
+    if "num_hidden_layers" not in config:  # Nemotron-H counts its blocks
+        config["num_hidden_layers"] = len(config["layers_block_type"])
     tensors = {}
     with safetensors.safe_open(folder / "model.safetensors", "np") as f:
         for key in f.keys():

@@ -530,6 +530,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "gemma4_moe",
         "mistral3",
         "lfm2",
+        "nemotron_h",
     ] {
         check_gguf(name);
     }

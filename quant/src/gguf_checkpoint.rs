@@ -195,10 +195,25 @@ impl GgufCheckpoint {
                 return Ok(Tensor::Dense(kernel.expand_dims(&[1])?));
             }
         }
+        if self.architecture.starts_with("nemotron_h")
+            && let Tensor::Dense(t) = &tensor
+        {
+            // The converter's Mamba-2 changes: `A = -exp(A_log)` and `D` stored as columns,
+            // the gated norm split per group, the convolution kernels squeezed.
+            if name.ends_with(".mixer.A_log") {
+                return Ok(Tensor::Dense(t.negative()?.log()?.reshape(&[-1])?));
+            }
+            if name.ends_with(".mixer.D") || name.ends_with(".mixer.norm.weight") {
+                return Ok(Tensor::Dense(t.reshape(&[-1])?));
+            }
+            if name.ends_with(".mixer.conv1d.weight") && t.ndim() == 2 {
+                return Ok(Tensor::Dense(t.expand_dims(&[1])?));
+            }
+        }
         if qk_rows_permuted(&self.architecture) {
-            let heads_key = if name.contains(".self_attn.q_proj.") {
+            let heads_key = if name.contains(".q_proj.") {
                 Some("attention.head_count")
-            } else if name.contains(".self_attn.k_proj.") {
+            } else if name.contains(".k_proj.") {
                 Some("attention.head_count_kv")
             } else {
                 None
@@ -237,6 +252,13 @@ impl GgufCheckpoint {
 
     fn head_count(&self, key: &str, tensor: &str) -> Result<usize> {
         let full = format!("{}.{key}", self.architecture);
+        // A per-layer count (hybrids: 0 on layers without attention) is read at the tensor's
+        // layer.
+        let layer = tensor
+            .split('.')
+            .skip_while(|part| *part != "layers")
+            .nth(1)
+            .and_then(|i| i.parse::<usize>().ok());
         let value = self
             .file
             .get(&full)
@@ -245,7 +267,10 @@ impl GgufCheckpoint {
                 self.file
                     .get(&format!("{}.attention.head_count", self.architecture))
             })
-            .and_then(MetaValue::as_u64)
+            .and_then(|v| match v {
+                MetaValue::Array(counts) => counts.get(layer?).and_then(MetaValue::as_u64),
+                one => one.as_u64(),
+            })
             .ok_or_else(|| {
                 Error::Config(format!("{full} is missing, needed to load {tensor:?}"))
             })?;

@@ -35,6 +35,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "olmo2" => ("olmo2", Some("Olmo2ForCausalLM")),
         "mistral3" => ("mistral", Some("MistralForCausalLM")),
         "lfm2" => ("lfm2", Some("Lfm2ForCausalLM")),
+        "nemotron_h" | "nemotron_h_moe" => ("nemotron_h", Some("NemotronHForCausalLM")),
         other => (other, None),
     }
 }
@@ -182,6 +183,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             .and_then(MetaValue::as_bool)
             .unwrap_or(true);
         config.insert("norm_topk_prob".into(), json!(normalize));
+    }
+    if arch.starts_with("nemotron_h") {
+        nemotron_h_blocks(&mut config, &key);
     }
     if arch == "lfm2" {
         lfm2_layers(&mut config, &key, tensors);
@@ -417,4 +421,55 @@ fn lfm2_layers<'a>(
         .iter()
         .any(|t| t.name.ends_with(".shortconv.in_proj.bias"));
     config.insert("conv_bias".into(), json!(biased));
+}
+
+/// Nemotron-H's blocks as its config spells them: a block with key/value heads is attention,
+/// one with an MLP width an MLP, the rest Mamba-2 mixers, whose sizes come from the `ssm.*`
+/// keys (`time_step_rank` heads sharing `inner_size` features).
+fn nemotron_h_blocks<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let layers = key("block_count").and_then(MetaValue::as_u64).unwrap_or(0) as usize;
+    let (Some(kv), Some(ff)) = (
+        per_layer(key("attention.head_count_kv"), layers),
+        per_layer(key("feed_forward_length"), layers),
+    ) else {
+        return;
+    };
+    let blocks: Vec<&str> = kv
+        .iter()
+        .zip(&ff)
+        .map(|(&kv, &ff)| match (kv, ff) {
+            (0, 0) => "linear_attention",
+            (0, _) => "mlp",
+            _ => "full_attention",
+        })
+        .collect();
+    config.insert("layers_block_type".into(), json!(blocks));
+    if let Some(&n) = kv.iter().find(|&&n| n > 0) {
+        config.insert("num_key_value_heads".into(), json!(n));
+    }
+    if let Some(&n) = ff.iter().find(|&&n| n > 0) {
+        config.insert("intermediate_size".into(), json!(n));
+    }
+    if let Some(eps) = key("attention.layer_norm_rms_epsilon") {
+        config.insert("layer_norm_epsilon".into(), to_json(eps));
+    }
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    if let Some(heads) = size("ssm.time_step_rank") {
+        config.insert("mamba_num_heads".into(), json!(heads));
+        if let Some(inner) = size("ssm.inner_size").filter(|_| heads > 0) {
+            config.insert("mamba_head_dim".into(), json!(inner / heads));
+        }
+    }
+    for (gguf, hf) in [
+        ("ssm.state_size", "ssm_state_size"),
+        ("ssm.group_count", "n_groups"),
+        ("ssm.conv_kernel", "conv_kernel"),
+    ] {
+        if let Some(v) = size(gguf) {
+            config.insert(hf.into(), json!(v));
+        }
+    }
 }

@@ -32,6 +32,28 @@ const LFM2_LAYER: &[(&str, &str)] = &[
     ("shortconv.out_proj", "conv.out_proj"),
 ];
 
+/// Nemotron-H's layer tensors with HF's full leaf under `backbone.layers.N.` (every block's
+/// module is its `mixer`; `ssm_a` and `ssm_d` have no suffix in the file).
+const NEMOTRON_H_LAYER: &[(&str, &str)] = &[
+    ("attn_norm.weight", "norm.weight"),
+    ("ssm_in.weight", "mixer.in_proj.weight"),
+    ("ssm_in.bias", "mixer.in_proj.bias"),
+    ("ssm_conv1d.weight", "mixer.conv1d.weight"),
+    ("ssm_conv1d.bias", "mixer.conv1d.bias"),
+    ("ssm_dt.bias", "mixer.dt_bias"),
+    ("ssm_a", "mixer.A_log"),
+    ("ssm_d", "mixer.D"),
+    ("ssm_norm.weight", "mixer.norm.weight"),
+    ("ssm_out.weight", "mixer.out_proj.weight"),
+    ("ssm_out.bias", "mixer.out_proj.bias"),
+    ("attn_q.weight", "mixer.q_proj.weight"),
+    ("attn_k.weight", "mixer.k_proj.weight"),
+    ("attn_v.weight", "mixer.v_proj.weight"),
+    ("attn_output.weight", "mixer.o_proj.weight"),
+    ("ffn_up.weight", "mixer.up_proj.weight"),
+    ("ffn_down.weight", "mixer.down_proj.weight"),
+];
+
 /// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
 /// leaf name: several HF parameters have no `.weight` (`layer_scalar`, the fused expert
 /// stacks, the router's scales), and the router and expert scales hide under other tensors'
@@ -88,6 +110,9 @@ fn has_sandwich_norms(architecture: &str) -> bool {
 /// The HF name of llama.cpp tensor `name` for `architecture`, or `None` when the name is not
 /// one this table knows (callers keep such names as they are).
 pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
+    if architecture.starts_with("nemotron_h") {
+        return nemotron_h_name(name);
+    }
     let (stem, suffix) = name.rsplit_once('.')?;
     if let Some(&(_, hf)) = GLOBAL.iter().find(|(g, _)| *g == stem) {
         return Some(format!("{hf}.{suffix}"));
@@ -124,6 +149,23 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         other => LAYER.iter().find(|(g, _)| *g == other)?.1,
     };
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// Nemotron-H's names: its weights live under `backbone.`.
+fn nemotron_h_name(name: &str) -> Option<String> {
+    let global = match name {
+        "token_embd.weight" => Some("backbone.embeddings.weight"),
+        "output_norm.weight" => Some("backbone.norm_f.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(hf) = global {
+        return Some(hf.to_string());
+    }
+    let (layer, leaf) = name.strip_prefix("blk.")?.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let &(_, hf) = NEMOTRON_H_LAYER.iter().find(|(g, _)| *g == leaf)?;
+    Some(format!("backbone.layers.{layer}.{hf}"))
 }
 
 #[cfg(test)]

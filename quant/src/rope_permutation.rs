@@ -12,9 +12,13 @@ use crate::{Error, Result};
 
 /// Whether GGUF files of `architecture` store Q/K rows permuted for traditional rope.
 pub fn qk_rows_permuted(architecture: &str) -> bool {
-    // llama.cpp's LlamaModel converter (also used for Mistral-style, Mistral 3 and Granite checkpoints)
+    // llama.cpp's LlamaModel converter (also used for Mistral-style, Mistral 3, Granite and
+    // Nemotron-H checkpoints)
     // permutes; Qwen, Gemma and Phi converters keep HF's order.
-    matches!(architecture, "llama" | "mistral" | "mistral3" | "granite")
+    matches!(
+        architecture,
+        "llama" | "mistral" | "mistral3" | "granite" | "nemotron_h" | "nemotron_h_moe"
+    )
 }
 
 /// For each HF row, the GGUF row that holds it (`rows` rows in heads of `rows / n_heads`).
