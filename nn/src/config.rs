@@ -217,6 +217,14 @@ pub(crate) fn dim(value: usize, name: &str) -> Result<i32> {
     i32::try_from(value).map_err(|_| Error::Config(format!("`{name}` = {value} is too large")))
 }
 
+/// `tie_word_embeddings` of the text section, else of the whole config (where multimodal
+/// checkpoints may keep it); `None` when both are silent.
+pub(crate) fn tie_word_embeddings(config: &Value) -> Result<Option<bool>> {
+    let key = "tie_word_embeddings";
+    let text = Fields::text_section(config).bool(key)?;
+    Ok(text.or(Fields { object: config }.bool(key)?))
+}
+
 pub(crate) fn missing(key: &str) -> Error {
     Error::Config(format!("required field `{key}` is missing"))
 }

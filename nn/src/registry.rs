@@ -44,7 +44,16 @@ macro_rules! decoder_family {
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
 /// `general.architecture`).
 const ARCHITECTURES: &[Architecture] = &[
-    decoder_family!(&["llama", "LlamaForCausalLM"], llama),
+    Architecture {
+        names: &["llama", "LlamaForCausalLM"],
+        describe: |config| Ok(llama::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(llama::Llama::new(
+                llama::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     decoder_family!(&["qwen2", "Qwen2ForCausalLM"], qwen2),
     decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
     decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
