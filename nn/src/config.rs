@@ -167,6 +167,45 @@ impl<'a> Fields<'a> {
         Ok(hidden_size / heads)
     }
 
+    /// `layer_types`: whether each of the model's `layers` layers attends to a sliding window
+    /// (`sliding_attention`) rather than to everything (`full_attention`); `None` when the
+    /// config does not list them.
+    pub(crate) fn layer_types(&self, layers: usize) -> Result<Option<Vec<bool>>> {
+        let Some(types) = self.get("layer_types") else {
+            return Ok(None);
+        };
+        let list = types
+            .as_array()
+            .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
+        if list.len() != layers {
+            return Err(Error::Config(format!(
+                "`layer_types` lists {} layers, the model has {layers}",
+                list.len()
+            )));
+        }
+        list.iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(Error::Config(format!("unsupported layer type {t}"))),
+            })
+            .collect::<Result<_>>()
+            .map(Some)
+    }
+
+    /// Each layer's attention window: `sliding_window` on the layers that slide, `None` on the
+    /// others; a sliding layer without a window is an error naming the field.
+    pub(crate) fn layer_windows(&self, sliding: &[bool]) -> Result<Vec<Option<usize>>> {
+        let window = self.bounded("sliding_window", limits::POSITIONS)?;
+        sliding
+            .iter()
+            .map(|&slides| match (slides, window) {
+                (true, None) => Err(missing("sliding_window")),
+                (slides, window) => Ok(window.filter(|_| slides)),
+            })
+            .collect()
+    }
+
     pub(crate) fn f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
@@ -482,24 +521,17 @@ pub(crate) fn read_scaling(value: &Value) -> Result<RopeScaling> {
 }
 
 fn read_layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerAttention>> {
-    if let Some(types) = f.get("layer_types") {
-        let list = types
-            .as_array()
-            .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
-        if list.len() != num_layers {
-            return Err(Error::Config(format!(
-                "`layer_types` lists {} layers, the model has {num_layers}",
-                list.len()
-            )));
-        }
-        return list
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(LayerAttention::Full),
-                Some("sliding_attention") => Ok(LayerAttention::Sliding),
-                _ => Err(Error::Config(format!("unsupported layer type {t}"))),
+    if let Some(sliding) = f.layer_types(num_layers)? {
+        return Ok(sliding
+            .into_iter()
+            .map(|slides| {
+                if slides {
+                    LayerAttention::Sliding
+                } else {
+                    LayerAttention::Full
+                }
             })
-            .collect();
+            .collect());
     }
     let pattern = match f.usize("sliding_window_pattern")? {
         Some(p) => Some(p),

@@ -54,7 +54,16 @@ const ARCHITECTURES: &[Architecture] = &[
             )?))
         },
     },
-    decoder_family!(&["qwen2", "Qwen2ForCausalLM"], qwen2),
+    Architecture {
+        names: &["qwen2", "Qwen2ForCausalLM"],
+        describe: |config| Ok(qwen2::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen2::Qwen2::new(
+                qwen2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
     decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
     decoder_family!(
