@@ -64,7 +64,16 @@ const ARCHITECTURES: &[Architecture] = &[
             )?))
         },
     },
-    decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
+    Architecture {
+        names: &["qwen3", "Qwen3ForCausalLM"],
+        describe: |config| Ok(qwen3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen3::Qwen3::new(
+                qwen3::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
     decoder_family!(
         &[
