@@ -74,7 +74,16 @@ const ARCHITECTURES: &[Architecture] = &[
             )?))
         },
     },
-    decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
+    Architecture {
+        names: &["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"],
+        describe: |config| Ok(qwen3_moe::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen3_moe::Qwen3Moe::new(
+                qwen3_moe::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     decoder_family!(
         &[
             "gemma3",
