@@ -11,7 +11,7 @@ use crate::arch::{
     deepseek_v3, gemma2, gemma3, gemma4, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
     nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
-use crate::config::{Fields, TextConfig, missing};
+use crate::config::{Fields, missing};
 use crate::model::{Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -23,22 +23,6 @@ struct Architecture {
     names: &'static [&'static str],
     describe: fn(&Value) -> Result<ModelSpec>,
     build: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
-}
-
-/// Families built on the shared decoder read the shared [`TextConfig`].
-macro_rules! decoder_family {
-    ($names:expr, $module:ident) => {
-        Architecture {
-            names: $names,
-            describe: |config| Ok(TextConfig::from_json(config)?.spec()),
-            build: |config, weights| {
-                Ok(Box::new($module::build(
-                    TextConfig::from_json(config)?,
-                    weights,
-                )?))
-            },
-        }
-    };
 }
 
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
@@ -84,15 +68,21 @@ const ARCHITECTURES: &[Architecture] = &[
             )?))
         },
     },
-    decoder_family!(
-        &[
+    Architecture {
+        names: &[
             "gemma3",
             "gemma3_text",
             "Gemma3ForCausalLM",
             "Gemma3ForConditionalGeneration",
         ],
-        gemma3
-    ),
+        describe: |config| Ok(gemma3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(gemma3::Gemma3::new(
+                gemma3::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     Architecture {
         names: &[
             "qwen3_5",
