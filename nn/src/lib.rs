@@ -3,8 +3,8 @@
 //! Layers (one per file) are built from checkpoint tensors and know nothing of architectures;
 //! architectures (`arch/`, one file each) assemble layers and decide their conventions.
 //!
-//! - [`config`]: `config.json` → [`TextConfig`], accepting transformers 4 and 5 spellings and
-//!   refusing a config without a field that changes the numbers.
+//! - [`config`]: what every family's `config.json` reader shares (fields named when missing or
+//!   absurd, rope parameters in transformers 4 and 5 spellings, layer types, tie rules).
 //! - [`weights`]: [`Weights`], named tensors handed to layers in the compute dtype.
 //! - Layers: [`linear`], [`embedding`], [`rms_norm`], [`layer_norm`], [`conv1d`], [`rope`]
 //!   (default, linear, llama3, yarn; partial; traditional), [`attention`] (GQA, q/k norms,
@@ -19,10 +19,10 @@
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family).
 //! - [`arch`]: one file per family, each with its own config read from the checkpoint's keys:
-//!   `qwen3_5` (Qwen3.5, Qwen3.5-MoE, Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`,
-//!   `deepseek_v3` (and GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral,
-//!   Mistral 3), `gemma2`, `olmo2`, `phi3`; the older `llama`, `qwen2`, `qwen3`, `qwen3_moe`
-//!   and `gemma3` still pick options of a shared [`arch::decoder`] over [`TextConfig`].
+//!   `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3`, `qwen3_5` (Qwen3.5, Qwen3.5-MoE,
+//!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
+//!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
+//!   `gemma4`, `olmo2`, `phi3`.
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
@@ -53,7 +53,6 @@ pub mod short_conv;
 pub mod ssd;
 pub mod weights;
 
-pub use config::TextConfig;
 pub use error::{Error, Result};
 pub use model::{Batch, Forward, LayerState, Model, ModelSpec};
 pub use registry::build_model;

@@ -11,7 +11,7 @@ use crate::arch::{
     deepseek_v3, gemma2, gemma3, gemma4, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
     nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
-use crate::config::{Fields, TextConfig, missing};
+use crate::config::{Fields, missing};
 use crate::model::{Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -25,38 +25,64 @@ struct Architecture {
     build: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
 }
 
-/// Families built on the shared decoder read the shared [`TextConfig`].
-macro_rules! decoder_family {
-    ($names:expr, $module:ident) => {
-        Architecture {
-            names: $names,
-            describe: |config| Ok(TextConfig::from_json(config)?.spec()),
-            build: |config, weights| {
-                Ok(Box::new($module::build(
-                    TextConfig::from_json(config)?,
-                    weights,
-                )?))
-            },
-        }
-    };
-}
-
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
 /// `general.architecture`).
 const ARCHITECTURES: &[Architecture] = &[
-    decoder_family!(&["llama", "LlamaForCausalLM"], llama),
-    decoder_family!(&["qwen2", "Qwen2ForCausalLM"], qwen2),
-    decoder_family!(&["qwen3", "Qwen3ForCausalLM"], qwen3),
-    decoder_family!(&["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"], qwen3_moe),
-    decoder_family!(
-        &[
+    Architecture {
+        names: &["llama", "LlamaForCausalLM"],
+        describe: |config| Ok(llama::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(llama::Llama::new(
+                llama::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["qwen2", "Qwen2ForCausalLM"],
+        describe: |config| Ok(qwen2::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen2::Qwen2::new(
+                qwen2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["qwen3", "Qwen3ForCausalLM"],
+        describe: |config| Ok(qwen3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen3::Qwen3::new(
+                qwen3::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &["qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM"],
+        describe: |config| Ok(qwen3_moe::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(qwen3_moe::Qwen3Moe::new(
+                qwen3_moe::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &[
             "gemma3",
             "gemma3_text",
             "Gemma3ForCausalLM",
             "Gemma3ForConditionalGeneration",
         ],
-        gemma3
-    ),
+        describe: |config| Ok(gemma3::Config::from_json(config)?.spec()),
+        build: |config, weights| {
+            Ok(Box::new(gemma3::Gemma3::new(
+                gemma3::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
     Architecture {
         names: &[
             "qwen3_5",

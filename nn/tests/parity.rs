@@ -12,7 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use mlx::{Array, Dtype};
-use nn::{Batch, Model, TextConfig, Weights, build_model};
+use nn::registry::describe;
+use nn::{Batch, Model, Weights, build_model};
 use quant::{SafetensorsFile, Tensor};
 
 const TOLERANCE: f32 = 1e-4;
@@ -430,20 +431,20 @@ fn a_config_without_its_rope_base_is_refused_by_name() {
         .as_object_mut()
         .unwrap()
         .remove("rope_theta");
-    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    let err = describe(&config).unwrap_err().to_string();
     assert!(err.contains("rope_theta"), "{err}");
 
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.transformers4.json")).unwrap())
             .unwrap();
     config.as_object_mut().unwrap().remove("rope_theta");
-    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    let err = describe(&config).unwrap_err().to_string();
     assert!(err.contains("rope_theta"), "{err}");
 
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     config.as_object_mut().unwrap().remove("hidden_size");
-    let err = TextConfig::from_json(&config).unwrap_err().to_string();
+    let err = describe(&config).unwrap_err().to_string();
     assert!(err.contains("hidden_size"), "{err}");
 }
 
@@ -470,11 +471,11 @@ fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
     ] {
         let mut config = base.clone();
         config[field] = value;
-        let err = TextConfig::from_json(&config).unwrap_err().to_string();
+        let err = describe(&config).unwrap_err().to_string();
         assert!(err.contains(field), "{field}: {err}");
     }
     // The real configuration still reads.
-    TextConfig::from_json(&base).unwrap();
+    describe(&base).unwrap();
 }
 
 /// A released Qwen3.5 checkpoint also holds a vision tower and a multi-token-prediction head:

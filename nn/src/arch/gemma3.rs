@@ -1,20 +1,394 @@
-//! Gemma 3 (text): sliding-window and global layers with their own rope bases, embeddings
-//! scaled by √hidden, sandwich norms, q/k norms, GeGLU, and norms stored as `w − 1`.
+//! Gemma 3 (text): Gemma 2's decoder with per-head RMS norms of queries and keys before
+//! rotation. Sliding-window layers outnumber global ones (five to one in the releases:
+//! `layer_types`, or in older configs every `sliding_window_pattern`-th layer global), and each
+//! kind turns its rope on a base of its own (`rope_parameters.{full,sliding}_attention`, or
+//! `rope_theta` and `rope_local_base_freq`). Sandwich norms around attention and MLP, GeGLU,
+//! embeddings scaled by `√hidden`, attention scaled by `query_pre_attn_scalar^-½`, output
+//! logits soft-capped when `final_logit_softcapping` is set. Norms store `w − 1`.
+//!
+//! References: transformers' `models/gemma3/modeling_gemma3.py` (5.24); Gemma Team, "Gemma 3
+//! Technical Report" (2025).
 
-use crate::Result;
-use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
-use crate::config::TextConfig;
-use crate::weights::Weights;
+use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use mlx::Array;
+use serde_json::Value;
 
-/// Builds a Gemma 3 text decoder.
-pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
-    build_decoder(
-        config,
-        weights,
-        DecoderOptions {
-            norm_unit_offset: true,
-            sandwich_norms: true,
-            scale_embeddings: true,
+use crate::activation::Activation;
+use crate::attention::{Attention, AttentionParts};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
+use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings};
+use crate::embedding::Embedding;
+use crate::linear::Linear;
+use crate::mlp::Mlp;
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::registry::model_type;
+use crate::rms_norm::RmsNorm;
+use crate::rope::{Rope, RopeConfig, RopeScaling};
+use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
+
+/// The hyperparameters of a Gemma 3 text model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `model_type`.
+    pub model_type: String,
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `intermediate_size`.
+    pub intermediate_size: usize,
+    /// `vocab_size`.
+    pub vocab_size: usize,
+    /// `rms_norm_eps`.
+    pub rms_norm_eps: f32,
+    /// `max_position_embeddings` (4,096 when absent).
+    pub max_position_embeddings: usize,
+    /// `tie_word_embeddings`; `None` when silent (no `lm_head` then means tied).
+    pub tie_word_embeddings: Option<bool>,
+    /// `num_attention_heads`.
+    pub num_attention_heads: usize,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: usize,
+    /// `head_dim` (default `hidden_size / num_attention_heads`).
+    pub head_dim: usize,
+    /// The rotary embedding of global layers: `rope_parameters.full_attention`, or
+    /// `rope_theta` and `rope_scaling`.
+    pub rope: RopeConfig,
+    /// The rotary embedding of sliding layers: `rope_parameters.sliding_attention`, or
+    /// `rope_local_base_freq`; `None` when no layer slides.
+    pub rope_local: Option<RopeConfig>,
+    /// `query_pre_attn_scalar` (`head_dim` when absent).
+    pub query_pre_attn_scalar: Option<f64>,
+    /// `attn_logit_softcapping`.
+    pub attn_logit_softcapping: Option<f32>,
+    /// `final_logit_softcapping`.
+    pub final_logit_softcapping: Option<f32>,
+    /// `hidden_activation` (or `hidden_act`).
+    pub hidden_activation: String,
+    /// `layer_types` (or `sliding_window_pattern`) and `sliding_window`: each layer's window,
+    /// `None` on global layers.
+    pub layer_windows: Vec<Option<usize>>,
+}
+
+impl Config {
+    /// Reads the config (or its `text_config`).
+    pub fn from_json(config: &Value) -> Result<Config> {
+        let f = Fields::text_section(config);
+        let model_type = model_type(config)?;
+        let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
+        let num_hidden_layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => return Err(missing("head_dim")),
+        };
+        let (rope, nested_local) = read_rope(&f, dim(head_dim, "head_dim")?)?;
+        let sliding = match f.layer_types(num_hidden_layers)? {
+            Some(sliding) => sliding,
+            None => {
+                let pattern = match f.usize("sliding_window_pattern")? {
+                    Some(p) => Some(p),
+                    None => f.usize("_sliding_window_pattern")?,
+                };
+                (0..num_hidden_layers)
+                    .map(|i| matches!(pattern, Some(p) if p > 0 && !(i + 1).is_multiple_of(p)))
+                    .collect()
+            }
+        };
+        let layer_windows = f.layer_windows(&sliding)?;
+        let rope_local = match nested_local {
+            _ if !sliding.contains(&true) => None,
+            Some(local) => Some(local),
+            None => Some(RopeConfig {
+                base: f
+                    .f64("rope_local_base_freq")?
+                    .ok_or_else(|| missing("rope_local_base_freq"))?,
+                dims: rope.dims,
+                traditional: false,
+                scaling: RopeScaling::None,
+            }),
+        };
+        let query_pre_attn_scalar = f.f64("query_pre_attn_scalar")?;
+        if let Some(s) = query_pre_attn_scalar.filter(|s| *s <= 0.0) {
+            return Err(Error::Config(format!(
+                "query_pre_attn_scalar must be positive, got {s}"
+            )));
+        }
+        Ok(Config {
+            model_type,
+            hidden_size,
+            vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
+            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
+            rms_norm_eps: f
+                .f64("rms_norm_eps")?
+                .ok_or_else(|| missing("rms_norm_eps"))? as f32,
+            max_position_embeddings: f
+                .bounded("max_position_embeddings", limits::POSITIONS)?
+                .unwrap_or(4096),
+            tie_word_embeddings: tie_word_embeddings(config)?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rope,
+            rope_local,
+            query_pre_attn_scalar,
+            attn_logit_softcapping: f.f64("attn_logit_softcapping")?.map(|c| c as f32),
+            final_logit_softcapping: f.f64("final_logit_softcapping")?.map(|c| c as f32),
+            hidden_activation: f
+                .str("hidden_activation")
+                .or_else(|| f.str("hidden_act"))
+                .unwrap_or("gelu_pytorch_tanh")
+                .to_string(),
+            layer_windows,
+        })
+    }
+
+    /// What the engine needs to know of the model.
+    pub fn spec(&self) -> ModelSpec {
+        let h = self.hidden_size as u64;
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let attention = 2 * h * q + 2 * h * kv + 2 * self.head_dim as u64;
+        let mlp = 3 * h * self.intermediate_size as u64;
+        let embedding = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings == Some(true) {
+            0
+        } else {
+            embedding
+        };
+        ModelSpec {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            context_length: self.max_position_embeddings,
+            parameters: embedding
+                + self.layer_windows.len() as u64 * (attention + mlp + 4 * h)
+                + h
+                + head,
+            layers: self
+                .layer_windows
+                .iter()
+                .map(|&window| LayerState::Attention {
+                    kv_heads: self.num_key_value_heads,
+                    head_dim: self.head_dim,
+                    window,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One decoder layer with sandwich norms: attention and MLP each normed before and after, and
+/// added to the residual stream.
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    pre_feedforward_layernorm: RmsNorm,
+    mlp: Mlp,
+    post_feedforward_layernorm: RmsNorm,
+    sliding_window: Option<usize>,
+}
+
+/// A Gemma 3 text model.
+pub struct Gemma3 {
+    spec: ModelSpec,
+    config: Config,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Gemma3 {
+    /// Builds the model from transformers-named weights.
+    pub fn new(config: Config, weights: &mut Weights) -> Result<Gemma3> {
+        let hidden = dim(config.hidden_size, "hidden_size")?;
+        let vocab = dim(config.vocab_size, "vocab_size")?;
+        let inter = dim(config.intermediate_size, "intermediate_size")?;
+        let eps = config.rms_norm_eps;
+        let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+            RmsNorm::with_unit_offset(weights.dense(name, &[hidden])?, eps)
+        };
+        let activation = Activation::from_name(&config.hidden_activation)?;
+        let embed_name = "model.embed_tokens.weight";
+        let embed_weight = weights.weight(embed_name)?;
+        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        let rope = Rope::new(&config.rope)?;
+        let rope_local = config.rope_local.as_ref().map(Rope::new).transpose()?;
+
+        let mut layers = Vec::with_capacity(config.layer_windows.len());
+        for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let layer_rope = match (sliding_window, &rope_local) {
+                (Some(_), Some(local)) => local,
+                _ => &rope,
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
+                self_attn: attention(&config, weights, &format!("{p}.self_attn"), layer_rope)?,
+                post_attention_layernorm: norm(
+                    weights,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                )?,
+                pre_feedforward_layernorm: norm(
+                    weights,
+                    &format!("{p}.pre_feedforward_layernorm.weight"),
+                )?,
+                mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
+                post_feedforward_layernorm: norm(
+                    weights,
+                    &format!("{p}.post_feedforward_layernorm.weight"),
+                )?,
+                sliding_window,
+            });
+        }
+        let final_norm = norm(weights, "model.norm.weight")?;
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
+        Ok(Gemma3 {
+            spec: config.spec(),
+            config,
+            embed_tokens,
+            layers,
+            norm: final_norm,
+            lm_head,
+        })
+    }
+}
+
+/// The attention block (`self_attn`): queries and keys normed per head, then rotated, and
+/// scaled by `query_pre_attn_scalar^-½`.
+fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<Attention> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let heads = dim(c.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
+    let head_dim = dim(c.head_dim, "head_dim")?;
+    let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+        let stored = weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?;
+        RmsNorm::with_unit_offset(stored, c.rms_norm_eps)
+    };
+    Ok(Attention::new(AttentionParts {
+        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        q_norm: Some(norm(weights, "q_norm")?),
+        k_norm: Some(norm(weights, "k_norm")?),
+        rope: Some(rope.clone()),
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        scale: match c.query_pre_attn_scalar {
+            Some(s) => (1.0 / s.sqrt()) as f32,
+            None => 1.0 / (head_dim as f32).sqrt(),
         },
-    )
+        logit_softcap: c.attn_logit_softcapping,
+        output_gate: false,
+        qk_norm_across_heads: false,
+        sinks: None,
+    }))
+}
+
+impl Model for Gemma3 {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        self.layers
+            .iter()
+            .map(|layer| {
+                Ok(Some(match layer.sliding_window {
+                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
+                        window,
+                        keep: 0,
+                        rewind_slack: slack,
+                    })?),
+                    None => LayerCache::Kv(KvCache::new()),
+                }))
+            })
+            .collect()
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.forward_rows_through(batch, caches, self.layers.len())
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let mut h = self
+            .embed_tokens
+            .forward(&batch.tokens)?
+            .multiply((self.config.hidden_size as f32).sqrt())?;
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let projected = layer.self_attn.project(&x, positions.rope())?;
+            let logical = match layer.sliding_window {
+                Some(window) => LogicalMask::SlidingWindow(window),
+                None => LogicalMask::Causal,
+            };
+            let attended = attend_cached(
+                &layer.self_attn,
+                &projected,
+                caches,
+                i,
+                &batch.positions,
+                logical,
+            )?;
+            h = h.add(&layer.post_attention_layernorm.forward(&attended)?)?;
+            let ff = layer
+                .mlp
+                .forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
+            h = h.add(&layer.post_feedforward_layernorm.forward(&ff)?)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        let logits = self.lm_head.forward(hidden)?;
+        Ok(match self.config.final_logit_softcapping {
+            Some(cap) => logits.divide(cap)?.tanh()?.multiply(cap)?,
+            None => logits,
+        })
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embed_tokens.collect_arrays(&mut out);
+        for layer in &self.layers {
+            for norm in [
+                &layer.input_layernorm,
+                &layer.post_attention_layernorm,
+                &layer.pre_feedforward_layernorm,
+                &layer.post_feedforward_layernorm,
+            ] {
+                norm.collect_arrays(&mut out);
+            }
+            layer.self_attn.collect_arrays(&mut out);
+            layer.mlp.collect_arrays(&mut out);
+        }
+        self.norm.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
 }

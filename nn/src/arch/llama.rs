@@ -1,11 +1,292 @@
-//! Llama 2/3, SmolLM2 and Mistral-style decoders: RMSNorm, SwiGLU, grouped-query attention.
+//! Llama 2 and 3, and the checkpoints that call themselves `llama` (SmolLM2, …): a pre-norm
+//! decoder of grouped-query attention with rotary positions and a SwiGLU MLP, each behind an
+//! RMS norm. Llama 3.1 stretches the rope's low frequencies (`rope_scaling` of type `llama3`);
+//! the output head is the embedding table or a matrix of its own (`tie_word_embeddings`, or
+//! whether the checkpoint has `lm_head`). Attention biases are read when the checkpoint has
+//! them (`attention_bias`).
+//!
+//! References: transformers' `models/llama/modeling_llama.py` (5.24); Touvron et al., "Llama 2:
+//! Open Foundation and Fine-Tuned Chat Models" (2023); Grattafiori et al., "The Llama 3 Herd of
+//! Models" (2024).
+
+use kvcache::{KvCache, LayerCache, LogicalMask};
+use mlx::Array;
+use serde_json::Value;
 
 use crate::Result;
-use crate::arch::decoder::{Decoder, DecoderOptions, build_decoder};
-use crate::config::TextConfig;
-use crate::weights::Weights;
+use crate::activation::Activation;
+use crate::attention::{Attention, AttentionParts};
+use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
+use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings};
+use crate::embedding::Embedding;
+use crate::linear::Linear;
+use crate::mlp::Mlp;
+use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::registry::model_type;
+use crate::rms_norm::RmsNorm;
+use crate::rope::{Rope, RopeConfig};
+use crate::weights::{Weights, check_matrix};
 
-/// Builds a llama-family decoder.
-pub fn build(config: TextConfig, weights: &mut Weights) -> Result<Decoder> {
-    build_decoder(config, weights, DecoderOptions::default())
+/// The hyperparameters of a Llama model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `model_type`.
+    pub model_type: String,
+    /// `hidden_size`.
+    pub hidden_size: usize,
+    /// `num_hidden_layers`.
+    pub num_hidden_layers: usize,
+    /// `intermediate_size`.
+    pub intermediate_size: usize,
+    /// `vocab_size`.
+    pub vocab_size: usize,
+    /// `rms_norm_eps`.
+    pub rms_norm_eps: f32,
+    /// `max_position_embeddings` (4,096 when absent).
+    pub max_position_embeddings: usize,
+    /// `tie_word_embeddings`; `None` when silent (no `lm_head` then means tied).
+    pub tie_word_embeddings: Option<bool>,
+    /// `num_attention_heads`.
+    pub num_attention_heads: usize,
+    /// `num_key_value_heads`.
+    pub num_key_value_heads: usize,
+    /// `head_dim` (default `hidden_size / num_attention_heads`).
+    pub head_dim: usize,
+    /// The rotary embedding: `rope_parameters`, or `rope_theta` and `rope_scaling`.
+    pub rope: RopeConfig,
+    /// `hidden_act`.
+    pub hidden_act: String,
+}
+
+impl Config {
+    /// Reads the config.
+    pub fn from_json(config: &Value) -> Result<Config> {
+        let f = Fields::text_section(config);
+        let model_type = model_type(config)?;
+        let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
+        let num_hidden_layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
+        let (heads, kv_heads) = f.attention_heads()?;
+        let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => return Err(missing("head_dim")),
+        };
+        Ok(Config {
+            model_type,
+            hidden_size,
+            num_hidden_layers,
+            vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
+            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
+            rms_norm_eps: f
+                .f64("rms_norm_eps")?
+                .ok_or_else(|| missing("rms_norm_eps"))? as f32,
+            max_position_embeddings: f
+                .bounded("max_position_embeddings", limits::POSITIONS)?
+                .unwrap_or(4096),
+            tie_word_embeddings: tie_word_embeddings(config)?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            rope: read_rope(&f, dim(head_dim, "head_dim")?)?.0,
+            hidden_act: f.str("hidden_act").unwrap_or("silu").to_string(),
+        })
+    }
+
+    /// What the engine needs to know of the model.
+    pub fn spec(&self) -> ModelSpec {
+        let h = self.hidden_size as u64;
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let attention = 2 * h * q + 2 * h * kv;
+        let mlp = 3 * h * self.intermediate_size as u64;
+        // Four norms and two head norms a layer, two and two more than Llama has: the count
+        // every family had before each had a file of its own, which decides whether a
+        // quantized checkpoint is dequantized at load.
+        let norms = 4 * h + 2 * self.head_dim as u64;
+        let embedding = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings == Some(true) {
+            0
+        } else {
+            embedding
+        };
+        ModelSpec {
+            model_type: self.model_type.clone(),
+            vocab_size: self.vocab_size,
+            context_length: self.max_position_embeddings,
+            parameters: embedding
+                + self.num_hidden_layers as u64 * (attention + mlp + norms)
+                + h
+                + head,
+            layers: vec![
+                LayerState::Attention {
+                    kv_heads: self.num_key_value_heads,
+                    head_dim: self.head_dim,
+                    window: None,
+                };
+                self.num_hidden_layers
+            ],
+        }
+    }
+}
+
+/// One decoder layer: pre-norm attention and a pre-norm MLP, each added to the residual
+/// stream.
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A Llama model.
+pub struct Llama {
+    spec: ModelSpec,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Llama {
+    /// Builds the model from transformers-named weights.
+    pub fn new(config: Config, weights: &mut Weights) -> Result<Llama> {
+        let hidden = dim(config.hidden_size, "hidden_size")?;
+        let vocab = dim(config.vocab_size, "vocab_size")?;
+        let inter = dim(config.intermediate_size, "intermediate_size")?;
+        let eps = config.rms_norm_eps;
+        let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
+        };
+        let activation = Activation::from_name(&config.hidden_act)?;
+        let embed_name = "model.embed_tokens.weight";
+        let embed_weight = weights.weight(embed_name)?;
+        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        let rope = Rope::new(&config.rope)?;
+
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(DecoderLayer {
+                input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
+                self_attn: attention(&config, weights, &format!("{p}.self_attn"), &rope)?,
+                post_attention_layernorm: norm(
+                    weights,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                )?,
+                mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
+            });
+        }
+        let final_norm = norm(weights, "model.norm.weight")?;
+        let lm_head = embed_tokens.output_head(
+            weights,
+            config.tie_word_embeddings,
+            "lm_head",
+            vocab,
+            hidden,
+        )?;
+        Ok(Llama {
+            spec: config.spec(),
+            embed_tokens,
+            layers,
+            norm: final_norm,
+            lm_head,
+        })
+    }
+}
+
+/// The attention block (`self_attn`): grouped-query attention over rotated queries and keys.
+fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<Attention> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let heads = dim(c.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
+    let head_dim = dim(c.head_dim, "head_dim")?;
+    Ok(Attention::new(AttentionParts {
+        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        q_norm: None,
+        k_norm: None,
+        rope: Some(rope.clone()),
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        logit_softcap: None,
+        output_gate: false,
+        qk_norm_across_heads: false,
+        sinks: None,
+    }))
+}
+
+impl Model for Llama {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        Ok((0..self.layers.len())
+            .map(|_| Some(LayerCache::Kv(KvCache::new())))
+            .collect())
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.forward_rows_through(batch, caches, self.layers.len())
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let mut h = self.embed_tokens.forward(&batch.tokens)?;
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let projected = layer.self_attn.project(&x, positions.rope())?;
+            let attended = attend_cached(
+                &layer.self_attn,
+                &projected,
+                caches,
+                i,
+                &batch.positions,
+                LogicalMask::Causal,
+            )?;
+            h = h.add(&attended)?;
+            let ff = layer
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
+            h = h.add(&ff)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.lm_head.forward(hidden)
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embed_tokens.collect_arrays(&mut out);
+        for layer in &self.layers {
+            layer.input_layernorm.collect_arrays(&mut out);
+            layer.self_attn.collect_arrays(&mut out);
+            layer.post_attention_layernorm.collect_arrays(&mut out);
+            layer.mlp.collect_arrays(&mut out);
+        }
+        self.norm.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
 }

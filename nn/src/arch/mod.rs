@@ -1,6 +1,5 @@
 //! Architectures, one file each, and the registry that picks one by name.
 
-pub mod decoder;
 pub mod deepseek_v3;
 pub mod gemma2;
 pub mod gemma3;
