@@ -1358,8 +1358,64 @@ def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
     return out
 
 
+def gguf_granitehybrid(config: dict, tensors: dict, writer) -> dict:
+    """Granite 4 hybrid: Mamba-2 layers are those with no key/value heads; the μP multipliers
+    as Granite's scale keys; rope off (`rope.scaling.finetuned` false) for `nope` models; the
+    fused `input_linear` of the experts and of the shared MLP split into gate (first half) and
+    up; the Mamba-2 changes as Nemotron-H's; attention q/k rows permuted as Llama's."""
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    mamba_heads, mamba_head_dim = config["mamba_n_heads"], config["mamba_d_head"]
+    inner = mamba_heads * mamba_head_dim
+    gguf_metadata_common(
+        writer,
+        config,
+        config["hidden_size"] // heads,
+        kv_heads=[kv if kind == "full_attention" else 0 for kind in config["layer_types"]],
+    )
+    writer.add_attention_scale(config["attention_multiplier"])
+    writer.add_embedding_scale(config["embedding_multiplier"])
+    writer.add_residual_scale(config["residual_multiplier"])
+    writer.add_logit_scale(config["logits_scaling"])
+    use_rope = config.get("position_embedding_type") == "rope"
+    writer.add_rope_scaling_finetuned(use_rope)
+    writer.add_expert_count(config["num_local_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+    writer.add_ssm_conv_kernel(config["mamba_d_conv"])
+    writer.add_ssm_state_size(config["mamba_d_state"])
+    writer.add_ssm_group_count(config["mamba_n_groups"])
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_time_step_rank(mamba_heads)
+    out = {}
+    for name, array in tensors.items():
+        if name.endswith("input_linear.weight"):
+            layer = re.match(r"model\.layers\.(\d+)\.", name).group(1)
+            gate, up = np.split(array, 2, axis=-2)
+            kind = "exps" if "block_sparse_moe" in name else "shexp"
+            out[f"gguf:blk.{layer}.ffn_gate_{kind}.weight"] = gate
+            out[f"gguf:blk.{layer}.ffn_up_{kind}.weight"] = up
+        elif name.endswith("mamba.A_log"):
+            out[name] = -np.exp(array).reshape(-1, 1)
+        elif name.endswith("mamba.D"):
+            out[name] = array.reshape(-1, 1)
+        elif name.endswith("conv1d.weight"):
+            out[name] = array.squeeze(1)
+        elif name.endswith("mamba.norm.weight"):
+            out[name] = array.reshape(config["mamba_n_groups"], inner // config["mamba_n_groups"])
+        elif name.endswith("mamba.dt_bias"):
+            out[name.replace("dt_bias", "dt_proj.bias")] = array
+        elif name.endswith("q_proj.weight"):
+            out[name] = llama_permute(array, heads)
+        elif name.endswith("k_proj.weight"):
+            out[name] = llama_permute(array, kv)
+        else:
+            out[name] = array
+    return out
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
     "mistral3": (gguf.MODEL_ARCH.MISTRAL3, gguf_mistral3),
     "lfm2": (gguf.MODEL_ARCH.LFM2, gguf_lfm2),

@@ -532,6 +532,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "mistral3",
         "lfm2",
         "nemotron_h",
+        "granitemoehybrid",
     ] {
         check_gguf(name);
     }

@@ -195,18 +195,24 @@ impl GgufCheckpoint {
                 return Ok(Tensor::Dense(kernel.expand_dims(&[1])?));
             }
         }
-        if self.architecture.starts_with("nemotron_h")
+        let mamba2 = match self.architecture.as_str() {
+            "nemotron_h" | "nemotron_h_moe" => Some(".mixer."),
+            "granitehybrid" => Some(".mamba."),
+            _ => None,
+        };
+        if let Some(module) = mamba2
+            && name.contains(module)
             && let Tensor::Dense(t) = &tensor
         {
             // The converter's Mamba-2 changes: `A = -exp(A_log)` and `D` stored as columns,
             // the gated norm split per group, the convolution kernels squeezed.
-            if name.ends_with(".mixer.A_log") {
+            if name.ends_with(".A_log") {
                 return Ok(Tensor::Dense(t.negative()?.log()?.reshape(&[-1])?));
             }
-            if name.ends_with(".mixer.D") || name.ends_with(".mixer.norm.weight") {
+            if name.ends_with(".D") || name.ends_with(".norm.weight") {
                 return Ok(Tensor::Dense(t.reshape(&[-1])?));
             }
-            if name.ends_with(".mixer.conv1d.weight") && t.ndim() == 2 {
+            if name.ends_with(".conv1d.weight") && t.ndim() == 2 {
                 return Ok(Tensor::Dense(t.expand_dims(&[1])?));
             }
         }

@@ -36,6 +36,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "mistral3" => ("mistral", Some("MistralForCausalLM")),
         "lfm2" => ("lfm2", Some("Lfm2ForCausalLM")),
         "nemotron_h" | "nemotron_h_moe" => ("nemotron_h", Some("NemotronHForCausalLM")),
+        "granitehybrid" => ("granitemoehybrid", Some("GraniteMoeHybridForCausalLM")),
         other => (other, None),
     }
 }
@@ -186,6 +187,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("nemotron_h") {
         nemotron_h_blocks(&mut config, &key);
+    }
+    if arch == "granitehybrid" {
+        granite_hybrid_layers(&mut config, &key, tensors);
     }
     if arch == "lfm2" {
         lfm2_layers(&mut config, &key, tensors);
@@ -472,4 +476,62 @@ fn nemotron_h_blocks<'a>(
             config.insert(hf.into(), json!(v));
         }
     }
+}
+
+/// Granite 4 hybrid's layers as its config spells them: Mamba-2 layers are those with no
+/// key/value heads, sized by the `ssm.*` keys; the μP multipliers from Granite's scale keys;
+/// rope only where `rope.scaling.finetuned` says the model uses it.
+fn granite_hybrid_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
+) {
+    let layers = key("block_count").and_then(MetaValue::as_u64).unwrap_or(0) as usize;
+    if let Some(kv) = per_layer(key("attention.head_count_kv"), layers) {
+        let kinds: Vec<&str> = kv
+            .iter()
+            .map(|&n| if n == 0 { "mamba" } else { "attention" })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+        if let Some(&n) = kv.iter().find(|&&n| n > 0) {
+            config.insert("num_key_value_heads".into(), json!(n));
+        }
+    }
+    for (gguf, hf) in [
+        ("attention.scale", "attention_multiplier"),
+        ("embedding_scale", "embedding_multiplier"),
+        ("residual_scale", "residual_multiplier"),
+        ("logit_scale", "logits_scaling"),
+        ("expert_count", "num_local_experts"),
+        (
+            "expert_shared_feed_forward_length",
+            "shared_intermediate_size",
+        ),
+        ("ssm.state_size", "mamba_d_state"),
+        ("ssm.group_count", "mamba_n_groups"),
+        ("ssm.conv_kernel", "mamba_d_conv"),
+        ("ssm.time_step_rank", "mamba_n_heads"),
+    ] {
+        if let Some(v) = key(gguf) {
+            config.insert(hf.into(), to_json(v));
+        }
+    }
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    if let (Some(inner), Some(heads)) = (size("ssm.inner_size"), size("ssm.time_step_rank"))
+        && heads > 0
+    {
+        config.insert("mamba_d_head".into(), json!(inner / heads));
+        if let Some(hidden) = size("embedding_length").filter(|&h| h > 0) {
+            config.insert("mamba_expand".into(), json!(inner / hidden));
+        }
+    }
+    let rope = key("rope.scaling.finetuned")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(true);
+    config.insert(
+        "position_embedding_type".into(),
+        json!(if rope { "rope" } else { "nope" }),
+    );
+    let conv_bias = tensors.iter().any(|t| t.name.ends_with(".ssm_conv1d.bias"));
+    config.insert("mamba_conv_bias".into(), json!(conv_bias));
 }

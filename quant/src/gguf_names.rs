@@ -32,26 +32,56 @@ const LFM2_LAYER: &[(&str, &str)] = &[
     ("shortconv.out_proj", "conv.out_proj"),
 ];
 
-/// Nemotron-H's layer tensors with HF's full leaf under `backbone.layers.N.` (every block's
-/// module is its `mixer`; `ssm_a` and `ssm_d` have no suffix in the file).
+/// A Mamba-2 mixer's tensors, with HF's leaf under the mixer's module (`ssm_a` and `ssm_d`
+/// have no suffix in the file).
+const MAMBA2_MIXER: &[(&str, &str)] = &[
+    ("ssm_in.weight", "in_proj.weight"),
+    ("ssm_in.bias", "in_proj.bias"),
+    ("ssm_conv1d.weight", "conv1d.weight"),
+    ("ssm_conv1d.bias", "conv1d.bias"),
+    ("ssm_dt.bias", "dt_bias"),
+    ("ssm_a", "A_log"),
+    ("ssm_d", "D"),
+    ("ssm_norm.weight", "norm.weight"),
+    ("ssm_out.weight", "out_proj.weight"),
+    ("ssm_out.bias", "out_proj.bias"),
+];
+
+/// Nemotron-H's other layer tensors, with HF's full leaf under `backbone.layers.N.` (every
+/// block's module is its `mixer`).
 const NEMOTRON_H_LAYER: &[(&str, &str)] = &[
     ("attn_norm.weight", "norm.weight"),
-    ("ssm_in.weight", "mixer.in_proj.weight"),
-    ("ssm_in.bias", "mixer.in_proj.bias"),
-    ("ssm_conv1d.weight", "mixer.conv1d.weight"),
-    ("ssm_conv1d.bias", "mixer.conv1d.bias"),
-    ("ssm_dt.bias", "mixer.dt_bias"),
-    ("ssm_a", "mixer.A_log"),
-    ("ssm_d", "mixer.D"),
-    ("ssm_norm.weight", "mixer.norm.weight"),
-    ("ssm_out.weight", "mixer.out_proj.weight"),
-    ("ssm_out.bias", "mixer.out_proj.bias"),
     ("attn_q.weight", "mixer.q_proj.weight"),
     ("attn_k.weight", "mixer.k_proj.weight"),
     ("attn_v.weight", "mixer.v_proj.weight"),
     ("attn_output.weight", "mixer.o_proj.weight"),
     ("ffn_up.weight", "mixer.up_proj.weight"),
     ("ffn_down.weight", "mixer.down_proj.weight"),
+];
+
+/// Granite 4 hybrid's expert and shared-MLP tensors, with HF's full leaf under
+/// `model.layers.N.`: the converter splits the fused `input_linear`s into gate and up stacks,
+/// read back under the names the family's loader takes for a split layout.
+const GRANITE_HYBRID_LAYER: &[(&str, &str)] = &[
+    (
+        "ffn_gate_inp.weight",
+        "block_sparse_moe.router.layer.weight",
+    ),
+    (
+        "ffn_gate_exps.weight",
+        "block_sparse_moe.experts.gate_proj.weight",
+    ),
+    (
+        "ffn_up_exps.weight",
+        "block_sparse_moe.experts.up_proj.weight",
+    ),
+    (
+        "ffn_down_exps.weight",
+        "block_sparse_moe.output_linear.weight",
+    ),
+    ("ffn_gate_shexp.weight", "shared_mlp.gate_proj.weight"),
+    ("ffn_up_shexp.weight", "shared_mlp.up_proj.weight"),
+    ("ffn_down_shexp.weight", "shared_mlp.output_linear.weight"),
 ];
 
 /// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
@@ -113,6 +143,11 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
     if architecture.starts_with("nemotron_h") {
         return nemotron_h_name(name);
     }
+    if architecture == "granitehybrid"
+        && let Some(hf) = granite_hybrid_name(name)
+    {
+        return Some(hf);
+    }
     let (stem, suffix) = name.rsplit_once('.')?;
     if let Some(&(_, hf)) = GLOBAL.iter().find(|(g, _)| *g == stem) {
         return Some(format!("{hf}.{suffix}"));
@@ -164,8 +199,34 @@ fn nemotron_h_name(name: &str) -> Option<String> {
     }
     let (layer, leaf) = name.strip_prefix("blk.")?.split_once('.')?;
     let layer: u32 = layer.parse().ok()?;
+    if let Some(hf) = mamba2_leaf(leaf) {
+        return Some(format!("backbone.layers.{layer}.mixer.{hf}"));
+    }
     let &(_, hf) = NEMOTRON_H_LAYER.iter().find(|(g, _)| *g == leaf)?;
     Some(format!("backbone.layers.{layer}.{hf}"))
+}
+
+/// The HF leaf of a Mamba-2 mixer tensor (`blk.N.<leaf>`), under the mixer's module.
+fn mamba2_leaf(leaf: &str) -> Option<&'static str> {
+    MAMBA2_MIXER
+        .iter()
+        .find(|(g, _)| *g == leaf)
+        .map(|&(_, hf)| hf)
+}
+
+/// Granite 4 hybrid's names: Mamba-2 mixers under `mamba`, experts and the shared MLP under
+/// their own names, the rest as every family's.
+fn granite_hybrid_name(name: &str) -> Option<String> {
+    if let Some((layer, leaf)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+        let layer: u32 = layer.parse().ok()?;
+        if let Some(hf) = mamba2_leaf(leaf) {
+            return Some(format!("model.layers.{layer}.mamba.{hf}"));
+        }
+        if let Some(&(_, hf)) = GRANITE_HYBRID_LAYER.iter().find(|(g, _)| *g == leaf) {
+            return Some(format!("model.layers.{layer}.{hf}"));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

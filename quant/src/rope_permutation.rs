@@ -17,7 +17,13 @@ pub fn qk_rows_permuted(architecture: &str) -> bool {
     // permutes; Qwen, Gemma and Phi converters keep HF's order.
     matches!(
         architecture,
-        "llama" | "mistral" | "mistral3" | "granite" | "nemotron_h" | "nemotron_h_moe"
+        "llama"
+            | "mistral"
+            | "mistral3"
+            | "granite"
+            | "granitehybrid"
+            | "nemotron_h"
+            | "nemotron_h_moe"
     )
 }
 

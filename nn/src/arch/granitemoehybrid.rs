@@ -327,11 +327,7 @@ impl GraniteMoeHybrid {
                     &format!("{p}.post_attention_layernorm.weight"),
                 )?,
                 block_sparse_moe: experts(&config, weights, &format!("{p}.block_sparse_moe"))?,
-                shared_mlp: Mlp::from_fused(
-                    weights.matrix(&format!("{p}.shared_mlp.input_linear"), 2 * shared, hidden)?,
-                    weights.matrix(&format!("{p}.shared_mlp.output_linear"), hidden, shared)?,
-                    Activation::Silu,
-                )?,
+                shared_mlp: shared_mlp(weights, &format!("{p}.shared_mlp"), shared, hidden)?,
             });
         }
         let final_norm = norm(weights, "model.norm.weight")?;
@@ -381,6 +377,22 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
     }))
 }
 
+/// The shared MLP under `p`: `input_linear` (gate rows first) and `output_linear`, or gate and
+/// up apart (`gate_proj`, `up_proj`: a GGUF file, whose converter splits them).
+fn shared_mlp(weights: &mut Weights, p: &str, width: i32, hidden: i32) -> Result<Mlp> {
+    let down = weights.matrix(&format!("{p}.output_linear"), hidden, width)?;
+    if weights.contains(&format!("{p}.input_linear.weight")) {
+        let gate_up = weights.matrix(&format!("{p}.input_linear"), 2 * width, hidden)?;
+        return Mlp::from_fused(gate_up, down, Activation::Silu);
+    }
+    Mlp::new(
+        weights.matrix(&format!("{p}.gate_proj"), width, hidden)?,
+        weights.matrix(&format!("{p}.up_proj"), width, hidden)?,
+        down,
+        Activation::Silu,
+    )
+}
+
 /// The routed experts under `p` (`router.layer`, `input_linear` `[E, 2I, H]` with gate rows
 /// first, `output_linear` `[E, H, I]`); `None` for a model without experts.
 fn experts(c: &Config, weights: &mut Weights, p: &str) -> Result<Option<Moe>> {
@@ -391,6 +403,31 @@ fn experts(c: &Config, weights: &mut Weights, p: &str) -> Result<Option<Moe>> {
     let hidden = dim(c.hidden_size, "hidden_size")?;
     let experts = dim(count, "num_local_experts")?;
     let inter = dim(c.intermediate_size, "intermediate_size")?;
+    let router = weights.matrix(&format!("{p}.router.layer"), experts, hidden)?;
+    if !weights.contains(&format!("{p}.input_linear.weight")) {
+        // Gate and up stacks apart (a GGUF file: llama.cpp's converter splits them).
+        let stacked = |weights: &mut Weights, which: &str| {
+            StackedExperts::load(
+                weights,
+                &format!("{p}.experts"),
+                which,
+                count,
+                inter,
+                hidden,
+            )
+        };
+        let down = StackedExperts::load(weights, p, "output_linear", count, hidden, inter)?;
+        return Ok(Some(Moe::new(
+            router,
+            stacked(weights, "gate_proj")?,
+            stacked(weights, "up_proj")?,
+            down,
+            top_k,
+            false,
+            RouterScoring::SoftmaxOverTopK,
+            Activation::Silu,
+        )?));
+    }
     let gate_up = weights.weight(&format!("{p}.input_linear.weight"))?;
     let down = weights.weight(&format!("{p}.output_linear.weight"))?;
     for (name, tensor, shape) in [
@@ -407,7 +444,7 @@ fn experts(c: &Config, weights: &mut Weights, p: &str) -> Result<Option<Moe>> {
         }
     }
     Ok(Some(Moe::from_fused(
-        weights.matrix(&format!("{p}.router.layer"), experts, hidden)?,
+        router,
         StackedExperts::new(gate_up),
         StackedExperts::new(down),
         top_k,
