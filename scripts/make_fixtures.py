@@ -1152,7 +1152,9 @@ def stack_experts(tensors: dict) -> dict:
     return rest
 
 
-def gguf_metadata_common(writer, config: dict, head_dim: int, kv_heads=None, feed_forward=None) -> None:
+def gguf_metadata_common(
+    writer, config: dict, head_dim: int, kv_heads=None, feed_forward=None, value_dim=None
+) -> None:
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -1164,7 +1166,7 @@ def gguf_metadata_common(writer, config: dict, head_dim: int, kv_heads=None, fee
         kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    writer.add_value_length(value_dim if value_dim is not None else head_dim)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope:
@@ -1413,8 +1415,53 @@ def gguf_granitehybrid(config: dict, tensors: dict, writer) -> dict:
     return out
 
 
+def gguf_deepseek2(config: dict, tensors: dict, writer) -> dict:
+    """DeepSeek-V3 as llama.cpp's deepseek2: latent attention written as one key/value head of
+    `kv_lora_rank + rope` keys and `kv_lora_rank` values, the per-head shapes in `*_mla` keys,
+    `kv_b_proj` split per head into `k_b` (transposed) and `v_b`; routing keys for sigmoid
+    scores, groups, the scale and renormalization; multi-token-prediction layers dropped."""
+    heads = config["num_attention_heads"]
+    nope, rope_dim, value = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    rank = config["kv_lora_rank"]
+    gguf_metadata_common(writer, config, rank + rope_dim, kv_heads=1, value_dim=rank)
+    writer.add_key_length_mla(nope + rope_dim)
+    writer.add_value_length_mla(value)
+    if config.get("q_lora_rank") is not None:
+        writer.add_q_lora_rank(config["q_lora_rank"])
+    writer.add_kv_lora_rank(rank)
+    writer.add_rope_dimension_count(rope_dim)
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    writer.add_expert_count(config["n_routed_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_weights_scale(config["routed_scaling_factor"])
+    if config.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(True)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_group_count(config["n_group"])
+    writer.add_expert_group_used_count(config["topk_group"])
+    out = {}
+    layers = config["num_hidden_layers"]
+    for name, array in tensors.items():
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        if layer and int(layer.group(1)) >= layers:
+            continue
+        if name.endswith("kv_b_proj.weight"):
+            per_head = array.reshape(heads, nope + value, rank)
+            k_b, v_b = per_head[:, :nope, :], per_head[:, nope:, :]
+            out[f"gguf:blk.{layer.group(1)}.attn_k_b.weight"] = k_b.transpose(0, 2, 1)
+            out[f"gguf:blk.{layer.group(1)}.attn_v_b.weight"] = v_b
+        elif name.endswith("e_score_correction_bias"):
+            out[f"gguf:blk.{layer.group(1)}.exp_probs_b.bias"] = array
+        else:
+            out[name] = array
+    return stack_experts(out)
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
     "mistral3": (gguf.MODEL_ARCH.MISTRAL3, gguf_mistral3),

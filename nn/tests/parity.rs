@@ -533,6 +533,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "lfm2",
         "nemotron_h",
         "granitemoehybrid",
+        "deepseek_v3",
     ] {
         check_gguf(name);
     }

@@ -37,6 +37,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "lfm2" => ("lfm2", Some("Lfm2ForCausalLM")),
         "nemotron_h" | "nemotron_h_moe" => ("nemotron_h", Some("NemotronHForCausalLM")),
         "granitehybrid" => ("granitemoehybrid", Some("GraniteMoeHybridForCausalLM")),
+        "deepseek2" => ("deepseek_v3", Some("DeepseekV3ForCausalLM")),
         other => (other, None),
     }
 }
@@ -187,6 +188,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("nemotron_h") {
         nemotron_h_blocks(&mut config, &key);
+    }
+    if arch == "deepseek2" {
+        deepseek2_attention(&mut config, &key);
     }
     if arch == "granitehybrid" {
         granite_hybrid_layers(&mut config, &key, tensors);
@@ -534,4 +538,49 @@ fn granite_hybrid_layers<'a>(
     );
     let conv_bias = tensors.iter().any(|t| t.name.ends_with(".ssm_conv1d.bias"));
     config.insert("mamba_conv_bias".into(), json!(conv_bias));
+}
+
+/// DeepSeek-V3 as its config spells it. llama.cpp writes latent attention as one key/value
+/// head (`key_length` = latent + rope, `value_length` = latent); the per-head widths are in
+/// `key_length_mla` / `value_length_mla`; the rope turns adjacent pairs; routing by sigmoid
+/// scores with the file's groups, scale and (when `expert_weights_norm`) renormalization.
+fn deepseek2_attention<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    let rope = size("rope.dimension_count");
+    if let Some(rope) = rope {
+        config.insert("qk_rope_head_dim".into(), json!(rope));
+        config.insert("head_dim".into(), json!(rope));
+        if let Some(key_width) = size("attention.key_length_mla") {
+            config.insert(
+                "qk_nope_head_dim".into(),
+                json!(key_width.saturating_sub(rope)),
+            );
+        }
+    }
+    if let Some(heads) = key("attention.head_count") {
+        config.insert("num_key_value_heads".into(), to_json(heads));
+    }
+    for (gguf, hf) in [
+        ("attention.value_length_mla", "v_head_dim"),
+        ("attention.q_lora_rank", "q_lora_rank"),
+        ("attention.kv_lora_rank", "kv_lora_rank"),
+        ("leading_dense_block_count", "first_k_dense_replace"),
+        ("expert_count", "n_routed_experts"),
+        ("expert_shared_count", "n_shared_experts"),
+        ("expert_group_count", "n_group"),
+        ("expert_group_used_count", "topk_group"),
+        ("expert_weights_scale", "routed_scaling_factor"),
+    ] {
+        if let Some(v) = key(gguf) {
+            config.insert(hf.into(), to_json(v));
+        }
+    }
+    let normalize = key("expert_weights_norm")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(false);
+    config.insert("norm_topk_prob".into(), json!(normalize));
+    config.insert("rope_interleave".into(), json!(true));
 }

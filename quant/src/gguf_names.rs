@@ -84,6 +84,32 @@ const GRANITE_HYBRID_LAYER: &[(&str, &str)] = &[
     ("ffn_down_shexp.weight", "shared_mlp.output_linear.weight"),
 ];
 
+/// DeepSeek-V3's (llama.cpp's deepseek2) layer tensors, with HF's full leaf under
+/// `model.layers.N.`: latent attention, with `kv_b_proj` read as the converter splits it
+/// (`k_b_proj`, `v_b_proj`), the router's score correction and the shared experts.
+const DEEPSEEK2_LAYER: &[(&str, &str)] = &[
+    ("attn_q_a.weight", "self_attn.q_a_proj.weight"),
+    ("attn_q_a_norm.weight", "self_attn.q_a_layernorm.weight"),
+    ("attn_q_b.weight", "self_attn.q_b_proj.weight"),
+    (
+        "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_proj_with_mqa.weight",
+    ),
+    ("attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
+    ("attn_k_b.weight", "self_attn.k_b_proj.weight"),
+    ("attn_v_b.weight", "self_attn.v_b_proj.weight"),
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_experts.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_experts.down_proj.weight",
+    ),
+];
+
 /// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
 /// leaf name: several HF parameters have no `.weight` (`layer_scalar`, the fused expert
 /// stacks, the router's scales), and the router and expert scales hide under other tensors'
@@ -162,6 +188,12 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         && let Some(&(_, hf)) = LFM2_LAYER.iter().find(|(g, _)| *g == part)
     {
         return Some(format!("model.layers.{layer}.{hf}.{suffix}"));
+    }
+    if architecture == "deepseek2" {
+        let leaf = format!("{part}.{suffix}");
+        if let Some(&(_, hf)) = DEEPSEEK2_LAYER.iter().find(|(g, _)| *g == leaf) {
+            return Some(format!("model.layers.{layer}.{hf}"));
+        }
     }
     if architecture == "gemma4" {
         let leaf = format!("{part}.{suffix}");

@@ -320,12 +320,23 @@ impl LatentAttention {
                 hidden,
             )?),
         };
-        let kv_b = weights
-            .dense(
-                &format!("{p}.kv_b_proj.weight"),
-                &[heads * (nope + value_dim), rank],
-            )?
-            .reshape(&[heads, nope + value_dim, rank])?;
+        // `[heads, nope + value, rank]`: transformers' one matrix, or the two halves a GGUF
+        // file keeps apart (llama.cpp's converter splits it, keys transposed).
+        let kv_b = if weights.contains(&format!("{p}.kv_b_proj.weight")) {
+            weights
+                .dense(
+                    &format!("{p}.kv_b_proj.weight"),
+                    &[heads * (nope + value_dim), rank],
+                )?
+                .reshape(&[heads, nope + value_dim, rank])?
+        } else {
+            let keys = weights
+                .dense(&format!("{p}.k_b_proj.weight"), &[heads, rank, nope])?
+                .swap_axes(1, 2)?;
+            let values =
+                weights.dense(&format!("{p}.v_b_proj.weight"), &[heads, value_dim, rank])?;
+            mlx::concatenate(&[keys, values], 1)?
+        };
         Ok(LatentAttention {
             queries,
             kv_a_proj_with_mqa: biased(weights, "kv_a_proj_with_mqa", rank + rope_dim, hidden)?,
