@@ -1327,13 +1327,26 @@ def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     mamba_heads, mamba_head_dim = config["mamba_num_heads"], config["mamba_head_dim"]
     inner = mamba_heads * mamba_head_dim
+    widths = {"mlp": config["intermediate_size"], "moe": config["moe_intermediate_size"]}
     gguf_metadata_common(
         writer,
         config | {"rms_norm_eps": config["layer_norm_epsilon"]},
         config["head_dim"],
         kv_heads=[kv if b == "full_attention" else 0 for b in blocks],
-        feed_forward=[config["intermediate_size"] if b == "mlp" else 0 for b in blocks],
+        feed_forward=[widths.get(b, 0) for b in blocks],
     )
+    if "moe" in blocks:
+        writer.add_expert_count(config["n_routed_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(config["moe_shared_expert_intermediate_size"])
+        writer.add_expert_shared_count(config["n_shared_experts"])
+        writer.add_expert_weights_norm(bool(config["norm_topk_prob"]))
+        writer.add_expert_weights_scale(config["routed_scaling_factor"])
+        writer.add_expert_group_count(config["n_group"])
+        writer.add_expert_group_used_count(config["topk_group"])
+        if config.get("moe_latent_size") is not None:
+            writer.add_moe_latent_size(config["moe_latent_size"])
     writer.add_ssm_conv_kernel(config["conv_kernel"])
     writer.add_ssm_state_size(config["ssm_state_size"])
     writer.add_ssm_group_count(config["n_groups"])
@@ -1351,13 +1364,22 @@ def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
             out[name] = array.reshape(config["n_groups"], inner // config["n_groups"])
         elif name.endswith("mixer.dt_bias"):
             out[name.replace("dt_bias", "dt_proj.bias")] = array
+        elif name.endswith("e_score_correction_bias"):
+            layer = re.match(r"backbone\.layers\.(\d+)\.", name).group(1)
+            out[f"gguf:blk.{layer}.exp_probs_b.bias"] = array
         elif name.endswith("q_proj.weight"):
             out[name] = llama_permute(array, heads)
         elif name.endswith("k_proj.weight"):
             out[name] = llama_permute(array, kv)
         else:
             out[name] = array
-    return out
+    stacked = {}
+    for name, array in stack_experts(out).items():
+        match = re.match(r"backbone\.layers\.(\d+)\.mixer\.experts\.(up|down)_proj\.weight$", name)
+        if match:
+            name = f"gguf:blk.{match.group(1)}.ffn_{match.group(2)}_exps.weight"
+        stacked[name] = array
+    return stacked
 
 
 def gguf_granitehybrid(config: dict, tensors: dict, writer) -> dict:
@@ -1464,6 +1486,7 @@ GGUF_COPIES = {
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
+    "nemotron_h_moe": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
     "mistral3": (gguf.MODEL_ARCH.MISTRAL3, gguf_mistral3),
     "lfm2": (gguf.MODEL_ARCH.LFM2, gguf_lfm2),
     "gemma4": (gguf.MODEL_ARCH.GEMMA4, gguf_gemma4),

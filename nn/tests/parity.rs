@@ -532,6 +532,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "mistral3",
         "lfm2",
         "nemotron_h",
+        "nemotron_h_moe",
         "granitemoehybrid",
         "deepseek_v3",
     ] {

@@ -187,7 +187,7 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         config.insert("norm_topk_prob".into(), json!(normalize));
     }
     if arch.starts_with("nemotron_h") {
-        nemotron_h_blocks(&mut config, &key);
+        nemotron_h_blocks(&mut config, &key, tensors);
     }
     if arch == "deepseek2" {
         deepseek2_attention(&mut config, &key);
@@ -432,11 +432,13 @@ fn lfm2_layers<'a>(
 }
 
 /// Nemotron-H's blocks as its config spells them: a block with key/value heads is attention,
-/// one with an MLP width an MLP, the rest Mamba-2 mixers, whose sizes come from the `ssm.*`
-/// keys (`time_step_rank` heads sharing `inner_size` features).
+/// one with an MLP width an MLP (experts where it has a router), the rest Mamba-2 mixers,
+/// whose sizes come from the `ssm.*` keys (`time_step_rank` heads sharing `inner_size`
+/// features); the experts' routing from the `expert_*` keys.
 fn nemotron_h_blocks<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
 ) {
     let layers = key("block_count").and_then(MetaValue::as_u64).unwrap_or(0) as usize;
     let (Some(kv), Some(ff)) = (
@@ -445,11 +447,17 @@ fn nemotron_h_blocks<'a>(
     ) else {
         return;
     };
+    let routed = |layer: usize| {
+        let router = format!("blk.{layer}.ffn_gate_inp.weight");
+        tensors.iter().any(|t| t.name == router)
+    };
     let blocks: Vec<&str> = kv
         .iter()
         .zip(&ff)
-        .map(|(&kv, &ff)| match (kv, ff) {
+        .enumerate()
+        .map(|(i, (&kv, &ff))| match (kv, ff) {
             (0, 0) => "linear_attention",
+            (0, _) if routed(i) => "moe",
             (0, _) => "mlp",
             _ => "full_attention",
         })
@@ -458,11 +466,31 @@ fn nemotron_h_blocks<'a>(
     if let Some(&n) = kv.iter().find(|&&n| n > 0) {
         config.insert("num_key_value_heads".into(), json!(n));
     }
-    if let Some(&n) = ff.iter().find(|&&n| n > 0) {
+    // The dense MLP's width; a model of experts only has none, and the reader's required key
+    // then takes the experts' (unused).
+    let dense = blocks.iter().zip(&ff).find(|(b, _)| **b == "mlp");
+    if let Some(&n) = dense.map(|(_, n)| n).or(ff.iter().find(|&&n| n > 0)) {
         config.insert("intermediate_size".into(), json!(n));
     }
     if let Some(eps) = key("attention.layer_norm_rms_epsilon") {
         config.insert("layer_norm_epsilon".into(), to_json(eps));
+    }
+    for (gguf, hf) in [
+        ("expert_count", "n_routed_experts"),
+        (
+            "expert_shared_feed_forward_length",
+            "moe_shared_expert_intermediate_size",
+        ),
+        ("expert_shared_count", "n_shared_experts"),
+        ("expert_weights_scale", "routed_scaling_factor"),
+        ("expert_weights_norm", "norm_topk_prob"),
+        ("expert_group_count", "n_group"),
+        ("expert_group_used_count", "topk_group"),
+        ("moe_latent_size", "moe_latent_size"),
+    ] {
+        if let Some(v) = key(gguf) {
+            config.insert(hf.into(), to_json(v));
+        }
     }
     let size = |k: &str| key(k).and_then(MetaValue::as_u64);
     if let Some(heads) = size("ssm.time_step_rank") {

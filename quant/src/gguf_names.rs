@@ -48,7 +48,7 @@ const MAMBA2_MIXER: &[(&str, &str)] = &[
 ];
 
 /// Nemotron-H's other layer tensors, with HF's full leaf under `backbone.layers.N.` (every
-/// block's module is its `mixer`).
+/// block's module is its `mixer`: attention, MLP, or experts behind latent projections).
 const NEMOTRON_H_LAYER: &[(&str, &str)] = &[
     ("attn_norm.weight", "norm.weight"),
     ("attn_q.weight", "mixer.q_proj.weight"),
@@ -57,6 +57,17 @@ const NEMOTRON_H_LAYER: &[(&str, &str)] = &[
     ("attn_output.weight", "mixer.o_proj.weight"),
     ("ffn_up.weight", "mixer.up_proj.weight"),
     ("ffn_down.weight", "mixer.down_proj.weight"),
+    ("ffn_gate_inp.weight", "mixer.gate.weight"),
+    ("exp_probs_b.bias", "mixer.gate.e_score_correction_bias"),
+    ("ffn_up_exps.weight", "mixer.experts.up_proj.weight"),
+    ("ffn_down_exps.weight", "mixer.experts.down_proj.weight"),
+    ("ffn_latent_down.weight", "mixer.fc1_latent_proj.weight"),
+    ("ffn_latent_up.weight", "mixer.fc2_latent_proj.weight"),
+    ("ffn_up_shexp.weight", "mixer.shared_experts.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mixer.shared_experts.down_proj.weight",
+    ),
 ];
 
 /// Granite 4 hybrid's expert and shared-MLP tensors, with HF's full leaf under
