@@ -1481,8 +1481,79 @@ def gguf_deepseek2(config: dict, tensors: dict, writer) -> dict:
     return stack_experts(out)
 
 
+def reorder_v_heads(array: np.ndarray, axis: int, key_heads: int, per_key: int, width: int) -> np.ndarray:
+    """The converter's V-head order for linear attention: from grouped by key head
+    (`k0v0 k0v1 k1v0 k1v1`) to tiled (`k0v0 k1v0 k0v1 k1v1`), along `axis`."""
+    shape = list(array.shape)
+    grouped = array.reshape(*shape[:axis], key_heads, per_key, width, *shape[axis + 1:])
+    return np.swapaxes(grouped, axis, axis + 1).reshape(shape)
+
+
+def gguf_qwen35(config: dict, tensors: dict, writer) -> dict:
+    """Qwen3.5 (and its MoE) as llama.cpp's qwen35 / qwen35moe: the full-attention interval
+    and rope sections as keys, the delta nets' sizes as `ssm.*` keys, and the converter's
+    changes: `1 + w` norms written as stored-plus-one (all but the delta net's gated norm),
+    `A = -exp(A_log)`, squeezed kernels, and every value-head axis of the delta nets reordered
+    from grouped-by-key-head to tiled. (The interval is derived from `layer_types`, as a
+    published config states it beside them; the converter would default it to 4.)"""
+    heads = config["num_attention_heads"]
+    head_dim = config["head_dim"]
+    layer_types = config["layer_types"]
+    rope = config["rope_parameters"]
+    key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    key_dim, value_dim = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    per_key = value_heads // key_heads
+    gguf_metadata_common(writer, config, head_dim)
+    writer.add_full_attention_interval(layer_types.index("full_attention") + 1)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if rope.get("mrope_section"):
+        writer.add_rope_dimension_sections(list(rope["mrope_section"]) + [0] * (4 - len(rope["mrope_section"])))
+    writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(key_dim)
+    writer.add_ssm_group_count(key_heads)
+    writer.add_ssm_time_step_rank(value_heads)
+    writer.add_ssm_inner_size(value_dim * value_heads)
+    if "num_experts" in config:
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    reorder = lambda a, axis, width: reorder_v_heads(a, axis, key_heads, per_key, width)
+    qk = key_dim * key_heads
+    out = {}
+    for name, array in tensors.items():
+        if name.startswith("mtp."):
+            continue
+        if ".linear_attn." in name and per_key > 1:
+            if ".in_proj_qkv." in name:
+                array = np.concatenate([array[: 2 * qk], reorder(array[2 * qk:], 0, value_dim)])
+            elif ".in_proj_z." in name:
+                array = reorder(array, 0, value_dim)
+            elif ".in_proj_a." in name or ".in_proj_b." in name:
+                array = reorder(array, 0, 1)
+            elif name.endswith((".A_log", ".dt_bias")):
+                array = reorder(array[:, None], 0, 1)[:, 0]
+            elif ".conv1d." in name:
+                array = array.squeeze(1)
+                array = np.concatenate([array[: 2 * qk], reorder(array[2 * qk:], 0, value_dim)])[:, None, :]
+            elif ".out_proj." in name:
+                array = reorder(array, 1, value_dim)
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            array = array + 1.0
+        elif name.endswith("linear_attn.A_log"):
+            array = -np.exp(array)
+        elif name.endswith("conv1d.weight"):
+            array = array.squeeze(1)
+        elif name.endswith("linear_attn.dt_bias"):
+            name = name.replace("dt_bias", "dt_proj.bias")
+        out[name] = array
+    return stack_experts(out)
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
+    "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),

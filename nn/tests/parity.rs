@@ -535,6 +535,8 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "nemotron_h_moe",
         "granitemoehybrid",
         "deepseek_v3",
+        "qwen3_5",
+        "qwen3_5_moe",
     ] {
         check_gguf(name);
     }

@@ -15,6 +15,7 @@ use mlx::quantized::Quantized;
 
 use crate::gguf::{GgufFile, GgufTensorInfo, MetaValue};
 use crate::gguf_config::{gguf_family, hf_config};
+use crate::gguf_delta_net::{DeltaNetHeads, undo_delta_net};
 use crate::gguf_names::hf_tensor_name;
 use crate::gguf_tensor::{gguf_packed_16, gguf_tensor};
 use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
@@ -27,6 +28,8 @@ pub struct GgufCheckpoint {
     file: GgufFile,
     architecture: String,
     config: Value,
+    /// The delta nets' head layout, for Qwen3.5's reordered value heads.
+    delta_net: Option<DeltaNetHeads>,
     /// HF name (or the GGUF name, when unmapped) → index into the file's tensors.
     names: BTreeMap<String, usize>,
 }
@@ -99,7 +102,7 @@ fn apply_rope_factors(
 fn norms_shifted(architecture: &str) -> bool {
     matches!(
         architecture,
-        "gemma" | "gemma2" | "gemma3" | "gemma-embedding"
+        "gemma" | "gemma2" | "gemma3" | "gemma-embedding" | "qwen35" | "qwen35moe"
     )
 }
 
@@ -124,10 +127,14 @@ impl GgufCheckpoint {
             let factors = rope_frequency_factors(&file, index)?;
             apply_rope_factors(path, &mut config, family, factors)?;
         }
+        let delta_net = matches!(architecture.as_str(), "qwen35" | "qwen35moe")
+            .then(|| DeltaNetHeads::from_metadata(file.metadata(), &architecture))
+            .flatten();
         Ok(GgufCheckpoint {
             file,
             architecture,
             config,
+            delta_net,
             names,
         })
     }
@@ -228,6 +235,12 @@ impl GgufCheckpoint {
                 let heads = self.head_count(key, name)?;
                 return unpermute_qk_rows(&tensor, heads);
             }
+        }
+        if let Some(heads) = self.delta_net
+            && name.contains(".linear_attn.")
+        {
+            // Its gated norm is stored as is, unlike the model's other norms.
+            return undo_delta_net(name, tensor, heads);
         }
         if norms_shifted(&self.architecture) && name.ends_with("norm.weight") {
             let Tensor::Dense(weight) = tensor else {

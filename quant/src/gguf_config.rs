@@ -38,6 +38,8 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "nemotron_h" | "nemotron_h_moe" => ("nemotron_h", Some("NemotronHForCausalLM")),
         "granitehybrid" => ("granitemoehybrid", Some("GraniteMoeHybridForCausalLM")),
         "deepseek2" => ("deepseek_v3", Some("DeepseekV3ForCausalLM")),
+        "qwen35" => ("qwen3_5_text", Some("Qwen3_5ForCausalLM")),
+        "qwen35moe" => ("qwen3_5_moe_text", Some("Qwen3_5MoeForCausalLM")),
         other => (other, None),
     }
 }
@@ -188,6 +190,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("nemotron_h") {
         nemotron_h_blocks(&mut config, &key, tensors);
+    }
+    if arch == "qwen35" || arch == "qwen35moe" {
+        qwen35_layers(&mut config, &key);
     }
     if arch == "deepseek2" {
         deepseek2_attention(&mut config, &key);
@@ -611,4 +616,56 @@ fn deepseek2_attention<'a>(
         .unwrap_or(false);
     config.insert("norm_topk_prob".into(), json!(normalize));
     config.insert("rope_interleave".into(), json!(true));
+}
+
+/// Qwen3.5's layers as its config spells them: every `full_attention_interval`-th layer
+/// attends, the others are gated delta nets sized by the `ssm.*` keys; rope turns
+/// `rope.dimension_count` of each head's features; the shared expert's width.
+fn qwen35_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    if let (Some(layers), Some(interval)) = (size("block_count"), size("full_attention_interval"))
+        && interval > 0
+    {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|i| {
+                if (i + 1) % interval == 0 {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+            })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+    }
+    for (gguf, hf) in [
+        ("ssm.conv_kernel", "linear_conv_kernel_dim"),
+        ("ssm.state_size", "linear_key_head_dim"),
+        ("ssm.group_count", "linear_num_key_heads"),
+        ("ssm.time_step_rank", "linear_num_value_heads"),
+        (
+            "expert_shared_feed_forward_length",
+            "shared_expert_intermediate_size",
+        ),
+    ] {
+        if let Some(v) = size(gguf) {
+            config.insert(hf.into(), json!(v));
+        }
+    }
+    if let (Some(inner), Some(heads)) = (size("ssm.inner_size"), size("ssm.time_step_rank"))
+        && heads > 0
+    {
+        config.insert("linear_value_head_dim".into(), json!(inner / heads));
+    }
+    if let (Some(rotated), Some(head_dim)) =
+        (size("rope.dimension_count"), size("attention.key_length"))
+        && head_dim > 0
+    {
+        config.insert(
+            "partial_rotary_factor".into(),
+            json!(rotated as f64 / head_dim as f64),
+        );
+    }
 }

@@ -121,6 +121,30 @@ const DEEPSEEK2_LAYER: &[(&str, &str)] = &[
     ),
 ];
 
+/// Qwen3.5's layer tensors, with HF's full leaf under `model.layers.N.` (`ssm_a` has no
+/// suffix in the file): the gated delta nets under `linear_attn`, the shared expert.
+const QWEN35_LAYER: &[(&str, &str)] = &[
+    ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight"),
+    ("attn_gate.weight", "linear_attn.in_proj_z.weight"),
+    ("ssm_alpha.weight", "linear_attn.in_proj_a.weight"),
+    ("ssm_beta.weight", "linear_attn.in_proj_b.weight"),
+    ("ssm_a", "linear_attn.A_log"),
+    ("ssm_dt.bias", "linear_attn.dt_bias"),
+    ("ssm_conv1d.weight", "linear_attn.conv1d.weight"),
+    ("ssm_norm.weight", "linear_attn.norm.weight"),
+    ("ssm_out.weight", "linear_attn.out_proj.weight"),
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_expert.down_proj.weight",
+    ),
+    ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+];
+
 /// Gemma 4's layer tensors that llama.cpp names apart from every other family, with HF's full
 /// leaf name: several HF parameters have no `.weight` (`layer_scalar`, the fused expert
 /// stacks, the router's scales), and the router and expert scales hide under other tensors'
@@ -184,6 +208,12 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         && let Some(hf) = granite_hybrid_name(name)
     {
         return Some(hf);
+    }
+    if matches!(architecture, "qwen35" | "qwen35moe")
+        && let Some((layer, leaf)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.'))
+        && let Some(&(_, hf)) = QWEN35_LAYER.iter().find(|(g, _)| *g == leaf)
+    {
+        return Some(format!("model.layers.{layer}.{hf}"));
     }
     let (stem, suffix) = name.rsplit_once('.')?;
     if let Some(&(_, hf)) = GLOBAL.iter().find(|(g, _)| *g == stem) {

