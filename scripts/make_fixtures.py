@@ -1317,6 +1317,23 @@ def gguf_lfm2(config: dict, tensors: dict, writer) -> dict:
     }
 
 
+def mamba2_tensor(name: str, array: np.ndarray, groups: int, inner: int):
+    """The converter's Mamba-2 changes to one mixer tensor: `A = -exp(A_log)` and `D` as
+    columns, squeezed convolution kernels, the gated norm split per group, `dt_bias` under
+    `dt_proj`. `None` for a tensor it leaves alone."""
+    if name.endswith(".A_log"):
+        return name, -np.exp(array).reshape(-1, 1)
+    if name.endswith(".D"):
+        return name, array.reshape(-1, 1)
+    if name.endswith("conv1d.weight"):
+        return name, array.squeeze(1)
+    if name.endswith(".norm.weight") and array.shape == (inner,):
+        return name, array.reshape(groups, inner // groups)
+    if name.endswith(".dt_bias"):
+        return name.replace("dt_bias", "dt_proj.bias"), array
+    return None
+
+
 def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
     """Nemotron-H: the block kinds as per-layer key/value head counts and MLP widths (0 where
     a block has none), the Mamba-2 sizes as `ssm.*` keys, and the converter's Mamba-2 changes:
@@ -1354,16 +1371,9 @@ def gguf_nemotron_h(config: dict, tensors: dict, writer) -> dict:
     writer.add_ssm_time_step_rank(mamba_heads)
     out = {}
     for name, array in tensors.items():
-        if name.endswith("mixer.A_log"):
-            out[name] = -np.exp(array).reshape(-1, 1)
-        elif name.endswith("mixer.D"):
-            out[name] = array.reshape(-1, 1)
-        elif name.endswith("conv1d.weight"):
-            out[name] = array.squeeze(1)
-        elif name.endswith("mixer.norm.weight"):
-            out[name] = array.reshape(config["n_groups"], inner // config["n_groups"])
-        elif name.endswith("mixer.dt_bias"):
-            out[name.replace("dt_bias", "dt_proj.bias")] = array
+        changed = mamba2_tensor(name, array, config["n_groups"], inner) if ".mixer." in name else None
+        if changed:
+            out[changed[0]] = changed[1]
         elif name.endswith("e_score_correction_bias"):
             layer = re.match(r"backbone\.layers\.(\d+)\.", name).group(1)
             out[f"gguf:blk.{layer}.exp_probs_b.bias"] = array
@@ -1418,16 +1428,8 @@ def gguf_granitehybrid(config: dict, tensors: dict, writer) -> dict:
             kind = "exps" if "block_sparse_moe" in name else "shexp"
             out[f"gguf:blk.{layer}.ffn_gate_{kind}.weight"] = gate
             out[f"gguf:blk.{layer}.ffn_up_{kind}.weight"] = up
-        elif name.endswith("mamba.A_log"):
-            out[name] = -np.exp(array).reshape(-1, 1)
-        elif name.endswith("mamba.D"):
-            out[name] = array.reshape(-1, 1)
-        elif name.endswith("conv1d.weight"):
-            out[name] = array.squeeze(1)
-        elif name.endswith("mamba.norm.weight"):
-            out[name] = array.reshape(config["mamba_n_groups"], inner // config["mamba_n_groups"])
-        elif name.endswith("mamba.dt_bias"):
-            out[name.replace("dt_bias", "dt_proj.bias")] = array
+        elif ".mamba." in name and (changed := mamba2_tensor(name, array, config["mamba_n_groups"], inner)):
+            out[changed[0]] = changed[1]
         elif name.endswith("q_proj.weight"):
             out[name] = llama_permute(array, heads)
         elif name.endswith("k_proj.weight"):
