@@ -7,8 +7,9 @@
 //!   absurd, rope parameters in transformers 4 and 5 spellings, layer types, tie rules).
 //! - [`weights`]: [`Weights`], named tensors handed to layers in the compute dtype.
 //! - Layers: [`linear`], [`embedding`], [`rms_norm`], [`layer_norm`], [`conv1d`], [`rope`]
-//!   (default, linear, llama3, yarn; partial; traditional), [`attention`] (GQA, q/k norms,
-//!   soft-capping, output gates, sinks, optional rope), [`sdpa`] (the scaled dot product every
+//!   (default, linear, llama3, yarn, proportional, per-frequency divisors; partial;
+//!   traditional), [`attention`] (GQA, q/k norms, soft-capping, output gates, sinks, optional
+//!   rope), [`sdpa`] (the scaled dot product every
 //!   attention block shares), [`cached_attention`] (each batch row over its own cache),
 //!   [`activation`] (fused gated activations, clamped SwiGLU), [`mlp`], [`moe`] (routing by
 //!   softmax, sigmoid or top-k logits, shared experts, expert groups and biases),
