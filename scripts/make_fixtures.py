@@ -213,6 +213,18 @@ def gemma3_config() -> transformers.Gemma3TextConfig:
     )
 
 
+def gemma3_llama_cpp_config() -> transformers.Gemma3TextConfig:
+    # Gemma 3 as llama.cpp can read it from a GGUF file: it derives the attention scale from
+    # the head width (so query_pre_attn_scalar = head_dim) and, for files that do not list the
+    # layer kinds, makes every sixth layer global. Rope bases still differ from the defaults.
+    config = gemma3_config()
+    config.num_hidden_layers = 6
+    config.layer_types = ["sliding_attention"] * 5 + ["full_attention"]
+    config.sliding_window_pattern = 6
+    config.query_pre_attn_scalar = config.head_dim
+    return config
+
+
 def qwen3_5_config() -> transformers.Qwen3_5TextConfig:
     # Qwen3.5 text: a hybrid of gated delta net layers (linear attention with a recurrent state)
     # and gated full attention, three to one. Value heads outnumber key heads (2 key heads serve
@@ -843,6 +855,7 @@ FIXTURES = {
     "qwen3": (qwen3_config, transformers.Qwen3ForCausalLM, False),
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM, False),
     "gemma3": (gemma3_config, transformers.Gemma3ForCausalLM, True),
+    "gemma3_llama_cpp": (gemma3_llama_cpp_config, transformers.Gemma3ForCausalLM, True),
     "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
     "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
@@ -882,7 +895,7 @@ RECURRENT = {
 # Fixtures drawn under MAX_REFERENCE_ROUNDING. The check came with Gemma 4, whose first draw put
 # a near-zero vector under a norm; the fixtures made before it were not redrawn, and their f32
 # references sit 4e-6 to 2.3e-5 from f64 where transformers can run them in f64.
-CONDITIONING_CHECKED = {"gemma4", "gemma4_moe"}
+CONDITIONING_CHECKED = {"gemma4", "gemma4_moe", "gemma3_llama_cpp"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1552,8 +1565,24 @@ def gguf_qwen35(config: dict, tensors: dict, writer) -> dict:
     return stack_experts(out)
 
 
+def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
+    """Gemma 3: both rope bases and the window as keys (not the layer pattern, nor
+    `query_pre_attn_scalar`: llama.cpp fixes both), every norm written as `1 + w`."""
+    rope = config["rope_parameters"]
+    gguf_metadata_common(writer, config | {"rope_parameters": rope["full_attention"]}, config["head_dim"])
+    writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    writer.add_sliding_window(config["sliding_window"])
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    return {
+        name: array + 1.0 if name.endswith("norm.weight") else array
+        for name, array in tensors.items()
+    }
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),

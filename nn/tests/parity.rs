@@ -408,6 +408,8 @@ fn lfm2() {
 fn gemma3() {
     check_fixture("gemma3", "config.json");
     check_fixture("gemma3", "config.transformers4.json");
+    check_fixture("gemma3_llama_cpp", "config.json");
+    check_fixture("gemma3_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -537,6 +539,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "deepseek_v3",
         "qwen3_5",
         "qwen3_5_moe",
+        "gemma3_llama_cpp",
     ] {
         check_gguf(name);
     }

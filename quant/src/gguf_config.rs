@@ -15,7 +15,7 @@ use crate::gguf::{GgufTensorInfo, MetaValue};
 
 /// llama.cpp's fixed sliding-window pattern for Gemma 3 (five local layers, then one global).
 const GEMMA3_SLIDING_WINDOW_PATTERN: u64 = 6;
-/// llama.cpp's fixed rope base for Gemma 3's sliding-window layers.
+/// llama.cpp's rope base for Gemma 3's sliding-window layers when a file does not give one.
 const GEMMA3_LOCAL_ROPE_BASE: f64 = 10_000.0;
 
 /// The HF `model_type` and `architectures` entry for a GGUF architecture.
@@ -212,7 +212,11 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             key("attention.sliding_window_pattern"),
             key("block_count"),
         );
-        config.insert("rope_local_base_freq".into(), json!(GEMMA3_LOCAL_ROPE_BASE));
+        // The converter writes the sliding layers' base; older files leave llama.cpp's.
+        let local = key("rope.freq_base_swa")
+            .and_then(MetaValue::as_f64)
+            .unwrap_or(GEMMA3_LOCAL_ROPE_BASE);
+        config.insert("rope_local_base_freq".into(), json!(local));
     }
     Value::Object(config)
 }
