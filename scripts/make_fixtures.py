@@ -585,6 +585,15 @@ def gpt_oss_config() -> transformers.GptOssConfig:
     )
 
 
+def gpt_oss_llama_cpp_config() -> transformers.GptOssConfig:
+    # gpt-oss as llama.cpp can read it from a GGUF file: its SwiGLU limit is fixed at 7.0 and
+    # its YaRN rounds the ramp's ends, so this one clamps at 7.0 and has plain rope.
+    config = gpt_oss_config()
+    config.swiglu_limit = 7.0
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 150000.0}
+    return config
+
+
 def nemotron_h_config() -> transformers.NemotronHConfig:
     # Nemotron-H: Mamba-2 mixers (4 heads of 8 sharing 2 groups of a 16-wide state, a 4-tap
     # convolution with bias, a gated norm in 2 groups), attention without positions, and a
@@ -868,6 +877,7 @@ FIXTURES = {
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
+    "gpt_oss_llama_cpp": (gpt_oss_llama_cpp_config, transformers.GptOssForCausalLM, False),
     "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
     "granitemoehybrid": (granitemoehybrid_config, transformers.GraniteMoeHybridForCausalLM, False),
     "mistral3": (mistral3_config, transformers.Mistral3ForConditionalGeneration, False),
@@ -895,7 +905,7 @@ RECURRENT = {
 # Fixtures drawn under MAX_REFERENCE_ROUNDING. The check came with Gemma 4, whose first draw put
 # a near-zero vector under a norm; the fixtures made before it were not redrawn, and their f32
 # references sit 4e-6 to 2.3e-5 from f64 where transformers can run them in f64.
-CONDITIONING_CHECKED = {"gemma4", "gemma4_moe", "gemma3_llama_cpp"}
+CONDITIONING_CHECKED = {"gemma4", "gemma4_moe", "gemma3_llama_cpp", "gpt_oss_llama_cpp"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1580,8 +1590,38 @@ def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
     }
 
 
+def gguf_gpt_oss(config: dict, tensors: dict, writer) -> dict:
+    """gpt-oss: the window as a key (llama.cpp alternates sliding and full layers itself), sinks
+    under their own name, and the experts' interleaved gate/up columns split into gate and up
+    stacks (even, odd), each expert's matrices transposed to `[out, in]`."""
+    gguf_metadata_common(writer, config, config["head_dim"])
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_expert_count(config["num_local_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["intermediate_size"])
+    out = {}
+    for name, array in tensors.items():
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        blk = f"gguf:blk.{layer.group(1)}" if layer else None
+        if name.endswith("self_attn.sinks"):
+            out[f"{blk}.attn_sinks.weight"] = array
+        elif name.endswith("experts.gate_up_proj"):
+            rows = array.swapaxes(1, 2)
+            out[f"{blk}.ffn_gate_exps.weight"], out[f"{blk}.ffn_up_exps.weight"] = rows[:, ::2], rows[:, 1::2]
+        elif name.endswith("experts.gate_up_proj_bias"):
+            out[f"{blk}.ffn_gate_exps.bias"], out[f"{blk}.ffn_up_exps.bias"] = array[:, ::2], array[:, 1::2]
+        elif name.endswith("experts.down_proj"):
+            out[f"{blk}.ffn_down_exps.weight"] = array.swapaxes(1, 2)
+        elif name.endswith("experts.down_proj_bias"):
+            out[f"{blk}.ffn_down_exps.bias"] = array
+        else:
+            out[name] = array
+    return out
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),

@@ -367,6 +367,8 @@ fn glm4_moe_lite() {
 fn gpt_oss() {
     check_fixture("gpt_oss", "config.json");
     check_fixture("gpt_oss", "config.transformers4.json");
+    check_fixture("gpt_oss_llama_cpp", "config.json");
+    check_fixture("gpt_oss_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -540,6 +542,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "qwen3_5",
         "qwen3_5_moe",
         "gemma3_llama_cpp",
+        "gpt_oss_llama_cpp",
     ] {
         check_gguf(name);
     }

@@ -39,6 +39,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "granitehybrid" => ("granitemoehybrid", Some("GraniteMoeHybridForCausalLM")),
         "deepseek2" => ("deepseek_v3", Some("DeepseekV3ForCausalLM")),
         "qwen35" => ("qwen3_5_text", Some("Qwen3_5ForCausalLM")),
+        "gpt-oss" => ("gpt_oss", Some("GptOssForCausalLM")),
         "qwen35moe" => ("qwen3_5_moe_text", Some("Qwen3_5MoeForCausalLM")),
         other => (other, None),
     }
@@ -190,6 +191,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("nemotron_h") {
         nemotron_h_blocks(&mut config, &key, tensors);
+    }
+    if arch == "gpt-oss" {
+        gpt_oss_layers(&mut config, &key, tensors);
     }
     if arch == "qwen35" || arch == "qwen35moe" {
         qwen35_layers(&mut config, &key);
@@ -672,4 +676,34 @@ fn qwen35_layers<'a>(
             json!(rotated as f64 / head_dim as f64),
         );
     }
+}
+
+/// gpt-oss as its config spells it: llama.cpp alternates sliding and full layers itself
+/// (sliding first); the experts' width is `expert_feed_forward_length`; projections carry
+/// biases where the file has them.
+fn gpt_oss_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
+) {
+    if let Some(layers) = key("block_count").and_then(MetaValue::as_u64) {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+    }
+    if let Some(experts) = key("expert_count") {
+        config.insert("num_local_experts".into(), to_json(experts));
+    }
+    if let Some(width) = key("expert_feed_forward_length") {
+        config.insert("intermediate_size".into(), to_json(width));
+    }
+    let biased = tensors.iter().any(|t| t.name.ends_with(".attn_q.bias"));
+    config.insert("attention_bias".into(), json!(biased));
 }

@@ -247,6 +247,10 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         "ffn_norm" => "post_attention_layernorm",
         "post_attention_norm" => "post_attention_layernorm",
         "post_ffw_norm" => "post_feedforward_layernorm",
+        "attn_sinks" if architecture == "gpt-oss" => {
+            return Some(format!("model.layers.{layer}.self_attn.sinks"));
+        }
+        "ffn_gate_inp" if architecture == "gpt-oss" => "mlp.router",
         // Phi-3 keeps its fused projections fused.
         "attn_qkv" if architecture == "phi3" => "self_attn.qkv_proj",
         "ffn_up" if architecture == "phi3" => "mlp.gate_up_proj",

@@ -288,22 +288,44 @@ fn experts(c: &Config, weights: &mut Weights, p: &str) -> Result<Moe> {
         let up = pairs.slice_axis(axis, 1, 2)?.squeeze(&[axis])?;
         Ok(mlx::concatenate(&[gate, up], leading.len() as i32)?)
     };
-    let gate_up = weights
-        .dense(
-            &format!("{p}.experts.gate_up_proj"),
-            &[experts, hidden, 2 * inter],
-        )?
-        .swap_axes(1, 2)?;
-    let gate_up = deinterleave(&gate_up, &[experts], &[hidden])?;
-    let gate_up_bias = weights.dense(
-        &format!("{p}.experts.gate_up_proj_bias"),
-        &[experts, 2 * inter],
-    )?;
-    let gate_up_bias = deinterleave(&gate_up_bias, &[experts], &[])?;
-    let down = weights
-        .dense(&format!("{p}.experts.down_proj"), &[experts, inter, hidden])?
-        .swap_axes(1, 2)?;
-    let down_bias = weights.dense(&format!("{p}.experts.down_proj_bias"), &[experts, hidden])?;
+    let (gate_up, gate_up_bias, down, down_bias) =
+        if weights.contains(&format!("{p}.experts.gate_up_proj")) {
+            let gate_up = weights
+                .dense(
+                    &format!("{p}.experts.gate_up_proj"),
+                    &[experts, hidden, 2 * inter],
+                )?
+                .swap_axes(1, 2)?;
+            let gate_up_bias = weights.dense(
+                &format!("{p}.experts.gate_up_proj_bias"),
+                &[experts, 2 * inter],
+            )?;
+            let down = weights
+                .dense(&format!("{p}.experts.down_proj"), &[experts, inter, hidden])?
+                .swap_axes(1, 2)?;
+            (
+                deinterleave(&gate_up, &[experts], &[hidden])?,
+                deinterleave(&gate_up_bias, &[experts], &[])?,
+                down,
+                weights.dense(&format!("{p}.experts.down_proj_bias"), &[experts, hidden])?,
+            )
+        } else {
+            // Gate and up apart, each expert `[out, in]` (a GGUF file: llama.cpp's converter
+            // splits the interleaved columns).
+            let stack = |weights: &mut Weights, which: &str, shape: &[i32]| {
+                weights.dense(&format!("{p}.experts.{which}"), shape)
+            };
+            let gate = stack(weights, "gate_proj.weight", &[experts, inter, hidden])?;
+            let up = stack(weights, "up_proj.weight", &[experts, inter, hidden])?;
+            let gate_bias = stack(weights, "gate_proj.bias", &[experts, inter])?;
+            let up_bias = stack(weights, "up_proj.bias", &[experts, inter])?;
+            (
+                mlx::concatenate(&[gate, up], 1)?,
+                mlx::concatenate(&[gate_bias, up_bias], 1)?,
+                stack(weights, "down_proj.weight", &[experts, hidden, inter])?,
+                stack(weights, "down_proj.bias", &[experts, hidden])?,
+            )
+        };
     Ok(Moe::from_fused(
         weights.linear(&format!("{p}.router"), experts, hidden)?,
         StackedExperts::new(Tensor::Dense(gate_up)),
