@@ -733,6 +733,19 @@ def llama4_config() -> transformers.Llama4TextConfig:
     )
 
 
+def llama4_llama_cpp_config() -> transformers.Llama4TextConfig:
+    # Llama 4 as llama.cpp can read it from a GGUF file: it fixes the chunks at 8,192
+    # positions and the temperature tuning at a floor of 8,192 and a scale of 0.1 (both
+    # invisible under the 24-token prompt), so this one checks the rest: interleaved rope with
+    # weightless q/k norms, the position-free fourth layer, experts with scaled inputs beside a
+    # shared expert.
+    config = llama4_config()
+    config.attention_chunk_size = 8192
+    config.floor_scale = 8192
+    config.attn_scale = 0.1
+    return config
+
+
 def nemotron_h_moe_config() -> transformers.NemotronHConfig:
     # Nemotron 3 style: the hybrid with mixture-of-experts blocks (E): sigmoid routing with a
     # correction bias, top-2 of 4 ungated squared-ReLU experts behind a 32-wide latent
@@ -882,6 +895,7 @@ FIXTURES = {
     "granitemoehybrid": (granitemoehybrid_config, transformers.GraniteMoeHybridForCausalLM, False),
     "mistral3": (mistral3_config, transformers.Mistral3ForConditionalGeneration, False),
     "llama4": (llama4_config, transformers.Llama4ForCausalLM, False),
+    "llama4_llama_cpp": (llama4_llama_cpp_config, transformers.Llama4ForCausalLM, False),
     "nemotron_h_moe": (nemotron_h_moe_config, transformers.NemotronHForCausalLM, False),
     "gemma4": (gemma4_config, transformers.Gemma4ForCausalLM, False),
     "gemma4_moe": (gemma4_moe_config, transformers.Gemma4ForCausalLM, False),
@@ -905,7 +919,13 @@ RECURRENT = {
 # Fixtures drawn under MAX_REFERENCE_ROUNDING. The check came with Gemma 4, whose first draw put
 # a near-zero vector under a norm; the fixtures made before it were not redrawn, and their f32
 # references sit 4e-6 to 2.3e-5 from f64 where transformers can run them in f64.
-CONDITIONING_CHECKED = {"gemma4", "gemma4_moe", "gemma3_llama_cpp", "gpt_oss_llama_cpp"}
+CONDITIONING_CHECKED = {
+    "gemma4",
+    "gemma4_moe",
+    "gemma3_llama_cpp",
+    "gpt_oss_llama_cpp",
+    "llama4_llama_cpp",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1619,8 +1639,33 @@ def gguf_gpt_oss(config: dict, tensors: dict, writer) -> dict:
     return out
 
 
+def gguf_llama4(config: dict, tensors: dict, writer) -> dict:
+    """Llama 4: no q/k permutation (its rope already turns adjacent pairs); the dense and the
+    expert widths and the MoE step as keys; each expert's fused `[in, 2 · out]` gate/up
+    transposed and split into gate and up halves, its down projection transposed."""
+    gguf_metadata_common(writer, config, config["head_dim"], feed_forward=config["intermediate_size_mlp"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_interleave_moe_layer_step(config["interleave_moe_layer_step"])
+    writer.add_expert_count(config["num_local_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["intermediate_size"])
+    out = {}
+    for name, array in tensors.items():
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = np.split(array.swapaxes(1, 2), 2, axis=1)
+            out[f"gguf:blk.{layer.group(1)}.ffn_gate_exps.weight"] = gate
+            out[f"gguf:blk.{layer.group(1)}.ffn_up_exps.weight"] = up
+        elif name.endswith("experts.down_proj"):
+            out[f"gguf:blk.{layer.group(1)}.ffn_down_exps.weight"] = array.swapaxes(1, 2)
+        else:
+            out[name] = array
+    return out
+
+
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "llama4_llama_cpp": (gguf.MODEL_ARCH.LLAMA4, gguf_llama4),
     "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),

@@ -389,6 +389,8 @@ fn granitemoehybrid() {
 fn llama4() {
     check_fixture("llama4", "config.json");
     check_fixture("llama4", "config.transformers4.json");
+    check_fixture("llama4_llama_cpp", "config.json");
+    check_fixture("llama4_llama_cpp", "config.transformers4.json");
 }
 
 /// Nemotron 3's expert blocks: ungated squared-ReLU experts behind a latent projection.
@@ -543,6 +545,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "qwen3_5_moe",
         "gemma3_llama_cpp",
         "gpt_oss_llama_cpp",
+        "llama4_llama_cpp",
     ] {
         check_gguf(name);
     }

@@ -40,6 +40,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "deepseek2" => ("deepseek_v3", Some("DeepseekV3ForCausalLM")),
         "qwen35" => ("qwen3_5_text", Some("Qwen3_5ForCausalLM")),
         "gpt-oss" => ("gpt_oss", Some("GptOssForCausalLM")),
+        "llama4" => ("llama4_text", Some("Llama4ForCausalLM")),
         "qwen35moe" => ("qwen3_5_moe_text", Some("Qwen3_5MoeForCausalLM")),
         other => (other, None),
     }
@@ -191,6 +192,9 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("nemotron_h") {
         nemotron_h_blocks(&mut config, &key, tensors);
+    }
+    if arch == "llama4" {
+        llama4_layers(&mut config, &key);
     }
     if arch == "gpt-oss" {
         gpt_oss_layers(&mut config, &key, tensors);
@@ -706,4 +710,36 @@ fn gpt_oss_layers<'a>(
     }
     let biased = tensors.iter().any(|t| t.name.ends_with(".attn_q.bias"));
     config.insert("attention_bias".into(), json!(biased));
+}
+
+/// llama.cpp's chunk length for Llama 4's chunked-attention layers: fixed, not in the file.
+const LLAMA4_ATTENTION_CHUNK: u64 = 8192;
+
+/// Llama 4 as its config spells it. llama.cpp fixes what the file does not say: rope layers
+/// attend in chunks of 8,192 unless `attention.sliding_window` is 0, every fourth layer has no
+/// rope, temperature tuning has a floor of 8,192 and a scale of 0.1 (the config readers'
+/// defaults), and q/k are normalized except in the 128-expert model.
+fn llama4_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let window = key("attention.sliding_window").and_then(MetaValue::as_u64);
+    config.remove("sliding_window");
+    if window != Some(0) {
+        config.insert("attention_chunk_size".into(), json!(LLAMA4_ATTENTION_CHUNK));
+    }
+    config.insert("no_rope_layer_interval".into(), json!(4));
+    if let Some(width) = key("feed_forward_length") {
+        config.insert("intermediate_size_mlp".into(), to_json(width));
+    }
+    if let Some(width) = key("expert_feed_forward_length") {
+        config.insert("intermediate_size".into(), to_json(width));
+    }
+    if let Some(step) = key("interleave_moe_layer_step") {
+        config.insert("interleave_moe_layer_step".into(), to_json(step));
+    }
+    if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
+        config.insert("num_local_experts".into(), json!(experts));
+        config.insert("use_qk_norm".into(), json!(experts != 128));
+    }
 }

@@ -247,6 +247,26 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
         "ffn_norm" => "post_attention_layernorm",
         "post_attention_norm" => "post_attention_layernorm",
         "post_ffw_norm" => "post_feedforward_layernorm",
+        // Llama 4's feed-forward blocks, dense or not, are its `feed_forward`.
+        "ffn_gate" | "ffn_up" | "ffn_down" if architecture == "llama4" => {
+            let which = &part["ffn_".len()..];
+            return Some(format!(
+                "model.layers.{layer}.feed_forward.{which}_proj.{suffix}"
+            ));
+        }
+        "ffn_gate_inp" if architecture == "llama4" => "feed_forward.router",
+        "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps" if architecture == "llama4" => {
+            let which = part["ffn_".len()..].trim_end_matches("_exps");
+            return Some(format!(
+                "model.layers.{layer}.feed_forward.experts.{which}_proj.{suffix}"
+            ));
+        }
+        "ffn_gate_shexp" | "ffn_up_shexp" | "ffn_down_shexp" if architecture == "llama4" => {
+            let which = part["ffn_".len()..].trim_end_matches("_shexp");
+            return Some(format!(
+                "model.layers.{layer}.feed_forward.shared_expert.{which}_proj.{suffix}"
+            ));
+        }
         "attn_sinks" if architecture == "gpt-oss" => {
             return Some(format!("model.layers.{layer}.self_attn.sinks"));
         }

@@ -399,20 +399,36 @@ impl Llama4 {
 }
 
 /// The sparse block under `p`: `router`, `experts.{gate_up_proj, down_proj}` stored
-/// `[experts, in, out]`, and `shared_expert`.
+/// `[experts, in, out]` (or gate, up and down stacks `[experts, out, in]`), and
+/// `shared_expert`.
 fn experts(c: &Config, weights: &mut Weights, p: &str, activation: Activation) -> Result<Moe> {
     let hidden = dim(c.hidden_size, "hidden_size")?;
     let experts = dim(c.num_local_experts, "num_local_experts")?;
     let inter = dim(c.intermediate_size, "intermediate_size")?;
-    let gate_up = weights
-        .dense(
-            &format!("{p}.experts.gate_up_proj"),
-            &[experts, hidden, 2 * inter],
-        )?
-        .swap_axes(1, 2)?;
-    let down = weights
-        .dense(&format!("{p}.experts.down_proj"), &[experts, inter, hidden])?
-        .swap_axes(1, 2)?;
+    let (gate_up, down) = if weights.contains(&format!("{p}.experts.gate_up_proj")) {
+        let gate_up = weights
+            .dense(
+                &format!("{p}.experts.gate_up_proj"),
+                &[experts, hidden, 2 * inter],
+            )?
+            .swap_axes(1, 2)?;
+        let down = weights
+            .dense(&format!("{p}.experts.down_proj"), &[experts, inter, hidden])?
+            .swap_axes(1, 2)?;
+        (gate_up, down)
+    } else {
+        // Gate and up apart, each expert `[out, in]` (a GGUF file: llama.cpp's converter
+        // splits and transposes them).
+        let stack = |weights: &mut Weights, which: &str, out: i32, inp: i32| {
+            weights.dense(&format!("{p}.experts.{which}.weight"), &[experts, out, inp])
+        };
+        let gate = stack(weights, "gate_proj", inter, hidden)?;
+        let up = stack(weights, "up_proj", inter, hidden)?;
+        (
+            mlx::concatenate(&[gate, up], 1)?,
+            stack(weights, "down_proj", hidden, inter)?,
+        )
+    };
     Ok(Moe::from_fused(
         weights.matrix(&format!("{p}.router"), experts, hidden)?,
         StackedExperts::new(Tensor::Dense(gate_up)),
