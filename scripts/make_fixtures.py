@@ -109,6 +109,21 @@ def llama_config(tied: bool) -> transformers.LlamaConfig:
     )
 
 
+def llama3_config() -> transformers.LlamaConfig:
+    # Llama 3.1's rope scaling: low frequencies stretched 8×, high ones kept, a ramp between,
+    # over a 64-position "original" context so that every regime has frequencies in it.
+    config = llama_config(tied=False)
+    config.rope_parameters = {
+        "rope_type": "llama3",
+        "rope_theta": 100000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    return config
+
+
 def qwen2_config() -> transformers.Qwen2Config:
     # Qwen2 always has q/k/v biases (and none on o_proj); the small Qwen2 models tie the head.
     return transformers.Qwen2Config(
@@ -873,6 +888,7 @@ FIXTURES = {
     # name: (config factory, model class, gemma-style norms stored as offsets from 1)
     "llama": (lambda: llama_config(tied=True), transformers.LlamaForCausalLM, False),
     "llama_untied": (lambda: llama_config(tied=False), transformers.LlamaForCausalLM, False),
+    "llama3": (llama3_config, transformers.LlamaForCausalLM, False),
     "qwen2": (qwen2_config, transformers.Qwen2ForCausalLM, False),
     "qwen3": (qwen3_config, transformers.Qwen3ForCausalLM, False),
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM, False),
@@ -925,6 +941,7 @@ CONDITIONING_CHECKED = {
     "gemma3_llama_cpp",
     "gpt_oss_llama_cpp",
     "llama4_llama_cpp",
+    "llama3",
 }
 
 
@@ -1220,6 +1237,26 @@ def gguf_metadata_common(
             add(config[key])
 
 
+def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """Llama 3's rope scaling as llama.cpp's converter writes it: no scaling keys, but one
+    divisor per frequency in a `rope_freqs` tensor (1 for short wavelengths, `factor` for long
+    ones, a smooth ramp between)."""
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < original / high:
+            factors.append(1.0)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def gguf_llama(config: dict, tensors: dict, writer) -> dict:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     gguf_metadata_common(writer, config, config.get("head_dim") or config["hidden_size"] // heads)
@@ -1227,7 +1264,10 @@ def gguf_llama(config: dict, tensors: dict, writer) -> dict:
     if "num_local_experts" in config:
         writer.add_expert_count(config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
+    rope = config.get("rope_parameters") or {}
     out = {}
+    if rope.get("rope_type") == "llama3":
+        out["gguf:rope_freqs.weight"] = llama3_rope_factors(rope, config.get("head_dim") or config["hidden_size"] // heads)
     for name, array in tensors.items():
         if name.endswith("q_proj.weight"):
             array = llama_permute(array, heads)
@@ -1665,6 +1705,7 @@ def gguf_llama4(config: dict, tensors: dict, writer) -> dict:
 
 # fixture: (llama.cpp architecture, translation of metadata and weights)
 GGUF_COPIES = {
+    "llama3": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
     "llama4_llama_cpp": (gguf.MODEL_ARCH.LLAMA4, gguf_llama4),
     "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),

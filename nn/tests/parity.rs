@@ -220,6 +220,12 @@ fn llama_tied_transformers4_config() {
 }
 
 #[test]
+fn llama3_rope_scaling() {
+    check_fixture("llama3", "config.json");
+    check_fixture("llama3", "config.transformers4.json");
+}
+
+#[test]
 fn llama_untied() {
     check_fixture("llama_untied", "config.json");
 }
@@ -527,6 +533,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
     for name in [
         "llama",
         "llama_untied",
+        "llama3",
         "qwen2",
         "qwen3",
         "qwen3_moe",
