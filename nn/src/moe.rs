@@ -301,10 +301,11 @@ impl Moe {
     }
 
     /// Multiplies each chosen expert's routing weight by its own learned factor (`[experts]`),
-    /// after the top-k weights are normalized (Gemma 4's `per_expert_scale`).
-    pub fn with_expert_scales(mut self, scales: Array) -> Moe {
-        self.expert_scales = Some(scales);
-        self
+    /// after the top-k weights are normalized (Gemma 4's `per_expert_scale`). They are
+    /// widened to the routing weights' f32 once, here.
+    pub fn with_expert_scales(mut self, scales: Array) -> Result<Moe> {
+        self.expert_scales = Some(scales.astype(Dtype::F32)?);
+        Ok(self)
     }
 
     /// Scales each expert's input by its routing weight instead of its output (Llama 4: the
@@ -413,7 +414,7 @@ impl Moe {
             weights = weights.multiply(routing.scale)?;
         }
         if let Some(scales) = &self.expert_scales {
-            weights = weights.multiply(&scales.astype(Dtype::F32)?.take(&indices, 0)?)?;
+            weights = weights.multiply(&scales.take(&indices, 0)?)?;
         }
         let weights = weights.astype(x.dtype())?;
 

@@ -563,7 +563,7 @@ impl ExpertBlock {
             RouterScoring::Softmax,
             activation,
         )?
-        .with_expert_scales(per_expert_scale);
+        .with_expert_scales(per_expert_scale)?;
         Ok(ExpertBlock {
             router_input_scale,
             moe,
