@@ -320,22 +320,28 @@ impl LatentAttention {
                 hidden,
             )?),
         };
-        // `[heads, nope + value, rank]`: transformers' one matrix, or the two halves a GGUF
-        // file keeps apart (llama.cpp's converter splits it, keys transposed).
-        let kv_b = if weights.contains(&format!("{p}.kv_b_proj.weight")) {
-            weights
+        // The up-projections absorbed into queries (`[heads, nope, rank]`) and into the
+        // attended latents (`[heads, rank, value]`): from transformers' one `kv_b_proj`
+        // (`[heads · (nope + value), rank]`), or from the two halves a GGUF file keeps apart
+        // (llama.cpp's converter splits it, keys transposed).
+        let (absorb_keys, absorb_values) = if weights.contains(&format!("{p}.kv_b_proj.weight")) {
+            let kv_b = weights
                 .dense(
                     &format!("{p}.kv_b_proj.weight"),
                     &[heads * (nope + value_dim), rank],
                 )?
-                .reshape(&[heads, nope + value_dim, rank])?
+                .reshape(&[heads, nope + value_dim, rank])?;
+            (
+                kv_b.slice_axis(1, 0, nope)?,
+                kv_b.slice_axis(1, nope, nope + value_dim)?,
+            )
         } else {
-            let keys = weights
-                .dense(&format!("{p}.k_b_proj.weight"), &[heads, rank, nope])?
-                .swap_axes(1, 2)?;
-            let values =
-                weights.dense(&format!("{p}.v_b_proj.weight"), &[heads, value_dim, rank])?;
-            mlx::concatenate(&[keys, values], 1)?
+            (
+                weights
+                    .dense(&format!("{p}.k_b_proj.weight"), &[heads, rank, nope])?
+                    .swap_axes(1, 2)?,
+                weights.dense(&format!("{p}.v_b_proj.weight"), &[heads, value_dim, rank])?,
+            )
         };
         Ok(LatentAttention {
             queries,
@@ -344,10 +350,8 @@ impl LatentAttention {
                 weights.dense(&format!("{p}.kv_a_layernorm.weight"), &[rank])?,
                 LATENT_NORM_EPS,
             ),
-            absorb_keys: kv_b.slice_axis(1, 0, nope)?,
-            absorb_values: kv_b
-                .slice_axis(1, nope, nope + value_dim)?
-                .swap_axes(1, 2)?,
+            absorb_keys,
+            absorb_values: absorb_values.swap_axes(1, 2)?,
             o_proj: biased(weights, "o_proj", hidden, heads * value_dim)?,
             rope: rope.clone(),
             kernel: ScaledDotProduct {
