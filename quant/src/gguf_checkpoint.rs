@@ -11,6 +11,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use mlx::Array;
 use mlx::quantized::Quantized;
 
 use crate::gguf::{GgufFile, GgufTensorInfo, MetaValue};
@@ -96,6 +97,18 @@ fn apply_rope_factors(
     }
     object.insert("rope_scaling".into(), scaling(serde_json::Map::new()));
     Ok(())
+}
+
+/// `A_log` back from the `A = -exp(A_log)` llama.cpp's converter stores for recurrent mixers
+/// (Mamba-2, gated delta nets), flattened from the column it may be written as.
+pub(crate) fn a_log_of(stored: &Array) -> Result<Array> {
+    Ok(stored.negative()?.log()?.reshape(&[-1])?)
+}
+
+/// A depthwise convolution kernel back to transformers' `[channels, 1, kernel]` from the
+/// `[channels, kernel]` llama.cpp's converter squeezes it to.
+pub(crate) fn unsqueezed_kernel(kernel: &Array) -> Result<Array> {
+    Ok(kernel.expand_dims(&[1])?)
 }
 
 /// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
@@ -194,13 +207,12 @@ impl GgufCheckpoint {
 
     /// Undoes what llama.cpp's converter changed in tensor `name`.
     fn undo_converter(&self, name: &str, tensor: Tensor) -> Result<Tensor> {
-        if self.architecture == "lfm2" && name.ends_with(".conv.conv.weight") {
-            // The converter squeezes LFM2's `[channels, 1, kernel]` convolution kernels.
-            if let Tensor::Dense(kernel) = &tensor
-                && kernel.ndim() == 2
-            {
-                return Ok(Tensor::Dense(kernel.expand_dims(&[1])?));
-            }
+        if self.architecture == "lfm2"
+            && name.ends_with(".conv.conv.weight")
+            && let Tensor::Dense(kernel) = &tensor
+            && kernel.ndim() == 2
+        {
+            return Ok(Tensor::Dense(unsqueezed_kernel(kernel)?));
         }
         let mamba2 = match self.architecture.as_str() {
             "nemotron_h" | "nemotron_h_moe" => Some(".mixer."),
@@ -214,13 +226,13 @@ impl GgufCheckpoint {
             // The converter's Mamba-2 changes: `A = -exp(A_log)` and `D` stored as columns,
             // the gated norm split per group, the convolution kernels squeezed.
             if name.ends_with(".A_log") {
-                return Ok(Tensor::Dense(t.negative()?.log()?.reshape(&[-1])?));
+                return Ok(Tensor::Dense(a_log_of(t)?));
             }
             if name.ends_with(".D") || name.ends_with(".norm.weight") {
                 return Ok(Tensor::Dense(t.reshape(&[-1])?));
             }
             if name.ends_with(".conv1d.weight") && t.ndim() == 2 {
-                return Ok(Tensor::Dense(t.expand_dims(&[1])?));
+                return Ok(Tensor::Dense(unsqueezed_kernel(t)?));
             }
         }
         if qk_rows_permuted(&self.architecture) {

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use mlx::Array;
 
 use crate::gguf::MetaValue;
+use crate::gguf_checkpoint::{a_log_of, unsqueezed_kernel};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 
@@ -102,7 +103,7 @@ pub(crate) fn undo_delta_net(name: &str, tensor: Tensor, heads: DeltaNetHeads) -
         }
     };
     let a = if name.ends_with(".A_log") {
-        untiled(a.negative()?.log()?.reshape(&[-1])?, 0, 1)?
+        untiled(a_log_of(&a)?, 0, 1)?
     } else if name.ends_with(".dt_bias") {
         untiled(a, 0, 1)?
     } else if name.ends_with(".conv1d.weight") {
@@ -117,7 +118,7 @@ pub(crate) fn undo_delta_net(name: &str, tensor: Tensor, heads: DeltaNetHeads) -
         } else {
             a
         };
-        a.expand_dims(&[1])?
+        unsqueezed_kernel(&a)?
     } else if name.ends_with(".in_proj_qkv.weight") {
         heads.untile_value_rows(&a)?
     } else if name.ends_with(".in_proj_z.weight") {
