@@ -82,25 +82,8 @@ impl Config {
                 "`query_pre_attn_scalar` must be positive, got {query_pre_attn_scalar}"
             )));
         }
-        let sliding_layers = match f.get("layer_types") {
-            Some(types) => {
-                let list = types
-                    .as_array()
-                    .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
-                if list.len() != layers {
-                    return Err(Error::Config(format!(
-                        "`layer_types` lists {} layers, the model has {layers}",
-                        list.len()
-                    )));
-                }
-                list.iter()
-                    .map(|t| match t.as_str() {
-                        Some("sliding_attention") => Ok(true),
-                        Some("full_attention") => Ok(false),
-                        _ => Err(Error::Config(format!("unsupported layer type {t}"))),
-                    })
-                    .collect::<Result<_>>()?
-            }
+        let sliding_layers = match f.layer_types(layers)? {
+            Some(sliding) => sliding,
             None => (0..layers).map(|i| i % 2 == 0).collect(),
         };
         let cap = |key: &str| -> Result<Option<f32>> {

@@ -132,7 +132,9 @@ impl Config {
         let (heads, kv_heads) = f.attention_heads()?;
         let head_dim = f.required_bounded("head_dim", limits::HIDDEN)?;
         let intermediate_size = f.required_bounded("intermediate_size", limits::INTERMEDIATE)?;
-        let mut sliding = read_layer_kinds(&f, num_layers)?;
+        let mut sliding = f
+            .layer_types(num_layers)?
+            .ok_or_else(|| missing("layer_types"))?;
         // The reference forces the last layer to attend fully (with a warning); so do we.
         if let Some(last) = sliding.last_mut() {
             *last = false;
@@ -283,28 +285,6 @@ impl Config {
                 .collect(),
         }
     }
-}
-
-/// `layer_types`: whether each layer slides.
-fn read_layer_kinds(f: &Fields<'_>, num_layers: usize) -> Result<Vec<bool>> {
-    let list = f
-        .get("layer_types")
-        .ok_or_else(|| missing("layer_types"))?
-        .as_array()
-        .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
-    if list.len() != num_layers {
-        return Err(Error::Config(format!(
-            "`layer_types` lists {} layers, the model has {num_layers}",
-            list.len()
-        )));
-    }
-    list.iter()
-        .map(|t| match t.as_str() {
-            Some("sliding_attention") => Ok(true),
-            Some("full_attention") => Ok(false),
-            _ => Err(Error::Config(format!("unsupported layer type {t}"))),
-        })
-        .collect()
 }
 
 /// Each layer's head width and key/value heads: the base ones, overridden per layer by

@@ -83,25 +83,8 @@ impl Config {
         let layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
         let (heads, kv_heads) = f.attention_heads()?;
         let head_dim = f.required_bounded("head_dim", limits::HIDDEN)?;
-        let sliding_layers = match f.get("layer_types") {
-            Some(types) => {
-                let list = types
-                    .as_array()
-                    .ok_or_else(|| Error::Config("`layer_types` must be a list".into()))?;
-                if list.len() != layers {
-                    return Err(Error::Config(format!(
-                        "`layer_types` lists {} layers, the model has {layers}",
-                        list.len()
-                    )));
-                }
-                list.iter()
-                    .map(|t| match t.as_str() {
-                        Some("sliding_attention") => Ok(true),
-                        Some("full_attention") => Ok(false),
-                        _ => Err(Error::Config(format!("unsupported layer type {t}"))),
-                    })
-                    .collect::<Result<_>>()?
-            }
+        let sliding_layers = match f.layer_types(layers)? {
+            Some(sliding) => sliding,
             None => (0..layers).map(|i| i % 2 == 0).collect(),
         };
         let experts = f.required_bounded("num_local_experts", limits::EXPERTS)?;
