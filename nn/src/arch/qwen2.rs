@@ -25,7 +25,7 @@ use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
 
-/// The hyperparameters of a Qwen2 model.
+/// The hyperparameters of a Qwen2 model (and of a Qwen3 one: the same keys).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `model_type`.
@@ -102,9 +102,9 @@ impl Config {
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let attention = 2 * h * q + 2 * h * kv;
         let mlp = 3 * h * self.intermediate_size as u64;
-        // Four norms and two head norms a layer, two and two more than Qwen2 has: the count
-        // every family had before each had a file of its own, which decides whether a
-        // quantized checkpoint is dequantized at load.
+        // Four norms and two head norms a layer, more than Qwen2 (two norms) or Qwen3 (two
+        // norms, two head norms) has: the count every family had before each had a file of
+        // its own, which decides whether a quantized checkpoint is dequantized at load.
         let norms = 4 * h + 2 * self.head_dim as u64;
         let embedding = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings == Some(true) {

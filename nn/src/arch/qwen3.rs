@@ -8,129 +8,24 @@
 
 use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
 use mlx::Array;
-use serde_json::Value;
 
 use crate::Result;
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
-use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings};
+use crate::config::dim;
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
-use crate::registry::model_type;
+use crate::model::{Batch, Forward, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
-use crate::rope::{Rope, RopeConfig};
+use crate::rope::Rope;
 use crate::weights::{Weights, check_matrix};
 
-/// The hyperparameters of a Qwen3 model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// `model_type`.
-    pub model_type: String,
-    /// `hidden_size`.
-    pub hidden_size: usize,
-    /// `intermediate_size`.
-    pub intermediate_size: usize,
-    /// `vocab_size`.
-    pub vocab_size: usize,
-    /// `rms_norm_eps`.
-    pub rms_norm_eps: f32,
-    /// `max_position_embeddings` (4,096 when absent).
-    pub max_position_embeddings: usize,
-    /// `tie_word_embeddings`; `None` when silent (no `lm_head` then means tied).
-    pub tie_word_embeddings: Option<bool>,
-    /// `num_attention_heads`.
-    pub num_attention_heads: usize,
-    /// `num_key_value_heads`.
-    pub num_key_value_heads: usize,
-    /// `head_dim` (default `hidden_size / num_attention_heads`).
-    pub head_dim: usize,
-    /// The rotary embedding: `rope_parameters`, or `rope_theta` and `rope_scaling`.
-    pub rope: RopeConfig,
-    /// `hidden_act`.
-    pub hidden_act: String,
-    /// `layer_types` and `sliding_window`: each layer's window, `None` where it attends to
-    /// everything before it.
-    pub layer_windows: Vec<Option<usize>>,
-}
-
-impl Config {
-    /// Reads the config.
-    pub fn from_json(config: &Value) -> Result<Config> {
-        let f = Fields::text_section(config);
-        let model_type = model_type(config)?;
-        let hidden_size = f.required_bounded("hidden_size", limits::HIDDEN)?;
-        let num_hidden_layers = f.required_bounded("num_hidden_layers", limits::LAYERS)?;
-        let (heads, kv_heads) = f.attention_heads()?;
-        let head_dim = match f.bounded("head_dim", limits::HIDDEN)? {
-            Some(d) => d,
-            None if hidden_size % heads == 0 => hidden_size / heads,
-            None => return Err(missing("head_dim")),
-        };
-        let sliding = f
-            .layer_types(num_hidden_layers)?
-            .unwrap_or_else(|| vec![false; num_hidden_layers]);
-        let layer_windows = f.layer_windows(&sliding)?;
-        Ok(Config {
-            model_type,
-            hidden_size,
-            vocab_size: f.required_bounded("vocab_size", limits::VOCAB)?,
-            intermediate_size: f.required_bounded("intermediate_size", limits::INTERMEDIATE)?,
-            rms_norm_eps: f
-                .f64("rms_norm_eps")?
-                .ok_or_else(|| missing("rms_norm_eps"))? as f32,
-            max_position_embeddings: f
-                .bounded("max_position_embeddings", limits::POSITIONS)?
-                .unwrap_or(4096),
-            tie_word_embeddings: tie_word_embeddings(config)?,
-            num_attention_heads: heads,
-            num_key_value_heads: kv_heads,
-            head_dim,
-            rope: read_rope(&f, dim(head_dim, "head_dim")?)?.0,
-            hidden_act: f.str("hidden_act").unwrap_or("silu").to_string(),
-            layer_windows,
-        })
-    }
-
-    /// What the engine needs to know of the model.
-    pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        // Four norms a layer, two more than Qwen3 has: the count every family had before each
-        // had a file of its own, which decides whether a quantized checkpoint is dequantized
-        // at load.
-        let norms = 4 * h + 2 * self.head_dim as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
-        ModelSpec {
-            model_type: self.model_type.clone(),
-            vocab_size: self.vocab_size,
-            context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.layer_windows.len() as u64 * (attention + mlp + norms)
-                + h
-                + head,
-            layers: self
-                .layer_windows
-                .iter()
-                .map(|&window| LayerState::Attention {
-                    kv_heads: self.num_key_value_heads,
-                    head_dim: self.head_dim,
-                    window,
-                })
-                .collect(),
-        }
-    }
-}
+/// The hyperparameters of a Qwen3 model: `Qwen3Config` has `Qwen2Config`'s keys (its
+/// `attention_bias` defaults to no biases, which Qwen2's reader also allows), so it is read
+/// by the same reader.
+pub use crate::arch::qwen2::Config;
 
 /// One decoder layer: pre-norm attention and a pre-norm MLP, each added to the residual
 /// stream.
