@@ -284,3 +284,44 @@ fn fp8_and_nvfp4_sources_load_as_their_reference_and_create_their_mlx_layout() {
         );
     }
 }
+
+/// `create` converts a GGUF file once into MLX's layouts (`Plan::as_loaded`): every GGUF copy of
+/// a fixture, written that way, loads into the model the GGUF file loads into — the same
+/// logits, not close ones, since every tensor is written as the GGUF loader produced it and
+/// the translated config goes with it. Fixtures are found by their `model.gguf`, so a family
+/// that gains a GGUF copy is covered here too.
+#[test]
+fn converted_gguf_copies_load_as_their_gguf_files_do() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            e.path()
+                .join("model.gguf")
+                .exists()
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 22, "GGUF copies found: {names:?}");
+    for name in &names {
+        let gguf = fixture(name).join("model.gguf");
+        let checkpoint = quant::Checkpoint::open(&gguf).unwrap();
+        let plan = Plan::as_loaded(&Source::read(&checkpoint).unwrap());
+        assert!(
+            plan.tensors
+                .iter()
+                .all(|t| t.action == quant::create::Action::Keep),
+            "{name}: a conversion quantizes nothing"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        write_folder(&checkpoint, &plan, dir.path(), &mut |_, _, _| {}).unwrap();
+        let (expected, got) = (logits(&gguf), logits(dir.path()));
+        assert_eq!(
+            max_abs_diff(&got, &expected),
+            0.0,
+            "{name}: the converted folder computes other logits"
+        );
+    }
+}

@@ -149,10 +149,11 @@ impl Checkpoint {
     }
 
     /// The packed decode form of tensor `name` when it has one apart from [`Checkpoint::tensor`]:
-    /// GGUF types with 16-element groups, which load dense (see [`crate::gguf_packed_16`]).
+    /// GGUF types with 16-element groups, which load dense (see [`crate::gguf_packed_16`]), and
+    /// the same forms in a folder `create` converted from a GGUF ([`crate::PACKED_16`]).
     pub fn packed_16(&self, name: &str) -> Result<Option<Quantized>> {
         match &self.source {
-            Source::Safetensors(_) => Ok(None),
+            Source::Safetensors(dir) => dir.packed_16(name),
             Source::Gguf(gguf) => gguf.packed_16(name),
         }
     }

@@ -36,6 +36,17 @@ pub fn maps_to_mlx_affine(ty: GgmlType) -> bool {
     block_shape(ty).is_some_and(|s| s.group_size == 32)
 }
 
+/// The MLX layout [`gguf_tensor`] repacks a block type into, or for 16-element types the
+/// layout of their packed form ([`PACKED_16`]); `None` for plain element types.
+pub(crate) fn loaded_spec(ty: GgmlType) -> Option<QuantSpec> {
+    let layout = block_shape(ty)?;
+    Some(if layout.group_size == 32 {
+        QuantSpec::affine(32, layout.bits as i32)
+    } else {
+        PACKED_16
+    })
+}
+
 /// Turns the raw data of tensor `name` (`shape` outermost first) into a [`Tensor`].
 pub fn gguf_tensor(name: &str, ty: GgmlType, shape: &[i32], bytes: &[u8]) -> Result<Tensor> {
     if let Some(dtype) = plain_dtype(ty) {
@@ -80,6 +91,60 @@ pub fn gguf_packed_16(
     check_length(name, ty, layout, bytes)?;
     check_shape(name, ty, layout, shape, bytes)?;
     repack_affine(ty, layout, shape, bytes, 8).map(Some)
+}
+
+/// The layout of [`gguf_packed_16`]'s forms: affine, 16-element groups, a byte per integer.
+/// MLX's kernels take no such groups, so a checkpoint holding one (a GGUF converted by
+/// `create`) loads it dense through [`dequantize_packed_16`] and keeps it for the packed matvec.
+pub const PACKED_16: QuantSpec = QuantSpec {
+    group_size: 16,
+    bits: 8,
+    mode: mlx::quantized::QuantMode::Affine,
+};
+
+/// The dense f32 values of a [`PACKED_16`] matrix, bit for bit the values [`gguf_tensor`]
+/// dequantizes its GGUF blocks to. Each is `q·scale + bias` rounded once (a fused
+/// multiply-add): for the symmetric types (Q3_K, Q6_K) `bias = −zero·scale` exactly, so that
+/// is GGML's `(q − zero)·scale`; for Q2_K `q·scale` is exact (at most 17 significant bits), so
+/// it equals GGML's `scale·q + min`.
+pub fn dequantize_packed_16(name: &str, q: &Quantized) -> Result<Array> {
+    let bad = |what: String| Error::Unsupported {
+        name: name.to_string(),
+        what,
+    };
+    if q.spec != PACKED_16 {
+        return Err(bad(format!(
+            "{:?} is not the 16-element packed layout",
+            q.spec
+        )));
+    }
+    let biases = q
+        .biases
+        .as_ref()
+        .ok_or_else(|| bad("affine weights without biases".into()))?;
+    let f32_of = |a: &Array| -> Result<Vec<f32>> { Ok(a.astype(Dtype::F32)?.to_vec::<f32>()?) };
+    let (scales, biases) = (f32_of(&q.scales)?, f32_of(biases)?);
+    let words = q.weights.to_vec::<u32>()?;
+    let group = PACKED_16.group_size as usize;
+    if scales.len() != biases.len() || words.len() * 4 != scales.len() * group {
+        return Err(bad(format!(
+            "{} packed words do not match {} scales and {} biases",
+            words.len(),
+            scales.len(),
+            biases.len()
+        )));
+    }
+    let mut values = Vec::with_capacity(words.len() * 4);
+    for ((words, &scale), &bias) in words.chunks_exact(group / 4).zip(&scales).zip(&biases) {
+        for byte in words.iter().flat_map(|w| w.to_le_bytes()) {
+            values.push(f32::from(byte).mul_add(scale, bias));
+        }
+    }
+    let mut shape = q.weights.shape();
+    if let Some(last) = shape.last_mut() {
+        *last *= 4;
+    }
+    Ok(Array::from_slice(&values, &shape)?)
 }
 
 /// Dequantizes GGML data of type `ty` into f32, exactly as GGML's reference code does.

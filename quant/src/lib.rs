@@ -74,7 +74,9 @@ pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
 pub use gguf_checkpoint::GgufCheckpoint;
 pub use gguf_config::hf_config;
 pub use gguf_names::hf_tensor_name;
-pub use gguf_tensor::{dequantize, gguf_packed_16, gguf_tensor, maps_to_mlx_affine};
+pub use gguf_tensor::{
+    PACKED_16, dequantize, dequantize_packed_16, gguf_packed_16, gguf_tensor, maps_to_mlx_affine,
+};
 pub use mlx_quantization::{QuantizationConfig, mode_from_name};
 pub use rope_permutation::{permute_qk_rows, qk_rows_permuted, unpermute_qk_rows};
 pub use safetensors::{SafetensorsEntry, SafetensorsFile};

@@ -454,7 +454,10 @@ impl SafetensorsDir {
         self.files[file].load(name)
     }
 
-    /// Loads tensor `name`; a weight with stored scales loads quantized.
+    /// Loads tensor `name`; a weight with stored scales loads quantized, except in the
+    /// 16-element layout of a converted GGUF ([`crate::PACKED_16`]), which MLX's kernels do not
+    /// take: that loads dense, exactly as the GGUF did, and [`SafetensorsDir::packed_16`] gives
+    /// the packed form.
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let Some(module) = name.strip_suffix(".weight") else {
             return Ok(Tensor::Dense(self.load_raw(name)?));
@@ -465,9 +468,34 @@ impl SafetensorsDir {
         if let Some(layout) = self.nvfp4_of(module) {
             return self.nvfp4_tensor(name, module, layout);
         }
+        match self.quantized(name, module)? {
+            None => Ok(Tensor::Dense(self.load_raw(name)?)),
+            Some(q) if q.spec == crate::PACKED_16 => {
+                Ok(Tensor::Dense(crate::dequantize_packed_16(name, &q)?))
+            }
+            Some(q) => Ok(Tensor::Quantized(q)),
+        }
+    }
+
+    /// The packed form of weight `name` when it is stored in [`crate::PACKED_16`]'s layout.
+    pub fn packed_16(&self, name: &str) -> Result<Option<Quantized>> {
+        let Some(module) = name.strip_suffix(".weight") else {
+            return Ok(None);
+        };
+        let packed = self.location.contains_key(&format!("{module}.scales"))
+            && self.quantization.as_ref().and_then(|q| q.spec_for(module))
+                == Some(crate::PACKED_16);
+        if !packed || self.is_e4m3(name) || self.nvfp4_of(module).is_some() {
+            return Ok(None);
+        }
+        self.quantized(name, module)
+    }
+
+    /// Weight `name` of `module` in MLX's quantized layout, if it has stored scales.
+    fn quantized(&self, name: &str, module: &str) -> Result<Option<Quantized>> {
         let scales_name = format!("{module}.scales");
         if !self.location.contains_key(&scales_name) {
-            return Ok(Tensor::Dense(self.load_raw(name)?));
+            return Ok(None);
         }
         let spec = self
             .quantization
@@ -490,7 +518,7 @@ impl SafetensorsDir {
             spec,
         };
         check_quantized_shapes(name, &quantized)?;
-        Ok(Tensor::Quantized(quantized))
+        Ok(Some(quantized))
     }
 }
 

@@ -282,3 +282,72 @@ fn sixteen_wide_k_quants_have_a_packed_form_the_cpu_kernel_reads() {
         }
     }
 }
+
+#[test]
+fn sixteen_wide_k_quants_written_packed_read_back_as_the_gguf_loads_them() {
+    // `create` writes a converted GGUF's Q2_K, Q3_K and Q6_K matrices in their packed form; a
+    // folder holding one must load the very values the GGUF file loads (equal, not close: the
+    // dequantization is one fused multiply-add, which these types' values make exact) and
+    // hand the packed form back for the decode kernel.
+    let (_dir, path, _) = build_file(11);
+    let file = GgufFile::open(&path).unwrap();
+    for type_name in ["Q2_K", "Q3_K", "Q6_K"] {
+        let info = file.tensor_info(type_name).unwrap();
+        let bytes = file.tensor_bytes(info).unwrap();
+        let packed = quant::gguf_packed_16(type_name, info.ggml_type, &info.shape, bytes)
+            .unwrap()
+            .unwrap();
+        assert_eq!(packed.spec, quant::PACKED_16);
+        let expected = quant::gguf_tensor(type_name, info.ggml_type, &info.shape, bytes)
+            .unwrap()
+            .into_dense(None)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+
+        let folder = support::scratch();
+        let mut writer =
+            quant::SafetensorsWriter::create(&folder.path().join("model.safetensors")).unwrap();
+        writer.add("m.weight", &packed.weights).unwrap();
+        writer.add("m.scales", &packed.scales).unwrap();
+        writer
+            .add("m.biases", packed.biases.as_ref().unwrap())
+            .unwrap();
+        writer.finish().unwrap();
+        let config = serde_json::json!({
+            "model_type": "test",
+            "quantization": {"group_size": 16, "bits": 8, "mode": "affine"},
+        });
+        std::fs::write(folder.path().join("config.json"), config.to_string()).unwrap();
+
+        let checkpoint = quant::Checkpoint::open(folder.path()).unwrap();
+        let Tensor::Dense(dense) = checkpoint.tensor("m.weight").unwrap() else {
+            panic!("{type_name}: the 16-element layout must load dense");
+        };
+        assert_eq!(dense.shape(), info.shape, "{type_name}");
+        let got = dense.to_vec::<f32>().unwrap();
+        // Equal as numbers; a zero may differ in sign (GGML's `(q − 4)·d` with a negative `d`
+        // gives −0 where the multiply-add gives +0), which no product or sum can tell apart.
+        let differing: Vec<(f32, f32)> = got
+            .iter()
+            .zip(&expected)
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| (*a, *b))
+            .take(4)
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "{type_name}: values differ from the GGUF's: {differing:?}"
+        );
+        let again = checkpoint.packed_16("m.weight").unwrap().unwrap();
+        assert_eq!(
+            again.weights.to_vec::<u32>().unwrap(),
+            packed.weights.to_vec::<u32>().unwrap(),
+            "{type_name}"
+        );
+        assert_eq!(
+            checkpoint.stored_as("m.weight").unwrap(),
+            quant::create::Stored::Mlx(quant::PACKED_16)
+        );
+    }
+}

@@ -105,7 +105,8 @@ enum Command {
         /// The model.
         model: String,
     },
-    /// Create a model from a Modelfile (FROM a GGUF file, a transformers folder or a model).
+    /// Create a model from a Modelfile (FROM a GGUF file, converted into MLX's layouts once, a
+    /// transformers folder or a model).
     Create {
         /// The new model's name.
         model: String,
@@ -116,8 +117,9 @@ enum Command {
         /// encoders stay as they are; the head and, under int4, k/v/down projections get 8 bits).
         #[arg(short = 'q', long, value_name = "TYPE")]
         quantize: Option<quant::create::Target>,
-        /// Print what --quantize would do to each tensor, and write nothing.
-        #[arg(long, requires = "quantize")]
+        /// Print what create would do to each tensor (quantize it, convert a GGUF block type
+        /// into MLX's layout, keep it), and write nothing.
+        #[arg(long)]
         dry_run: bool,
         /// Quantize the Modelfile's DRAFT model too (stored beside the model as
         /// <model>-draft).
@@ -443,8 +445,9 @@ fn run(command: Command) -> Result<()> {
             {
                 spec.draft = Some(base.join(draft).display().to_string());
             }
-            if let (true, Some(target)) = (dry_run, quantize) {
+            if dry_run {
                 let from = PathBuf::from(&spec.from);
+                let target = quantize.or_else(|| crate::create::default_target(&from));
                 let plan = crate::create::plan(&store, &from, &spec.from, target)?;
                 print!("{plan}");
                 return Ok(());

@@ -1,6 +1,6 @@
-//! `create --quantize`: a model rewritten through `quant`'s pipeline (read, classify, plan,
-//! write) into a scratch folder under the store, given its vocabulary, then stored like any
-//! imported folder. Nothing reaches the store's manifests until the folder is complete, and the
+//! `create --quantize`, and `create` from a GGUF file: a model rewritten through `quant`'s
+//! pipeline (read, classify, plan, write) into a scratch folder under the store, given its
+//! vocabulary, then stored like any imported folder. Nothing reaches the store's manifests until the folder is complete, and the
 //! scratch folder goes whether or not it succeeds, so a failure leaves no half-written model.
 
 use std::path::{Path, PathBuf};
@@ -90,41 +90,70 @@ pub fn default_target(from: &Path) -> Option<Target> {
     Source::read(&checkpoint).ok()?.default_target()
 }
 
-/// The plan for quantizing `from` to `target`, without writing anything (`--dry-run`).
+/// Whether `path` is a GGUF file (by its magic), which `create` converts rather than copies.
+pub fn is_gguf_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// The plan for quantizing `from` to `target`, or for writing it as it loads (`None`), without
+/// writing anything (`--dry-run`).
 pub fn plan(
     store: &Store,
     from: &Path,
     from_text: &str,
-    target: Target,
+    target: Option<Target>,
 ) -> Result<Plan, CreateError> {
     let located = locate(store, from, from_text)?;
-    Ok(Plan::new(&Source::read(&located.checkpoint)?, target))
+    let source = Source::read(&located.checkpoint)?;
+    Ok(match target {
+        Some(target) => Plan::new(&source, target),
+        None => Plan::as_loaded(&source),
+    })
 }
 
-/// Quantizes `from` to `target` and stores it as `name`; returns the stored manifest (which the
-/// caller completes with the Modelfile's settings).
-pub fn quantize_into_store(
+/// Rewrites `from` into MLX's layouts, quantized to `target` or (`None`, for a GGUF file) as
+/// it loads, and stores it as `name`; returns the stored manifest (which the caller completes
+/// with the Modelfile's settings).
+pub fn convert_into_store(
     store: &Store,
     name: &ModelName,
     from: &Path,
     from_text: &str,
-    target: Target,
+    target: Option<Target>,
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<Manifest, CreateError> {
     let Located {
         checkpoint,
         vocabulary,
     } = locate(store, from, from_text)?;
-    let plan = Plan::new(&Source::read(&checkpoint)?, target);
+    let source = Source::read(&checkpoint)?;
+    let (plan, verb) = match target {
+        Some(target) => (Plan::new(&source, target), "quantizing"),
+        None => (Plan::as_loaded(&source), "converting"),
+    };
     progress(PullProgress::Status(format!(
-        "quantizing {} to {target}: about {:.0} MB",
+        "{verb} {} to {}: about {:.0} MB",
         plan.architecture,
+        target.map_or("MLX layouts", Target::name),
         plan.written_bytes() as f64 / 1e6
     )));
     let scratch = scratch(store)?;
+    // The vocabulary first: a GGUF file without one fails before its weights are written.
+    match checkpoint.format() {
+        quant::Format::Gguf => {
+            crate::export::write_gguf_vocabulary(&vocabulary, scratch.path(), checkpoint.config())?
+        }
+        quant::Format::Safetensors => crate::export::copy_vocabulary(&vocabulary, scratch.path())?,
+    }
     let written = write_folder(&checkpoint, &plan, scratch.path(), &mut |done, total, _| {
         progress(PullProgress::Count {
-            what: "quantizing tensors".into(),
+            what: format!("{verb} tensors"),
             done: done as u64,
             total: total as u64,
         })
@@ -134,14 +163,8 @@ pub fn quantize_into_store(
         tensors = written.tensors,
         quantized = written.quantized,
         bytes = written.bytes,
-        "quantized"
+        "{verb}"
     );
-    match checkpoint.format() {
-        quant::Format::Gguf => {
-            crate::export::write_gguf_vocabulary(&vocabulary, scratch.path(), checkpoint.config())?
-        }
-        quant::Format::Safetensors => crate::export::copy_vocabulary(&vocabulary, scratch.path())?,
-    }
     let mut manifest = crate::import::import_path(
         store,
         name,
@@ -155,7 +178,11 @@ pub fn quantize_into_store(
             })
         },
     )?;
-    manifest.details.quantization_level = target.name().to_string();
+    // A converted GGUF holds the same values it did: it is still, say, Q4_K_M.
+    manifest.details.quantization_level = match target {
+        Some(target) => target.name().to_string(),
+        None => crate::import::quantization_level(&checkpoint),
+    };
     store.put_manifest(name, &manifest)?;
     Ok(manifest)
 }

@@ -35,6 +35,15 @@ pub enum ImportError {
         /// Why.
         source: tokenizer::Error,
     },
+    /// A GGUF file without a vocabulary its tokenizer can be built from (a GGUF names its
+    /// tokenizer in `tokenizer.ggml.model`; a folder may still get `tokenizer.json` later).
+    #[error("{path}: no usable vocabulary: {source}")]
+    Vocabulary {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: tokenizer::Error,
+    },
     /// Writing to the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -75,9 +84,16 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         quant::Format::Gguf => tokenizer::Tokenizer::from_gguf_file(path),
         quant::Format::Safetensors => tokenizer::Tokenizer::from_hf_dir(path),
     };
-    let template = tokenizer
-        .ok()
-        .and_then(|t| t.chat_template().map(str::to_string));
+    let tokenizer = match (tokenizer, checkpoint.format()) {
+        (Err(source), quant::Format::Gguf) => {
+            return Err(ImportError::Vocabulary {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+        (tokenizer, _) => tokenizer.ok(),
+    };
+    let template = tokenizer.and_then(|t| t.chat_template().map(str::to_string));
     if let Some(source) = &template {
         tokenizer::ChatTemplate::check(source).map_err(|source| ImportError::Template {
             path: path.to_path_buf(),
@@ -88,7 +104,23 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         quant::Format::Gguf => Format::Gguf,
         quant::Format::Safetensors => Format::Safetensors,
     };
-    let quantization = checkpoint
+    let quantization = quantization_level(&checkpoint);
+    Ok((
+        format,
+        Details {
+            family: spec.model_type.clone(),
+            parameter_size: human_count(spec.parameters),
+            quantization_level: quantization,
+            context_length: spec.context_length,
+            capabilities: crate::capabilities::of_template(template.as_deref()),
+        },
+    ))
+}
+
+/// How a checkpoint's weights are stored, as `details.quantization_level` says it: mlx-lm's
+/// default layout (`affine4`), a GGUF file type (`Q4_K_M`) or the float dtype.
+pub(crate) fn quantization_level(checkpoint: &quant::Checkpoint) -> String {
+    checkpoint
         .config()
         .get("quantization")
         .map(|q| {
@@ -113,17 +145,7 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
                 .and_then(|d| d.as_str())
                 .unwrap_or("unknown")
                 .to_uppercase()
-        });
-    Ok((
-        format,
-        Details {
-            family: spec.model_type.clone(),
-            parameter_size: human_count(spec.parameters),
-            quantization_level: quantization,
-            context_length: spec.context_length,
-            capabilities: crate::capabilities::of_template(template.as_deref()),
-        },
-    ))
+        })
 }
 
 /// llama.cpp's name of a GGUF `general.file_type` (the predominant tensor type).

@@ -32,6 +32,10 @@ fn weights(store: &Store, name: &ModelName) -> PathBuf {
 }
 
 fn create(store: &Store, name: &str, from: &str, target: Target) -> Result<(), String> {
+    create_as(store, name, from, Some(target))
+}
+
+fn create_as(store: &Store, name: &str, from: &str, target: Option<Target>) -> Result<(), String> {
     let spec = Modelfile {
         from: from.to_string(),
         ..Modelfile::default()
@@ -42,7 +46,7 @@ fn create(store: &Store, name: &str, from: &str, target: Target) -> Result<(), S
         &name,
         &spec,
         runner::create::Quantization {
-            model: Some(target),
+            model: target,
             draft: None,
         },
         &mut |_| {},
@@ -139,6 +143,113 @@ fn smollm2_requantized_keeps_its_greedy_text() {
 #[test]
 fn gemma3_requantized_keeps_its_greedy_text() {
     requantized_keeps_greedy_text("gemma3:270m");
+}
+
+/// A GGUF file given to `create` is converted once into MLX's layouts: the stored model is a
+/// folder, still called by the GGUF's file type, and it computes exactly what the GGUF file
+/// does (every greedy id, and the prompt's logits to the bit: each block type is repacked or
+/// written in its packed form without rounding).
+fn converted_gguf_computes_what_the_file_does(model: &str) {
+    let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().unwrap();
+    let Some(store) = support::store_with(home.path(), model) else {
+        return;
+    };
+    let original = ModelName::parse(model).unwrap();
+    let gguf = weights(&store, &original);
+    let tok = tokenizer::Tokenizer::from_gguf_file(&gguf).unwrap();
+    let prompt = tok.encode(PROMPT, true).unwrap();
+    let loaded = nn::load::load(&gguf, Some(Dtype::F32)).unwrap();
+    let expected_logits = prompt_logits(loaded.model.as_ref(), &prompt);
+    let (expected, _) = greedy(loaded.model.as_ref(), &prompt);
+    drop(loaded);
+
+    create_as(&store, "converted:latest", gguf.to_str().unwrap(), None).unwrap();
+    let name = ModelName::parse("converted:latest").unwrap();
+    let manifest = store.get(&name).unwrap().manifest;
+    assert_eq!(manifest.format, runner::store::Format::Safetensors);
+    let original_manifest = store.get(&original).unwrap().manifest;
+    assert_eq!(
+        manifest.details.quantization_level,
+        original_manifest.details.quantization_level
+    );
+    let folder = weights(&store, &name);
+    assert!(folder.is_dir(), "{}", folder.display());
+    let copy_tok = tokenizer::Tokenizer::from_hf_dir(&folder).unwrap();
+    assert_eq!(copy_tok.encode(PROMPT, true).unwrap(), prompt);
+    assert_eq!(copy_tok.chat_template(), tok.chat_template());
+    let checkpoint = quant::Checkpoint::open(&folder).unwrap();
+    let packed = checkpoint
+        .names()
+        .iter()
+        .filter(|n| {
+            checkpoint.stored_as(n).unwrap() == quant::create::Stored::Mlx(quant::PACKED_16)
+        })
+        .count();
+    eprintln!("{model}: {packed} tensors in the 16-element packed layout");
+
+    let loaded = nn::load::load(&folder, Some(Dtype::F32)).unwrap();
+    let got_logits = prompt_logits(loaded.model.as_ref(), &prompt);
+    let (got, _) = greedy(loaded.model.as_ref(), &prompt);
+    assert_eq!(got, expected, "{model}: greedy ids");
+    let differing = got_logits
+        .iter()
+        .zip(&expected_logits)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(differing, 0, "{model}: logits differ from the GGUF file's");
+    assert_eq!(
+        std::fs::read_dir(home.path().join("tmp")).unwrap().count(),
+        0
+    );
+}
+
+/// The logits of every prompt position, computed in one forward pass.
+fn prompt_logits(model: &dyn Model, prompt: &[u32]) -> Vec<f32> {
+    let mut caches = model.new_caches().unwrap();
+    let out = model
+        .forward(&Batch::single(prompt, 0).unwrap(), &mut caches)
+        .unwrap();
+    let logits: Array = model.unembed(&out.hidden).unwrap();
+    logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn smollm2_gguf_is_converted_at_create_and_computes_the_same() {
+    converted_gguf_computes_what_the_file_does("smollm2:135m");
+}
+
+#[test]
+fn gemma3_gguf_is_converted_at_create_and_computes_the_same() {
+    converted_gguf_computes_what_the_file_does("gemma3:270m");
+}
+
+/// A GGUF file with no vocabulary (`tokenizer.ggml.*` stripped) is refused at create, naming
+/// what is missing, instead of being stored and failing every request later.
+#[test]
+fn a_gguf_without_a_vocabulary_is_refused_at_create() {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/llama/model.gguf");
+    let file = quant::GgufFile::open(&gguf).unwrap();
+    assert!(
+        file.get("tokenizer.ggml.model").is_none(),
+        "the fixture's GGUF copy is expected to carry no vocabulary"
+    );
+    let err = create_as(&store, "novocab:latest", gguf.to_str().unwrap(), None)
+        .expect_err("a GGUF without a vocabulary was stored");
+    assert!(err.contains("tokenizer.ggml.model"), "{err}");
+    assert!(store.list().unwrap().is_empty(), "{err}");
+    let err = runner::import::import_path(
+        &store,
+        &ModelName::parse("novocab:latest").unwrap(),
+        &gguf,
+        "test",
+        &mut |_, _, _| {},
+    )
+    .expect_err("a GGUF without a vocabulary was imported");
+    assert!(err.to_string().contains("tokenizer.ggml.model"), "{err}");
+    assert!(store.list().unwrap().is_empty(), "{err}");
 }
 
 /// The tiny Llama fixture's folder (config and weights; no vocabulary).

@@ -9,6 +9,7 @@ use mlx::quantized::{QuantMode, QuantSpec};
 use super::policy::{Decision, decide};
 use super::source::{Source, Stored};
 use super::target::{Target, spec_label};
+use crate::gguf_tensor::loaded_spec;
 
 /// What the write phase does with one tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +69,11 @@ impl TensorPlan {
             (Action::Keep, Stored::Float(dtype)) => elements * dtype.size_of() as u64,
             (Action::Keep, Stored::Fp8 | Stored::Nvfp4) => elements * compute.size_of() as u64,
             (Action::Keep, Stored::Mlx(spec)) => quantized_bytes(elements, spec, compute),
-            (Action::Keep, Stored::Gguf(ty)) => match ty.block_layout() {
-                Some((block, bytes)) => elements / block.max(1) * bytes,
-                None => elements * 4,
+            // Block types are written as they load, with f32 scales and biases.
+            (Action::Keep, Stored::Gguf(ty)) => match (loaded_spec(ty), ty.block_layout()) {
+                (Some(spec), _) => quantized_bytes(elements, spec, Dtype::F32),
+                (None, Some((block, bytes))) => elements / block.max(1) * bytes,
+                (None, None) => elements * 4,
             },
             (action, _) => action
                 .spec()
@@ -93,8 +96,8 @@ fn quantized_bytes(elements: u64, spec: QuantSpec, compute: Dtype) -> u64 {
 /// A model's plan.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The target quantization.
-    pub target: Target,
+    /// The target quantization; `None` for a conversion that quantizes nothing.
+    pub target: Option<Target>,
     /// The source's architecture.
     pub architecture: String,
     /// The source's precision, as a label.
@@ -108,11 +111,26 @@ pub struct Plan {
 impl Plan {
     /// Applies the policy to every tensor of `source`.
     pub fn new(source: &Source, target: Target) -> Plan {
+        Plan::build(source, Some(target))
+    }
+
+    /// Every tensor of `source` written as the checkpoint loads it, quantizing nothing: what
+    /// `create` does with a GGUF file, so that loading it reads MLX's layouts from the blobs
+    /// instead of repacking GGUF blocks every time. Block types repack without rounding.
+    pub fn as_loaded(source: &Source) -> Plan {
+        Plan::build(source, None)
+    }
+
+    fn build(source: &Source, target: Option<Target>) -> Plan {
         let tensors = source
             .tensors
             .iter()
             .map(|t| {
-                let (action, reason) = match decide(t, target) {
+                let decision = match target {
+                    Some(target) => decide(t, target),
+                    None => Decision::Keep(as_loaded_reason(t.stored)),
+                };
+                let (action, reason) = match decision {
                     Decision::Keep(why) => (Action::Keep, Some(why)),
                     Decision::Quantize(spec, why) => {
                         let why = match t.stored {
@@ -175,6 +193,17 @@ impl Plan {
                 .then_with(|| spec_label(a.0).cmp(&spec_label(b.0)))
         });
         counts
+    }
+}
+
+/// Why a conversion keeps a tensor as it is: the layout a GGUF block type loads into.
+fn as_loaded_reason(stored: Stored) -> String {
+    match stored {
+        Stored::Gguf(ty) => match loaded_spec(ty) {
+            Some(spec) => format!("as loaded: {} without rounding", spec_label(spec)),
+            None => "as loaded".to_string(),
+        },
+        _ => "as stored".to_string(),
     }
 }
 
@@ -269,7 +298,11 @@ impl fmt::Display for Plan {
         writeln!(
             f,
             "source: {} ({}); target: {}; scales in {:?}",
-            self.architecture, self.precision, self.target, self.compute
+            self.architecture,
+            self.precision,
+            self.target
+                .map_or_else(|| "as loaded".to_string(), |t| t.to_string()),
+            self.compute
         )?;
         let width = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for t in &self.tensors {

@@ -479,7 +479,8 @@ fn create_stored(
 }
 
 /// The weights of `name` from `from` (a path, or a stored model): imported as they are,
-/// quantized to `quantize`, or to the source's own default (FP8 and NVFP4 sources). Returns
+/// converted into MLX's layouts (a GGUF file), quantized to `quantize`, or to the source's own
+/// default (FP8 and NVFP4 sources). Returns
 /// the manifest, stored already when it was imported (and then listed in `stored`).
 fn store_weights(
     store: &crate::store::Store,
@@ -495,9 +496,10 @@ fn store_weights(
             .then(|| crate::create::default_target(&path))
             .flatten()
     });
-    if let Some(target) = quantize {
+    // A GGUF file is converted once, here, rather than at every load.
+    if quantize.is_some() || crate::create::is_gguf_file(&path) {
         let manifest =
-            crate::create::quantize_into_store(store, name, &path, from, target, progress)
+            crate::create::convert_into_store(store, name, &path, from, quantize, progress)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
         stored.push(name.clone());
         Ok(manifest)
