@@ -447,6 +447,16 @@ def gemma2_config() -> transformers.Gemma2Config:
     )
 
 
+def gemma2_llama_cpp_config() -> transformers.Gemma2Config:
+    # Gemma 2 as llama.cpp can read it from a GGUF file: its converter writes no rope base (so
+    # 10 000 is used) and its loader derives the attention scale from the head width (so
+    # query_pre_attn_scalar = head_dim) and makes even layers sliding, as here already.
+    config = gemma2_config()
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    config.query_pre_attn_scalar = config.head_dim
+    return config
+
+
 def olmo2_config() -> transformers.Olmo2Config:
     # OLMo 2: norms after attention and after the MLP (none before), q/k norms over the whole
     # projection rather than per head.
@@ -901,6 +911,7 @@ FIXTURES = {
     "mistral": (mistral_config, transformers.MistralForCausalLM, False),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM, False),
     "gemma2": (gemma2_config, transformers.Gemma2ForCausalLM, True),
+    "gemma2_llama_cpp": (gemma2_llama_cpp_config, transformers.Gemma2ForCausalLM, True),
     "olmo2": (olmo2_config, transformers.Olmo2ForCausalLM, False),
     "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
@@ -942,6 +953,7 @@ CONDITIONING_CHECKED = {
     "gpt_oss_llama_cpp",
     "llama4_llama_cpp",
     "llama3",
+    "gemma2_llama_cpp",
 }
 
 
@@ -1650,6 +1662,31 @@ def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
     }
 
 
+def gguf_gemma2(config: dict, tensors: dict, writer) -> dict:
+    """Gemma 2: the converter's own short list of keys (no rope base, no vocabulary size, no
+    `query_pre_attn_scalar`, no layer pattern: llama.cpp fixes those), both soft caps and the
+    window; every norm written as `1 + w`."""
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+    writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    writer.add_sliding_window(config["sliding_window"])
+    for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id)):
+        if isinstance(config.get(key), int):
+            add(config[key])
+    return {
+        name: array + 1.0 if name.endswith("norm.weight") else array
+        for name, array in tensors.items()
+    }
+
+
 def gguf_gpt_oss(config: dict, tensors: dict, writer) -> dict:
     """gpt-oss: the window as a key (llama.cpp alternates sliding and full layers itself), sinks
     under their own name, and the experts' interleaved gate/up columns split into gate and up
@@ -1709,6 +1746,7 @@ GGUF_COPIES = {
     "llama4_llama_cpp": (gguf.MODEL_ARCH.LLAMA4, gguf_llama4),
     "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
+    "gemma2_llama_cpp": (gguf.MODEL_ARCH.GEMMA2, gguf_gemma2),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),

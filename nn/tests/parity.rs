@@ -343,6 +343,8 @@ fn mixtral() {
 fn gemma2() {
     check_fixture("gemma2", "config.json");
     check_fixture("gemma2", "config.transformers4.json");
+    check_fixture("gemma2_llama_cpp", "config.json");
+    check_fixture("gemma2_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -553,6 +555,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "gemma3_llama_cpp",
         "gpt_oss_llama_cpp",
         "llama4_llama_cpp",
+        "gemma2_llama_cpp",
     ] {
         check_gguf(name);
     }

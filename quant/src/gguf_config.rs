@@ -3,9 +3,10 @@
 //!
 //! Only facts the file states are written, with exceptions where llama.cpp itself hard-codes
 //! what HF configs spell out: in Gemma 3 every sixth layer is global (the rest use the sliding
-//! window) and local layers use a rope base of 10 000; Qwen3-MoE renormalizes its top-k expert
-//! weights. A key the file lacks is left out rather than defaulted, so a reader that requires
-//! it fails naming it.
+//! window) and local layers use a rope base of 10 000; in Gemma 2 every other layer is global
+//! and the rope base is 10 000; Gemma's query scale follows the head width; Qwen3-MoE
+//! renormalizes its top-k expert weights. A key the file lacks is left out rather than
+//! defaulted, so a reader that requires it fails naming it.
 
 use std::collections::BTreeMap;
 
@@ -177,9 +178,8 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("gemma") {
         config.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
-        if let Some(head_dim) = key("attention.key_length").and_then(MetaValue::as_u64) {
-            // Gemma scales queries by 1/sqrt(query_pre_attn_scalar); llama.cpp uses head_dim.
-            config.insert("query_pre_attn_scalar".into(), json!(head_dim));
+        if let Some(scalar) = gemma_query_pre_attn_scalar(arch, &key) {
+            config.insert("query_pre_attn_scalar".into(), json!(scalar));
         }
     }
     if arch == "qwen3moe" {
@@ -226,7 +226,75 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             .unwrap_or(GEMMA3_LOCAL_ROPE_BASE);
         config.insert("rope_local_base_freq".into(), json!(local));
     }
+    if arch == "gemma2" {
+        gemma2_layers(&mut config, &key);
+    }
     Value::Object(config)
+}
+
+/// Gemma scales queries by `query_pre_attn_scalar^-½`, which no GGUF file states: llama.cpp
+/// uses the head width (`attention.key_length`), except for the two 27B models, told apart by
+/// their layer count (46 in Gemma 2, 62 in Gemma 3), whose scalar is `hidden / heads`.
+fn gemma_query_pre_attn_scalar<'a>(
+    arch: &str,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) -> Option<u64> {
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    let is_27b = matches!(
+        (arch, size("block_count")),
+        ("gemma2", Some(46)) | ("gemma3", Some(62))
+    );
+    if is_27b
+        && let (Some(hidden), Some(heads)) =
+            (size("embedding_length"), size("attention.head_count"))
+        && heads > 0
+    {
+        return Some(hidden / heads);
+    }
+    size("attention.key_length")
+}
+
+/// llama.cpp's sliding window for Gemma 2 when a file gives none.
+const GEMMA2_SLIDING_WINDOW: u64 = 4096;
+/// llama.cpp's soft caps on Gemma 2's attention logits and output logits when a file gives
+/// none.
+const GEMMA2_SOFTCAPS: [(&str, f64); 2] = [
+    ("attn_logit_softcapping", 50.0),
+    ("final_logit_softcapping", 30.0),
+];
+/// llama.cpp's rope base for a file without `rope.freq_base` (Gemma 2's converter never
+/// writes one).
+const DEFAULT_ROPE_BASE: f64 = 10_000.0;
+
+/// Gemma 2 as llama.cpp reads it. Its converter writes neither a rope base nor the layer
+/// kinds, so llama.cpp's fixed choices stand in: a base of 10 000, and sliding layers
+/// alternating with global ones from the first (layers 0, 2, 4, … slide). The window and the
+/// two soft caps come from the file, or llama.cpp's defaults when it lacks them.
+fn gemma2_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    config
+        .entry("rope_theta")
+        .or_insert_with(|| json!(DEFAULT_ROPE_BASE));
+    config
+        .entry("sliding_window")
+        .or_insert_with(|| json!(GEMMA2_SLIDING_WINDOW));
+    for (hf, default) in GEMMA2_SOFTCAPS {
+        config.entry(hf).or_insert_with(|| json!(default));
+    }
+    if let Some(layers) = key("block_count").and_then(MetaValue::as_u64) {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+    }
 }
 
 fn vocab_size(
