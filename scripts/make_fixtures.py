@@ -396,6 +396,15 @@ def mistral_config() -> transformers.MistralConfig:
     )
 
 
+def mistral_llama_cpp_config() -> transformers.MistralConfig:
+    # Mistral as llama.cpp can read it from a GGUF file: its converter files Mistral as plain
+    # Llama and drops the sliding window, so this one attends to every earlier token (as Mistral
+    # 7B from v0.2 on does); head_dim still differs from hidden / heads.
+    config = mistral_config()
+    config.sliding_window = None
+    return config
+
+
 def mixtral_config() -> transformers.MixtralConfig:
     # Mixtral: Mistral with a sparse feed-forward, top-2 of 4 experts, renormalized softmax
     # weights; no sliding window.
@@ -909,6 +918,7 @@ FIXTURES = {
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
     "lfm2": (lfm2_config, transformers.Lfm2ForCausalLM, False),
     "mistral": (mistral_config, transformers.MistralForCausalLM, False),
+    "mistral_llama_cpp": (mistral_llama_cpp_config, transformers.MistralForCausalLM, False),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM, False),
     "gemma2": (gemma2_config, transformers.Gemma2ForCausalLM, True),
     "gemma2_llama_cpp": (gemma2_llama_cpp_config, transformers.Gemma2ForCausalLM, True),
@@ -954,6 +964,7 @@ CONDITIONING_CHECKED = {
     "llama4_llama_cpp",
     "llama3",
     "gemma2_llama_cpp",
+    "mistral_llama_cpp",
 }
 
 
@@ -1747,6 +1758,7 @@ GGUF_COPIES = {
     "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
     "gemma2_llama_cpp": (gguf.MODEL_ARCH.GEMMA2, gguf_gemma2),
+    "mistral_llama_cpp": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),

@@ -323,6 +323,8 @@ fn qwen3_next() {
 fn mistral() {
     check_fixture("mistral", "config.json");
     check_fixture("mistral", "config.transformers4.json");
+    check_fixture("mistral_llama_cpp", "config.json");
+    check_fixture("mistral_llama_cpp", "config.transformers4.json");
 }
 
 /// The same decoder inside a multimodal Mistral 3 checkpoint: its text config and weights are
@@ -556,6 +558,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "gpt_oss_llama_cpp",
         "llama4_llama_cpp",
         "gemma2_llama_cpp",
+        "mistral_llama_cpp",
     ] {
         check_gguf(name);
     }
