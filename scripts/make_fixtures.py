@@ -582,6 +582,26 @@ def glm4_moe_lite_config() -> transformers.Glm4MoeLiteConfig:
     )
 
 
+def glm4_moe_lite_llama_cpp_config() -> transformers.Glm4MoeLiteConfig:
+    # GLM-4-MoE-Lite as llama.cpp reads a GGUF file of it (its deepseek2): the rope turns
+    # adjacent pairs and the converter permutes nothing, so rope_interleave (GLM-4.7-Flash's
+    # setting); only leading layers can be dense, so the first (first_k_dense_replace, as
+    # GLM-4.7-Flash states it); one epsilon serves every norm, the latent ones included, so
+    # 1e-6 (which transformers fixes for those); and experts are scored by sigmoid only where
+    # the file says so, which the converter writes from `scoring_func` (without it llama.cpp
+    # takes softmax, unless the model has GLM-4.7-Flash's 47 or 48 layers and 154,880 tokens).
+    # Queries stay projected directly (no q_lora_rank), as in DeepSeek-V2-Lite: llama.cpp
+    # recognises such a model by its 26 or 27 layers (and would ask this one for the rank),
+    # mlxkit by the rank's absence from the file.
+    config = glm4_moe_lite_config()
+    config.rope_interleave = True
+    config.mlp_layer_types = ["dense", "sparse"]
+    config.first_k_dense_replace = 1
+    config.rms_norm_eps = 1e-6
+    config.scoring_func = "sigmoid"
+    return config
+
+
 def gpt_oss_config() -> transformers.GptOssConfig:
     # gpt-oss: attention sinks per head, sliding (window 8) and full layers alternating, biases
     # on every projection, YaRN without truncation (factor 4 over 64 original positions, so
@@ -926,6 +946,7 @@ FIXTURES = {
     "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
+    "glm4_moe_lite_llama_cpp": (glm4_moe_lite_llama_cpp_config, transformers.Glm4MoeLiteForCausalLM, False),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
     "gpt_oss_llama_cpp": (gpt_oss_llama_cpp_config, transformers.GptOssForCausalLM, False),
     "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
@@ -965,6 +986,7 @@ CONDITIONING_CHECKED = {
     "llama3",
     "gemma2_llama_cpp",
     "mistral_llama_cpp",
+    "glm4_moe_lite_llama_cpp",
 }
 
 
@@ -1568,6 +1590,11 @@ def gguf_deepseek2(config: dict, tensors: dict, writer) -> dict:
     writer.add_expert_weights_scale(config["routed_scaling_factor"])
     if config.get("norm_topk_prob"):
         writer.add_expert_weights_norm(True)
+    # The converter writes the gating function from a config's `scoring_func`; DeepSeek-V3's
+    # published config says "sigmoid", which transformers' config class (so the deepseek_v3
+    # fixture) leaves out.
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise SystemExit(f"no translation for scoring_func {config['scoring_func']!r}")
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     writer.add_expert_group_count(config["n_group"])
     writer.add_expert_group_used_count(config["topk_group"])
@@ -1759,6 +1786,7 @@ GGUF_COPIES = {
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
     "gemma2_llama_cpp": (gguf.MODEL_ARCH.GEMMA2, gguf_gemma2),
     "mistral_llama_cpp": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
+    "glm4_moe_lite_llama_cpp": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),

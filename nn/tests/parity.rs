@@ -371,6 +371,8 @@ fn deepseek_v3() {
 fn glm4_moe_lite() {
     check_fixture("glm4_moe_lite", "config.json");
     check_fixture("glm4_moe_lite", "config.transformers4.json");
+    check_fixture("glm4_moe_lite_llama_cpp", "config.json");
+    check_fixture("glm4_moe_lite_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -559,6 +561,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "llama4_llama_cpp",
         "gemma2_llama_cpp",
         "mistral_llama_cpp",
+        "glm4_moe_lite_llama_cpp",
     ] {
         check_gguf(name);
     }

@@ -111,6 +111,23 @@ pub(crate) fn unsqueezed_kernel(kernel: &Array) -> Result<Array> {
     Ok(kernel.expand_dims(&[1])?)
 }
 
+/// A deepseek2 file whose queries pass through a low-rank bottleneck must say how wide it is:
+/// without `attention.q_lora_rank` the queries are read as projected directly (`attn_q`), as
+/// in the lite models, which llama.cpp tells apart by their layer count instead.
+fn check_query_rank(path: &Path, file: &GgufFile, names: &BTreeMap<String, usize>) -> Result<()> {
+    let key = "deepseek2.attention.q_lora_rank";
+    let low_rank = names
+        .keys()
+        .any(|name| name.ends_with(".self_attn.q_a_proj.weight"));
+    if low_rank && file.get(key).is_none() {
+        return Err(Error::malformed(
+            path,
+            format!("the file holds q_a_proj tensors (low-rank queries) but no {key}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
 fn norms_shifted(architecture: &str) -> bool {
     matches!(
@@ -135,6 +152,9 @@ impl GgufCheckpoint {
                     format!("two tensors map onto the name {name:?}"),
                 ));
             }
+        }
+        if architecture == "deepseek2" {
+            check_query_rank(path, &file, &names)?;
         }
         if let Some(index) = names.remove(ROPE_FREQS) {
             let factors = rope_frequency_factors(&file, index)?;

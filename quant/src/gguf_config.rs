@@ -653,10 +653,19 @@ fn granite_hybrid_layers<'a>(
     config.insert("mamba_conv_bias".into(), json!(conv_bias));
 }
 
-/// DeepSeek-V3 as its config spells it. llama.cpp writes latent attention as one key/value
-/// head (`key_length` = latent + rope, `value_length` = latent); the per-head widths are in
-/// `key_length_mla` / `value_length_mla`; the rope turns adjacent pairs; routing by sigmoid
-/// scores with the file's groups, scale and (when `expert_weights_norm`) renormalization.
+/// The vocabulary of GLM-4.7-Flash, which llama.cpp (with 47 or 48 layers) takes as the sign
+/// of a deepseek2 file that scores experts by sigmoid without saying so.
+const GLM4_7_LITE_VOCAB: u64 = 154_880;
+
+/// DeepSeek-V3 (and GLM-4-MoE-Lite, filed as the same architecture) as its config spells it.
+/// llama.cpp writes latent attention as one key/value head (`key_length` = latent + rope,
+/// `value_length` = latent); the per-head widths are in `key_length_mla` / `value_length_mla`;
+/// queries are projected directly where the file has no `attention.q_lora_rank` (llama.cpp
+/// tells those models apart by their layer count); the rope turns adjacent pairs; routing with
+/// the file's groups, scale and (when `expert_weights_norm`) renormalization, every layer
+/// sparse unless `leading_dense_block_count` says otherwise, experts scored as
+/// `expert_gating_func` says or, without it, as llama.cpp guesses: sigmoid for GLM-4.7-Flash's
+/// shape, softmax (DeepSeek-V2's routing) for any other.
 fn deepseek2_attention<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
@@ -691,11 +700,35 @@ fn deepseek2_attention<'a>(
             config.insert(hf.into(), to_json(v));
         }
     }
+    config
+        .entry("first_k_dense_replace")
+        .or_insert_with(|| json!(0));
     let normalize = key("expert_weights_norm")
         .and_then(MetaValue::as_bool)
         .unwrap_or(false);
     config.insert("norm_topk_prob".into(), json!(normalize));
     config.insert("rope_interleave".into(), json!(true));
+    // llama.cpp's gating enum: 1 softmax, 2 sigmoid, 3 softmax over the chosen weights; 0 (or
+    // no key) means the file does not say.
+    let scoring = match key("expert_gating_func").and_then(MetaValue::as_u64) {
+        Some(1) => "softmax".to_string(),
+        Some(2) => "sigmoid".to_string(),
+        Some(3) => "softmax_weight".to_string(),
+        Some(other) if other != 0 => format!("gguf gating function {other}"),
+        _ => {
+            let layers = size("block_count");
+            let vocab = config.get("vocab_size").and_then(Value::as_u64);
+            let glm4_7_lite = matches!(layers, Some(47 | 48)) && vocab == Some(GLM4_7_LITE_VOCAB);
+            if glm4_7_lite {
+                "sigmoid".to_string()
+            } else {
+                // Named so that a reader refusing it says where it came from.
+                "softmax (llama.cpp's default for a deepseek2 file without expert_gating_func)"
+                    .to_string()
+            }
+        }
+    };
+    config.insert("scoring_func".into(), json!(scoring));
 }
 
 /// Qwen3.5's layers as its config spells them: every `full_attention_interval`-th layer
@@ -809,5 +842,74 @@ fn llama4_layers<'a>(
     if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
         config.insert("num_local_experts".into(), json!(experts));
         config.insert("use_qk_norm".into(), json!(experts != 128));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config of a file with these metadata (`arch.` is replaced by the architecture's
+    /// name) and no tensors.
+    fn config_of(arch: &str, keys: &[(&str, MetaValue)]) -> Value {
+        let mut metadata = BTreeMap::new();
+        metadata.insert(
+            "general.architecture".to_string(),
+            MetaValue::String(arch.to_string()),
+        );
+        for (key, value) in keys {
+            metadata.insert(key.replace("arch.", &format!("{arch}.")), value.clone());
+        }
+        hf_config(&metadata, &[])
+    }
+
+    #[test]
+    fn gemma2_takes_llama_cpps_fixed_choices() {
+        let shape = |layers| {
+            [
+                ("arch.block_count", MetaValue::U32(layers)),
+                ("arch.embedding_length", MetaValue::U32(4608)),
+                ("arch.attention.head_count", MetaValue::U32(32)),
+                ("arch.attention.key_length", MetaValue::U32(128)),
+            ]
+        };
+        let config = config_of("gemma2", &shape(42));
+        assert_eq!(config["query_pre_attn_scalar"], json!(128));
+        assert_eq!(config["rope_theta"], json!(10_000.0));
+        assert_eq!(config["sliding_window"], json!(4096));
+        assert_eq!(config["attn_logit_softcapping"], json!(50.0));
+        assert_eq!(config["final_logit_softcapping"], json!(30.0));
+        let kinds = config["layer_types"].as_array().map(Vec::len);
+        assert_eq!(kinds, Some(42));
+        assert_eq!(config["layer_types"][0], json!("sliding_attention"));
+        assert_eq!(config["layer_types"][1], json!("full_attention"));
+        // The 27B model (46 layers) scales queries by hidden / heads.
+        let config = config_of("gemma2", &shape(46));
+        assert_eq!(config["query_pre_attn_scalar"], json!(144));
+    }
+
+    #[test]
+    fn deepseek2_scores_experts_as_llama_cpp_guesses_when_the_file_is_silent() {
+        let scoring = |layers, vocab, gating: Option<u32>| {
+            let mut keys = vec![
+                ("arch.block_count", MetaValue::U32(layers)),
+                ("arch.vocab_size", MetaValue::U32(vocab)),
+            ];
+            if let Some(gating) = gating {
+                keys.push(("arch.expert_gating_func", MetaValue::U32(gating)));
+            }
+            config_of("deepseek2", &keys)["scoring_func"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(scoring(47, 154_880, None), "sigmoid");
+        assert_eq!(scoring(48, 154_880, None), "sigmoid");
+        assert!(scoring(27, 102_400, None).starts_with("softmax ("));
+        assert!(scoring(47, 512, None).starts_with("softmax ("));
+        assert_eq!(scoring(2, 512, Some(2)), "sigmoid");
+        assert_eq!(scoring(2, 512, Some(1)), "softmax");
+        let config = config_of("deepseek2", &[("arch.block_count", MetaValue::U32(2))]);
+        assert_eq!(config["first_k_dense_replace"], json!(0));
     }
 }
