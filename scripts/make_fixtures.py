@@ -346,6 +346,18 @@ def qwen3_next_config() -> transformers.Qwen3NextConfig:
     )
 
 
+def qwen3_next_llama_cpp_config() -> transformers.Qwen3NextConfig:
+    # Qwen3-Next as llama.cpp can read it from a GGUF file: every layer sparse (it has no
+    # tensors for a dense one), the top-k weights renormalized (fixed), value heads as wide as
+    # key heads (it sizes them by the key width) — all three as in Qwen3-Next-80B; every fourth
+    # layer attends, as it assumes when the file does not say.
+    config = qwen3_next_config()
+    config.mlp_only_layers = []
+    config.norm_topk_prob = True
+    config.linear_value_head_dim = config.linear_key_head_dim
+    return config
+
+
 def lfm2_config() -> transformers.Lfm2Config:
     # LFM2: gated short convolutions (kernel 3) beside attention layers with per-head q/k
     # norms; the MLP width is adjusted from intermediate_size (192 -> 2/3 -> x1.1 -> rounded up
@@ -936,6 +948,7 @@ FIXTURES = {
     "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
     "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
+    "qwen3_next_llama_cpp": (qwen3_next_llama_cpp_config, transformers.Qwen3NextForCausalLM, True),
     "lfm2": (lfm2_config, transformers.Lfm2ForCausalLM, False),
     "mistral": (mistral_config, transformers.MistralForCausalLM, False),
     "mistral_llama_cpp": (mistral_llama_cpp_config, transformers.MistralForCausalLM, False),
@@ -962,13 +975,14 @@ FIXTURES = {
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40, "nemotron_h_moe": 40}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "qwen3_next_llama_cpp": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40, "nemotron_h_moe": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
 RECURRENT = {
     "qwen3_5",
     "qwen3_5_moe",
     "qwen3_next",
+    "qwen3_next_llama_cpp",
     "nemotron_h",
     "nemotron_h_moe",
     "granitemoehybrid",
@@ -1685,6 +1699,59 @@ def gguf_qwen35(config: dict, tensors: dict, writer) -> dict:
     return stack_experts(out)
 
 
+def gguf_qwen3next(config: dict, tensors: dict, writer) -> dict:
+    """Qwen3-Next as llama.cpp's qwen3next: Qwen3.5's keys (the full-attention interval as the
+    converter takes it: the config's, else 4) and its changes to the weights (`1 + w` norms but
+    the gated one, `A = -exp(A_log)`, squeezed kernels), with the value heads left grouped by
+    key head; `in_proj_qkvz` regrouped from per key head into all queries, keys and values
+    (`attn_qkv`) and the output gates (`attn_gate`); `in_proj_ba` kept as it is."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    interval = config.get("full_attention_interval", 4)
+    layer_types = config["layer_types"]
+    if any((t == "full_attention") != ((i + 1) % interval == 0) for i, t in enumerate(layer_types)):
+        raise SystemExit(f"layer_types do not attend every {interval}th layer, as llama.cpp would read them")
+    if config.get("mlp_only_layers"):
+        raise SystemExit("llama.cpp's qwen3next has no tensors for the dense layers of mlp_only_layers")
+    key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    key_dim, value_dim = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    gguf_metadata_common(writer, config, head_dim)
+    writer.add_expert_count(config["num_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(key_dim)
+    writer.add_ssm_group_count(key_heads)
+    writer.add_ssm_time_step_rank(value_heads)
+    writer.add_ssm_inner_size(value_dim * value_heads)
+    writer.add_full_attention_interval(interval)
+    writer.add_rope_dimension_count(int(head_dim * config.get("partial_rotary_factor", 0.25)))
+    per_key = [key_dim, key_dim, value_heads // key_heads * value_dim, value_heads // key_heads * value_dim]
+    out = {}
+    for name, array in tensors.items():
+        if name.startswith("mtp."):
+            continue
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            array = array + 1.0
+        elif name.endswith("linear_attn.A_log"):
+            array = -np.exp(array)
+        elif name.endswith("conv1d.weight"):
+            array = array.squeeze(1)
+        elif name.endswith("linear_attn.dt_bias"):
+            name = name.replace("dt_bias", "dt_proj.bias")
+        if name.endswith("in_proj_qkvz.weight"):
+            grouped = array.reshape(key_heads, sum(per_key), -1)
+            q, k, v, z = np.split(grouped, np.cumsum(per_key)[:3], axis=1)
+            flat = lambda part: part.reshape(-1, part.shape[-1])
+            out[f"gguf:blk.{layer.group(1)}.attn_qkv.weight"] = np.concatenate([flat(q), flat(k), flat(v)])
+            out[f"gguf:blk.{layer.group(1)}.attn_gate.weight"] = flat(z)
+        else:
+            out[name] = array
+    return stack_experts(out)
+
+
 def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
     """Gemma 3: both rope bases and the window as keys (not the layer pattern, nor
     `query_pre_attn_scalar`: llama.cpp fixes both), every norm written as `1 + w`."""
@@ -1789,6 +1856,7 @@ GGUF_COPIES = {
     "glm4_moe_lite_llama_cpp": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
+    "qwen3_next_llama_cpp": (gguf.MODEL_ARCH.QWEN3NEXT, gguf_qwen3next),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
@@ -1876,19 +1944,27 @@ def draw(name: str, seed: int):
 
 
 def build(name: str) -> dict:
-    # Seeds are tried in order until the MoE routing has no near-tie (see min_router_margin);
-    # the dense models always take the first.
+    # Seeds are tried in order until the MoE routing has no near-tie (see min_router_margin)
+    # and, for recurrent models, the reference's two algorithms agree within 1e-4 (their
+    # disagreement is f32 rounding that these random hybrids amplify, and it sets the parity
+    # tests' tolerance); the dense models always take the first.
     for seed in range(SEED, SEED + MAX_SEED_TRIES):
         candidate = draw(name, seed)
-        if candidate is not None:
+        if candidate is None:
+            continue
+        decode = incremental_logits(candidate[0], candidate[3])
+        decode_diff = float((decode - candidate[4]).abs().max())
+        if decode_diff <= 1e-4:
             break
+        if name not in RECURRENT:
+            raise SystemExit(f"{name}: token-by-token decode differs from the full pass by {decode_diff}")
+        print(f"{name}: seed {seed} rejected, decode and the full pass differ by {decode_diff:.1e}")
     else:
-        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives clear router margins")
+        raise SystemExit(
+            f"{name}: no seed in {MAX_SEED_TRIES} tries gives clear router margins and a reference "
+            "that agrees with itself"
+        )
     model, config, seed, ids, logits, margin, rounding = candidate
-    decode = incremental_logits(model, ids)
-    decode_diff = float((decode - logits).abs().max())
-    if decode_diff > 1e-4:
-        raise SystemExit(f"{name}: token-by-token decode differs from the full pass by {decode_diff}")
 
     out = FIXTURES_DIR / name
     if out.exists():

@@ -317,6 +317,8 @@ fn qwen3_next() {
     check_fixture("qwen3_next", "config.json");
     check_fixture("qwen3_next", "config.transformers4.json");
     check_capture_and_restore("qwen3_next");
+    check_fixture("qwen3_next_llama_cpp", "config.json");
+    check_fixture("qwen3_next_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -562,6 +564,7 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "gemma2_llama_cpp",
         "mistral_llama_cpp",
         "glm4_moe_lite_llama_cpp",
+        "qwen3_next_llama_cpp",
     ] {
         check_gguf(name);
     }

@@ -29,7 +29,7 @@ pub struct GgufCheckpoint {
     file: GgufFile,
     architecture: String,
     config: Value,
-    /// The delta nets' head layout, for Qwen3.5's reordered value heads.
+    /// The delta nets' head layout, for Qwen3.5's and Qwen3-Next's converter changes.
     delta_net: Option<DeltaNetHeads>,
     /// HF name (or the GGUF name, when unmapped) → index into the file's tensors.
     names: BTreeMap<String, usize>,
@@ -132,7 +132,7 @@ fn check_query_rank(path: &Path, file: &GgufFile, names: &BTreeMap<String, usize
 fn norms_shifted(architecture: &str) -> bool {
     matches!(
         architecture,
-        "gemma" | "gemma2" | "gemma3" | "gemma-embedding" | "qwen35" | "qwen35moe"
+        "gemma" | "gemma2" | "gemma3" | "gemma-embedding" | "qwen35" | "qwen35moe" | "qwen3next"
     )
 }
 
@@ -160,7 +160,7 @@ impl GgufCheckpoint {
             let factors = rope_frequency_factors(&file, index)?;
             apply_rope_factors(path, &mut config, family, factors)?;
         }
-        let delta_net = matches!(architecture.as_str(), "qwen35" | "qwen35moe")
+        let delta_net = matches!(architecture.as_str(), "qwen35" | "qwen35moe" | "qwen3next")
             .then(|| DeltaNetHeads::from_metadata(file.metadata(), &architecture))
             .flatten();
         Ok(GgufCheckpoint {

@@ -43,6 +43,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "gpt-oss" => ("gpt_oss", Some("GptOssForCausalLM")),
         "llama4" => ("llama4_text", Some("Llama4ForCausalLM")),
         "qwen35moe" => ("qwen3_5_moe_text", Some("Qwen3_5MoeForCausalLM")),
+        "qwen3next" => ("qwen3_next", Some("Qwen3NextForCausalLM")),
         other => (other, None),
     }
 }
@@ -200,7 +201,10 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         gpt_oss_layers(&mut config, &key, tensors);
     }
     if arch == "qwen35" || arch == "qwen35moe" {
-        qwen35_layers(&mut config, &key);
+        qwen35_layers(&mut config, &key, key("full_attention_interval"));
+    }
+    if arch == "qwen3next" {
+        qwen3next_layers(&mut config, &key);
     }
     if arch == "deepseek2" {
         deepseek2_attention(&mut config, &key);
@@ -737,9 +741,11 @@ fn deepseek2_attention<'a>(
 fn qwen35_layers<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    full_attention_interval: Option<&MetaValue>,
 ) {
     let size = |k: &str| key(k).and_then(MetaValue::as_u64);
-    if let (Some(layers), Some(interval)) = (size("block_count"), size("full_attention_interval"))
+    let interval = full_attention_interval.and_then(MetaValue::as_u64);
+    if let (Some(layers), Some(interval)) = (size("block_count"), interval)
         && interval > 0
     {
         let kinds: Vec<&str> = (0..layers)
@@ -781,6 +787,24 @@ fn qwen35_layers<'a>(
             json!(rotated as f64 / head_dim as f64),
         );
     }
+}
+
+/// llama.cpp's full-attention interval for Qwen3-Next when a file gives none.
+const QWEN3NEXT_FULL_ATTENTION_INTERVAL: MetaValue = MetaValue::U32(4);
+
+/// Qwen3-Next as its config spells it: Qwen3.5's layers (every fourth attending unless
+/// `full_attention_interval` says otherwise, as llama.cpp assumes), and llama.cpp's fixed
+/// feed-forward: every layer sparse (it has no tensors for a dense one) and the top-k weights
+/// always renormalized (no key says otherwise).
+fn qwen3next_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let interval = key("full_attention_interval").unwrap_or(&QWEN3NEXT_FULL_ATTENTION_INTERVAL);
+    qwen35_layers(config, key, Some(interval));
+    config.insert("decoder_sparse_step".into(), json!(1));
+    config.insert("mlp_only_layers".into(), json!([]));
+    config.insert("norm_topk_prob".into(), json!(true));
 }
 
 /// gpt-oss as its config spells it: llama.cpp alternates sliding and full layers itself
