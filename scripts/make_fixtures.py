@@ -346,6 +346,18 @@ def qwen3_next_config() -> transformers.Qwen3NextConfig:
     )
 
 
+def qwen3_next_llama_cpp_config() -> transformers.Qwen3NextConfig:
+    # Qwen3-Next as llama.cpp can read it from a GGUF file: every layer sparse (it has no
+    # tensors for a dense one), the top-k weights renormalized (fixed), value heads as wide as
+    # key heads (it sizes them by the key width) — all three as in Qwen3-Next-80B; every fourth
+    # layer attends, as it assumes when the file does not say.
+    config = qwen3_next_config()
+    config.mlp_only_layers = []
+    config.norm_topk_prob = True
+    config.linear_value_head_dim = config.linear_key_head_dim
+    return config
+
+
 def lfm2_config() -> transformers.Lfm2Config:
     # LFM2: gated short convolutions (kernel 3) beside attention layers with per-head q/k
     # norms; the MLP width is adjusted from intermediate_size (192 -> 2/3 -> x1.1 -> rounded up
@@ -394,6 +406,15 @@ def mistral_config() -> transformers.MistralConfig:
         bos_token_id=1,
         eos_token_id=2,
     )
+
+
+def mistral_llama_cpp_config() -> transformers.MistralConfig:
+    # Mistral as llama.cpp can read it from a GGUF file: its converter files Mistral as plain
+    # Llama and drops the sliding window, so this one attends to every earlier token (as Mistral
+    # 7B from v0.2 on does); head_dim still differs from hidden / heads.
+    config = mistral_config()
+    config.sliding_window = None
+    return config
 
 
 def mixtral_config() -> transformers.MixtralConfig:
@@ -445,6 +466,16 @@ def gemma2_config() -> transformers.Gemma2Config:
         bos_token_id=2,
         eos_token_id=1,
     )
+
+
+def gemma2_llama_cpp_config() -> transformers.Gemma2Config:
+    # Gemma 2 as llama.cpp can read it from a GGUF file: its converter writes no rope base (so
+    # 10 000 is used) and its loader derives the attention scale from the head width (so
+    # query_pre_attn_scalar = head_dim) and makes even layers sliding, as here already.
+    config = gemma2_config()
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    config.query_pre_attn_scalar = config.head_dim
+    return config
 
 
 def olmo2_config() -> transformers.Olmo2Config:
@@ -561,6 +592,26 @@ def glm4_moe_lite_config() -> transformers.Glm4MoeLiteConfig:
         bos_token_id=1,
         eos_token_id=2,
     )
+
+
+def glm4_moe_lite_llama_cpp_config() -> transformers.Glm4MoeLiteConfig:
+    # GLM-4-MoE-Lite as llama.cpp reads a GGUF file of it (its deepseek2): the rope turns
+    # adjacent pairs and the converter permutes nothing, so rope_interleave (GLM-4.7-Flash's
+    # setting); only leading layers can be dense, so the first (first_k_dense_replace, as
+    # GLM-4.7-Flash states it); one epsilon serves every norm, the latent ones included, so
+    # 1e-6 (which transformers fixes for those); and experts are scored by sigmoid only where
+    # the file says so, which the converter writes from `scoring_func` (without it llama.cpp
+    # takes softmax, unless the model has GLM-4.7-Flash's 47 or 48 layers and 154,880 tokens).
+    # Queries stay projected directly (no q_lora_rank), as in DeepSeek-V2-Lite: llama.cpp
+    # recognises such a model by its 26 or 27 layers (and would ask this one for the rank),
+    # mlxkit by the rank's absence from the file.
+    config = glm4_moe_lite_config()
+    config.rope_interleave = True
+    config.mlp_layer_types = ["dense", "sparse"]
+    config.first_k_dense_replace = 1
+    config.rms_norm_eps = 1e-6
+    config.scoring_func = "sigmoid"
+    return config
 
 
 def gpt_oss_config() -> transformers.GptOssConfig:
@@ -897,14 +948,18 @@ FIXTURES = {
     "qwen3_5": (qwen3_5_config, transformers.Qwen3_5ForCausalLM, True),
     "qwen3_5_moe": (qwen3_5_moe_config, transformers.Qwen3_5MoeForCausalLM, True),
     "qwen3_next": (qwen3_next_config, transformers.Qwen3NextForCausalLM, True),
+    "qwen3_next_llama_cpp": (qwen3_next_llama_cpp_config, transformers.Qwen3NextForCausalLM, True),
     "lfm2": (lfm2_config, transformers.Lfm2ForCausalLM, False),
     "mistral": (mistral_config, transformers.MistralForCausalLM, False),
+    "mistral_llama_cpp": (mistral_llama_cpp_config, transformers.MistralForCausalLM, False),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM, False),
     "gemma2": (gemma2_config, transformers.Gemma2ForCausalLM, True),
+    "gemma2_llama_cpp": (gemma2_llama_cpp_config, transformers.Gemma2ForCausalLM, True),
     "olmo2": (olmo2_config, transformers.Olmo2ForCausalLM, False),
     "phi3": (phi3_config, transformers.Phi3ForCausalLM, False),
     "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM, False),
     "glm4_moe_lite": (glm4_moe_lite_config, transformers.Glm4MoeLiteForCausalLM, False),
+    "glm4_moe_lite_llama_cpp": (glm4_moe_lite_llama_cpp_config, transformers.Glm4MoeLiteForCausalLM, False),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM, False),
     "gpt_oss_llama_cpp": (gpt_oss_llama_cpp_config, transformers.GptOssForCausalLM, False),
     "nemotron_h": (nemotron_h_config, transformers.NemotronHForCausalLM, False),
@@ -920,13 +975,14 @@ FIXTURES = {
 # Prompt length per fixture, when not the default 24: a recurrent model's prompt spans more
 # than one of transformers' 64-token chunks, so the reference itself carries state across a
 # chunk boundary.
-PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40, "nemotron_h_moe": 40}
+PROMPT_LENGTHS = {"qwen3_5": 100, "qwen3_5_moe": 100, "qwen3_next": 100, "qwen3_next_llama_cpp": 100, "lfm2": 40, "nemotron_h": 40, "granitemoehybrid": 40, "nemotron_h_moe": 40}
 
 # Fixtures with recurrent layers, whose decode logits are stored beside the full pass's.
 RECURRENT = {
     "qwen3_5",
     "qwen3_5_moe",
     "qwen3_next",
+    "qwen3_next_llama_cpp",
     "nemotron_h",
     "nemotron_h_moe",
     "granitemoehybrid",
@@ -942,6 +998,9 @@ CONDITIONING_CHECKED = {
     "gpt_oss_llama_cpp",
     "llama4_llama_cpp",
     "llama3",
+    "gemma2_llama_cpp",
+    "mistral_llama_cpp",
+    "glm4_moe_lite_llama_cpp",
 }
 
 
@@ -1545,6 +1604,11 @@ def gguf_deepseek2(config: dict, tensors: dict, writer) -> dict:
     writer.add_expert_weights_scale(config["routed_scaling_factor"])
     if config.get("norm_topk_prob"):
         writer.add_expert_weights_norm(True)
+    # The converter writes the gating function from a config's `scoring_func`; DeepSeek-V3's
+    # published config says "sigmoid", which transformers' config class (so the deepseek_v3
+    # fixture) leaves out.
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise SystemExit(f"no translation for scoring_func {config['scoring_func']!r}")
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     writer.add_expert_group_count(config["n_group"])
     writer.add_expert_group_used_count(config["topk_group"])
@@ -1635,6 +1699,59 @@ def gguf_qwen35(config: dict, tensors: dict, writer) -> dict:
     return stack_experts(out)
 
 
+def gguf_qwen3next(config: dict, tensors: dict, writer) -> dict:
+    """Qwen3-Next as llama.cpp's qwen3next: Qwen3.5's keys (the full-attention interval as the
+    converter takes it: the config's, else 4) and its changes to the weights (`1 + w` norms but
+    the gated one, `A = -exp(A_log)`, squeezed kernels), with the value heads left grouped by
+    key head; `in_proj_qkvz` regrouped from per key head into all queries, keys and values
+    (`attn_qkv`) and the output gates (`attn_gate`); `in_proj_ba` kept as it is."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    interval = config.get("full_attention_interval", 4)
+    layer_types = config["layer_types"]
+    if any((t == "full_attention") != ((i + 1) % interval == 0) for i, t in enumerate(layer_types)):
+        raise SystemExit(f"layer_types do not attend every {interval}th layer, as llama.cpp would read them")
+    if config.get("mlp_only_layers"):
+        raise SystemExit("llama.cpp's qwen3next has no tensors for the dense layers of mlp_only_layers")
+    key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    key_dim, value_dim = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    gguf_metadata_common(writer, config, head_dim)
+    writer.add_expert_count(config["num_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(key_dim)
+    writer.add_ssm_group_count(key_heads)
+    writer.add_ssm_time_step_rank(value_heads)
+    writer.add_ssm_inner_size(value_dim * value_heads)
+    writer.add_full_attention_interval(interval)
+    writer.add_rope_dimension_count(int(head_dim * config.get("partial_rotary_factor", 0.25)))
+    per_key = [key_dim, key_dim, value_heads // key_heads * value_dim, value_heads // key_heads * value_dim]
+    out = {}
+    for name, array in tensors.items():
+        if name.startswith("mtp."):
+            continue
+        layer = re.match(r"model\.layers\.(\d+)\.", name)
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            array = array + 1.0
+        elif name.endswith("linear_attn.A_log"):
+            array = -np.exp(array)
+        elif name.endswith("conv1d.weight"):
+            array = array.squeeze(1)
+        elif name.endswith("linear_attn.dt_bias"):
+            name = name.replace("dt_bias", "dt_proj.bias")
+        if name.endswith("in_proj_qkvz.weight"):
+            grouped = array.reshape(key_heads, sum(per_key), -1)
+            q, k, v, z = np.split(grouped, np.cumsum(per_key)[:3], axis=1)
+            flat = lambda part: part.reshape(-1, part.shape[-1])
+            out[f"gguf:blk.{layer.group(1)}.attn_qkv.weight"] = np.concatenate([flat(q), flat(k), flat(v)])
+            out[f"gguf:blk.{layer.group(1)}.attn_gate.weight"] = flat(z)
+        else:
+            out[name] = array
+    return stack_experts(out)
+
+
 def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
     """Gemma 3: both rope bases and the window as keys (not the layer pattern, nor
     `query_pre_attn_scalar`: llama.cpp fixes both), every norm written as `1 + w`."""
@@ -1644,6 +1761,31 @@ def gguf_gemma3(config: dict, tensors: dict, writer) -> dict:
     writer.add_sliding_window(config["sliding_window"])
     if config.get("final_logit_softcapping"):
         writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    return {
+        name: array + 1.0 if name.endswith("norm.weight") else array
+        for name, array in tensors.items()
+    }
+
+
+def gguf_gemma2(config: dict, tensors: dict, writer) -> dict:
+    """Gemma 2: the converter's own short list of keys (no rope base, no vocabulary size, no
+    `query_pre_attn_scalar`, no layer pattern: llama.cpp fixes those), both soft caps and the
+    window; every norm written as `1 + w`."""
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+    writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    writer.add_sliding_window(config["sliding_window"])
+    for key, add in (("bos_token_id", writer.add_bos_token_id), ("eos_token_id", writer.add_eos_token_id)):
+        if isinstance(config.get(key), int):
+            add(config[key])
     return {
         name: array + 1.0 if name.endswith("norm.weight") else array
         for name, array in tensors.items()
@@ -1709,8 +1851,12 @@ GGUF_COPIES = {
     "llama4_llama_cpp": (gguf.MODEL_ARCH.LLAMA4, gguf_llama4),
     "gpt_oss_llama_cpp": (gguf.MODEL_ARCH.GPT_OSS, gguf_gpt_oss),
     "gemma3_llama_cpp": (gguf.MODEL_ARCH.GEMMA3, gguf_gemma3),
+    "gemma2_llama_cpp": (gguf.MODEL_ARCH.GEMMA2, gguf_gemma2),
+    "mistral_llama_cpp": (gguf.MODEL_ARCH.LLAMA, gguf_llama),
+    "glm4_moe_lite_llama_cpp": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "qwen3_5": (gguf.MODEL_ARCH.QWEN35, gguf_qwen35),
     "qwen3_5_moe": (gguf.MODEL_ARCH.QWEN35MOE, gguf_qwen35),
+    "qwen3_next_llama_cpp": (gguf.MODEL_ARCH.QWEN3NEXT, gguf_qwen3next),
     "deepseek_v3": (gguf.MODEL_ARCH.DEEPSEEK2, gguf_deepseek2),
     "granitemoehybrid": (gguf.MODEL_ARCH.GRANITE_HYBRID, gguf_granitehybrid),
     "nemotron_h": (gguf.MODEL_ARCH.NEMOTRON_H_MOE, gguf_nemotron_h),
@@ -1798,19 +1944,27 @@ def draw(name: str, seed: int):
 
 
 def build(name: str) -> dict:
-    # Seeds are tried in order until the MoE routing has no near-tie (see min_router_margin);
-    # the dense models always take the first.
+    # Seeds are tried in order until the MoE routing has no near-tie (see min_router_margin)
+    # and, for recurrent models, the reference's two algorithms agree within 1e-4 (their
+    # disagreement is f32 rounding that these random hybrids amplify, and it sets the parity
+    # tests' tolerance); the dense models always take the first.
     for seed in range(SEED, SEED + MAX_SEED_TRIES):
         candidate = draw(name, seed)
-        if candidate is not None:
+        if candidate is None:
+            continue
+        decode = incremental_logits(candidate[0], candidate[3])
+        decode_diff = float((decode - candidate[4]).abs().max())
+        if decode_diff <= 1e-4:
             break
+        if name not in RECURRENT:
+            raise SystemExit(f"{name}: token-by-token decode differs from the full pass by {decode_diff}")
+        print(f"{name}: seed {seed} rejected, decode and the full pass differ by {decode_diff:.1e}")
     else:
-        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives clear router margins")
+        raise SystemExit(
+            f"{name}: no seed in {MAX_SEED_TRIES} tries gives clear router margins and a reference "
+            "that agrees with itself"
+        )
     model, config, seed, ids, logits, margin, rounding = candidate
-    decode = incremental_logits(model, ids)
-    decode_diff = float((decode - logits).abs().max())
-    if decode_diff > 1e-4:
-        raise SystemExit(f"{name}: token-by-token decode differs from the full pass by {decode_diff}")
 
     out = FIXTURES_DIR / name
     if out.exists():

@@ -317,12 +317,16 @@ fn qwen3_next() {
     check_fixture("qwen3_next", "config.json");
     check_fixture("qwen3_next", "config.transformers4.json");
     check_capture_and_restore("qwen3_next");
+    check_fixture("qwen3_next_llama_cpp", "config.json");
+    check_fixture("qwen3_next_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
 fn mistral() {
     check_fixture("mistral", "config.json");
     check_fixture("mistral", "config.transformers4.json");
+    check_fixture("mistral_llama_cpp", "config.json");
+    check_fixture("mistral_llama_cpp", "config.transformers4.json");
 }
 
 /// The same decoder inside a multimodal Mistral 3 checkpoint: its text config and weights are
@@ -343,6 +347,8 @@ fn mixtral() {
 fn gemma2() {
     check_fixture("gemma2", "config.json");
     check_fixture("gemma2", "config.transformers4.json");
+    check_fixture("gemma2_llama_cpp", "config.json");
+    check_fixture("gemma2_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -367,6 +373,8 @@ fn deepseek_v3() {
 fn glm4_moe_lite() {
     check_fixture("glm4_moe_lite", "config.json");
     check_fixture("glm4_moe_lite", "config.transformers4.json");
+    check_fixture("glm4_moe_lite_llama_cpp", "config.json");
+    check_fixture("glm4_moe_lite_llama_cpp", "config.transformers4.json");
 }
 
 #[test]
@@ -553,6 +561,10 @@ fn gguf_copies_match_their_safetensors_fixtures() {
         "gemma3_llama_cpp",
         "gpt_oss_llama_cpp",
         "llama4_llama_cpp",
+        "gemma2_llama_cpp",
+        "mistral_llama_cpp",
+        "glm4_moe_lite_llama_cpp",
+        "qwen3_next_llama_cpp",
     ] {
         check_gguf(name);
     }

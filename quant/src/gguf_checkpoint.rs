@@ -29,7 +29,7 @@ pub struct GgufCheckpoint {
     file: GgufFile,
     architecture: String,
     config: Value,
-    /// The delta nets' head layout, for Qwen3.5's reordered value heads.
+    /// The delta nets' head layout, for Qwen3.5's and Qwen3-Next's converter changes.
     delta_net: Option<DeltaNetHeads>,
     /// HF name (or the GGUF name, when unmapped) → index into the file's tensors.
     names: BTreeMap<String, usize>,
@@ -111,11 +111,28 @@ pub(crate) fn unsqueezed_kernel(kernel: &Array) -> Result<Array> {
     Ok(kernel.expand_dims(&[1])?)
 }
 
+/// A deepseek2 file whose queries pass through a low-rank bottleneck must say how wide it is:
+/// without `attention.q_lora_rank` the queries are read as projected directly (`attn_q`), as
+/// in the lite models, which llama.cpp tells apart by their layer count instead.
+fn check_query_rank(path: &Path, file: &GgufFile, names: &BTreeMap<String, usize>) -> Result<()> {
+    let key = "deepseek2.attention.q_lora_rank";
+    let low_rank = names
+        .keys()
+        .any(|name| name.ends_with(".self_attn.q_a_proj.weight"));
+    if low_rank && file.get(key).is_none() {
+        return Err(Error::malformed(
+            path,
+            format!("the file holds q_a_proj tensors (low-rank queries) but no {key}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether llama.cpp's converter for `architecture` adds 1 to norm weights.
 fn norms_shifted(architecture: &str) -> bool {
     matches!(
         architecture,
-        "gemma" | "gemma2" | "gemma3" | "gemma-embedding" | "qwen35" | "qwen35moe"
+        "gemma" | "gemma2" | "gemma3" | "gemma-embedding" | "qwen35" | "qwen35moe" | "qwen3next"
     )
 }
 
@@ -136,11 +153,14 @@ impl GgufCheckpoint {
                 ));
             }
         }
+        if architecture == "deepseek2" {
+            check_query_rank(path, &file, &names)?;
+        }
         if let Some(index) = names.remove(ROPE_FREQS) {
             let factors = rope_frequency_factors(&file, index)?;
             apply_rope_factors(path, &mut config, family, factors)?;
         }
-        let delta_net = matches!(architecture.as_str(), "qwen35" | "qwen35moe")
+        let delta_net = matches!(architecture.as_str(), "qwen35" | "qwen35moe" | "qwen3next")
             .then(|| DeltaNetHeads::from_metadata(file.metadata(), &architecture))
             .flatten();
         Ok(GgufCheckpoint {

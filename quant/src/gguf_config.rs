@@ -3,9 +3,10 @@
 //!
 //! Only facts the file states are written, with exceptions where llama.cpp itself hard-codes
 //! what HF configs spell out: in Gemma 3 every sixth layer is global (the rest use the sliding
-//! window) and local layers use a rope base of 10 000; Qwen3-MoE renormalizes its top-k expert
-//! weights. A key the file lacks is left out rather than defaulted, so a reader that requires
-//! it fails naming it.
+//! window) and local layers use a rope base of 10 000; in Gemma 2 every other layer is global
+//! and the rope base is 10 000; Gemma's query scale follows the head width; Qwen3-MoE
+//! renormalizes its top-k expert weights. A key the file lacks is left out rather than
+//! defaulted, so a reader that requires it fails naming it.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,7 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
         "gpt-oss" => ("gpt_oss", Some("GptOssForCausalLM")),
         "llama4" => ("llama4_text", Some("Llama4ForCausalLM")),
         "qwen35moe" => ("qwen3_5_moe_text", Some("Qwen3_5MoeForCausalLM")),
+        "qwen3next" => ("qwen3_next", Some("Qwen3NextForCausalLM")),
         other => (other, None),
     }
 }
@@ -177,9 +179,8 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     }
     if arch.starts_with("gemma") {
         config.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
-        if let Some(head_dim) = key("attention.key_length").and_then(MetaValue::as_u64) {
-            // Gemma scales queries by 1/sqrt(query_pre_attn_scalar); llama.cpp uses head_dim.
-            config.insert("query_pre_attn_scalar".into(), json!(head_dim));
+        if let Some(scalar) = gemma_query_pre_attn_scalar(arch, &key) {
+            config.insert("query_pre_attn_scalar".into(), json!(scalar));
         }
     }
     if arch == "qwen3moe" {
@@ -200,7 +201,10 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         gpt_oss_layers(&mut config, &key, tensors);
     }
     if arch == "qwen35" || arch == "qwen35moe" {
-        qwen35_layers(&mut config, &key);
+        qwen35_layers(&mut config, &key, key("full_attention_interval"));
+    }
+    if arch == "qwen3next" {
+        qwen3next_layers(&mut config, &key);
     }
     if arch == "deepseek2" {
         deepseek2_attention(&mut config, &key);
@@ -226,7 +230,75 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
             .unwrap_or(GEMMA3_LOCAL_ROPE_BASE);
         config.insert("rope_local_base_freq".into(), json!(local));
     }
+    if arch == "gemma2" {
+        gemma2_layers(&mut config, &key);
+    }
     Value::Object(config)
+}
+
+/// Gemma scales queries by `query_pre_attn_scalar^-½`, which no GGUF file states: llama.cpp
+/// uses the head width (`attention.key_length`), except for the two 27B models, told apart by
+/// their layer count (46 in Gemma 2, 62 in Gemma 3), whose scalar is `hidden / heads`.
+fn gemma_query_pre_attn_scalar<'a>(
+    arch: &str,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) -> Option<u64> {
+    let size = |k: &str| key(k).and_then(MetaValue::as_u64);
+    let is_27b = matches!(
+        (arch, size("block_count")),
+        ("gemma2", Some(46)) | ("gemma3", Some(62))
+    );
+    if is_27b
+        && let (Some(hidden), Some(heads)) =
+            (size("embedding_length"), size("attention.head_count"))
+        && heads > 0
+    {
+        return Some(hidden / heads);
+    }
+    size("attention.key_length")
+}
+
+/// llama.cpp's sliding window for Gemma 2 when a file gives none.
+const GEMMA2_SLIDING_WINDOW: u64 = 4096;
+/// llama.cpp's soft caps on Gemma 2's attention logits and output logits when a file gives
+/// none.
+const GEMMA2_SOFTCAPS: [(&str, f64); 2] = [
+    ("attn_logit_softcapping", 50.0),
+    ("final_logit_softcapping", 30.0),
+];
+/// llama.cpp's rope base for a file without `rope.freq_base` (Gemma 2's converter never
+/// writes one).
+const DEFAULT_ROPE_BASE: f64 = 10_000.0;
+
+/// Gemma 2 as llama.cpp reads it. Its converter writes neither a rope base nor the layer
+/// kinds, so llama.cpp's fixed choices stand in: a base of 10 000, and sliding layers
+/// alternating with global ones from the first (layers 0, 2, 4, … slide). The window and the
+/// two soft caps come from the file, or llama.cpp's defaults when it lacks them.
+fn gemma2_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    config
+        .entry("rope_theta")
+        .or_insert_with(|| json!(DEFAULT_ROPE_BASE));
+    config
+        .entry("sliding_window")
+        .or_insert_with(|| json!(GEMMA2_SLIDING_WINDOW));
+    for (hf, default) in GEMMA2_SOFTCAPS {
+        config.entry(hf).or_insert_with(|| json!(default));
+    }
+    if let Some(layers) = key("block_count").and_then(MetaValue::as_u64) {
+        let kinds: Vec<&str> = (0..layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        config.insert("layer_types".into(), json!(kinds));
+    }
 }
 
 fn vocab_size(
@@ -585,10 +657,19 @@ fn granite_hybrid_layers<'a>(
     config.insert("mamba_conv_bias".into(), json!(conv_bias));
 }
 
-/// DeepSeek-V3 as its config spells it. llama.cpp writes latent attention as one key/value
-/// head (`key_length` = latent + rope, `value_length` = latent); the per-head widths are in
-/// `key_length_mla` / `value_length_mla`; the rope turns adjacent pairs; routing by sigmoid
-/// scores with the file's groups, scale and (when `expert_weights_norm`) renormalization.
+/// The vocabulary of GLM-4.7-Flash, which llama.cpp (with 47 or 48 layers) takes as the sign
+/// of a deepseek2 file that scores experts by sigmoid without saying so.
+const GLM4_7_LITE_VOCAB: u64 = 154_880;
+
+/// DeepSeek-V3 (and GLM-4-MoE-Lite, filed as the same architecture) as its config spells it.
+/// llama.cpp writes latent attention as one key/value head (`key_length` = latent + rope,
+/// `value_length` = latent); the per-head widths are in `key_length_mla` / `value_length_mla`;
+/// queries are projected directly where the file has no `attention.q_lora_rank` (llama.cpp
+/// tells those models apart by their layer count); the rope turns adjacent pairs; routing with
+/// the file's groups, scale and (when `expert_weights_norm`) renormalization, every layer
+/// sparse unless `leading_dense_block_count` says otherwise, experts scored as
+/// `expert_gating_func` says or, without it, as llama.cpp guesses: sigmoid for GLM-4.7-Flash's
+/// shape, softmax (DeepSeek-V2's routing) for any other.
 fn deepseek2_attention<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
@@ -623,11 +704,35 @@ fn deepseek2_attention<'a>(
             config.insert(hf.into(), to_json(v));
         }
     }
+    config
+        .entry("first_k_dense_replace")
+        .or_insert_with(|| json!(0));
     let normalize = key("expert_weights_norm")
         .and_then(MetaValue::as_bool)
         .unwrap_or(false);
     config.insert("norm_topk_prob".into(), json!(normalize));
     config.insert("rope_interleave".into(), json!(true));
+    // llama.cpp's gating enum: 1 softmax, 2 sigmoid, 3 softmax over the chosen weights; 0 (or
+    // no key) means the file does not say.
+    let scoring = match key("expert_gating_func").and_then(MetaValue::as_u64) {
+        Some(1) => "softmax".to_string(),
+        Some(2) => "sigmoid".to_string(),
+        Some(3) => "softmax_weight".to_string(),
+        Some(other) if other != 0 => format!("gguf gating function {other}"),
+        _ => {
+            let layers = size("block_count");
+            let vocab = config.get("vocab_size").and_then(Value::as_u64);
+            let glm4_7_lite = matches!(layers, Some(47 | 48)) && vocab == Some(GLM4_7_LITE_VOCAB);
+            if glm4_7_lite {
+                "sigmoid".to_string()
+            } else {
+                // Named so that a reader refusing it says where it came from.
+                "softmax (llama.cpp's default for a deepseek2 file without expert_gating_func)"
+                    .to_string()
+            }
+        }
+    };
+    config.insert("scoring_func".into(), json!(scoring));
 }
 
 /// Qwen3.5's layers as its config spells them: every `full_attention_interval`-th layer
@@ -636,9 +741,11 @@ fn deepseek2_attention<'a>(
 fn qwen35_layers<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    full_attention_interval: Option<&MetaValue>,
 ) {
     let size = |k: &str| key(k).and_then(MetaValue::as_u64);
-    if let (Some(layers), Some(interval)) = (size("block_count"), size("full_attention_interval"))
+    let interval = full_attention_interval.and_then(MetaValue::as_u64);
+    if let (Some(layers), Some(interval)) = (size("block_count"), interval)
         && interval > 0
     {
         let kinds: Vec<&str> = (0..layers)
@@ -680,6 +787,24 @@ fn qwen35_layers<'a>(
             json!(rotated as f64 / head_dim as f64),
         );
     }
+}
+
+/// llama.cpp's full-attention interval for Qwen3-Next when a file gives none.
+const QWEN3NEXT_FULL_ATTENTION_INTERVAL: MetaValue = MetaValue::U32(4);
+
+/// Qwen3-Next as its config spells it: Qwen3.5's layers (every fourth attending unless
+/// `full_attention_interval` says otherwise, as llama.cpp assumes), and llama.cpp's fixed
+/// feed-forward: every layer sparse (it has no tensors for a dense one) and the top-k weights
+/// always renormalized (no key says otherwise).
+fn qwen3next_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+) {
+    let interval = key("full_attention_interval").unwrap_or(&QWEN3NEXT_FULL_ATTENTION_INTERVAL);
+    qwen35_layers(config, key, Some(interval));
+    config.insert("decoder_sparse_step".into(), json!(1));
+    config.insert("mlp_only_layers".into(), json!([]));
+    config.insert("norm_topk_prob".into(), json!(true));
 }
 
 /// gpt-oss as its config spells it: llama.cpp alternates sliding and full layers itself
@@ -741,5 +866,74 @@ fn llama4_layers<'a>(
     if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
         config.insert("num_local_experts".into(), json!(experts));
         config.insert("use_qk_norm".into(), json!(experts != 128));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config of a file with these metadata (`arch.` is replaced by the architecture's
+    /// name) and no tensors.
+    fn config_of(arch: &str, keys: &[(&str, MetaValue)]) -> Value {
+        let mut metadata = BTreeMap::new();
+        metadata.insert(
+            "general.architecture".to_string(),
+            MetaValue::String(arch.to_string()),
+        );
+        for (key, value) in keys {
+            metadata.insert(key.replace("arch.", &format!("{arch}.")), value.clone());
+        }
+        hf_config(&metadata, &[])
+    }
+
+    #[test]
+    fn gemma2_takes_llama_cpps_fixed_choices() {
+        let shape = |layers| {
+            [
+                ("arch.block_count", MetaValue::U32(layers)),
+                ("arch.embedding_length", MetaValue::U32(4608)),
+                ("arch.attention.head_count", MetaValue::U32(32)),
+                ("arch.attention.key_length", MetaValue::U32(128)),
+            ]
+        };
+        let config = config_of("gemma2", &shape(42));
+        assert_eq!(config["query_pre_attn_scalar"], json!(128));
+        assert_eq!(config["rope_theta"], json!(10_000.0));
+        assert_eq!(config["sliding_window"], json!(4096));
+        assert_eq!(config["attn_logit_softcapping"], json!(50.0));
+        assert_eq!(config["final_logit_softcapping"], json!(30.0));
+        let kinds = config["layer_types"].as_array().map(Vec::len);
+        assert_eq!(kinds, Some(42));
+        assert_eq!(config["layer_types"][0], json!("sliding_attention"));
+        assert_eq!(config["layer_types"][1], json!("full_attention"));
+        // The 27B model (46 layers) scales queries by hidden / heads.
+        let config = config_of("gemma2", &shape(46));
+        assert_eq!(config["query_pre_attn_scalar"], json!(144));
+    }
+
+    #[test]
+    fn deepseek2_scores_experts_as_llama_cpp_guesses_when_the_file_is_silent() {
+        let scoring = |layers, vocab, gating: Option<u32>| {
+            let mut keys = vec![
+                ("arch.block_count", MetaValue::U32(layers)),
+                ("arch.vocab_size", MetaValue::U32(vocab)),
+            ];
+            if let Some(gating) = gating {
+                keys.push(("arch.expert_gating_func", MetaValue::U32(gating)));
+            }
+            config_of("deepseek2", &keys)["scoring_func"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(scoring(47, 154_880, None), "sigmoid");
+        assert_eq!(scoring(48, 154_880, None), "sigmoid");
+        assert!(scoring(27, 102_400, None).starts_with("softmax ("));
+        assert!(scoring(47, 512, None).starts_with("softmax ("));
+        assert_eq!(scoring(2, 512, Some(2)), "sigmoid");
+        assert_eq!(scoring(2, 512, Some(1)), "softmax");
+        let config = config_of("deepseek2", &[("arch.block_count", MetaValue::U32(2))]);
+        assert_eq!(config["first_k_dense_replace"], json!(0));
     }
 }

@@ -1,5 +1,5 @@
-//! Qwen3.5's gated delta nets as llama.cpp's converter writes them, read back in transformers'
-//! layout.
+//! Qwen3.5's (and Qwen3-Next's) gated delta nets as llama.cpp's converter writes them, read
+//! back in transformers' layout.
 //!
 //! Besides storing `A = -exp(A_log)` and squeezing the convolution kernels, the converter
 //! reorders every value-head axis of a delta net whose key heads serve several value heads:
@@ -8,7 +8,7 @@
 //! rows of `in_proj_qkv` and their convolution channels, the rows of `in_proj_z`, `in_proj_a`
 //! and `in_proj_b`, `A_log`, `dt_bias` and the input columns of `out_proj` are all reordered.
 //! A quantized tensor among them is dequantized here: its groups run along the reordered
-//! axis.
+//! axis. Qwen3-Next's converter predates the reordering: its value heads stay grouped.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +26,8 @@ pub(crate) struct DeltaNetHeads {
     values_per_key: i32,
     key_dim: i32,
     value_dim: i32,
+    /// Whether the converter tiled the value heads (Qwen3.5, not Qwen3-Next).
+    tiled: bool,
 }
 
 impl DeltaNetHeads {
@@ -51,6 +53,7 @@ impl DeltaNetHeads {
             values_per_key: value_heads / key_heads,
             key_dim: size("state_size")?,
             value_dim: size("inner_size")? / value_heads,
+            tiled: arch != "qwen3next",
         })
     }
 
@@ -77,7 +80,7 @@ impl DeltaNetHeads {
 
 /// Tensor `name` (a transformers name under `linear_attn.`) in transformers' layout.
 pub(crate) fn undo_delta_net(name: &str, tensor: Tensor, heads: DeltaNetHeads) -> Result<Tensor> {
-    let reordered = heads.values_per_key > 1;
+    let reordered = heads.tiled && heads.values_per_key > 1;
     let touched = name.ends_with(".A_log")
         || name.ends_with(".conv1d.weight")
         || (reordered

@@ -121,11 +121,14 @@ const DEEPSEEK2_LAYER: &[(&str, &str)] = &[
     ),
 ];
 
-/// Qwen3.5's layer tensors, with HF's full leaf under `model.layers.N.` (`ssm_a` has no
-/// suffix in the file): the gated delta nets under `linear_attn`, the shared expert.
+/// Qwen3.5's and Qwen3-Next's layer tensors, with HF's full leaf under `model.layers.N.`
+/// (`ssm_a` has no suffix in the file): the gated delta nets under `linear_attn`, the shared
+/// expert. Qwen3-Next's `in_proj_qkvz` is written split like Qwen3.5's projections, its
+/// `in_proj_ba` as it is (`ssm_ba`).
 const QWEN35_LAYER: &[(&str, &str)] = &[
     ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight"),
     ("attn_gate.weight", "linear_attn.in_proj_z.weight"),
+    ("ssm_ba.weight", "linear_attn.in_proj_ba.weight"),
     ("ssm_alpha.weight", "linear_attn.in_proj_a.weight"),
     ("ssm_beta.weight", "linear_attn.in_proj_b.weight"),
     ("ssm_a", "linear_attn.A_log"),
@@ -209,7 +212,7 @@ pub fn hf_tensor_name(architecture: &str, name: &str) -> Option<String> {
     {
         return Some(hf);
     }
-    if matches!(architecture, "qwen35" | "qwen35moe")
+    if matches!(architecture, "qwen35" | "qwen35moe" | "qwen3next")
         && let Some((layer, leaf)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.'))
         && let Some(&(_, hf)) = QWEN35_LAYER.iter().find(|(g, _)| *g == leaf)
     {

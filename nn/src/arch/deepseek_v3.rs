@@ -148,6 +148,15 @@ impl Config {
                 .bounded("num_local_experts", limits::EXPERTS)?
                 .ok_or_else(|| missing("n_routed_experts"))?,
         };
+        // DeepSeek-V3's own config states its routing as `scoring_func`; a GGUF file can say
+        // softmax, which is DeepSeek-V2's routing, not this one.
+        if let Some(scoring) = f.get("scoring_func")
+            && scoring.as_str() != Some("sigmoid")
+        {
+            return Err(Error::Config(format!(
+                "`scoring_func` {scoring} is not supported: this model scores experts by sigmoid"
+            )));
+        }
         let top_k = f.required_usize("num_experts_per_tok")?;
         if experts == 0 || top_k == 0 || top_k > experts {
             return Err(Error::Config(format!(

@@ -13,7 +13,8 @@
 //! Qwen3-Next, the first of the line, differs only in how it stores the delta net's input
 //! projections: `in_proj_qkvz` and `in_proj_ba` interleave queries, keys, values and gates per
 //! key head, where Qwen3.5 keeps four plain matrices. They are regrouped into Qwen3.5's at
-//! load, so one forward serves both.
+//! load, so one forward serves both (a GGUF file holds `in_proj_qkvz` regrouped already, as
+//! llama.cpp's converter writes it).
 //!
 //! References: transformers' `models/qwen3_5/modeling_qwen3_5.py`, `qwen3_5_moe` and
 //! `qwen3_next` (5.24). Positions of text
@@ -448,6 +449,19 @@ impl GatedDeltaNet {
                 weights.matrix(&format!("{p}.in_proj_b"), value_heads, hidden)?,
                 weights.matrix(&format!("{p}.in_proj_a"), value_heads, hidden)?,
             ],
+            Projections::GroupedPerKeyHead
+                if !weights.contains(&format!("{p}.in_proj_qkvz.weight")) =>
+            {
+                // llama.cpp's converter writes `in_proj_qkvz` already regrouped, as Qwen3.5's
+                // `in_proj_qkv` and `in_proj_z`, and keeps `in_proj_ba` as it is.
+                let [in_proj_b, in_proj_a] = split_ba(c, weights, p)?;
+                [
+                    weights.matrix(&format!("{p}.in_proj_qkv"), conv_dim, hidden)?,
+                    weights.matrix(&format!("{p}.in_proj_z"), value_heads * value_dim, hidden)?,
+                    in_proj_b,
+                    in_proj_a,
+                ]
+            }
             Projections::GroupedPerKeyHead => regroup_projections(c, weights, p)?,
         };
         Ok(GatedDeltaNet {
@@ -554,9 +568,8 @@ impl GatedDeltaNet {
 }
 
 /// Qwen3-Next's `in_proj_qkvz` (per key head: its query, its key, then the values and output
-/// gates of the value heads it serves) and `in_proj_ba` (per key head: those value heads'
-/// `b`, then their `a`) as Qwen3.5's four matrices. Rows are only reordered, so the products
-/// are the same; quantized projections are dequantized for it.
+/// gates of the value heads it serves) and `in_proj_ba` as Qwen3.5's four matrices. Rows are
+/// only reordered, so the products are the same; quantized projections are dequantized for it.
 fn regroup_projections(c: &Config, weights: &mut Weights, p: &str) -> Result<[Linear; 4]> {
     let hidden = dim(c.hidden_size, "hidden_size")?;
     let key_heads = dim(c.linear_num_key_heads, "linear_num_key_heads")?;
@@ -573,30 +586,42 @@ fn regroup_projections(c: &Config, weights: &mut Weights, p: &str) -> Result<[Li
             &[key_heads * per_head, hidden],
         )?
         .reshape(&[key_heads, per_head, hidden])?;
+    let rows = |start: i32, len: i32| -> Result<Array> {
+        Ok(qkvz
+            .slice_axis(1, start, start + len)?
+            .reshape(&[key_heads * len, hidden])?)
+    };
+    let q = rows(0, key_dim)?;
+    let k = rows(key_dim, key_dim)?;
+    let v = rows(2 * key_dim, group * value_dim)?;
+    let z = rows(2 * key_dim + group * value_dim, group * value_dim)?;
+    let [b, a] = split_ba(c, weights, p)?;
+    let dense = |w: Array| Linear::new(Tensor::Dense(w), None);
+    Ok([dense(mlx::concatenate(&[q, k, v], 0)?), dense(z), b, a])
+}
+
+/// Qwen3-Next's `in_proj_ba` (per key head: its value heads' `b`, then their `a`) as Qwen3.5's
+/// `in_proj_b` and `in_proj_a`.
+fn split_ba(c: &Config, weights: &mut Weights, p: &str) -> Result<[Linear; 2]> {
+    let hidden = dim(c.hidden_size, "hidden_size")?;
+    let key_heads = dim(c.linear_num_key_heads, "linear_num_key_heads")?;
+    let group = dim(
+        c.linear_num_value_heads / c.linear_num_key_heads,
+        "value heads per key head",
+    )?;
     let ba = weights
         .dense(
             &format!("{p}.in_proj_ba.weight"),
             &[key_heads * 2 * group, hidden],
         )?
         .reshape(&[key_heads, 2 * group, hidden])?;
-    let rows = |from: &Array, start: i32, len: i32| -> Result<Array> {
-        Ok(from
-            .slice_axis(1, start, start + len)?
-            .reshape(&[key_heads * len, hidden])?)
+    let rows = |start: i32| -> Result<Linear> {
+        let w = ba
+            .slice_axis(1, start, start + group)?
+            .reshape(&[key_heads * group, hidden])?;
+        Ok(Linear::new(Tensor::Dense(w), None))
     };
-    let q = rows(&qkvz, 0, key_dim)?;
-    let k = rows(&qkvz, key_dim, key_dim)?;
-    let v = rows(&qkvz, 2 * key_dim, group * value_dim)?;
-    let z = rows(&qkvz, 2 * key_dim + group * value_dim, group * value_dim)?;
-    let b = rows(&ba, 0, group)?;
-    let a = rows(&ba, group, group)?;
-    let dense = |w: Array| Linear::new(Tensor::Dense(w), None);
-    Ok([
-        dense(mlx::concatenate(&[q, k, v], 0)?),
-        dense(z),
-        dense(b),
-        dense(a),
-    ])
+    Ok([rows(0)?, rows(group)?])
 }
 
 /// How a layer mixes tokens.
