@@ -295,14 +295,15 @@ fn stack_experts(tensors: Vec<TensorPlan>) -> Vec<TensorPlan> {
 impl fmt::Display for Plan {
     /// One line per tensor (name, shape, stored as, written as, why), then a summary.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A conversion writes scales as the source loads them (f32 for GGUF block types).
+        let target = match self.target {
+            Some(target) => format!("{target}; scales in {:?}", self.compute),
+            None => "as loaded".to_string(),
+        };
         writeln!(
             f,
-            "source: {} ({}); target: {}; scales in {:?}",
-            self.architecture,
-            self.precision,
-            self.target
-                .map_or_else(|| "as loaded".to_string(), |t| t.to_string()),
-            self.compute
+            "source: {} ({}); target: {target}",
+            self.architecture, self.precision
         )?;
         let width = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for t in &self.tensors {
