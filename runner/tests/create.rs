@@ -1,5 +1,6 @@
-//! `mlxkit create --quantize` through the store: the real models re-quantized keep their greedy
-//! text, and sources that lie or break the rules are refused by name with nothing left behind.
+//! `mlxkit create` through the store: the real models' GGUF files converted compute what the
+//! files do, re-quantized they keep their greedy text, and sources that lie or break the rules
+//! are refused by name with nothing left behind.
 //!
 //! The real models are fetched through the project's own pull path into the per-user cache.
 //! When they cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice
@@ -86,7 +87,14 @@ fn agreeing(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn requantized_keeps_greedy_text(model: &str) {
+/// The stored model's GGUF file created three ways: as it is (converted), int8 and int4.
+///
+/// A GGUF file given to `create` is converted once into MLX's layouts: the stored model is a
+/// folder, still called by the GGUF's file type, and it computes exactly what the GGUF file
+/// does (every greedy id, and the prompt's logits equal: each block type is repacked or
+/// written in its packed form without rounding). The re-quantized copies keep the greedy text
+/// as far as the stored model's own margins allow (see below).
+fn created_copies_keep_the_text(model: &str) {
     let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
     let Some(store) = support::store_with(home.path(), model) else {
@@ -97,8 +105,51 @@ fn requantized_keeps_greedy_text(model: &str) {
     let tok = tokenizer::Tokenizer::from_gguf_file(&original_path).unwrap();
     let prompt = tok.encode(PROMPT, true).unwrap();
     let loaded = nn::load::load(&original_path, Some(Dtype::F32)).unwrap();
+    let expected_logits = prompt_logits(loaded.model.as_ref(), &prompt);
     let (expected, margins) = greedy(loaded.model.as_ref(), &prompt);
     drop(loaded);
+
+    create_as(
+        &store,
+        "converted:latest",
+        original_path.to_str().unwrap(),
+        None,
+    )
+    .unwrap();
+    let name = ModelName::parse("converted:latest").unwrap();
+    let manifest = store.get(&name).unwrap().manifest;
+    assert_eq!(manifest.format, runner::store::Format::Safetensors);
+    let original_manifest = store.get(&original).unwrap().manifest;
+    assert_eq!(
+        manifest.details.quantization_level,
+        original_manifest.details.quantization_level
+    );
+    let folder = weights(&store, &name);
+    assert!(folder.is_dir(), "{}", folder.display());
+    let copy_tok = tokenizer::Tokenizer::from_hf_dir(&folder).unwrap();
+    assert_eq!(copy_tok.encode(PROMPT, true).unwrap(), prompt);
+    assert_eq!(copy_tok.chat_template(), tok.chat_template());
+    let checkpoint = quant::Checkpoint::open(&folder).unwrap();
+    let packed = checkpoint
+        .names()
+        .iter()
+        .filter(|n| {
+            checkpoint.stored_as(n).unwrap() == quant::create::Stored::Mlx(quant::PACKED_16)
+        })
+        .count();
+    eprintln!("{model}: {packed} tensors in the 16-element packed layout");
+    let loaded = nn::load::load(&folder, Some(Dtype::F32)).unwrap();
+    let got_logits = prompt_logits(loaded.model.as_ref(), &prompt);
+    let (got, _) = greedy(loaded.model.as_ref(), &prompt);
+    drop(loaded);
+    assert_eq!(got, expected, "{model}: greedy ids of the converted copy");
+    let differing = got_logits
+        .iter()
+        .zip(&expected_logits)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(differing, 0, "{model}: logits differ from the GGUF file's");
+
     for target in [Target::Int8, Target::Int4] {
         let name = format!("requantized:{target}");
         create(&store, &name, model, target).unwrap();
@@ -136,72 +187,13 @@ fn requantized_keeps_greedy_text(model: &str) {
 }
 
 #[test]
-fn smollm2_requantized_keeps_its_greedy_text() {
-    requantized_keeps_greedy_text("smollm2:135m");
+fn smollm2_converted_and_requantized_keeps_its_greedy_text() {
+    created_copies_keep_the_text("smollm2:135m");
 }
 
 #[test]
-fn gemma3_requantized_keeps_its_greedy_text() {
-    requantized_keeps_greedy_text("gemma3:270m");
-}
-
-/// A GGUF file given to `create` is converted once into MLX's layouts: the stored model is a
-/// folder, still called by the GGUF's file type, and it computes exactly what the GGUF file
-/// does (every greedy id, and the prompt's logits to the bit: each block type is repacked or
-/// written in its packed form without rounding).
-fn converted_gguf_computes_what_the_file_does(model: &str) {
-    let _device = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-    let home = tempfile::tempdir().unwrap();
-    let Some(store) = support::store_with(home.path(), model) else {
-        return;
-    };
-    let original = ModelName::parse(model).unwrap();
-    let gguf = weights(&store, &original);
-    let tok = tokenizer::Tokenizer::from_gguf_file(&gguf).unwrap();
-    let prompt = tok.encode(PROMPT, true).unwrap();
-    let loaded = nn::load::load(&gguf, Some(Dtype::F32)).unwrap();
-    let expected_logits = prompt_logits(loaded.model.as_ref(), &prompt);
-    let (expected, _) = greedy(loaded.model.as_ref(), &prompt);
-    drop(loaded);
-
-    create_as(&store, "converted:latest", gguf.to_str().unwrap(), None).unwrap();
-    let name = ModelName::parse("converted:latest").unwrap();
-    let manifest = store.get(&name).unwrap().manifest;
-    assert_eq!(manifest.format, runner::store::Format::Safetensors);
-    let original_manifest = store.get(&original).unwrap().manifest;
-    assert_eq!(
-        manifest.details.quantization_level,
-        original_manifest.details.quantization_level
-    );
-    let folder = weights(&store, &name);
-    assert!(folder.is_dir(), "{}", folder.display());
-    let copy_tok = tokenizer::Tokenizer::from_hf_dir(&folder).unwrap();
-    assert_eq!(copy_tok.encode(PROMPT, true).unwrap(), prompt);
-    assert_eq!(copy_tok.chat_template(), tok.chat_template());
-    let checkpoint = quant::Checkpoint::open(&folder).unwrap();
-    let packed = checkpoint
-        .names()
-        .iter()
-        .filter(|n| {
-            checkpoint.stored_as(n).unwrap() == quant::create::Stored::Mlx(quant::PACKED_16)
-        })
-        .count();
-    eprintln!("{model}: {packed} tensors in the 16-element packed layout");
-
-    let loaded = nn::load::load(&folder, Some(Dtype::F32)).unwrap();
-    let got_logits = prompt_logits(loaded.model.as_ref(), &prompt);
-    let (got, _) = greedy(loaded.model.as_ref(), &prompt);
-    assert_eq!(got, expected, "{model}: greedy ids");
-    let differing = got_logits
-        .iter()
-        .zip(&expected_logits)
-        .filter(|(a, b)| a != b)
-        .count();
-    assert_eq!(differing, 0, "{model}: logits differ from the GGUF file's");
-    assert_eq!(
-        std::fs::read_dir(home.path().join("tmp")).unwrap().count(),
-        0
-    );
+fn gemma3_converted_and_requantized_keeps_its_greedy_text() {
+    created_copies_keep_the_text("gemma3:270m");
 }
 
 /// The logits of every prompt position, computed in one forward pass.
@@ -212,16 +204,6 @@ fn prompt_logits(model: &dyn Model, prompt: &[u32]) -> Vec<f32> {
         .unwrap();
     let logits: Array = model.unembed(&out.hidden).unwrap();
     logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap()
-}
-
-#[test]
-fn smollm2_gguf_is_converted_at_create_and_computes_the_same() {
-    converted_gguf_computes_what_the_file_does("smollm2:135m");
-}
-
-#[test]
-fn gemma3_gguf_is_converted_at_create_and_computes_the_same() {
-    converted_gguf_computes_what_the_file_does("gemma3:270m");
 }
 
 /// A GGUF file with no vocabulary (`tokenizer.ggml.*` stripped) is refused at create, naming
