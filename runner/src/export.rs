@@ -53,7 +53,7 @@ pub enum ExportError {
         what: String,
     },
     /// The vocabulary could not be read or serialized.
-    #[error("exporting the tokenizer: {0}")]
+    #[error("the vocabulary: {0}")]
     Tokenizer(String),
     /// Writing the folder failed.
     #[error("writing {path}: {source}")]
