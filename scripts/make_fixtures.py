@@ -1238,6 +1238,204 @@ def mlx_lm_logits(fixture_dir: Path, config_name: str, ids: list[int]) -> tuple[
 
 
 # ---------------------------------------------------------------------------------------------
+# Vision fixtures (issue 21)
+#
+# A multimodal checkpoint run on a prompt that holds images: its golden file carries the vision
+# tower's output and the projected image features beside the logits, so each stage is checked
+# on its own.
+# ---------------------------------------------------------------------------------------------
+
+# Special ids of the gemma3_vision fixture, inside its 512-entry vocabulary (the real ones,
+# 255999 / 256000 / 262144, are not): Gemma 3's processor lays an image out as
+# "\n\n" <start_of_image> <image_soft_token> × mm_tokens_per_image <end_of_image> "\n\n".
+GEMMA3_BOI = 509
+GEMMA3_EOI = 510
+GEMMA3_IMAGE = 511
+GEMMA3_DOUBLE_NEWLINE = 108
+
+
+def gemma3_vision_config() -> transformers.Gemma3Config:
+    # Gemma 3 4B's layout, shrunk: the gemma3 fixture's text decoder behind a SigLIP tower of
+    # 2 layers over 32×32 images in 8×8 patches (a 4×4 grid), pooled 2×2 down to 4 tokens per
+    # image. A head width of 16 (2 heads of a 32-wide tower) and a LayerNorm epsilon of 1e-5
+    # (not the default 1e-6) make a reader that guesses either give wrong features.
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_channels=3,
+        image_size=32,
+        patch_size=8,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-5,
+        vision_use_head=False,
+    )
+    config = transformers.Gemma3Config(
+        text_config=gemma3_config(),
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=GEMMA3_BOI,
+        eoi_token_index=GEMMA3_EOI,
+        image_token_index=GEMMA3_IMAGE,
+        tie_word_embeddings=True,
+    )
+    config.bos_token_id = 2
+    config.pad_token_id = 0
+    config.eos_token_id = 1
+    return config
+
+
+VISION_FIXTURES = {"gemma3_vision": gemma3_vision_config}
+
+
+def gemma3_image_prompt(images: int, tokens_per_image: int) -> tuple[list[int], list[int]]:
+    """BOS, then text and images in turn as Gemma 3's processor lays them out, ending in text;
+    and the processor's token_type_ids (1 on image soft tokens only)."""
+    text = [t for t in PROMPT_TAIL if t not in (GEMMA3_BOI, GEMMA3_EOI, GEMMA3_IMAGE)]
+    runs = [text[i * 6 : (i + 1) * 6] for i in range(images + 1)]
+    ids = [2] + runs[0]
+    for run in runs[1:]:
+        ids += [GEMMA3_DOUBLE_NEWLINE, GEMMA3_BOI] + [GEMMA3_IMAGE] * tokens_per_image
+        ids += [GEMMA3_EOI, GEMMA3_DOUBLE_NEWLINE] + run
+    return ids, [int(t == GEMMA3_IMAGE) for t in ids]
+
+
+def vision_outputs(model, pixels: torch.Tensor, ids: list[int], types: list[int], text: list[int]) -> dict:
+    """Every stage of the model on the fixture's inputs, in the model's dtype."""
+    inner = model.model
+    with torch.no_grad():
+        tower = inner.vision_tower(pixel_values=pixels).last_hidden_state
+        features = inner.multi_modal_projector(tower)
+        logits = model(
+            input_ids=torch.tensor([ids]),
+            pixel_values=pixels,
+            token_type_ids=torch.tensor([types]),
+        ).logits[0]
+        # Without token_type_ids transformers masks causally everywhere: recorded only to show
+        # what the bidirectional image blocks change.
+        causal = model(input_ids=torch.tensor([ids]), pixel_values=pixels).logits[0]
+        text_logits = model(input_ids=torch.tensor([text])).logits[0]
+    return {
+        "vision_hidden": tower[...],
+        "image_features": features,
+        "logits": logits,
+        "causal_logits": causal,
+        "text_logits": text_logits,
+    }
+
+
+def vision_prefill_then_decode(model, pixels, ids: list[int], types: list[int]) -> torch.Tensor:
+    """transformers' own generation path: the prompt through its last image with the
+    bidirectional mask, then the text after it token by token over the cache."""
+    split = max(i for i, t in enumerate(types) if t) + 1
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor([ids[:split]]),
+            pixel_values=pixels,
+            token_type_ids=torch.tensor([types[:split]]),
+            use_cache=True,
+        )
+        rows = list(out.logits[0])
+        past = out.cache
+        for position in range(split, len(ids)):
+            out = model(
+                input_ids=torch.tensor([[ids[position]]]),
+                cache=past,
+                use_cache=True,
+                position_ids=torch.tensor([[position]]),
+            )
+            past = out.cache
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows)
+
+
+def build_vision(name: str) -> dict:
+    """A multimodal fixture: weights, both config spellings, and `logits.safetensors` with
+    `vision_hidden` [images, patches, vision hidden], `image_features` [images, tokens, text
+    hidden], `logits` [seq, vocab] for the image prompt (bidirectional image blocks, as the
+    processor's token_type_ids ask) and `text_logits` for the text-only prompt."""
+    for seed in range(SEED, SEED + MAX_SEED_TRIES):
+        torch.manual_seed(seed)
+        config = gemma3_vision_config()
+        config._attn_implementation = "eager"
+        model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+        randomize_weights(model, norm_offset=True)
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                # SigLIP's LayerNorms scale by w itself, not 1 + w.
+                if ".vision_tower." in key and "norm" in key:
+                    if key.endswith(".weight"):
+                        param.uniform_(0.5, 1.5)
+                    else:
+                        param.normal_(0.0, 0.2)
+        model.tie_weights()
+        vision = config.vision_config
+        pixels = torch.from_numpy(
+            np.random.RandomState(4321)
+            .uniform(-1.0, 1.0, size=(2, vision.num_channels, vision.image_size, vision.image_size))
+            .astype(np.float32)
+        )
+        ids, types = gemma3_image_prompt(2, config.mm_tokens_per_image)
+        text = [config.bos_token_id] + PROMPT_TAIL
+        outputs = vision_outputs(model, pixels, ids, types, text)
+        wide = copy.deepcopy(model).to(torch.float64)
+        exact = vision_outputs(wide, pixels.double(), ids, types, text)
+        rounding = {k: float((outputs[k].double() - exact[k]).abs().max()) for k in outputs}
+        if max(rounding.values()) <= MAX_REFERENCE_ROUNDING:
+            break
+        print(f"{name}: seed {seed} rejected, f32 rounding moves the reference by {rounding}")
+    else:
+        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives a well-conditioned reference")
+    decode = vision_prefill_then_decode(model, pixels, ids, types)
+    decode_diff = float((decode - outputs["logits"]).abs().max())
+    if decode_diff > 1e-4:
+        raise SystemExit(f"{name}: prefill and decode differ from the full pass by {decode_diff}")
+
+    out = FIXTURES_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    saved_config = json.loads((out / "config.json").read_text())
+    old = dict(saved_config)
+    old["text_config"] = transformers4_config(saved_config["text_config"])
+    old["transformers_version"] = "4.57.1"
+    (out / "config.transformers4.json").write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+    saved = {k: v.to(torch.float32).contiguous() for k, v in outputs.items() if k != "causal_logits"}
+    saved["pixel_values"] = pixels.contiguous()
+    safetensors.torch.save_file(saved, out / "logits.safetensors")
+
+    logits = outputs["logits"]
+    probs = torch.softmax(logits, dim=-1)
+    golden = {
+        "fixture": name,
+        "architecture": saved_config.get("architectures", [None])[0],
+        "model_type": saved_config.get("model_type"),
+        "prompt_ids": ids,
+        "token_type_ids": types,
+        "text_prompt_ids": text,
+        "logits_file": "logits.safetensors",
+        "tensors": {k: list(v.shape) for k, v in saved.items()},
+        "dtype": "float32",
+        "seed": seed,
+        "attn_implementation": "eager",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "max_abs_logit": float(logits.abs().max()),
+        "mean_max_softmax_prob": float(probs.max(dim=-1).values.mean()),
+        "argmax_ids": [int(i) for i in logits.argmax(dim=-1)],
+        "max_abs_vision_hidden": float(outputs["vision_hidden"].abs().max()),
+        "max_abs_image_feature": float(outputs["image_features"].abs().max()),
+        "decode_vs_full_max_abs_diff": decode_diff,
+        "bidirectional_vs_causal_max_abs_diff": float((logits - outputs["causal_logits"]).abs().max()),
+        "f32_vs_f64_max_abs_diff": rounding,
+    }
+    (out / "golden.json").write_text(compact_json(golden))
+    return golden
+
+
+# ---------------------------------------------------------------------------------------------
 # GGUF copies
 #
 # `--gguf` translates a committed fixture folder into `model.gguf` the way llama.cpp's
@@ -2038,18 +2236,18 @@ def main() -> None:
             path = write_gguf(name)
             print(f"{name}: {path.stat().st_size / 1024:.0f} KiB GGUF")
         return
-    names = args.names or list(FIXTURES)
-    unknown = [n for n in names if n not in FIXTURES]
+    names = args.names or list(FIXTURES) + list(VISION_FIXTURES)
+    unknown = [n for n in names if n not in FIXTURES and n not in VISION_FIXTURES]
     if unknown:
-        parser.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
+        parser.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES) + list(VISION_FIXTURES)}")
     torch.set_num_threads(1)
     for name in names:
-        golden = build(name)
+        golden = build_vision(name) if name in VISION_FIXTURES else build(name)
         size = sum(f.stat().st_size for f in (FIXTURES_DIR / name).iterdir())
         summary = {k: golden[k] for k in golden if k in (
             "max_abs_logit", "mean_max_softmax_prob", "decode_vs_full_max_abs_diff",
             "min_router_topk_margin", "f32_vs_f64_max_abs_diff", "mlx_lm_max_abs_diff",
-            "mlx_lm_max_abs_diff_reading_config_json")}
+            "mlx_lm_max_abs_diff_reading_config_json", "bidirectional_vs_causal_max_abs_diff")}
         print(f"{name}: {size / 1024:.0f} KiB {summary}")
 
 
