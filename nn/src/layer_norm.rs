@@ -18,6 +18,12 @@ impl LayerNorm {
         LayerNorm { weight, bias, eps }
     }
 
+    /// Appends the scale and shift, where present, to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        out.extend(self.weight.iter().cloned());
+        out.extend(self.bias.iter().cloned());
+    }
+
     /// Normalizes `x`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(mlx::fast::layer_norm(

@@ -24,6 +24,7 @@
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
 //!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
 //!   `gemma4`, `olmo2`, `phi3`.
+//! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
@@ -52,6 +53,7 @@ pub mod rope;
 pub mod sdpa;
 pub mod short_conv;
 pub mod ssd;
+pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};
