@@ -4,9 +4,9 @@
 //! Rows share the projections around attention (one matrix product for the whole batch) while
 //! each attends only to its own history, at its own position.
 
-use kvcache::{AttentionMaskOwned, KvHistory, LayerCache, LogicalMask};
-use mlx::Array;
+use kvcache::{AttentionMaskOwned, KvHistory, LayerCache, LogicalMask, MaskApplier};
 use mlx::fast::{RopeOffset, RowHistory};
+use mlx::{Array, Dtype};
 
 use crate::attention::{Attention, Projected};
 use crate::model::Batch;
@@ -98,6 +98,143 @@ pub fn attend_cached(
         logical,
     )?;
     attention.output(&heads, projected.gate.as_ref())
+}
+
+/// Runs of a batch's new tokens that also attend to each other in both directions, on top of
+/// a layer's own rule: Gemma 3's images, whose tokens see the whole image, later tokens as
+/// well as earlier ones, while text around them stays causal. One id per new token of each
+/// row; tokens sharing an id of 0 or more form a block, -1 marks a token in none.
+///
+/// A block must lie wholly inside one forward: a later forward's keys do not exist yet, and an
+/// earlier forward's queries are not computed again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBlocks {
+    rows: Vec<Vec<i32>>,
+}
+
+impl TokenBlocks {
+    /// The blocks of each row of `ids` (a batch's tokens, row by row): every maximal run of
+    /// consecutive tokens for which `member` holds.
+    pub fn runs(ids: &[Vec<u32>], member: impl Fn(u32) -> bool) -> TokenBlocks {
+        let rows = ids
+            .iter()
+            .map(|row| {
+                let mut next = 0;
+                let mut previous = false;
+                row.iter()
+                    .map(|&id| {
+                        let inside = member(id);
+                        if inside && !previous {
+                            next += 1;
+                        }
+                        previous = inside;
+                        if inside { next - 1 } else { -1 }
+                    })
+                    .collect()
+            })
+            .collect();
+        TokenBlocks { rows }
+    }
+
+    /// Whether no token of any row is in a block.
+    pub fn is_empty(&self) -> bool {
+        self.rows.iter().flatten().all(|&block| block < 0)
+    }
+}
+
+/// Like [`attend_cached`], with each row's new tokens in a block also seeing the later tokens
+/// of that block.
+pub fn attend_cached_blocks(
+    attention: &Attention,
+    projected: &Projected,
+    caches: &mut [&mut [Option<LayerCache>]],
+    layer: usize,
+    positions: &[usize],
+    logical: LogicalMask,
+    blocks: &TokenBlocks,
+) -> Result<Array> {
+    let tokens = projected.queries.dim(2)? as usize;
+    if blocks.rows.len() != positions.len() || blocks.rows.iter().any(|r| r.len() != tokens) {
+        return Err(Error::InvalidInput(format!(
+            "token blocks for {} rows do not fit a batch of {} rows of {tokens} tokens",
+            blocks.rows.len(),
+            positions.len()
+        )));
+    }
+    let mut histories = append_to_caches(
+        (&projected.keys, &projected.values),
+        caches,
+        layer,
+        positions,
+        tokens,
+        logical,
+    )?;
+    for (row, (history, mask)) in histories.0.iter_mut().enumerate() {
+        if let Some(widened) = widen(mask, &history.mask, positions[row], &blocks.rows[row])? {
+            *mask = AttentionMaskOwned::Array(widened);
+        }
+    }
+    let heads = attend_histories(attention.kernel(), &projected.queries, &histories)?;
+    attention.output(&heads, projected.gate.as_ref())
+}
+
+/// `mask` (over the key columns `columns` describes, for new tokens from position `first`)
+/// with each token in a block also seeing the block's later tokens; `None` when it changes
+/// nothing. Those keys are new, so no window hides them; keys of earlier forwards are in no
+/// block, and the mask already shows each query what it may see of them.
+fn widen(
+    mask: &AttentionMaskOwned,
+    columns: &MaskApplier,
+    first: usize,
+    blocks: &[i32],
+) -> Result<Option<Array>> {
+    if blocks.iter().all(|&block| block < 0) {
+        return Ok(None);
+    }
+    let positions = columns.key_positions();
+    let key_blocks: Vec<i32> = positions
+        .iter()
+        .map(|&p| {
+            p.checked_sub(first)
+                .and_then(|i| blocks.get(i))
+                .copied()
+                .unwrap_or(-1)
+        })
+        .collect();
+    let index = |p: usize| {
+        i32::try_from(p).map_err(|_| Error::InvalidInput(format!("position {p} is too large")))
+    };
+    let keys = index(positions.len())?;
+    let tokens = index(blocks.len())?;
+    let kp = Array::from_slice(
+        &positions
+            .iter()
+            .map(|&p| index(p))
+            .collect::<Result<Vec<i32>>>()?,
+        &[1, keys],
+    )?;
+    let kb = Array::from_slice(&key_blocks, &[1, keys])?;
+    let start = index(first)?;
+    let qp = Array::arange(
+        f64::from(start),
+        f64::from(start) + f64::from(tokens),
+        1.0,
+        Dtype::I32,
+    )?
+    .reshape(&[tokens, 1])?;
+    let qb = Array::from_slice(blocks, &[tokens, 1])?;
+    let later_in_block = qb
+        .equal(&kb)?
+        .logical_and(&qb.greater_equal(0)?)?
+        .logical_and(&kp.greater(&qp)?)?;
+    let base = match mask {
+        AttentionMaskOwned::None => return Ok(None),
+        // MLX's causal mode is used only for columns of consecutive positions ending at the
+        // last query, where it is exactly `p <= q`.
+        AttentionMaskOwned::Causal => kp.less_equal(&qp)?,
+        AttentionMaskOwned::Array(m) => m.clone(),
+    };
+    Ok(Some(base.logical_or(&later_in_block)?))
 }
 
 /// Like [`attend_cached`] for blocks that project their own queries, keys and values

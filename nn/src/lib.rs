@@ -10,7 +10,8 @@
 //!   (default, linear, llama3, yarn, proportional, per-frequency divisors; partial;
 //!   traditional), [`attention`] (GQA, q/k norms, soft-capping, output gates, sinks, optional
 //!   rope), [`sdpa`] (the scaled dot product every
-//!   attention block shares), [`cached_attention`] (each batch row over its own cache),
+//!   attention block shares), [`cached_attention`] (each batch row over its own cache, with
+//!   blocks of tokens that also see each other's later tokens),
 //!   [`activation`] (fused gated activations, clamped SwiGLU), [`mlp`], [`moe`] (routing by
 //!   softmax, sigmoid or top-k logits, shared experts, expert groups and biases),
 //!   [`short_conv`] (causal depthwise convolution with a carried tail), [`gated_delta`] (the

@@ -6,6 +6,9 @@
 //! embeddings scaled by `√hidden`, attention scaled by `query_pre_attn_scalar^-½`, output
 //! logits soft-capped when `final_logit_softcapping` is set. Norms store `w − 1`.
 //!
+//! A multimodal checkpoint (`Gemma3ForConditionalGeneration`) loads here as its text model, its
+//! vision tower and projector set aside.
+//!
 //! References: transformers' `models/gemma3/modeling_gemma3.py` (5.24); Gemma Team, "Gemma 3
 //! Technical Report" (2025).
 
@@ -15,7 +18,9 @@ use serde_json::Value;
 
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
-use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
+use crate::cached_attention::{
+    BatchPositions, TokenBlocks, attend_cached, attend_cached_blocks, check_cache_sets,
+};
 use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
@@ -60,7 +65,9 @@ pub struct Config {
     pub query_pre_attn_scalar: Option<f64>,
     /// `attn_logit_softcapping`.
     pub attn_logit_softcapping: Option<f32>,
-    /// `final_logit_softcapping`.
+    /// `final_logit_softcapping`; `None` in a multimodal checkpoint whatever its text section
+    /// says, as transformers' `Gemma3ForConditionalGeneration` never applies it (5.24; the
+    /// released Gemma 3 configs leave it unset anyway).
     pub final_logit_softcapping: Option<f32>,
     /// `hidden_activation` (or `hidden_act`).
     pub hidden_activation: String,
@@ -133,7 +140,10 @@ impl Config {
             rope_local,
             query_pre_attn_scalar,
             attn_logit_softcapping: f.f64("attn_logit_softcapping")?.map(|c| c as f32),
-            final_logit_softcapping: f.f64("final_logit_softcapping")?.map(|c| c as f32),
+            final_logit_softcapping: match config.get("text_config") {
+                Some(_) => None,
+                None => f.f64("final_logit_softcapping")?.map(|c| c as f32),
+            },
             hidden_activation: f
                 .str("hidden_activation")
                 .or_else(|| f.str("hidden_act"))
@@ -199,8 +209,26 @@ pub struct Gemma3 {
     lm_head: Linear,
 }
 
+/// Where a checkpoint keeps the text decoder and its head: `model.…` (text only),
+/// `language_model.model.…` (a multimodal checkpoint as Google published Gemma 3 and as
+/// transformers saves it, 4 and 5.24 alike) or `model.language_model.…` (transformers 5's
+/// module names); the head, when untied, is `lm_head` or `language_model.lm_head`.
+pub(crate) fn text_root(weights: &Weights) -> (&'static str, &'static str) {
+    let root = ["model.language_model", "language_model.model"]
+        .into_iter()
+        .find(|root| weights.contains(&format!("{root}.embed_tokens.weight")))
+        .unwrap_or("model");
+    let head = if weights.contains("language_model.lm_head.weight") {
+        "language_model.lm_head"
+    } else {
+        "lm_head"
+    };
+    (root, head)
+}
+
 impl Gemma3 {
-    /// Builds the model from transformers-named weights.
+    /// Builds the model from transformers-named weights: a text checkpoint's, or a multimodal
+    /// one's text decoder, with everything under its vision tower and projector set aside.
     pub fn new(config: Config, weights: &mut Weights) -> Result<Gemma3> {
         let hidden = dim(config.hidden_size, "hidden_size")?;
         let vocab = dim(config.vocab_size, "vocab_size")?;
@@ -210,16 +238,25 @@ impl Gemma3 {
             RmsNorm::with_unit_offset(weights.dense(name, &[hidden])?, eps)
         };
         let activation = Activation::from_name(&config.hidden_activation)?;
-        let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
-        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
-        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        let (root, head) = text_root(weights);
+        for tower in [
+            "model.vision_tower.",
+            "model.multi_modal_projector.",
+            "vision_tower.",
+            "multi_modal_projector.",
+        ] {
+            weights.set_aside(tower);
+        }
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed_weight = weights.weight(&embed_name)?;
+        check_matrix(&embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(&embed_name)?);
         let rope = Rope::new(&config.rope)?;
         let rope_local = config.rope_local.as_ref().map(Rope::new).transpose()?;
 
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
-            let p = format!("model.layers.{i}");
+            let p = format!("{root}.layers.{i}");
             let layer_rope = match (sliding_window, &rope_local) {
                 (Some(_), Some(local)) => local,
                 _ => &rope,
@@ -243,14 +280,9 @@ impl Gemma3 {
                 sliding_window,
             });
         }
-        let final_norm = norm(weights, "model.norm.weight")?;
-        let lm_head = embed_tokens.output_head(
-            weights,
-            config.tie_word_embeddings,
-            "lm_head",
-            vocab,
-            hidden,
-        )?;
+        let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
+        let lm_head =
+            embed_tokens.output_head(weights, config.tie_word_embeddings, head, vocab, hidden)?;
         Ok(Gemma3 {
             spec: config.spec(),
             config,
@@ -258,6 +290,87 @@ impl Gemma3 {
             layers,
             norm: final_norm,
             lm_head,
+        })
+    }
+}
+
+impl Gemma3 {
+    /// Its hyperparameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The input embeddings of `tokens` (`[rows, tokens]` ids): rows of the table scaled by
+    /// `√hidden`, `[rows, tokens, hidden]`.
+    pub fn embed(&self, tokens: &Array) -> Result<Array> {
+        Ok(self
+            .embed_tokens
+            .forward(tokens)?
+            .multiply((self.config.hidden_size as f32).sqrt())?)
+    }
+
+    /// Like [`Model::forward_rows`] from input embeddings already made (`[rows, tokens,
+    /// hidden]`, in place of `batch.tokens`, which only its shape is read from): the text of
+    /// [`Gemma3::embed`] with other features placed among it, such as an image's. Tokens in
+    /// one of `blocks` also see their block's later tokens, in every layer (within the
+    /// window, in sliding ones).
+    pub fn forward_embedded(
+        &self,
+        embedded: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        blocks: Option<&TokenBlocks>,
+    ) -> Result<Forward> {
+        let expected = [
+            batch.tokens.dim(0)?,
+            batch.tokens.dim(1)?,
+            dim(self.config.hidden_size, "hidden_size")?,
+        ];
+        if embedded.shape() != expected {
+            return Err(Error::InvalidInput(format!(
+                "input embeddings of shape {:?} for a batch needing {expected:?}",
+                embedded.shape()
+            )));
+        }
+        self.decode(embedded, batch, caches, self.layers.len(), blocks)
+    }
+
+    /// The first `layers` decoder layers and the final norm over input embeddings `h`.
+    fn decode(
+        &self,
+        mut h: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+        blocks: Option<&TokenBlocks>,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let blocks = blocks.filter(|b| !b.is_empty());
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let projected = layer.self_attn.project(&x, positions.rope())?;
+            let logical = match layer.sliding_window {
+                Some(window) => LogicalMask::SlidingWindow(window),
+                None => LogicalMask::Causal,
+            };
+            let (attention, rows) = (&layer.self_attn, &batch.positions);
+            let attended = match blocks {
+                Some(blocks) => {
+                    attend_cached_blocks(attention, &projected, caches, i, rows, logical, blocks)?
+                }
+                None => attend_cached(attention, &projected, caches, i, rows, logical)?,
+            };
+            h = h.add(&layer.post_attention_layernorm.forward(&attended)?)?;
+            let ff = layer
+                .mlp
+                .forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
+            h = h.add(&layer.post_feedforward_layernorm.forward(&ff)?)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
         })
     }
 }
@@ -330,38 +443,8 @@ impl Model for Gemma3 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
-        let positions = BatchPositions::new(batch)?;
-        let mut h = self
-            .embed_tokens
-            .forward(&batch.tokens)?
-            .multiply((self.config.hidden_size as f32).sqrt())?;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let logical = match layer.sliding_window {
-                Some(window) => LogicalMask::SlidingWindow(window),
-                None => LogicalMask::Causal,
-            };
-            let attended = attend_cached(
-                &layer.self_attn,
-                &projected,
-                caches,
-                i,
-                &batch.positions,
-                logical,
-            )?;
-            h = h.add(&layer.post_attention_layernorm.forward(&attended)?)?;
-            let ff = layer
-                .mlp
-                .forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
-            h = h.add(&layer.post_feedforward_layernorm.forward(&ff)?)?;
-        }
-        Ok(Forward {
-            hidden: self.norm.forward(&h)?,
-            conditioning: None,
-        })
+        let embedded = self.embed(&batch.tokens)?;
+        self.decode(embedded, batch, caches, layers, None)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
