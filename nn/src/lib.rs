@@ -24,7 +24,8 @@
 //!   `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3`, `qwen3_5` (Qwen3.5, Qwen3.5-MoE,
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
 //!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
-//!   `gemma4`, `olmo2`, `phi3`.
+//!   `gemma4`, `olmo2`, `phi3`; `gemma3_multimodal`, Gemma 3 reading images through a SigLIP
+//!   tower (the text-only families load multimodal checkpoints with their towers set aside).
 //! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.

@@ -7,7 +7,7 @@
 //! logits soft-capped when `final_logit_softcapping` is set. Norms store `w − 1`.
 //!
 //! A multimodal checkpoint (`Gemma3ForConditionalGeneration`) loads here as its text model, its
-//! vision tower and projector set aside.
+//! vision tower and projector set aside; [`super::gemma3_multimodal`] runs them.
 //!
 //! References: transformers' `models/gemma3/modeling_gemma3.py` (5.24); Gemma Team, "Gemma 3
 //! Technical Report" (2025).

@@ -3,6 +3,7 @@
 pub mod deepseek_v3;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma3_multimodal;
 pub mod gemma4;
 pub mod gpt_oss;
 pub mod granitemoehybrid;

@@ -1,0 +1,330 @@
+//! Gemma 3 with images (`Gemma3ForConditionalGeneration`): a SigLIP tower encodes each image
+//! into a grid of patch features; the projector averages the grid down to
+//! `mm_tokens_per_image` tokens (square pools), normalizes them (an RMS norm storing `w − 1`,
+//! with the tower's epsilon) and maps them to the text width with one matrix
+//! (`mm_input_projection_weight`, stored `[vision, text]`). Those rows replace the embeddings
+//! of the prompt's image tokens (`image_token_index`) — unscaled, where text embeddings are
+//! scaled by `√hidden` — and the [`Gemma3`] text decoder runs over the result, each image's
+//! tokens attending to the whole image in both directions while everything else stays causal
+//! (transformers does so when the processor's `token_type_ids` are passed, as its generation
+//! does for a prompt: an image sees neither later images nor later text).
+//!
+//! The processor lays an image out as `\n\n <start_of_image>`, `mm_tokens_per_image` image
+//! tokens, `<end_of_image> \n\n`; only the image tokens take features, the markers are text.
+//!
+//! References: transformers' `models/gemma3/modeling_gemma3.py` (5.24: `Gemma3Model`,
+//! `Gemma3MultiModalProjector`, `create_masks_for_vision_model`) and `processing_gemma3.py`;
+//! Gemma Team, "Gemma 3 Technical Report" (2025).
+
+use kvcache::LayerCache;
+use mlx::{Array, Dtype};
+use serde_json::Value;
+
+use crate::arch::gemma3::{self, Gemma3};
+use crate::cached_attention::TokenBlocks;
+use crate::config::{Fields, dim, missing};
+use crate::model::{Batch, Forward, Model};
+use crate::rms_norm::RmsNorm;
+use crate::vision::siglip::{self, VisionModel};
+use crate::weights::Weights;
+use crate::{Error, Result};
+
+/// Most tokens an image may take in the prompt.
+const MAX_TOKENS_PER_IMAGE: usize = 1 << 16;
+
+/// The hyperparameters of a multimodal Gemma 3.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `text_config`, read as a text-only load reads it.
+    pub text: gemma3::Config,
+    /// `vision_config`.
+    pub vision: siglip::Config,
+    /// `mm_tokens_per_image`: a square number whose root divides the tower's patches per side.
+    pub mm_tokens_per_image: usize,
+    /// `image_token_index` (or `image_token_id`): the id whose embeddings image features
+    /// replace.
+    pub image_token_index: u32,
+    /// `boi_token_index` (or `boi_token_id`): `<start_of_image>`, when the config names it.
+    pub boi_token_index: Option<u32>,
+    /// `eoi_token_index` (or `eoi_token_id`): `<end_of_image>`, when the config names it.
+    pub eoi_token_index: Option<u32>,
+}
+
+impl Config {
+    /// Reads a `Gemma3ForConditionalGeneration` config; what is missing or does not fit is an
+    /// error naming the field.
+    pub fn from_json(config: &Value) -> Result<Config> {
+        let root = Fields { object: config };
+        let vision = siglip::Config::from_json(
+            root.get("vision_config")
+                .ok_or_else(|| missing("vision_config"))?,
+        )?;
+        let mm_tokens_per_image =
+            root.required_bounded("mm_tokens_per_image", MAX_TOKENS_PER_IMAGE)?;
+        let side = mm_tokens_per_image.isqrt();
+        let patches = vision.patches_per_side();
+        if side == 0 || side * side != mm_tokens_per_image || !patches.is_multiple_of(side) {
+            return Err(Error::Config(format!(
+                "`mm_tokens_per_image` = {mm_tokens_per_image} is not a square grid that pools \
+                 the tower's {patches}×{patches} patches evenly"
+            )));
+        }
+        let token = |names: [&str; 2]| -> Result<Option<u32>> {
+            let value = match root.usize(names[0])? {
+                Some(v) => Some(v),
+                None => root.usize(names[1])?,
+            };
+            value
+                .map(|v| {
+                    u32::try_from(v).map_err(|_| {
+                        Error::Config(format!("`{}` = {v} is not a token id", names[0]))
+                    })
+                })
+                .transpose()
+        };
+        Ok(Config {
+            text: gemma3::Config::from_json(config)?,
+            vision,
+            mm_tokens_per_image,
+            image_token_index: token(["image_token_index", "image_token_id"])?
+                .ok_or_else(|| missing("image_token_index"))?,
+            boi_token_index: token(["boi_token_index", "boi_token_id"])?,
+            eoi_token_index: token(["eoi_token_index", "eoi_token_id"])?,
+        })
+    }
+}
+
+/// The projector (`multi_modal_projector`): patch features to text-width image tokens.
+pub struct MultiModalProjector {
+    mm_soft_emb_norm: RmsNorm,
+    /// `[vision hidden, text hidden]`, applied as `x · W`.
+    mm_input_projection_weight: Array,
+    patches_per_side: i32,
+    tokens_per_side: i32,
+}
+
+impl MultiModalProjector {
+    /// Builds the projector from the weights under `prefix`.
+    pub fn new(
+        config: &Config,
+        weights: &mut Weights,
+        prefix: &str,
+    ) -> Result<MultiModalProjector> {
+        let vision = dim(config.vision.hidden_size, "vision_config.hidden_size")?;
+        let text = dim(config.text.hidden_size, "hidden_size")?;
+        Ok(MultiModalProjector {
+            mm_soft_emb_norm: RmsNorm::with_unit_offset(
+                weights.dense(&format!("{prefix}.mm_soft_emb_norm.weight"), &[vision])?,
+                config.vision.layer_norm_eps,
+            )?,
+            mm_input_projection_weight: weights.dense(
+                &format!("{prefix}.mm_input_projection_weight"),
+                &[vision, text],
+            )?,
+            patches_per_side: dim(config.vision.patches_per_side(), "vision_config.image_size")?,
+            tokens_per_side: dim(config.mm_tokens_per_image.isqrt(), "mm_tokens_per_image")?,
+        })
+    }
+
+    /// Image tokens `[images, mm_tokens_per_image, text hidden]` of the tower's patch features
+    /// `[images, patches, vision hidden]` (patches row by row, tokens likewise).
+    pub fn forward(&self, vision_outputs: &Array) -> Result<Array> {
+        let shape = vision_outputs.shape();
+        let (side, tokens) = (self.patches_per_side, self.tokens_per_side);
+        if shape.len() != 3 || shape[1] != side * side {
+            return Err(Error::InvalidInput(format!(
+                "vision features of shape {shape:?}, expected [images, {}, hidden]",
+                side * side
+            )));
+        }
+        let (images, width) = (shape[0], shape[2]);
+        let pool = side / tokens;
+        // Rows and columns of the patch grid split into (token, offset within its pool); the
+        // mean over both offsets is a stride-`pool` average pool.
+        let pooled = vision_outputs
+            .reshape(&[images, tokens, pool, tokens, pool, width])?
+            .mean(&[2, 4], false)?
+            .reshape(&[images, tokens * tokens, width])?;
+        let normed = self.mm_soft_emb_norm.forward(&pooled)?;
+        Ok(normed.matmul(&self.mm_input_projection_weight)?)
+    }
+
+    /// Every weight array.
+    pub fn parameters(&self) -> Vec<Array> {
+        let mut out = vec![self.mm_input_projection_weight.clone()];
+        self.mm_soft_emb_norm.collect_arrays(&mut out);
+        out
+    }
+}
+
+/// A Gemma 3 that reads images as well as text.
+pub struct Gemma3Multimodal {
+    config: Config,
+    vision_tower: VisionModel,
+    multi_modal_projector: MultiModalProjector,
+    language_model: Gemma3,
+}
+
+impl Gemma3Multimodal {
+    /// Builds the model from a multimodal checkpoint's weights, named as Google published
+    /// Gemma 3 (`vision_tower.vision_model.…`, `multi_modal_projector.…`,
+    /// `language_model.model.…`), as transformers 5.24 saves it (the tower directly under
+    /// `vision_tower.`) or by transformers 5's modules (`model.vision_tower.…`,
+    /// `model.multi_modal_projector.…`, `model.language_model.…`).
+    pub fn new(config: Config, weights: &mut Weights) -> Result<Gemma3Multimodal> {
+        let tower = [
+            "vision_tower.vision_model",
+            "vision_tower",
+            "model.vision_tower.vision_model",
+            "model.vision_tower",
+        ]
+        .into_iter()
+        .find(|p| weights.contains(&format!("{p}.embeddings.patch_embedding.weight")))
+        .unwrap_or("vision_tower");
+        let projector =
+            if weights.contains("model.multi_modal_projector.mm_input_projection_weight") {
+                "model.multi_modal_projector"
+            } else {
+                "multi_modal_projector"
+            };
+        let vision_tower = VisionModel::new(config.vision.clone(), weights, tower)?;
+        if config.vision.vision_use_head {
+            // SigLIP's attention-pooling head: Gemma 3 projects the patches, never the pool.
+            weights.set_aside(&format!("{tower}.head."));
+        }
+        let multi_modal_projector = MultiModalProjector::new(&config, weights, projector)?;
+        let language_model = Gemma3::new(config.text.clone(), weights)?;
+        Ok(Gemma3Multimodal {
+            config,
+            vision_tower,
+            multi_modal_projector,
+            language_model,
+        })
+    }
+
+    /// Its hyperparameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The vision tower.
+    pub fn vision_tower(&self) -> &VisionModel {
+        &self.vision_tower
+    }
+
+    /// The projector.
+    pub fn multi_modal_projector(&self) -> &MultiModalProjector {
+        &self.multi_modal_projector
+    }
+
+    /// The text model: a text-only forward, caches and the output head.
+    pub fn language_model(&self) -> &Gemma3 {
+        &self.language_model
+    }
+
+    /// The image tokens of `pixel_values` (`[images, channels, image_size, image_size]`,
+    /// resized and normalized as the processor does): `[images, mm_tokens_per_image, text
+    /// hidden]`, for [`Gemma3Multimodal::forward_with_images`].
+    pub fn encode_images(&self, pixel_values: &Array) -> Result<Array> {
+        self.multi_modal_projector
+            .forward(&self.vision_tower.forward(pixel_values)?)
+    }
+
+    /// Like [`Model::forward_rows`], with image features `[images, mm_tokens_per_image, text
+    /// hidden]` ([`Gemma3Multimodal::encode_images`]) in place of the image tokens' embeddings:
+    /// the images in the order their tokens appear, row by row. Each run of image tokens
+    /// attends to itself in both directions, so it must lie wholly inside this forward. Fails
+    /// when the batch's image tokens and the features' rows differ in number.
+    pub fn forward_with_images(
+        &self,
+        batch: &Batch,
+        image_features: Option<&Array>,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let (rows, width) = (batch.row_count(), batch.width()?);
+        let ids = batch
+            .tokens
+            .astype(Dtype::I32)?
+            .to_vec::<i32>()?
+            .into_iter()
+            .map(|id| {
+                u32::try_from(id)
+                    .map_err(|_| Error::InvalidInput(format!("token id {id} is out of range")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        let image = self.config.image_token_index;
+        let image_tokens = ids.iter().filter(|&&id| id == image).count();
+        let hidden = dim(self.config.text.hidden_size, "hidden_size")?;
+        let tokens = dim(self.config.mm_tokens_per_image, "mm_tokens_per_image")?;
+        let features = match image_features {
+            None => None,
+            Some(f) => {
+                let s = f.shape();
+                if s.len() != 3 || s[1] != tokens || s[2] != hidden {
+                    return Err(Error::InvalidInput(format!(
+                        "image features of shape {s:?}, expected [images, {tokens}, {hidden}]"
+                    )));
+                }
+                Some(f.reshape(&[-1, hidden])?)
+            }
+        };
+        let feature_rows = features.as_ref().map_or(Ok(0), |f| f.dim(0))? as usize;
+        if image_tokens != feature_rows {
+            return Err(Error::InvalidInput(format!(
+                "{image_tokens} image tokens in the batch for {feature_rows} rows of image \
+                 features"
+            )));
+        }
+        // An image id past the vocabulary is looked up as 0, as transformers does; its row is
+        // replaced below either way.
+        let vocab = self.config.text.vocab_size;
+        let lookup = if (image as usize) < vocab || image_tokens == 0 {
+            batch.tokens.clone()
+        } else {
+            let safe: Vec<i32> = ids
+                .iter()
+                .map(|&id| if id == image { 0 } else { id as i32 })
+                .collect();
+            Array::from_slice(&safe, &[rows as i32, width as i32])?
+        };
+        let mut embedded = self.language_model.embed(&lookup)?;
+        if let Some(features) = features {
+            // One gather over the text rows followed by the feature rows: each image token's
+            // position takes the next feature row, every other position its own embedding.
+            let positions = rows * width;
+            let mut next = positions;
+            let index = ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let from = if id == image {
+                        next += 1;
+                        next - 1
+                    } else {
+                        i
+                    };
+                    i32::try_from(from).map_err(|_| {
+                        Error::InvalidInput(format!("{positions} positions are too many"))
+                    })
+                })
+                .collect::<Result<Vec<i32>>>()?;
+            let flat = embedded.reshape(&[-1, hidden])?;
+            let table = mlx::concatenate(&[flat.clone(), features.astype(flat.dtype())?], 0)?;
+            embedded = table
+                .take(&Array::from_slice(&index, &[index.len() as i32])?, 0)?
+                .reshape(&[rows as i32, width as i32, hidden])?;
+        }
+        let row_ids: Vec<Vec<u32>> = ids.chunks(width.max(1)).map(<[u32]>::to_vec).collect();
+        let blocks = TokenBlocks::runs(&row_ids, |id| id == image);
+        self.language_model
+            .forward_embedded(embedded, batch, caches, Some(&blocks))
+    }
+
+    /// Every weight array, for evaluating them once at load.
+    pub fn parameters(&self) -> Vec<Array> {
+        let mut out = self.vision_tower.parameters();
+        out.extend(self.multi_modal_projector.parameters());
+        out.extend(self.language_model.parameters());
+        out
+    }
+}
