@@ -15,6 +15,9 @@ use serde_json::{Map, Value, json};
 use crate::gguf::{GgufTensorInfo, MetaValue};
 
 /// llama.cpp's fixed sliding-window pattern for Gemma 3 (five local layers, then one global).
+/// More layers than any published model has (the largest have about 128); a `block_count`
+/// above it builds no per-layer lists.
+const MAX_LISTED_LAYERS: u64 = 1 << 16;
 const GEMMA3_SLIDING_WINDOW_PATTERN: u64 = 6;
 /// llama.cpp's rope base for Gemma 3's sliding-window layers when a file does not give one.
 const GEMMA3_LOCAL_ROPE_BASE: f64 = 10_000.0;
@@ -89,7 +92,15 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         .get("general.architecture")
         .and_then(MetaValue::as_str)
         .unwrap_or_default();
-    let key = |suffix: &str| metadata.get(&format!("{arch}.{suffix}"));
+    let stated = |suffix: &str| metadata.get(&format!("{arch}.{suffix}"));
+    // Per-layer lists below are as long as `block_count`: one that claims more layers than
+    // any model has gets none, so nothing here is sized by it. It is still copied as
+    // `num_hidden_layers`, which the model's reader refuses by name.
+    let key = |suffix: &str| {
+        stated(suffix).filter(|v| {
+            suffix != "block_count" || v.as_u64().is_some_and(|n| n <= MAX_LISTED_LAYERS)
+        })
+    };
     let family = gguf_family(arch, tensors);
     let copy = |config: &mut Map<String, Value>, hf: &str, value: Option<&MetaValue>| {
         if let Some(v) = value {
@@ -103,7 +114,7 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
         config.insert("architectures".into(), json!([class]));
     }
     copy(&mut config, "hidden_size", key("embedding_length"));
-    copy(&mut config, "num_hidden_layers", key("block_count"));
+    copy(&mut config, "num_hidden_layers", stated("block_count"));
     copy(&mut config, "intermediate_size", key("feed_forward_length"));
     copy(
         &mut config,
@@ -287,18 +298,7 @@ fn gemma2_layers<'a>(
     for (hf, default) in GEMMA2_SOFTCAPS {
         config.entry(hf).or_insert_with(|| json!(default));
     }
-    if let Some(layers) = key("block_count").and_then(MetaValue::as_u64) {
-        let kinds: Vec<&str> = (0..layers)
-            .map(|i| {
-                if i % 2 == 0 {
-                    "sliding_attention"
-                } else {
-                    "full_attention"
-                }
-            })
-            .collect();
-        config.insert("layer_types".into(), json!(kinds));
-    }
+    alternate_sliding_first(config, key);
 }
 
 fn vocab_size(
@@ -807,13 +807,11 @@ fn qwen3next_layers<'a>(
     config.insert("norm_topk_prob".into(), json!(true));
 }
 
-/// gpt-oss as its config spells it: llama.cpp alternates sliding and full layers itself
-/// (sliding first); the experts' width is `expert_feed_forward_length`; projections carry
-/// biases where the file has them.
-fn gpt_oss_layers<'a>(
+/// `layer_types` alternating sliding and full layers, sliding first: the pattern llama.cpp
+/// hard-codes for Gemma 2 and gpt-oss, whose files do not state it.
+fn alternate_sliding_first<'a>(
     config: &mut Map<String, Value>,
     key: &impl Fn(&str) -> Option<&'a MetaValue>,
-    tensors: &[GgufTensorInfo],
 ) {
     if let Some(layers) = key("block_count").and_then(MetaValue::as_u64) {
         let kinds: Vec<&str> = (0..layers)
@@ -827,6 +825,17 @@ fn gpt_oss_layers<'a>(
             .collect();
         config.insert("layer_types".into(), json!(kinds));
     }
+}
+
+/// gpt-oss as its config spells it: llama.cpp alternates sliding and full layers itself
+/// (sliding first); the experts' width is `expert_feed_forward_length`; projections carry
+/// biases where the file has them.
+fn gpt_oss_layers<'a>(
+    config: &mut Map<String, Value>,
+    key: &impl Fn(&str) -> Option<&'a MetaValue>,
+    tensors: &[GgufTensorInfo],
+) {
+    alternate_sliding_first(config, key);
     if let Some(experts) = key("expert_count") {
         config.insert("num_local_experts".into(), to_json(experts));
     }
@@ -885,6 +894,28 @@ mod tests {
             metadata.insert(key.replace("arch.", &format!("{arch}.")), value.clone());
         }
         hf_config(&metadata, &[])
+    }
+
+    #[test]
+    fn an_absurd_layer_count_builds_no_per_layer_lists() {
+        // Every family whose translation builds per-layer lists, with a count that would
+        // take terabytes: the config keeps the count for the model's reader to refuse.
+        let absurd = 1u64 << 40;
+        for arch in [
+            "gemma2",
+            "gemma3",
+            "gemma4",
+            "gpt-oss",
+            "qwen35",
+            "qwen3next",
+            "lfm2",
+            "llama4",
+            "deepseek2",
+        ] {
+            let config = config_of(arch, &[("arch.block_count", MetaValue::U64(absurd))]);
+            assert_eq!(config["num_hidden_layers"], absurd, "{arch}");
+            assert!(config.get("layer_types").is_none(), "{arch}: {config}");
+        }
     }
 
     #[test]
