@@ -79,7 +79,8 @@ pub use crate::error::{Error, Modality, Result};
 pub use crate::identity::MediaId;
 pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions};
 pub use crate::image::preprocess::{
-    Fit, ImageProcessorConfig, PixelValues, Resample, normalize, preprocess, resize_to_fit,
+    Fit, ImageProcessorConfig, PixelValues, Resample, ResizeBackend, normalize, preprocess,
+    resize_to_fit,
 };
 pub use crate::image::tiling::{TileGrid, smart_resize, split_tiles, tile_grid};
 pub use crate::intake::{

@@ -17,12 +17,28 @@ pub enum Resample {
     Bicubic,
 }
 
+/// Whose integer resize arithmetic to reproduce: Hugging Face's two image-processor backends
+/// agree on the filter and the taps but round differently, so up to one grey level apart on a
+/// few percent of values (see the resize module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResizeBackend {
+    /// transformers' default (`backend="torchvision"`, the "fast" processors): PyTorch's
+    /// antialiased `uint8` resize, `i16` weights, horizontal pass first.
+    #[default]
+    Torchvision,
+    /// `backend="pil"` (the `*ImageProcessorPil` classes): `PIL.Image.resize`, `i32` weights.
+    Pil,
+}
+
 /// How an image whose aspect ratio differs from the target's is made to fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fit {
     /// Resize straight to the target; the aspect ratio changes.
     Stretch,
-    /// Resize to cover the target, then cut the centre.
+    /// Resize to cover the target, then cut the centre. The covering size is transformers'
+    /// `shortest_edge` resize: the side that binds gets its target exactly, the other
+    /// `trunc(target * other / side)` (truncated, as `get_resize_output_image_size` does); the
+    /// crop starts at `trunc((covered - target) / 2)`.
     CenterCrop,
     /// Resize to fit inside the target, centred on a canvas of `fill`.
     Pad {
@@ -40,10 +56,13 @@ pub struct ImageProcessorConfig {
     pub height: u32,
     /// Resize filter.
     pub resample: Resample,
+    /// Whose fixed-point resize to reproduce.
+    pub backend: ResizeBackend,
     /// Aspect-ratio handling.
     pub fit: Fit,
-    /// Multiplier taking `u8` to the model's range, usually `1/255`.
-    pub rescale_factor: f32,
+    /// Multiplier taking `u8` to the model's range, usually `1/255`; `f64` as transformers
+    /// keeps it (a Python float), since the `f32` nearest 1/255 inverts to 254.99998, not 255.
+    pub rescale_factor: f64,
     /// Per-channel mean subtracted after rescaling.
     pub image_mean: [f32; 3],
     /// Per-channel standard deviation divided by after subtracting the mean.
@@ -51,12 +70,14 @@ pub struct ImageProcessorConfig {
 }
 
 impl ImageProcessorConfig {
-    /// A config with CLIP's mean and std, `1/255` rescale, bicubic, center crop.
+    /// A config with CLIP's mean and std, `1/255` rescale, bicubic, center crop: what
+    /// transformers' `CLIPImageProcessor` does with `shortest_edge` and `crop_size` both `size`.
     pub fn clip(size: u32) -> Self {
         ImageProcessorConfig {
             width: size,
             height: size,
             resample: Resample::Bicubic,
+            backend: ResizeBackend::Torchvision,
             fit: Fit::CenterCrop,
             rescale_factor: 1.0 / 255.0,
             image_mean: [0.481_454_66, 0.457_827_5, 0.408_210_73],
@@ -64,12 +85,14 @@ impl ImageProcessorConfig {
         }
     }
 
-    /// A config mapping `[0, 255]` to `[-1, 1]` (mean 0.5, std 0.5), as SigLIP uses.
+    /// A config mapping `[0, 255]` to `[-1, 1]` (mean 0.5, std 0.5), bilinear, stretched to
+    /// `size` x `size`, as SigLIP's and Gemma 3's image processors do.
     pub fn siglip(size: u32) -> Self {
         ImageProcessorConfig {
             width: size,
             height: size,
             resample: Resample::Bilinear,
+            backend: ResizeBackend::Torchvision,
             fit: Fit::Stretch,
             rescale_factor: 1.0 / 255.0,
             image_mean: [0.5; 3],
@@ -93,8 +116,9 @@ impl ImageProcessorConfig {
             u64::from(self.height),
             self.resample as u64,
             fit,
+            self.backend as u64,
             fill,
-            u64::from(self.rescale_factor.to_bits()),
+            self.rescale_factor.to_bits(),
         ];
         key.extend(
             self.image_mean
@@ -163,17 +187,12 @@ pub fn resize_to_fit(image: &RgbImage, config: &ImageProcessorConfig) -> Result<
         return Err(Error::InvalidConfig("source image has a zero side".into()));
     }
     let (dst_w, dst_h) = (config.width, config.height);
-    let filter = config.resample;
+    let resize = |w, h| resize_rgb(image, w, h, config.resample, config.backend);
     let resized = match config.fit {
-        Fit::Stretch => resize_rgb(image, dst_w, dst_h, filter),
+        Fit::Stretch => resize(dst_w, dst_h),
         Fit::CenterCrop => {
-            let scale = f64::max(
-                f64::from(dst_w) / f64::from(src_w),
-                f64::from(dst_h) / f64::from(src_h),
-            );
-            let w = scaled_side(src_w, scale).max(dst_w);
-            let h = scaled_side(src_h, scale).max(dst_h);
-            let covered = resize_rgb(image, w, h, filter);
+            let (w, h) = covering_size(src_w, src_h, dst_w, dst_h);
+            let covered = resize(w, h);
             imageops::crop_imm(&covered, (w - dst_w) / 2, (h - dst_h) / 2, dst_w, dst_h).to_image()
         }
         Fit::Pad { fill } => {
@@ -183,7 +202,7 @@ pub fn resize_to_fit(image: &RgbImage, config: &ImageProcessorConfig) -> Result<
             );
             let w = scaled_side(src_w, scale).min(dst_w);
             let h = scaled_side(src_h, scale).min(dst_h);
-            let inner = resize_rgb(image, w, h, filter);
+            let inner = resize(w, h);
             let mut canvas = RgbImage::from_pixel(dst_w, dst_h, Rgb(fill));
             imageops::replace(
                 &mut canvas,
@@ -212,27 +231,49 @@ pub fn preprocess(image: &RgbImage, config: &ImageProcessorConfig) -> Result<Pix
 }
 
 /// Rescales and normalizes an already-sized image into channel-first `f32`.
+///
+/// In the arithmetic of transformers' torchvision backend, which fuses the two steps into
+/// `(v - mean / rescale) / (std / rescale)` in `f32`; its PIL backend rescales and normalizes in
+/// separate steps and lands within a few `f32` ulps of this.
 pub fn normalize(
     image: &RgbImage,
-    rescale_factor: f32,
+    rescale_factor: f64,
     mean: [f32; 3],
     std: [f32; 3],
 ) -> PixelValues {
     let (width, height) = image.dimensions();
     let plane = width as usize * height as usize;
     let mut data = vec![0.0f32; plane * PixelValues::CHANNELS];
-    // Fold rescale, mean and std into one multiply-add per value.
-    let scale: [f32; 3] = std::array::from_fn(|c| rescale_factor / std[c]);
-    let offset: [f32; 3] = std::array::from_fn(|c| -mean[c] / std[c]);
+    // transformers multiplies the f32 mean and std tensors by the Python float 1 / rescale,
+    // which torch rounds to f32 first.
+    let inverse = (1.0 / rescale_factor) as f32;
+    let mean: [f32; 3] = std::array::from_fn(|c| mean[c] * inverse);
+    let std: [f32; 3] = std::array::from_fn(|c| std[c] * inverse);
     for (i, pixel) in image.pixels().enumerate() {
         for c in 0..3 {
-            data[c * plane + i] = f32::from(pixel[c]) * scale[c] + offset[c];
+            data[c * plane + i] = (f32::from(pixel[c]) - mean[c]) / std[c];
         }
     }
     PixelValues {
         data,
         height,
         width,
+    }
+}
+
+/// The size that covers `dst_w` x `dst_h`, as transformers' `shortest_edge` resize computes it:
+/// the binding side exactly, the other truncated, never below its target.
+fn covering_size(src_w: u32, src_h: u32, dst_w: u32, dst_h: u32) -> (u32, u32) {
+    // Width binds when dst_w / src_w >= dst_h / src_h.
+    let width_binds = u64::from(dst_w) * u64::from(src_h) >= u64::from(dst_h) * u64::from(src_w);
+    // Integer floor equals Python's int(float) here: the quotients are far from f64's limits.
+    let scaled = |target: u32, side: u32, other: u32| {
+        (u64::from(target) * u64::from(other) / u64::from(side)).min(u64::from(u32::MAX)) as u32
+    };
+    if width_binds {
+        (dst_w, scaled(dst_w, src_w, src_h).max(dst_h))
+    } else {
+        (scaled(dst_h, src_h, src_w).max(dst_w), dst_h)
     }
 }
 
