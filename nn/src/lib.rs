@@ -19,7 +19,8 @@
 //!   (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
-//!   needs to know of a model, whatever its family).
+//!   needs to know of a model, whatever its family), and [`Vision`], the image side of a model
+//!   that reads images ([`ImageInput`]: its pixels and prompt tokens).
 //! - [`arch`]: one file per family, each with its own config read from the checkpoint's keys:
 //!   `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3`, `qwen3_5` (Qwen3.5, Qwen3.5-MoE,
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
@@ -59,6 +60,6 @@ pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use model::{Batch, Forward, LayerState, Model, ModelSpec};
+pub use model::{Batch, Forward, ImageInput, LayerState, Model, ModelSpec, Vision};
 pub use registry::build_model;
 pub use weights::Weights;

@@ -10,7 +10,7 @@ use kvcache::LayerCache;
 use mlx::Array;
 
 use crate::Result;
-use crate::model::{Batch, Forward, Model, ModelSpec};
+use crate::model::{Batch, Forward, Model, ModelSpec, Vision};
 
 /// `inner` with logits for ids `0..vocab` only.
 pub struct LimitedVocabulary {
@@ -65,5 +65,9 @@ impl Model for LimitedVocabulary {
 
     fn parameters(&self) -> Vec<Array> {
         self.inner.parameters()
+    }
+
+    fn vision(&self) -> Option<&dyn Vision> {
+        self.inner.vision()
     }
 }

@@ -182,6 +182,44 @@ pub struct Forward {
     pub conditioning: Option<Array>,
 }
 
+/// How a model reads images: the pixels its encoder takes and the tokens that stand for an
+/// image in the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInput {
+    /// The side of the square image the encoder takes, in pixels.
+    pub image_size: usize,
+    /// Prompt tokens each image takes (each replaced by one row of its features).
+    pub tokens_per_image: usize,
+    /// The id of those tokens.
+    pub image_token: u32,
+    /// The token opening an image's tokens in the prompt, when the model has one.
+    pub start_token: Option<u32>,
+    /// The token closing them, when the model has one.
+    pub end_token: Option<u32>,
+}
+
+/// The image side of a model that reads images as well as text ([`Model::vision`]).
+pub trait Vision {
+    /// What it takes.
+    fn image_input(&self) -> ImageInput;
+
+    /// The features of `pixel_values` (`[images, 3, image_size, image_size]`, normalized as
+    /// the model's processor does): `[images, tokens_per_image, hidden]`.
+    fn encode_images(&self, pixel_values: &Array) -> Result<Array>;
+
+    /// Like [`Model::forward_rows`], with `features` (`[images, tokens_per_image, hidden]`,
+    /// from [`Vision::encode_images`]) in place of the image tokens' embeddings, images in the
+    /// order their tokens appear, row by row. Each image's tokens attend to each other both
+    /// ways, so an image must lie wholly inside one forward. Fails when the batch's image
+    /// tokens and the features' rows differ in number.
+    fn forward_rows_with_images(
+        &self,
+        batch: &Batch,
+        features: Option<&Array>,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward>;
+}
+
 /// A language model: embeds tokens, runs its layers over caches, and maps hidden states to
 /// vocabulary logits.
 pub trait Model {
@@ -232,4 +270,9 @@ pub trait Model {
 
     /// Every weight array, for evaluating folds once at load.
     fn parameters(&self) -> Vec<Array>;
+
+    /// Its image side, when it reads images; `None` (the default) for a text model.
+    fn vision(&self) -> Option<&dyn Vision> {
+        None
+    }
 }

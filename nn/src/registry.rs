@@ -8,11 +8,11 @@ use mlx::Dtype;
 use serde_json::Value;
 
 use crate::arch::{
-    deepseek_v3, gemma2, gemma3, gemma4, gpt_oss, granitemoehybrid, lfm2, llama, llama4, mistral,
-    nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
+    deepseek_v3, gemma2, gemma3, gemma3_multimodal, gemma4, gpt_oss, granitemoehybrid, lfm2, llama,
+    llama4, mistral, nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, missing};
-use crate::model::{Model, ModelSpec};
+use crate::model::{ImageInput, Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -76,11 +76,15 @@ const ARCHITECTURES: &[Architecture] = &[
             "Gemma3ForConditionalGeneration",
         ],
         describe: |config| Ok(gemma3::Config::from_json(config)?.spec()),
-        build: |config, weights| {
-            Ok(Box::new(gemma3::Gemma3::new(
+        // A checkpoint with its vision tower reads images; the text model alone otherwise.
+        build: |config, weights| match gemma3_vision(config)? {
+            Some(multimodal) => Ok(Box::new(gemma3_multimodal::Gemma3Multimodal::new(
+                multimodal, weights,
+            )?)),
+            None => Ok(Box::new(gemma3::Gemma3::new(
                 gemma3::Config::from_json(config)?,
                 weights,
-            )?))
+            )?)),
         },
     },
     Architecture {
@@ -272,6 +276,26 @@ fn architecture_of(config: &Value) -> Result<&'static Architecture> {
 /// the field.
 pub fn describe(config: &Value) -> Result<ModelSpec> {
     (architecture_of(config)?.describe)(config)
+}
+
+/// The multimodal config of a Gemma 3 checkpoint that carries its vision tower
+/// (`vision_config`), `None` for a text-only one.
+fn gemma3_vision(config: &Value) -> Result<Option<gemma3_multimodal::Config>> {
+    match config.get("vision_config") {
+        Some(Value::Object(_)) => Ok(Some(gemma3_multimodal::Config::from_json(config)?)),
+        _ => Ok(None),
+    }
+}
+
+/// What images the model this config describes reads, read without loading a weight: `None`
+/// for a text model (and for an architecture whose vision side mlxkit does not build, whatever
+/// its config holds). [`build_model`] builds the image side exactly when this is `Some`.
+pub fn image_input(config: &Value) -> Result<Option<ImageInput>> {
+    let architecture = architecture_of(config)?;
+    if architecture.names.contains(&"gemma3") {
+        return Ok(gemma3_vision(config)?.map(|c| c.image_input()));
+    }
+    Ok(None)
 }
 
 /// The compute dtype for the default device: bf16 on a GPU, f32 on the CPU (where MLX's bf16

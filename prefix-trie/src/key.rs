@@ -1,7 +1,9 @@
 //! Trie keys: token ids, media content hashes, and token pairs for look-ahead drafters.
 //!
 //! A key is 64 bits. An unpaired key is a token id (below 2^31) or a media key (a content
-//! hash folded to 31 bits with bit 31 set), so a media item can never alias a token id. With
+//! hash folded to 31 bits with bit 31 set), so a media item can never alias a token id. Each
+//! position of a media item folds its own mix of the hash ([`Key::media_position`]): matching a
+//! whole item then compares up to 64 bits of its hash, not 31. With
 //! [`Lookahead::NextToken`] the key at offset `i` packs the unpaired keys of positions `i` and
 //! `i + 1` into the high and low halves: matching `k` keys then verifies `k + 1` tokens, so
 //! every match is a valid restore point for a drafter whose cache pairs slot `i` with the token
@@ -28,6 +30,16 @@ impl Key {
         // Fold all 64 bits into 31 so hashes differing only in high bits still differ.
         let folded = (content_hash ^ (content_hash >> 31) ^ (content_hash >> 62)) & (MEDIA_BIT - 1);
         Key(folded | MEDIA_BIT)
+    }
+
+    /// The key of position `within` (counted from the item's first token) of a media item
+    /// with this content hash: the hash mixed with the position (SplitMix64's finalizer, a
+    /// bijection of 64 bits), so an item's keys together carry the whole hash.
+    pub fn media_position(content_hash: u64, within: usize) -> Key {
+        let mut z = content_hash.wrapping_add((within as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Key::media(z ^ (z >> 31))
     }
 
     /// The look-ahead key packing this unpaired key with the next position's.
@@ -110,6 +122,16 @@ mod tests {
             assert!(key.raw() <= LOW_HALF);
         }
         assert_ne!(Key::media(1), Key::media(1 << 40));
+    }
+
+    #[test]
+    fn media_positions_differ_and_stay_media() {
+        let keys: Vec<Key> = (0..8).map(|i| Key::media_position(7, i)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            assert!(a.raw() & MEDIA_BIT != 0 && a.raw() <= LOW_HALF);
+            assert!(keys[i + 1..].iter().all(|b| b != a), "{keys:?}");
+        }
+        assert_ne!(Key::media_position(7, 0), Key::media_position(8, 0));
     }
 
     #[test]

@@ -27,7 +27,8 @@ pub struct Prompt {
 }
 
 impl Prompt {
-    /// Builds the keys of `tokens`, with each media item's positions keyed by its content hash.
+    /// Builds the keys of `tokens`, with each media item's positions keyed by its content hash
+    /// (each position by its own mix of the hash, [`Key::media_position`]).
     ///
     /// Fails when a token id is 2^31 or more, or when media items are empty, out of bounds,
     /// out of order or overlapping.
@@ -51,7 +52,9 @@ impl Prompt {
                 return Err(Error::MediaOverlap { item, range });
             }
             previous_end = range.end;
-            unpaired[range.clone()].fill(Key::media(media.content_hash));
+            for (within, key) in unpaired[range.clone()].iter_mut().enumerate() {
+                *key = Key::media_position(media.content_hash, within);
+            }
             if !media.causal {
                 non_causal.push(range);
             }
@@ -117,10 +120,13 @@ mod tests {
     fn media_positions_take_the_content_key() {
         let prompt =
             Prompt::new(&[1, 9, 9, 9, 2], &[image(1..4, 42, true)], Lookahead::None).unwrap();
-        let media = Key::media(42);
-        assert_eq!(prompt.keys()[1..4], [media, media, media]);
+        let media: Vec<Key> = (0..3).map(|i| Key::media_position(42, i)).collect();
+        assert_eq!(prompt.keys()[1..4], media[..]);
         assert_eq!(prompt.keys()[0], Key::token(1).unwrap());
         assert!(prompt.non_causal().is_empty());
+        // The same item elsewhere keys the same way: keys follow the content, not the offset.
+        let later = Prompt::new(&[7, 7, 9, 9, 9], &[image(2..5, 42, true)], Lookahead::None);
+        assert_eq!(later.unwrap().keys()[2..5], media[..]);
     }
 
     #[test]

@@ -860,7 +860,7 @@ async fn chat(
             .acquire_drafted(&name, draft.as_ref(), None)
             .await?;
         let info = lease.info.clone();
-        let rendered = prompt::render_chat(&info, history.clone(), None, Some(think))
+        let rendered = prompt::render_chat(&info, history.clone(), None, Some(think), &[])
             .map_err(|e| anyhow::anyhow!(e.message))?;
         prompt::check_context(&info, &rendered.tokens, generation.num_ctx)
             .map_err(|e| anyhow::anyhow!(e.message))?;
@@ -876,6 +876,7 @@ async fn chat(
                 parser: rendered.parser,
                 grammar,
                 turn_starts: rendered.turn_starts,
+                images: rendered.images,
                 started: Instant::now(),
                 load,
             },
@@ -1110,6 +1111,7 @@ async fn bench_stream(
             parser: None,
             grammar: None,
             turn_starts: Vec::new(),
+            images: Vec::new(),
             started: begin,
             load,
         },

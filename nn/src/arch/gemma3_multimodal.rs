@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::arch::gemma3::{self, Gemma3};
 use crate::cached_attention::TokenBlocks;
 use crate::config::{Fields, dim, missing};
-use crate::model::{Batch, Forward, Model};
+use crate::model::{Batch, Forward, ImageInput, Model, ModelSpec, Vision};
 use crate::rms_norm::RmsNorm;
 use crate::vision::siglip::{self, VisionModel};
 use crate::weights::Weights;
@@ -91,6 +91,20 @@ impl Config {
             boi_token_index: token(["boi_token_index", "boi_token_id"])?,
             eoi_token_index: token(["eoi_token_index", "eoi_token_id"])?,
         })
+    }
+}
+
+impl Config {
+    /// What the model takes: `vision_config.image_size` square images, each
+    /// `mm_tokens_per_image` image tokens between `<start_of_image>` and `<end_of_image>`.
+    pub fn image_input(&self) -> ImageInput {
+        ImageInput {
+            image_size: self.vision.image_size,
+            tokens_per_image: self.mm_tokens_per_image,
+            image_token: self.image_token_index,
+            start_token: self.boi_token_index,
+            end_token: self.eoi_token_index,
+        }
     }
 }
 
@@ -326,5 +340,67 @@ impl Gemma3Multimodal {
         out.extend(self.multi_modal_projector.parameters());
         out.extend(self.language_model.parameters());
         out
+    }
+}
+
+/// Text runs through the text model alone, as a text-only load of the checkpoint would (an
+/// image token without features is then an ordinary embedding); images go through
+/// [`Vision`].
+impl Model for Gemma3Multimodal {
+    fn spec(&self) -> &ModelSpec {
+        self.language_model.spec()
+    }
+
+    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        self.language_model.new_caches_rewindable(slack)
+    }
+
+    fn forward_rows(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.language_model.forward_rows(batch, caches)
+    }
+
+    fn forward_rows_through(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        self.language_model
+            .forward_rows_through(batch, caches, layers)
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.language_model.unembed(hidden)
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        Gemma3Multimodal::parameters(self)
+    }
+
+    fn vision(&self) -> Option<&dyn Vision> {
+        Some(self)
+    }
+}
+
+impl Vision for Gemma3Multimodal {
+    fn image_input(&self) -> ImageInput {
+        self.config.image_input()
+    }
+
+    fn encode_images(&self, pixel_values: &Array) -> Result<Array> {
+        Gemma3Multimodal::encode_images(self, pixel_values)
+    }
+
+    fn forward_rows_with_images(
+        &self,
+        batch: &Batch,
+        features: Option<&Array>,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.forward_with_images(batch, features, caches)
     }
 }

@@ -125,7 +125,7 @@ impl DraftModel {
         turn_starts: &[usize],
     ) -> Result<DraftCaches, StepError> {
         let mut caches = fresh_caches(&self.name, self.model.as_ref())?;
-        match self.prefix.begin(prompt, turn_starts, &mut caches) {
+        match self.prefix.begin(prompt, &[], turn_starts, &mut caches) {
             Ok(restored) => Ok(DraftCaches {
                 caches,
                 start: 0,
@@ -164,7 +164,7 @@ impl DraftModel {
             .and_then(|()| {
                 let captures = prefix_cache::take_captures(&mut caches.caches);
                 self.prefix
-                    .close_caches(session, &tokens[..held], captures, &caches.caches)
+                    .close_caches(session, &tokens[..held], &[], captures, &caches.caches)
                     .map_err(|e| e.to_string())
             });
         if let Err(e) = recorded {

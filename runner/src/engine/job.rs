@@ -1,5 +1,6 @@
 //! What a generation asks of the engine and what it streams back.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,6 +23,10 @@ pub struct Job {
     /// Prompt offsets where a conversation turn starts (the last user message, say): the
     /// prefix cache keeps restore points there, so an edited or regenerated turn resumes.
     pub turn_starts: Vec<usize>,
+    /// The images in the prompt, in prompt order, for a model that reads images (empty
+    /// otherwise). Their tokens are the model's image token; the prefix cache keys them by
+    /// content, and a prefill chunk never splits one.
+    pub images: Vec<PromptImage>,
     /// Whether and how to decode speculatively.
     pub speculation: Speculation,
     /// Where tokens and the final summary go. The job stops at its next step once the
@@ -36,6 +41,47 @@ impl Job {
     /// Whether the job should stop: cancelled, or nobody is listening.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+
+    /// The prefix trie's view of the images wholly within the first `len` prompt tokens:
+    /// keyed by content, evaluated in one forward each (their tokens attend both ways).
+    pub fn media_items(&self, len: usize) -> Vec<prefix_trie::MediaItem> {
+        self.images
+            .iter()
+            .filter(|image| image.tokens.end <= len)
+            .map(|image| prefix_trie::MediaItem {
+                tokens: image.tokens.clone(),
+                content_hash: image.content_hash(),
+                causal: false,
+            })
+            .collect()
+    }
+
+    /// The image whose tokens hold prompt position `at`, if any.
+    pub fn image_at(&self, at: usize) -> Option<&PromptImage> {
+        self.images.iter().find(|image| image.tokens.contains(&at))
+    }
+}
+
+/// An image in a job's prompt.
+#[derive(Debug, Clone)]
+pub struct PromptImage {
+    /// The prompt positions of its image tokens (the markers around them are text).
+    pub tokens: Range<usize>,
+    /// Its content's identity under the model's preprocessing: keys the prefix cache and the
+    /// engine's cache of encoded images.
+    pub id: media::MediaId,
+    /// Its pixels, preprocessed for the model's encoder.
+    pub pixels: Arc<media::PixelValues>,
+}
+
+impl PromptImage {
+    /// The first 64 bits of its id, as the prefix trie takes a content hash.
+    pub fn content_hash(&self) -> u64 {
+        let bytes = self.id.as_bytes();
+        u64::from_le_bytes([
+            bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+        ])
     }
 }
 
@@ -156,6 +202,11 @@ pub struct Stats {
     pub peak_memory: usize,
     /// Speculative rounds, when the job speculated.
     pub speculation: Option<SpeculationStats>,
+    /// Images in its prompt.
+    pub images: usize,
+    /// Images its prompt needed that the vision encoder ran for (not served from the prefix
+    /// cache nor from the cache of encoded images).
+    pub images_encoded: usize,
 }
 
 /// What speculation did for one job.

@@ -27,7 +27,10 @@ use nn::{Batch, Model};
 use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
-use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Speculation, Stats, TokenLogprobs};
+use crate::engine::encoded_images::{self, EncodedImages};
+use crate::engine::job::{
+    DoneReason, DrafterKind, Event, Job, PromptImage, Speculation, Stats, TokenLogprobs,
+};
 use crate::engine::memory::{LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{Ending, Outcome, Phase, Sequence, SequenceId};
@@ -192,6 +195,8 @@ pub struct LoadedModel {
     /// Whether requests that leave the drafter to the server draft with it (it came from the
     /// model's Modelfile or the server's `--draft`, not from a request naming it).
     draft_by_default: bool,
+    /// The vision encoder's outputs by image content, for a model that reads images.
+    encoded: EncodedImages,
 }
 
 impl LoadedModel {
@@ -225,6 +230,7 @@ impl LoadedModel {
             controllers: Controllers::default(),
             draft: None,
             draft_by_default: false,
+            encoded: EncodedImages::new(encoded_images::DEFAULT_BUDGET),
         })
     }
 
@@ -453,14 +459,18 @@ impl LoadedModel {
             );
             return refuse(job, StepError::Invalid(message));
         }
+        if let Err(e) = self.check_images(&job) {
+            return refuse(job, e);
+        }
         let mut caches = match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
             Ok(caches) => caches,
             Err(e) => return refuse(job, e),
         };
+        let media = job.media_items(prompt_len);
         let (mut session, mut restore_at, capture_at) =
             match self
                 .prefix
-                .begin(&job.prompt, &job.turn_starts, &mut caches)
+                .begin(&job.prompt, &media, &job.turn_starts, &mut caches)
             {
                 Ok(restored) => (
                     Some(restored.session),
@@ -476,7 +486,7 @@ impl LoadedModel {
                     (None, 0, Vec::new())
                 }
             };
-        if let Some((from, common)) = self.live_share(&job.prompt, restore_at) {
+        if let Some((from, common)) = self.live_share(&job, restore_at) {
             match copy_from_live(
                 &self.sequences[from].caches,
                 &mut caches,
@@ -533,6 +543,7 @@ impl LoadedModel {
             stats: Stats {
                 prompt_tokens: prompt_len,
                 cached_tokens: restore_at,
+                images: job.images.len(),
                 ..Stats::default()
             },
             admitted: Instant::now(),
@@ -579,19 +590,33 @@ impl LoadedModel {
     /// still prefilling, or a retry that arrives before its cancelled attempt is noticed.
     /// Whole-state layers (sliding windows, recurrent) can only be copied at the running
     /// sequence's current offset.
-    fn live_share(&self, prompt: &[u32], restored: usize) -> Option<(usize, usize)> {
+    /// Image tokens match only where both hold the same image, and a shared prefix never ends
+    /// inside an image (its tokens attend both ways: they are evaluated together).
+    fn live_share(&self, job: &Job, restored: usize) -> Option<(usize, usize)> {
+        let prompt = &job.prompt;
         let limit = prompt.len() - 1;
         self.sequences
             .iter()
             .enumerate()
             .filter_map(|(i, seq)| {
-                let common = seq
+                let mut common = seq
                     .tokens
                     .iter()
                     .zip(prompt)
-                    .take_while(|(a, b)| a == b)
+                    .enumerate()
+                    .take_while(|&(at, (a, b))| {
+                        a == b
+                            && ((job.images.is_empty() && seq.job.images.is_empty())
+                                || job.image_at(at).map(|m| m.id)
+                                    == seq.job.image_at(at).map(|m| m.id))
+                    })
                     .count()
                     .min(limit);
+                if let Some(image) = job.image_at(common)
+                    && image.tokens.start < common
+                {
+                    common = image.tokens.start;
+                }
                 let exact = common == seq.tokens.len();
                 let copyable = seq
                     .caches
@@ -601,6 +626,90 @@ impl LoadedModel {
                 (copyable && common > restored).then_some((i, common))
             })
             .max_by_key(|&(_, common)| common)
+    }
+
+    /// Refuses a job whose images the model cannot take or whose prompt does not hold them as
+    /// the model lays them out: each image's range must be exactly its image tokens, in order,
+    /// and the prompt may hold no other image token.
+    fn check_images(&self, job: &Job) -> Result<()> {
+        if job.images.is_empty() {
+            return Ok(());
+        }
+        let Some(vision) = self.model.vision() else {
+            return Err(StepError::Invalid("this model does not read images".into()));
+        };
+        let input = vision.image_input();
+        let mut previous_end = 0;
+        for (n, image) in job.images.iter().enumerate() {
+            let range = image.tokens.clone();
+            let holds_image = job
+                .prompt
+                .get(range.clone())
+                .is_some_and(|ids| ids.iter().all(|&id| id == input.image_token));
+            if range.start < previous_end || range.len() != input.tokens_per_image || !holds_image {
+                return Err(StepError::Invalid(format!(
+                    "image {n} at prompt tokens {range:?} is not {} image tokens after the \
+                     previous image",
+                    input.tokens_per_image
+                )));
+            }
+            previous_end = range.end;
+        }
+        let image_tokens = job
+            .prompt
+            .iter()
+            .filter(|&&id| id == input.image_token)
+            .count();
+        if image_tokens != job.images.len() * input.tokens_per_image {
+            return Err(StepError::Invalid(format!(
+                "the prompt holds {image_tokens} image tokens for {} images of {} tokens",
+                job.images.len(),
+                input.tokens_per_image
+            )));
+        }
+        Ok(())
+    }
+
+    /// `n`, or another length so that the chunk of sequence `index` does not end inside an
+    /// image: shorter, to stop before it, or, when the chunk starts with it, just long enough
+    /// to take it whole (an image's tokens attend to each other both ways).
+    fn chunk_of_whole_images(&self, index: usize, n: usize) -> usize {
+        let seq = &self.sequences[index];
+        let from = seq.tokens.len();
+        let to = from + n;
+        match seq.job.image_at(to) {
+            Some(image) if image.tokens.start < to => {
+                if image.tokens.start > from {
+                    image.tokens.start - from
+                } else {
+                    image.tokens.end - from
+                }
+            }
+            _ => n,
+        }
+    }
+
+    /// The features of `image`: kept from an earlier encode, or encoded now (counted in
+    /// `encoded`).
+    fn features_of(&mut self, image: &PromptImage, encoded: &mut usize) -> Result<Array> {
+        if let Some(features) = self.encoded.get(&image.id) {
+            return Ok(features);
+        }
+        let Some(vision) = self.model.vision() else {
+            return Err(StepError::Invalid("this model does not read images".into()));
+        };
+        let pixels = &image.pixels;
+        let shape = [
+            media::PixelValues::CHANNELS as i32,
+            i32::try_from(pixels.height).unwrap_or(i32::MAX),
+            i32::try_from(pixels.width).unwrap_or(i32::MAX),
+        ];
+        let array = Array::from_slice(&pixels.data, &[1, shape[0], shape[1], shape[2]])?;
+        let features = vision.encode_images(&array)?;
+        mlx::eval([&features])?;
+        *encoded += 1;
+        self.encoded.insert(image.id, features.clone());
+        Ok(features)
     }
 
     fn index_of(&self, id: SequenceId) -> Option<usize> {
@@ -750,12 +859,24 @@ impl LoadedModel {
                 .min(budget)
                 .min(self.config.prefill_chunk)
                 .max(1);
-            let n = self.chunk_until_capture(i, wanted);
+            let n = self.chunk_of_whole_images(i, self.chunk_until_capture(i, wanted));
             budget = budget.saturating_sub(n);
             planned.push((i, n));
         }
+        // Chunks holding image tokens are never cut to another's width (that could split an
+        // image): they share a forward only with chunks of their exact width.
+        let (with_images, text): (Vec<_>, Vec<_>) = planned.into_iter().partition(|&(i, n)| {
+            let seq = &self.sequences[i];
+            let from = seq.tokens.len();
+            seq.job
+                .images
+                .iter()
+                .any(|image| image.tokens.start < from + n && from < image.tokens.end)
+        });
+        let mut groups = equal_width_groups(text);
+        groups.extend(exact_width_groups(with_images));
         let mut seeds = Vec::new();
-        for (width, group) in equal_width_groups(planned) {
+        for (width, group) in groups {
             let ids: Vec<SequenceId> = group.iter().map(|&i| self.sequences[i].id).collect();
             match self.prefill_rows(&group, width) {
                 Ok(ends) => {
@@ -822,8 +943,21 @@ impl LoadedModel {
             rows.push((&seq.job.prompt[from..to], from));
         }
         let batch = Batch::rows(&rows)?;
-        let mut caches = caches_of(&mut self.sequences, group)?;
-        let out = self.model.forward_rows(&batch, &mut caches)?;
+        let images = self.chunk_images(group, width)?;
+        let out = match images {
+            None => {
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                self.model.forward_rows(&batch, &mut caches)?
+            }
+            Some(features) => {
+                let vision = self
+                    .model
+                    .vision()
+                    .ok_or_else(|| StepError::Invalid("this model does not read images".into()))?;
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                vision.forward_rows_with_images(&batch, Some(&features), &mut caches)?
+            }
+        };
         let mut ends = Vec::with_capacity(group.len());
         let mut unfinished = Vec::new();
         for (row, &i) in group.iter().enumerate() {
@@ -856,6 +990,39 @@ impl LoadedModel {
             mlx::eval(&arrays)?;
         }
         Ok(ends)
+    }
+
+    /// The features `[images, tokens_per_image, hidden]` of the images in the next `width`
+    /// prompt tokens of each sequence in `group`, in row order, or `None` when there are none;
+    /// an image the chunk holds only in part is an error (planning never cuts one).
+    fn chunk_images(&mut self, group: &[usize], width: usize) -> Result<Option<Array>> {
+        let mut wanted: Vec<(usize, PromptImage)> = Vec::new();
+        for &i in group {
+            let seq = &self.sequences[i];
+            let (from, to) = (seq.tokens.len(), seq.tokens.len() + width);
+            for image in &seq.job.images {
+                let range = &image.tokens;
+                if range.end <= from || to <= range.start {
+                    continue;
+                }
+                if range.start < from || to < range.end {
+                    return Err(StepError::Invalid(format!(
+                        "a prefill chunk of tokens {from}..{to} splits the image at {range:?}"
+                    )));
+                }
+                wanted.push((i, image.clone()));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let mut features = Vec::with_capacity(wanted.len());
+        for (i, image) in wanted {
+            let mut encoded = 0;
+            features.push(self.features_of(&image, &mut encoded)?);
+            self.sequences[i].stats.images_encoded += encoded;
+        }
+        Ok(Some(mlx::concatenate(&features, 0)?))
     }
 
     /// One forward over the decoding rows `fed`, each fed the token `prev` sampled in its row
@@ -1168,6 +1335,23 @@ pub(crate) fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize
         planned = rest;
     }
     groups
+}
+
+/// Groups planned prefill chunks `(sequence index, tokens)` by their exact width, never cutting
+/// one; each group's indices ascending, widest group first.
+pub(crate) fn exact_width_groups(planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (i, n) in planned {
+        groups.entry(n).or_default().push(i);
+    }
+    groups
+        .into_iter()
+        .rev()
+        .map(|(width, mut group)| {
+            group.sort_unstable();
+            (width, group)
+        })
+        .collect()
 }
 
 /// Ends a job that cannot run with `error`.

@@ -88,6 +88,55 @@ pub struct ModelInfo {
     pub grammar_compiler: OnceLock<Result<GrammarCompiler, String>>,
     /// The draft model loaded beside it, if any.
     pub draft: Option<ModelName>,
+    /// How images enter its prompts, when it reads images.
+    pub vision: Option<ImagePrompt>,
+}
+
+/// How a model that reads images takes them in a prompt.
+#[derive(Debug, Clone)]
+pub struct ImagePrompt {
+    /// The encoder's input and the image tokens.
+    pub input: nn::ImageInput,
+    /// The preprocessing its encoder expects.
+    pub processor: media::ImageProcessorConfig,
+    /// The text an image's place in a rendered prompt becomes. With start and end tokens it is
+    /// Gemma 3's processor layout, `\n\n<start_of_image>`, `tokens_per_image` image tokens,
+    /// `<end_of_image>\n\n` (transformers 5.24's `Gemma3Processor.full_image_sequence`, which
+    /// replaces the `<start_of_image>` the chat template writes for an image).
+    pub expansion: String,
+}
+
+impl ImagePrompt {
+    /// The prompt side of `input` for a model with `tokenizer`; fails when the vocabulary has
+    /// no text for the image tokens or its markers (a prompt could not hold them).
+    pub fn new(input: nn::ImageInput, tokenizer: &Tokenizer) -> Result<ImagePrompt, String> {
+        let text = |id: u32, what: &str| -> Result<String, String> {
+            tokenizer
+                .id_to_token(id)
+                .filter(|text| tokenizer.token_to_id(text) == Some(id))
+                .ok_or_else(|| format!("the vocabulary has no token {id} ({what})"))
+        };
+        let image = text(input.image_token, "the image token")?;
+        let mut expansion = String::new();
+        if let Some(start) = input.start_token {
+            expansion.push_str("\n\n");
+            expansion.push_str(&text(start, "the start of an image")?);
+        }
+        for _ in 0..input.tokens_per_image {
+            expansion.push_str(&image);
+        }
+        if let Some(end) = input.end_token {
+            expansion.push_str(&text(end, "the end of an image")?);
+            expansion.push_str("\n\n");
+        }
+        let size = u32::try_from(input.image_size)
+            .map_err(|_| format!("images of {} pixels a side", input.image_size))?;
+        Ok(ImagePrompt {
+            input,
+            processor: media::ImageProcessorConfig::siglip(size),
+            expansion,
+        })
+    }
 }
 
 /// The files of a model whose manifest has been materialized into `dir`.
@@ -171,6 +220,12 @@ pub fn load(
     }
     .map_err(tok_err)?;
     let context_length = loaded.model.spec().context_length.max(1);
+    let vision = loaded
+        .model
+        .vision()
+        .map(|v| ImagePrompt::new(v.image_input(), &tokenizer))
+        .transpose()
+        .map_err(|reason| model_err(nn::Error::Config(reason)))?;
     // Padded head rows beyond the tokenizer would be ids no reply can decode.
     let model =
         nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, tokenizer.vocab_size());
@@ -203,6 +258,7 @@ pub fn load(
             config: loaded.config_json,
             grammar_compiler: OnceLock::new(),
             draft,
+            vision,
         },
     ))
 }

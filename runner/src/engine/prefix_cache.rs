@@ -5,8 +5,8 @@
 
 use kvcache::{LayerCache, LayerSnapshot};
 use prefix_trie::{
-    Capture, CloseReport, Config, EvictReport, LayerKind, LayerRestore, Lookahead, PrefixTrie,
-    Prompt, SchedulePolicy, SessionId,
+    Capture, CloseReport, Config, EvictReport, LayerKind, LayerRestore, Lookahead, MediaItem,
+    PrefixTrie, Prompt, SchedulePolicy, SessionId,
 };
 
 use crate::engine::sequence::Sequence;
@@ -88,16 +88,18 @@ impl PrefixCache {
         &self.trie
     }
 
-    /// Begins a session for `prompt`: restores the fresh `caches` to the deepest cached
-    /// prefix and schedules the captures its prefill should take. On failure the session is
+    /// Begins a session for `prompt`, whose `media` positions are keyed by their content
+    /// (never restored or captured inside one): restores the fresh `caches` to the deepest
+    /// cached prefix and schedules the captures its prefill should take. On failure the session is
     /// abandoned and the caches must be rebuilt empty.
     pub fn begin(
         &mut self,
         prompt: &[u32],
+        media: &[MediaItem],
         turn_starts: &[usize],
         caches: &mut [Option<LayerCache>],
     ) -> Result<Restored, PrefixError> {
-        let keyed = Prompt::new(prompt, &[], Lookahead::None)?;
+        let keyed = Prompt::new(prompt, media, Lookahead::None)?;
         let begin = self.trie.begin(&keyed, turn_starts)?;
         let restored = self.restore(begin.session, caches).and_then(|()| {
             for cache in caches.iter_mut().flatten() {
@@ -148,18 +150,28 @@ impl PrefixCache {
         };
         sequence.collect_captures();
         let captures = std::mem::take(&mut sequence.captures);
-        self.close_caches(session, &sequence.tokens, captures, &sequence.caches)
+        // A prefill chunk never ends inside an image: each one is held whole or not at all.
+        let media = sequence.job.media_items(sequence.tokens.len());
+        self.close_caches(
+            session,
+            &sequence.tokens,
+            &media,
+            captures,
+            &sequence.caches,
+        )
     }
 
-    /// Records `session`, whose `caches` rest after `tokens` and took `captures` on the way.
+    /// Records `session`, whose `caches` rest after `tokens` (with `media` at their positions)
+    /// and took `captures` on the way.
     pub fn close_caches(
         &mut self,
         session: SessionId,
         tokens: &[u32],
+        media: &[MediaItem],
         captures: Vec<Capture<LayerSnapshot>>,
         caches: &[Option<LayerCache>],
     ) -> Result<CloseReport, PrefixError> {
-        let keys = Prompt::new(tokens, &[], Lookahead::None)?;
+        let keys = Prompt::new(tokens, media, Lookahead::None)?;
         let report = self.trie.close(
             session,
             keys.keys(),

@@ -398,6 +398,8 @@ pub async fn messages(
         _ => conversation.tools,
     };
     let job = ChatJob {
+        // Images are refused before this (`Attachments::require_supported`).
+        images: Vec::new(),
         messages: conversation.messages,
         requested: Requested {
             format: None,
@@ -440,6 +442,7 @@ pub async fn count_tokens(
             conversation.messages,
             Some(conversation.tools.as_slice()),
             think,
+            &[],
         )
     })
     .await

@@ -2,6 +2,7 @@
 //! completions and Responses, Anthropic's Messages): render the conversation off the runtime,
 //! hold it to the context, compile its output constraint, start it on the engine.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenizer::Message;
@@ -18,6 +19,8 @@ use crate::server::structured::{self, Requested};
 pub struct ChatJob {
     /// The turns, in order.
     pub messages: Vec<Message>,
+    /// The images their `[img-N]` tags name.
+    pub images: Vec<Arc<[u8]>>,
     /// The output's shape: format, tools (also rendered into the prompt), tool choice.
     pub requested: Requested,
     /// Whether the model should think first (`None`: its template's default).
@@ -38,8 +41,8 @@ pub async fn start(lease: Lease, job: ChatJob) -> Result<(Receiver<Output>, usiz
     let info = lease.info.clone();
     let rendered = prompt::off_runtime({
         let (info, messages, tools) = (info.clone(), job.messages, job.requested.tools.clone());
-        let think = job.think;
-        move || prompt::render_chat(&info, messages, Some(tools.as_slice()), think)
+        let (think, images) = (job.think, job.images);
+        move || prompt::render_chat(&info, messages, Some(tools.as_slice()), think, &images)
     })
     .await?;
     prompt::check_context(&info, &rendered.tokens, job.options.num_ctx)?;
@@ -54,6 +57,7 @@ pub async fn start(lease: Lease, job: ChatJob) -> Result<(Receiver<Output>, usiz
             parser: rendered.parser,
             grammar,
             turn_starts: rendered.turn_starts,
+            images: rendered.images,
             started: job.started,
             load: job.load,
         },

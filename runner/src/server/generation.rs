@@ -109,6 +109,8 @@ pub struct Prepared {
     pub grammar: Option<grammar::Grammar>,
     /// Prompt offsets where conversation turns start (restore points for the prefix cache).
     pub turn_starts: Vec<usize>,
+    /// The images in the prompt, in order.
+    pub images: Vec<crate::engine::PromptImage>,
     /// When the request arrived.
     pub started: Instant,
     /// Time spent loading the model for this request.
@@ -166,6 +168,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
         },
         grammar: prepared.grammar,
         turn_starts: prepared.turn_starts,
+        images: prepared.images,
         speculation: prepared.options.speculation,
         events: events_tx,
         cancel: Arc::clone(&cancel),

@@ -10,7 +10,8 @@
 //! - `operations`: `/health`, `/tokenize`, `/detokenize`; `metrics`: `/metrics` and what
 //!   it counts.
 //! - `sse`: server-sent event streams (OpenAI's `data:` lines, Anthropic's named events).
-//! - `prompt`: requests → prompt tokens (templates, media checks, context).
+//! - `prompt`: requests → prompt tokens (templates, media checks, context); `images`: a
+//!   prompt's `[img-N]` tags laid out as the model takes images, and the images prepared.
 //! - `options`: request options, validated.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
 //! - `listen`: accepting connections, with header time limits; `cors`: which browser origins
@@ -24,6 +25,7 @@ pub mod cors;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
+pub mod images;
 pub mod listen;
 pub mod metrics;
 pub mod models;

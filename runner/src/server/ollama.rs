@@ -157,11 +157,17 @@ pub async fn generate(
     let started = Instant::now();
     let c = common(&state, &req.fields)?;
     let mut attachments = Attachments::default();
+    // The images come before the prompt's text, as Ollama places them (a raw prompt may place
+    // them itself with `[img-N]` tags).
+    let mut tags = String::new();
     for image in req.images.iter().flatten() {
-        prompt::check_image_base64(image)?;
-        attachments.images += 1;
+        tags.push_str(&attachments.add_image(prompt::image_base64(image)?));
     }
     let prompt_text = req.prompt.unwrap_or_default();
+    let tagged_text = match req.raw {
+        true => prompt_text.clone(),
+        false => format!("{tags}{prompt_text}"),
+    };
     // Checked before the model loads: what a model takes is known from its manifest.
     attachments.require_supported(&state.store, &c.name)?;
     let lease = state
@@ -191,19 +197,25 @@ pub async fn generate(
     }
     let info = lease.info.clone();
     let (suffix, raw, system, think) = (req.suffix, req.raw, req.system, c.think);
+    let images = attachments.image_bytes;
     let rendered = prompt::off_runtime(move || {
         if let Some(suffix) = suffix.filter(|s| !s.is_empty()) {
+            if !images.is_empty() {
+                return Err(ApiError::bad_request(
+                    "images cannot be combined with `suffix` (insert)",
+                ));
+            }
             return prompt::render_infill(&info, &prompt_text, &suffix);
         }
         if raw {
-            return prompt::render_raw(&info, &prompt_text);
+            return prompt::render_raw(&info, &tagged_text, &images);
         }
         let mut messages = Vec::new();
         if let Some(system) = system.filter(|s| !s.is_empty()) {
             messages.push(tokenizer::Message::new("system", system));
         }
-        messages.push(tokenizer::Message::new("user", prompt_text));
-        prompt::render_chat(&info, messages, None, think)
+        messages.push(tokenizer::Message::new("user", tagged_text));
+        prompt::render_chat(&info, messages, None, think, &images)
     })
     .await?;
     let timing = (started, load);
@@ -246,10 +258,11 @@ pub async fn chat(
         .into_response());
     }
     let info = lease.info.clone();
-    let (tools, think) = (req.tools.clone(), c.think);
-    let rendered =
-        prompt::off_runtime(move || prompt::render_chat(&info, messages, tools.as_deref(), think))
-            .await?;
+    let (tools, think, images) = (req.tools.clone(), c.think, attachments.image_bytes);
+    let rendered = prompt::off_runtime(move || {
+        prompt::render_chat(&info, messages, tools.as_deref(), think, &images)
+    })
+    .await?;
     let timing = (started, load);
     run(
         lease,
@@ -290,6 +303,7 @@ async fn run<C: Collector>(
             parser: rendered.parser,
             grammar,
             turn_starts: rendered.turn_starts,
+            images: rendered.images,
             started,
             load,
         },
@@ -322,6 +336,11 @@ fn done_fields(summary: &Summary) -> Map<String, Value> {
     );
     m.insert("eval_count".into(), json!(s.generated_tokens));
     m.insert("eval_duration".into(), json!(s.eval.as_nanos() as u64));
+    // Not in Ollama's API either: how many of the prompt's images the vision encoder ran for
+    // (the others came from the prefix cache or the cache of encoded images).
+    if s.images > 0 {
+        m.insert("images_encoded".into(), json!(s.images_encoded));
+    }
     // Not in Ollama's API either: what speculative decoding did.
     if let Some(spec) = &s.speculation {
         m.insert(

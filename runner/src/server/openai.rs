@@ -153,6 +153,10 @@ fn usage(summary: &Summary) -> Value {
         "total_tokens": s.prompt_tokens + s.generated_tokens,
         "prompt_tokens_details": { "cached_tokens": s.cached_tokens },
     });
+    // An extension: how many of the prompt's images the vision encoder ran for.
+    if let (true, Some(map)) = (s.images > 0, usage.as_object_mut()) {
+        map.insert("images_encoded".into(), json!(s.images_encoded));
+    }
     // An extension object: what speculative decoding did.
     if let (Some(spec), Some(map)) = (&s.speculation, usage.as_object_mut()) {
         map.insert(
@@ -225,6 +229,7 @@ pub async fn chat_completions(
     };
     let job = ChatJob {
         messages,
+        images: attachments.image_bytes,
         requested,
         think: req.reasoning_effort.as_deref().map(|e| e != "none"),
         options,
@@ -423,7 +428,7 @@ pub async fn completions(
     let info = lease.info.clone();
     let rendered = prompt::off_runtime({
         let (info, text) = (info.clone(), prompt_text.clone());
-        move || prompt::render_raw(&info, &text)
+        move || prompt::render_raw(&info, &text, &[])
     })
     .await
     .map_err(ApiError::openai)?;
@@ -444,6 +449,7 @@ pub async fn completions(
             parser: None,
             grammar,
             turn_starts: Vec::new(),
+            images: Vec::new(),
             started,
             load,
         },

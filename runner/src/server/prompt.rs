@@ -1,12 +1,15 @@
 //! Turning a request into prompt tokens: chat messages through the model's template, media
 //! checked, the context enforced. Runs in the request's task, beside the engine's work.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use serde_json::Value;
 use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
 
-use crate::engine::ModelInfo;
+use crate::engine::{ModelInfo, PromptImage};
 use crate::server::error::ApiError;
+use crate::server::images;
 
 /// The largest decoded image or audio payload accepted, in bytes.
 pub const MAX_MEDIA_BYTES: u64 = 32 << 20;
@@ -49,6 +52,9 @@ pub struct Attachments {
     pub images: usize,
     /// Audio clips found.
     pub audio: usize,
+    /// The bytes of each image, where the endpoint passes images on: the `[img-N]` tags in
+    /// the messages name them by index.
+    pub image_bytes: Vec<Arc<[u8]>>,
 }
 
 impl Attachments {
@@ -63,12 +69,33 @@ impl Attachments {
         if self.images == 0 && self.audio == 0 {
             return Ok(());
         }
-        store.get(name)?;
+        let entry = store.get(name)?;
         let model = name.to_string();
         if self.images > 0 {
-            return Err(ApiError::bad_request(format!(
-                "model `{model}` does not support images"
-            )));
+            let vision = entry
+                .manifest
+                .details
+                .capabilities
+                .iter()
+                .any(|c| c == crate::capabilities::VISION);
+            if !vision {
+                return Err(ApiError::bad_request(format!(
+                    "model `{model}` does not support images"
+                )));
+            }
+            if self.image_bytes.len() != self.images {
+                return Err(ApiError::bad_request(format!(
+                    "images reach `{model}` through /api/chat, /api/generate and \
+                     /v1/chat/completions; this endpoint does not pass them on yet"
+                )));
+            }
+            if self.images > images::MAX_IMAGES {
+                return Err(ApiError::bad_request(format!(
+                    "{} images in one request, at most {} are accepted",
+                    self.images,
+                    images::MAX_IMAGES
+                )));
+            }
         }
         if self.audio > 0 {
             return Err(ApiError::bad_request(format!(
@@ -81,9 +108,26 @@ impl Attachments {
 
 /// Checks an Ollama `images` entry (base64) decodes to a real image.
 pub fn check_image_base64(payload: &str) -> Result<(), ApiError> {
+    image_base64(payload).map(drop)
+}
+
+/// The bytes of an Ollama `images` entry (base64), checked to be an image by their signature
+/// (decoding them under limits waits for a model that reads them).
+pub fn image_base64(payload: &str) -> Result<Vec<u8>, ApiError> {
     let bytes = media::decode_ollama_image(payload, MAX_MEDIA_BYTES)
         .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
-    check_image_bytes(&bytes)
+    check_image_bytes(&bytes)?;
+    Ok(bytes)
+}
+
+impl Attachments {
+    /// Keeps an image's bytes; returns the `[img-N]` tag that places it in a prompt.
+    pub fn add_image(&mut self, bytes: Vec<u8>) -> String {
+        let tag = format!("[img-{}]", self.image_bytes.len());
+        self.image_bytes.push(bytes.into());
+        self.images += 1;
+        tag
+    }
 }
 
 fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
@@ -121,7 +165,8 @@ fn content_text(
                         let bytes = media::decode_image_url(url, MAX_MEDIA_BYTES)
                             .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
                         check_image_bytes(&bytes)?;
-                        attachments.images += 1;
+                        // The image's place among the text parts.
+                        text.push_str(&attachments.add_image(bytes));
                     }
                     "input_audio" => {
                         let audio = part.get("input_audio").ok_or_else(|| {
@@ -159,11 +204,13 @@ pub fn to_template_messages(
             if m.role.is_empty() {
                 return Err(ApiError::bad_request("every message needs a role"));
             }
+            // An Ollama message's images come before its text, as Ollama places them.
+            let mut content = String::new();
             for image in m.images.iter().flatten() {
-                check_image_base64(image)?;
-                attachments.images += 1;
+                content.push_str(&attachments.add_image(image_base64(image)?));
             }
-            let mut message = Message::new(m.role.clone(), content_text(&m.content, attachments)?);
+            content.push_str(&content_text(&m.content, attachments)?);
+            let mut message = Message::new(m.role.clone(), content);
             message.reasoning_content = m.thinking.clone().or_else(|| m.reasoning_content.clone());
             message.name = m.name.clone().or_else(|| m.tool_name.clone());
             message.tool_call_id = m.tool_call_id.clone();
@@ -199,15 +246,19 @@ pub struct RenderedPrompt {
     /// Where the last message's turn starts, when there are earlier ones: a restore point for
     /// the prefix cache, so a regenerated or edited last turn resumes there.
     pub turn_starts: Vec<usize>,
+    /// The images in the prompt, in order, ready for the engine.
+    pub images: Vec<PromptImage>,
 }
 
 /// Renders `messages` with the model's template and tokenizes the result, with the model's
-/// default system prompt when the conversation has none.
+/// default system prompt when the conversation has none; the `[img-N]` tags in the messages
+/// become `images[N]` in the model's layout (see [`images`]).
 pub fn render_chat(
     info: &ModelInfo,
     mut messages: Vec<Message>,
     tools: Option<&[Value]>,
     think: Option<bool>,
+    images: &[Arc<[u8]>],
 ) -> Result<RenderedPrompt, ApiError> {
     if let Some(system) = &info.manifest.system
         && !messages.iter().any(|m| m.role == "system")
@@ -224,7 +275,7 @@ pub fn render_chat(
         .render(&messages, tools.filter(|t| !t.is_empty()), &options)
         .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
     // The template writes the special tokens itself (BOS included) as text.
-    let tokens = encode(info, &text, false)?;
+    let (tokens, prompt_images) = tokenize_with_images(info, &text, images, false)?;
     let parser = info.family.map(|family| {
         let mut config = family.parser_config().with_think(think.unwrap_or(true));
         if tools.is_none_or(|t| t.is_empty()) {
@@ -233,14 +284,31 @@ pub fn render_chat(
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
-    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens)
+    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images.len())
         .into_iter()
         .collect();
     Ok(RenderedPrompt {
         tokens,
         parser,
         turn_starts,
+        images: prompt_images,
     })
+}
+
+/// Tokenizes `text` (adding the model's BOS with `add_special`); with `images`, its `[img-N]`
+/// tags expanded and the images prepared.
+fn tokenize_with_images(
+    info: &ModelInfo,
+    text: &str,
+    images: &[Arc<[u8]>],
+    add_special: bool,
+) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+    if images.is_empty() {
+        return Ok((encode(info, text, add_special)?, Vec::new()));
+    }
+    let expanded = images::expand(info, text, images.len(), add_special)?;
+    let prepared = images::prepare(info, &expanded, images)?;
+    Ok((expanded.tokens, prepared))
 }
 
 /// The offset where the last message begins: the tokens the conversation without it shares
@@ -251,6 +319,7 @@ fn last_turn_start(
     tools: Option<&[Value]>,
     options: &RenderOptions,
     tokens: &[u32],
+    images: usize,
 ) -> Option<usize> {
     let (_, earlier) = messages.split_last()?;
     if earlier.is_empty() {
@@ -264,18 +333,36 @@ fn last_turn_start(
         .template
         .render(earlier, tools.filter(|t| !t.is_empty()), &options)
         .ok()?;
-    let head = info.tokenizer.encode(&text, false).ok()?;
+    let head = match images {
+        0 => info.tokenizer.encode(&text, false).ok()?,
+        _ => images::expand(info, &text, images, false).ok()?.tokens,
+    };
     let shared = head.iter().zip(tokens).take_while(|(a, b)| a == b).count();
     (shared > 0).then_some(shared)
 }
 
-/// Tokenizes raw text (no template), adding the model's BOS as configured.
-pub fn render_raw(info: &ModelInfo, text: &str) -> Result<RenderedPrompt, ApiError> {
-    let tokens = encode(info, text, true)?;
+/// Tokenizes raw text (no template), adding the model's BOS as configured; its `[img-N]` tags
+/// become `images[N]` in the model's layout.
+pub fn render_raw(
+    info: &ModelInfo,
+    text: &str,
+    images: &[Arc<[u8]>],
+) -> Result<RenderedPrompt, ApiError> {
+    if images.is_empty() {
+        let tokens = encode(info, text, true)?;
+        return Ok(RenderedPrompt {
+            tokens,
+            parser: None,
+            turn_starts: Vec::new(),
+            images: Vec::new(),
+        });
+    }
+    let (tokens, prompt_images) = tokenize_with_images(info, text, images, true)?;
     Ok(RenderedPrompt {
         tokens,
         parser: None,
         turn_starts: Vec::new(),
+        images: prompt_images,
     })
 }
 
@@ -301,6 +388,7 @@ pub fn render_infill(
         tokens,
         parser: None,
         turn_starts: Vec::new(),
+        images: Vec::new(),
     })
 }
 

@@ -347,6 +347,8 @@ pub async fn create(
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
     let job = ChatJob {
+        // Images are refused before this (`Attachments::require_supported`).
+        images: Vec::new(),
         messages: messages.clone(),
         requested: Requested {
             format,

@@ -123,6 +123,7 @@ pub fn submit_job(
         stop_tokens,
         grammar: None,
         turn_starts,
+        images: Vec::new(),
         speculation,
         events: tx,
         cancel: Arc::clone(&cancel),

@@ -1,0 +1,671 @@
+//! A model that reads images, served over HTTP (issue 21): the tiny Gemma 3 with its SigLIP
+//! tower from `nn/tests/fixtures/gemma3_vision`, imported with a byte-level tokenizer holding
+//! Gemma's turn markers and its image tokens at the ids the fixture's config names
+//! (`<start_of_image>` 509, `<end_of_image>` 510, the image token 511), driven as a chat client
+//! would: a conversation that sends its image again each turn encodes it once and evaluates
+//! only what each turn adds; a different image in the same place is encoded and evaluated
+//! anew; the answer is the one the model computes directly; a text model refuses images
+//! before loading; broken and oversized images are refused.
+//!
+//! No download: the fixtures are committed, so this runs everywhere.
+
+mod support;
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use base64::Engine as _;
+use mlx::{Array, Dtype};
+use nn::Model;
+use nn::arch::gemma3_multimodal::{Config, Gemma3Multimodal};
+use quant::{SafetensorsFile, Tensor};
+use runner::engine::LoopConfig;
+use runner::model_name::ModelName;
+use runner::store::Store;
+use serde_json::{Value, json};
+use support::{Server, get, post, start_server_with};
+
+const MODEL: &str = "tiny-gemma3-vision:test";
+const TEXT_MODEL: &str = "tiny-gemma3-text:test";
+
+/// Gemma's turns, with the tokenizer's BOS first (no newline right after a block tag, which
+/// `trim_blocks` would eat).
+const TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}<start_of_turn>\
+{{ 'model' if message.role == 'assistant' else message.role }}\n\
+{{ message.content }}<end_of_turn>\n{% endfor %}\
+{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
+/// Where the 256 bytes start: Gemma's `<pad>`, `<eos>` and `<bos>` come first, at the ids the
+/// fixture's config names.
+const FIRST_BYTE: u32 = 3;
+
+/// The specials around the bytes, and the image tokens at the config's ids.
+const SPECIALS: &[(u32, &str)] = &[
+    (0, "<pad>"),
+    (1, "<eos>"),
+    (2, "<bos>"),
+    (259, "<start_of_turn>"),
+    (260, "<end_of_turn>"),
+    (509, "<start_of_image>"),
+    (510, "<end_of_image>"),
+    (511, "<image_soft_token>"),
+];
+
+/// Image tokens per image (`mm_tokens_per_image`).
+const TOKENS_PER_IMAGE: usize = 4;
+
+/// Tests share one server and count encodes: one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nn/tests/fixtures")
+        .join(name)
+}
+
+/// The server; the direct computation runs first, on this thread, before the engine's MLX
+/// worker exists (two threads must not drive MLX at once).
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Option<Server>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            reference();
+            start_server_with(&[], LoopConfig::from_env(), |store| {
+                import(store, MODEL, "gemma3_vision");
+                import(store, TEXT_MODEL, "gemma3");
+            })
+        })
+        .as_ref()
+        .expect("the tiny models need no download")
+}
+
+/// Imports a fixture with the byte-level tokenizer and Gemma's template.
+fn import(store: &Store, model: &str, fixture_name: &str) {
+    let folder = tokenizer_folder(fixture_name);
+    let name = ModelName::parse(model).unwrap();
+    runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
+}
+
+/// A folder with the fixture's files and a tokenizer whose ids fit its 512-row vocabulary: one
+/// token per byte (GPT-2's byte-to-character table, no merges) from [`FIRST_BYTE`] on, and
+/// [`SPECIALS`], the ids between them filled with unused specials.
+fn tokenizer_folder(fixture_name: &str) -> tempfile::TempDir {
+    let source = fixture(fixture_name);
+    let folder = tempfile::tempdir().unwrap();
+    for file in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(source.join(file), folder.path().join(file)).unwrap();
+    }
+    // The specials below the bytes are in the model's vocabulary too, or the tokenizer would
+    // renumber them past it.
+    let vocab: serde_json::Map<String, Value> = byte_characters()
+        .into_iter()
+        .enumerate()
+        .map(|(byte, c)| (c.to_string(), json!(byte as u32 + FIRST_BYTE)))
+        .chain(
+            SPECIALS
+                .iter()
+                .filter(|&&(id, _)| id < FIRST_BYTE)
+                .map(|&(id, text)| (text.to_string(), json!(id))),
+        )
+        .collect();
+    let special = |id: u32, content: &str| {
+        json!({ "id": id, "content": content, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true })
+    };
+    let bytes = FIRST_BYTE..FIRST_BYTE + 256;
+    let added: Vec<Value> = (0..512)
+        .filter(|id| !bytes.contains(id))
+        .map(|id| match SPECIALS.iter().find(|&&(i, _)| i == id) {
+            Some(&(_, text)) => special(id, text),
+            None => special(id, &format!("<unused{id}>")),
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false,
+                           "trim_offsets": true, "use_regex": true },
+        "post_processor": null,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": false,
+                     "trim_offsets": true, "use_regex": true },
+        "model": { "type": "BPE", "dropout": null, "unk_token": null,
+                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                   "vocab": vocab, "merges": [] }
+    });
+    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "add_bos_token": false,
+        "chat_template": TEMPLATE,
+    });
+    std::fs::write(
+        folder.path().join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    folder
+}
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
+/// characters from U+0100 on.
+fn byte_characters() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// The ids of `text` under the test's tokenizer: specials by name, every other byte alone.
+fn ids(text: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    'outer: while !rest.is_empty() {
+        for &(id, special) in SPECIALS {
+            if let Some(after) = rest.strip_prefix(special) {
+                out.push(id);
+                rest = after;
+                continue 'outer;
+            }
+        }
+        let c = rest.chars().next().unwrap();
+        let mut buf = [0u8; 4];
+        out.extend(
+            c.encode_utf8(&mut buf)
+                .bytes()
+                .map(|b| u32::from(b) + FIRST_BYTE),
+        );
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// Gemma 3's processor layout of one image.
+fn image_layout() -> String {
+    format!(
+        "\n\n<start_of_image>{}<end_of_image>\n\n",
+        "<image_soft_token>".repeat(TOKENS_PER_IMAGE)
+    )
+}
+
+/// A PNG of `width`×`height` whose colours follow `seed`.
+fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
+    let image = image::RgbImage::from_fn(width, height, |x, y| {
+        image::Rgb([
+            (x as u8).wrapping_mul(37).wrapping_add(seed),
+            (y as u8)
+                .wrapping_mul(59)
+                .wrapping_add(seed.wrapping_mul(3)),
+            ((x + y) as u8).wrapping_mul(11) ^ seed,
+        ])
+    });
+    let mut bytes = Vec::new();
+    image
+        .write_to(&mut Cursor::new(&mut bytes), image::ImageFormat::Png)
+        .unwrap();
+    bytes
+}
+
+fn base64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// The image the direct computation and its HTTP twins use.
+fn reference_png() -> Vec<u8> {
+    png(48, 40, 200)
+}
+
+const REFERENCE_TEXT: &str = "Describe:";
+const REFERENCE_TOKENS: usize = 8;
+
+/// The prompt of a user turn `[image] text` as the server renders it.
+fn one_turn_prompt(text: &str) -> String {
+    format!(
+        "<bos><start_of_turn>user\n{}{text}<end_of_turn>\n<start_of_turn>model\n",
+        image_layout()
+    )
+}
+
+/// The greedy reply the model computes directly for [`reference_png`] and [`REFERENCE_TEXT`]:
+/// `Gemma3Multimodal::forward_with_images` over the whole prompt, then one token at a time,
+/// stopping at the tokenizer's stop tokens. Returns the prompt's ids and the reply's.
+fn reference() -> &'static Reference {
+    static REFERENCE: OnceLock<Reference> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let source = fixture("gemma3_vision");
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(source.join("config.json")).unwrap()).unwrap();
+        let config = Config::from_json(&config).unwrap();
+        let file = SafetensorsFile::open(&source.join("model.safetensors")).unwrap();
+        let tensors = file
+            .entries()
+            .keys()
+            .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
+            .collect::<Vec<_>>();
+        let mut weights = nn::Weights::new(tensors, Dtype::F32);
+        let model = Gemma3Multimodal::new(config, &mut weights).unwrap();
+        mlx::eval(&model.parameters()).unwrap();
+
+        let folder = tokenizer_folder("gemma3_vision");
+        let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();
+        let prompt = ids(&one_turn_prompt(REFERENCE_TEXT));
+        assert_eq!(
+            tokenizer
+                .encode(&one_turn_prompt(REFERENCE_TEXT), false)
+                .unwrap(),
+            prompt
+        );
+        let image = media::prepare_image(
+            &reference_png(),
+            &media::ImageLimits::default(),
+            &media::ImageProcessorConfig::siglip(32),
+        )
+        .unwrap();
+        let pixels = Array::from_slice(&image.pixels.data, &[1, 3, 32, 32]).unwrap();
+        let features = model.encode_images(&pixels).unwrap();
+
+        let mut caches = model.language_model().new_caches().unwrap();
+        let batch = nn::Batch::single(&prompt, 0).unwrap();
+        let out = model
+            .forward_with_images(&batch, Some(&features), &mut [&mut caches])
+            .unwrap();
+        let mut hidden = out.hidden;
+        let mut reply = Vec::new();
+        let mut first_logprobs = Vec::new();
+        for position in prompt.len()..prompt.len() + REFERENCE_TOKENS {
+            let last = hidden.slice_axis(1, -1, hidden.dim(1).unwrap()).unwrap();
+            let logits = model.language_model().unembed(&last).unwrap();
+            if first_logprobs.is_empty() {
+                let values = logits.reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();
+                let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = values.iter().map(|v| (v - max).exp()).sum();
+                let mut logprobs: Vec<f32> = values.iter().map(|v| v - max - sum.ln()).collect();
+                logprobs.sort_by(|a, b| b.total_cmp(a));
+                first_logprobs = logprobs[..5].to_vec();
+            }
+            let next = logits
+                .argmax(-1, false)
+                .unwrap()
+                .astype(Dtype::I32)
+                .unwrap();
+            let next = next.to_vec::<i32>().unwrap()[0] as u32;
+            if tokenizer.stop_tokens().contains(&next) {
+                break;
+            }
+            reply.push(next);
+            let batch = nn::Batch::single(&[next], position).unwrap();
+            hidden = model
+                .language_model()
+                .forward(&batch, &mut caches)
+                .unwrap()
+                .hidden;
+        }
+        let text = tokenizer.decode(&reply, true).unwrap();
+        eprintln!("direct reply: {reply:?} = {text:?}, first top logprobs {first_logprobs:?}");
+        Reference {
+            prompt,
+            reply,
+            first_logprobs,
+        }
+    })
+}
+
+/// What the model computes directly for the reference image and text.
+#[derive(Clone)]
+struct Reference {
+    /// The prompt's ids.
+    prompt: Vec<u32>,
+    /// The greedy reply's ids.
+    reply: Vec<u32>,
+    /// The five largest logprobs of the first reply token.
+    first_logprobs: Vec<f32>,
+}
+
+/// A greedy chat turn of at most `tokens` tokens; returns the reply and the final object.
+fn chat(messages: &[Value], tokens: usize) -> (String, Value) {
+    let (status, reply) = post(
+        server(),
+        "/api/chat",
+        json!({
+            "model": MODEL,
+            "messages": messages,
+            "stream": false,
+            "options": { "temperature": 0, "num_predict": tokens },
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let text = reply["message"]["content"].as_str().unwrap().to_string();
+    (text, reply)
+}
+
+fn count(reply: &Value, field: &str) -> usize {
+    reply[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field}: {reply}")) as usize
+}
+
+fn user(text: &str, images: &[&[u8]]) -> Value {
+    let images: Vec<String> = images.iter().map(|i| base64(i)).collect();
+    json!({ "role": "user", "content": text, "images": images })
+}
+
+/// The acceptance of issue 21: a conversation re-sends its image each turn, as clients do;
+/// the image is encoded once and the second turn evaluates only what it adds. A different
+/// image in the same place is encoded and evaluated anew; the first image in a new place is
+/// not encoded again (the cache of encoded images) though its tokens are evaluated there.
+#[test]
+fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
+    let _serial = serial();
+    let a = png(20, 12, 1);
+    let b = png(20, 12, 2);
+    let question = "What is in the picture?";
+    let first = [user(question, &[&a])];
+    let (reply, one) = chat(&first, 6);
+    let prompt_one = count(&one, "prompt_eval_count") + count(&one, "prompt_cached_count");
+    assert_eq!(prompt_one, ids(&one_turn_prompt(question)).len(), "{one}");
+    assert_eq!(count(&one, "images_encoded"), 1, "{one}");
+    assert_eq!(count(&one, "prompt_cached_count"), 0, "{one}");
+    eprintln!(
+        "turn 1: prompt {prompt_one}, evaluated {}, encoded {}, reply {reply:?}",
+        count(&one, "prompt_eval_count"),
+        count(&one, "images_encoded")
+    );
+
+    // Turn 2 repeats turn 1 with its image, the reply, and a new question.
+    let follow_up = "And the colours?";
+    let second = [
+        first[0].clone(),
+        json!({ "role": "assistant", "content": reply }),
+        user(follow_up, &[]),
+    ];
+    let (_, two) = chat(&second, 6);
+    let new_turn = ids(&format!(
+        "<end_of_turn>\n<start_of_turn>user\n{follow_up}<end_of_turn>\n<start_of_turn>model\n"
+    ))
+    .len();
+    // The reply's last token was sampled but never fed back (the budget ended it), so the
+    // cache holds the reply but that token: it is evaluated with the new turn.
+    let unfed = usize::from(one["done_reason"] == "length");
+    eprintln!(
+        "turn 2: prompt {}, evaluated {}, cached {}, encoded {}; the new turn is {new_turn} \
+         tokens, {unfed} reply token never fed",
+        count(&two, "prompt_eval_count") + count(&two, "prompt_cached_count"),
+        count(&two, "prompt_eval_count"),
+        count(&two, "prompt_cached_count"),
+        count(&two, "images_encoded")
+    );
+    assert_eq!(count(&two, "images_encoded"), 0, "{two}");
+    assert_eq!(count(&two, "prompt_eval_count"), new_turn + unfed, "{two}");
+
+    // The same words about another image: encoded, and evaluated from the image on.
+    let (_, other) = chat(&[user(question, &[&b])], 6);
+    let image_start = ids("<bos><start_of_turn>user\n\n\n<start_of_image>").len();
+    eprintln!(
+        "another image: prompt {prompt_one}, evaluated {}, cached {}, encoded {}",
+        count(&other, "prompt_eval_count"),
+        count(&other, "prompt_cached_count"),
+        count(&other, "images_encoded")
+    );
+    assert_eq!(count(&other, "images_encoded"), 1, "{other}");
+    assert!(
+        count(&other, "prompt_cached_count") <= image_start,
+        "no prefix past the first image is reused for another: {other}"
+    );
+
+    // The first image again, in a new turn: not encoded (kept by content), but its tokens are
+    // new to the prompt there and evaluated.
+    let again = "Look again:";
+    let third = [
+        first[0].clone(),
+        json!({ "role": "assistant", "content": reply }),
+        user(again, &[&a]),
+    ];
+    let (_, three) = chat(&third, 6);
+    let new_turn = ids(&format!(
+        "<end_of_turn>\n<start_of_turn>user\n{}{again}<end_of_turn>\n<start_of_turn>model\n",
+        image_layout()
+    ))
+    .len();
+    eprintln!(
+        "the image in a new turn: evaluated {}, cached {}, encoded {}",
+        count(&three, "prompt_eval_count"),
+        count(&three, "prompt_cached_count"),
+        count(&three, "images_encoded")
+    );
+    assert_eq!(count(&three, "images_encoded"), 0, "{three}");
+    // Everything turn 2 shared with it is reused (up to a restore point of its sliding-window
+    // layers, which restore only where a snapshot was taken); the image is not.
+    let prompt_three = count(&three, "prompt_eval_count") + count(&three, "prompt_cached_count");
+    let after_image = ids(&format!(
+        "<end_of_image>\n\n{again}<end_of_turn>\n<start_of_turn>model\n"
+    ))
+    .len();
+    assert!(count(&three, "prompt_cached_count") >= count(&two, "prompt_cached_count"));
+    assert!(
+        count(&three, "prompt_eval_count") >= after_image + TOKENS_PER_IMAGE,
+        "the image's tokens are evaluated in their new place: {three}"
+    );
+    assert!(
+        count(&three, "prompt_eval_count") < new_turn + unfed + 1,
+        "{three}"
+    );
+    assert_eq!(
+        prompt_three,
+        count(&two, "prompt_cached_count") + new_turn + unfed
+    );
+}
+
+/// What the server answers with an image is what the model computes directly, greedy, through
+/// `/api/generate` and through OpenAI's `image_url` parts alike.
+#[test]
+fn the_answer_with_an_image_is_the_models_own() {
+    let _serial = serial();
+    let Reference {
+        prompt,
+        reply: expected,
+        first_logprobs,
+    } = reference().clone();
+    let (status, reply) = post(
+        server(),
+        "/api/generate",
+        json!({
+            "model": MODEL,
+            "prompt": REFERENCE_TEXT,
+            "images": [base64(&reference_png())],
+            "stream": false,
+            "logprobs": true,
+            "top_logprobs": 5,
+            "options": { "temperature": 0, "num_predict": REFERENCE_TOKENS },
+        }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    // The first token's distribution, not only its argmax: the image reached the model as the
+    // direct computation gives it.
+    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    let worst = served
+        .iter()
+        .zip(&first_logprobs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("first token's top logprobs: served {served:?}, direct {first_logprobs:?}");
+    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    assert_eq!(
+        count(&reply, "prompt_eval_count") + count(&reply, "prompt_cached_count"),
+        prompt.len(),
+        "{reply}"
+    );
+    assert_eq!(count(&reply, "images_encoded"), 1, "{reply}");
+    let got: Vec<u8> = reply["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|entry| {
+            entry["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let folder = tokenizer_folder("gemma3_vision");
+    let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();
+    let want: Vec<u8> = expected
+        .iter()
+        .flat_map(|&id| tokenizer.decode(&[id], false).unwrap().into_bytes())
+        .collect();
+    assert_eq!(got, want, "{reply}");
+    let text = reply["response"].as_str().unwrap().to_string();
+    assert_eq!(text, tokenizer.decode(&expected, true).unwrap(), "{reply}");
+
+    // The same conversation through OpenAI's API: the same answer, the image not encoded again.
+    let url = format!("data:image/png;base64,{}", base64(&reference_png()));
+    let (status, completion) = post(
+        server(),
+        "/v1/chat/completions",
+        json!({
+            "model": MODEL,
+            "messages": [{ "role": "user", "content": [
+                { "type": "image_url", "image_url": { "url": url } },
+                { "type": "text", "text": REFERENCE_TEXT },
+            ]}],
+            "temperature": 0,
+            "max_tokens": REFERENCE_TOKENS,
+        }),
+    );
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(
+        completion["choices"][0]["message"]["content"], text,
+        "{completion}"
+    );
+    assert_eq!(completion["usage"]["images_encoded"], 0, "{completion}");
+    assert_eq!(completion["usage"]["prompt_tokens"], prompt.len());
+}
+
+/// `show` lists `vision` for the model with a tower, not for the text model; the text model
+/// refuses an image before it is loaded; broken and oversized images get a 400.
+#[test]
+fn capabilities_refusals_and_hostile_images() {
+    let _serial = serial();
+    let (_, show) = post(server(), "/api/show", json!({ "model": MODEL }));
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "vision"]),
+        "{show}"
+    );
+    let (_, show) = post(server(), "/api/show", json!({ "model": TEXT_MODEL }));
+    assert_eq!(show["capabilities"], json!(["completion"]), "{show}");
+
+    let image = base64(&png(8, 8, 3));
+    for (path, body) in [
+        (
+            "/api/chat",
+            json!({ "model": TEXT_MODEL, "messages": [user("hi", &[&png(8, 8, 3)])] }),
+        ),
+        (
+            "/api/generate",
+            json!({ "model": TEXT_MODEL, "prompt": "hi", "images": [image] }),
+        ),
+    ] {
+        let (status, reply) = post(server(), path, body);
+        assert_eq!(status, 400, "{reply}");
+        assert!(
+            reply.to_string().contains(&format!(
+                "model `{}` does not support images",
+                ModelName::parse(TEXT_MODEL).unwrap()
+            )),
+            "{reply}"
+        );
+    }
+    let (_, ps) = get(server(), "/api/ps");
+    assert!(
+        !ps.to_string().contains("tiny-gemma3-text"),
+        "the text model was loaded to refuse an image: {ps}"
+    );
+
+    // A PNG cut short: its signature passes, its decoding does not.
+    let whole = png(16, 16, 4);
+    let truncated = &whole[..whole.len() / 2];
+    // A PNG whose header claims 100,000 × 100,000 pixels (40 GB of RGB): refused from the
+    // header, before any pixel buffer exists.
+    let huge = with_dimensions(&whole, 100_000, 100_000);
+    for (what, bytes) in [("truncated", truncated.to_vec()), ("huge", huge)] {
+        let (status, reply) = post(
+            server(),
+            "/api/chat",
+            json!({ "model": MODEL, "stream": false,
+                    "messages": [user("hi", &[&bytes])] }),
+        );
+        assert_eq!(status, 400, "{what}: {reply}");
+        assert!(
+            reply.to_string().contains("invalid image"),
+            "{what}: {reply}"
+        );
+    }
+    let (status, reply) = post(
+        server(),
+        "/api/chat",
+        json!({ "model": MODEL, "stream": false,
+                "messages": [{ "role": "user", "content": "hi", "images": ["%%%"] }] }),
+    );
+    assert_eq!(status, 400, "{reply}");
+    // A client typing the image token itself cannot make the images and their places disagree.
+    let (status, reply) = post(
+        server(),
+        "/api/chat",
+        json!({ "model": MODEL, "stream": false,
+                "messages": [user("<image_soft_token> hi", &[&whole])] }),
+    );
+    assert_eq!(status, 400, "{reply}");
+    // The server still serves.
+    let (_, ok) = chat(&[user("hi", &[&whole])], 2);
+    assert_eq!(count(&ok, "images_encoded"), 1, "{ok}");
+}
+
+/// `png` with its IHDR width and height replaced (and the chunk's CRC recomputed).
+fn with_dimensions(png: &[u8], width: u32, height: u32) -> Vec<u8> {
+    let mut out = png.to_vec();
+    // Signature (8), length (4), "IHDR" (4), then width and height.
+    out[16..20].copy_from_slice(&width.to_be_bytes());
+    out[20..24].copy_from_slice(&height.to_be_bytes());
+    let crc = crc32(&out[12..29]);
+    out[29..33].copy_from_slice(&crc.to_be_bytes());
+    out
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
