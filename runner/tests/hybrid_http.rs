@@ -39,35 +39,17 @@ fn import_tiny_hybrid(store: &Store) {
     for file in ["config.json", "generation_config.json", "model.safetensors"] {
         std::fs::copy(fixture.join(file), folder.path().join(file)).unwrap();
     }
-    let vocab: serde_json::Map<String, Value> = byte_characters()
+    let vocab: serde_json::Map<String, Value> = support::byte_characters()
         .into_iter()
         .enumerate()
         .map(|(id, c)| (c.to_string(), json!(id)))
         .collect();
-    let special = |id: usize, content: &str| {
-        json!({ "id": id, "content": content, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true })
-    };
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": [
-            special(256, "<|endoftext|>"),
-            special(257, "<|im_start|>"),
-            special(258, "<|im_end|>"),
-        ],
-        "normalizer": null,
-        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false,
-                           "trim_offsets": true, "use_regex": true },
-        "post_processor": null,
-        "decoder": { "type": "ByteLevel", "add_prefix_space": false,
-                     "trim_offsets": true, "use_regex": true },
-        "model": { "type": "BPE", "dropout": null, "unk_token": null,
-                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                   "vocab": vocab, "merges": [] }
-    });
+    let added = vec![
+        support::special_token(256, "<|endoftext|>"),
+        support::special_token(257, "<|im_start|>"),
+        support::special_token(258, "<|im_end|>"),
+    ];
+    let tokenizer = support::byte_level_tokenizer(vocab, added);
     std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -83,23 +65,6 @@ fn import_tiny_hybrid(store: &Store) {
     .unwrap();
     let name = ModelName::parse(MODEL).unwrap();
     runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
-}
-
-/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
-/// characters from U+0100 on.
-fn byte_characters() -> Vec<char> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-    let mut extra = 0;
-    (0u32..256)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap()
-            }
-        })
-        .collect()
 }
 
 /// A greedy chat turn; returns the reply and the final object.

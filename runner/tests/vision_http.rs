@@ -101,7 +101,7 @@ fn tokenizer_folder(fixture_name: &str) -> tempfile::TempDir {
     }
     // The specials below the bytes are in the model's vocabulary too, or the tokenizer would
     // renumber them past it.
-    let vocab: serde_json::Map<String, Value> = byte_characters()
+    let vocab: serde_json::Map<String, Value> = support::byte_characters()
         .into_iter()
         .enumerate()
         .map(|(byte, c)| (c.to_string(), json!(byte as u32 + FIRST_BYTE)))
@@ -112,34 +112,15 @@ fn tokenizer_folder(fixture_name: &str) -> tempfile::TempDir {
                 .map(|&(id, text)| (text.to_string(), json!(id))),
         )
         .collect();
-    let special = |id: u32, content: &str| {
-        json!({ "id": id, "content": content, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true })
-    };
     let bytes = FIRST_BYTE..FIRST_BYTE + 256;
     let added: Vec<Value> = (0..512)
         .filter(|id| !bytes.contains(id))
         .map(|id| match SPECIALS.iter().find(|&&(i, _)| i == id) {
-            Some(&(_, text)) => special(id, text),
-            None => special(id, &format!("<unused{id}>")),
+            Some(&(_, text)) => support::special_token(id, text),
+            None => support::special_token(id, &format!("<unused{id}>")),
         })
         .collect();
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false,
-                           "trim_offsets": true, "use_regex": true },
-        "post_processor": null,
-        "decoder": { "type": "ByteLevel", "add_prefix_space": false,
-                     "trim_offsets": true, "use_regex": true },
-        "model": { "type": "BPE", "dropout": null, "unk_token": null,
-                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                   "vocab": vocab, "merges": [] }
-    });
+    let tokenizer = support::byte_level_tokenizer(vocab, added);
     std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
     let config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -154,23 +135,6 @@ fn tokenizer_folder(fixture_name: &str) -> tempfile::TempDir {
     )
     .unwrap();
     folder
-}
-
-/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
-/// characters from U+0100 on.
-fn byte_characters() -> Vec<char> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-    let mut extra = 0;
-    (0u32..256)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap()
-            }
-        })
-        .collect()
 }
 
 /// The ids of `text` under the test's tokenizer: specials by name, every other byte alone.

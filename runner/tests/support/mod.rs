@@ -240,3 +240,50 @@ pub fn redact(value: &Value) -> Value {
         other => other.clone(),
     }
 }
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
+/// characters from U+0100 on. Tiny fixtures get a tokenizer of one token per byte.
+#[allow(dead_code)]
+pub fn byte_characters() -> Vec<char> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut extra = 0;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// An added special token of a `tokenizer.json`.
+#[allow(dead_code)]
+pub fn special_token(id: u32, content: &str) -> Value {
+    json!({ "id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true })
+}
+
+/// A byte-level BPE `tokenizer.json` with no merges: `vocab` maps each byte's character (and
+/// any other plain token) to its id, `added` lists the special tokens.
+#[allow(dead_code)]
+pub fn byte_level_tokenizer(vocab: serde_json::Map<String, Value>, added: Vec<Value>) -> Value {
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false,
+                           "trim_offsets": true, "use_regex": true },
+        "post_processor": null,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": false,
+                     "trim_offsets": true, "use_regex": true },
+        "model": { "type": "BPE", "dropout": null, "unk_token": null,
+                   "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                   "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                   "vocab": vocab, "merges": [] }
+    })
+}
