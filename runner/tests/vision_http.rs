@@ -633,3 +633,190 @@ fn crc32(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// The first `message` item's text of a Responses API response.
+fn responses_text(response: &Value) -> String {
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "message")
+        .and_then(|item| item["content"][0]["text"].as_str())
+        .unwrap_or_else(|| panic!("no message: {response}"))
+        .to_string()
+}
+
+/// Anthropic image blocks and Responses `input_image` parts reach the model as Ollama's images
+/// and OpenAI's `image_url` parts do: the same greedy answer, the image not encoded again (the
+/// cache of encoded images holds it). A Responses follow-up by `previous_response_id` still
+/// holds the earlier turn's image; a screenshot in an Anthropic tool result takes its place in
+/// the tool turn.
+#[test]
+fn anthropic_and_responses_take_images() {
+    let _serial = serial();
+    // An image of this test's own, so that which test runs first does not matter: its answer
+    // through Ollama's API (which `the_answer_with_an_image_is_the_models_own` holds to the
+    // model's direct computation) is the one the other APIs must give.
+    let image = png(36, 28, 77);
+    let data = base64(&image);
+    let (text, first) = chat(&[user(REFERENCE_TEXT, &[&image])], REFERENCE_TOKENS);
+    assert_eq!(count(&first, "images_encoded"), 1, "{first}");
+    let prompt_tokens = count(&first, "prompt_eval_count") + count(&first, "prompt_cached_count");
+
+    let image_block = |data: &str| json!({ "type": "image", "source": { "type": "base64", "media_type": "image/png", "data": data } });
+    let (status, message) = post(
+        server(),
+        "/v1/messages",
+        json!({
+            "model": MODEL,
+            "max_tokens": REFERENCE_TOKENS,
+            "temperature": 0,
+            "messages": [{ "role": "user", "content": [
+                image_block(&data),
+                { "type": "text", "text": REFERENCE_TEXT },
+            ]}],
+        }),
+    );
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(message["content"][0]["text"], text, "{message}");
+    assert_eq!(message["usage"]["images_encoded"], 0, "{message}");
+
+    let url = format!("data:image/png;base64,{data}");
+    let (status, response) = post(
+        server(),
+        "/v1/responses",
+        json!({
+            "model": MODEL,
+            "max_output_tokens": REFERENCE_TOKENS,
+            "temperature": 0,
+            "input": [{ "type": "message", "role": "user", "content": [
+                { "type": "input_image", "image_url": url },
+                { "type": "input_text", "text": REFERENCE_TEXT },
+            ]}],
+        }),
+    );
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(responses_text(&response), text, "{response}");
+    assert_eq!(response["usage"]["images_encoded"], 0, "{response}");
+    // The follow-up's prompt still holds the image (so the usage names it) and reads it, and
+    // the turn before, from the prefix cache.
+    let (status, follow_up) = post(
+        server(),
+        "/v1/responses",
+        json!({
+            "model": MODEL,
+            "max_output_tokens": 2,
+            "temperature": 0,
+            "previous_response_id": response["id"],
+            "input": "And?",
+        }),
+    );
+    assert_eq!(status, 200, "{follow_up}");
+    assert_eq!(follow_up["usage"]["images_encoded"], 0, "{follow_up}");
+    let cached = follow_up["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap() as usize;
+    assert!(cached >= prompt_tokens, "{follow_up}");
+
+    // A tool's screenshot, never seen before: encoded once, in the tool turn.
+    let screenshot = base64(&png(10, 10, 7));
+    let (status, message) = post(
+        server(),
+        "/v1/messages",
+        json!({
+            "model": MODEL,
+            "max_tokens": 2,
+            "temperature": 0,
+            "messages": [
+                { "role": "user", "content": "Take a screenshot." },
+                { "role": "assistant", "content": [
+                    { "type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {} },
+                ]},
+                { "role": "user", "content": [
+                    { "type": "tool_result", "tool_use_id": "toolu_1",
+                      "content": [image_block(&screenshot)] },
+                ]},
+            ],
+        }),
+    );
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(message["usage"]["images_encoded"], 1, "{message}");
+
+    // Sources the server does not fetch are refused by name.
+    let (status, refused) = post(
+        server(),
+        "/v1/responses",
+        json!({
+            "model": MODEL,
+            "input": [{ "type": "message", "role": "user", "content": [
+                { "type": "input_image", "file_id": "file-1" },
+            ]}],
+        }),
+    );
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("file_id"), "{refused}");
+}
+
+/// The media crate's hostile corpus (images whose headers lie, truncated files, pixel bombs,
+/// WAVs with impossible chunks) sent to the vision model through every API that takes media:
+/// each is a 400 naming the problem, and the server goes on serving.
+#[test]
+fn the_hostile_corpus_is_refused_through_every_api() {
+    let _serial = serial();
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../media/tests/corpus");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&corpus)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20, "the corpus at {}", corpus.display());
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        let data = base64(&std::fs::read(file).unwrap());
+        let wav = name.ends_with(".wav");
+        let requests = if wav {
+            vec![(
+                "/v1/chat/completions",
+                json!({ "model": MODEL, "messages": [{ "role": "user", "content": [
+                    { "type": "input_audio", "input_audio": { "data": data, "format": "wav" } },
+                ]}]}),
+            )]
+        } else {
+            vec![
+                (
+                    "/api/chat",
+                    json!({ "model": MODEL, "stream": false, "messages": [
+                        { "role": "user", "content": "hi", "images": [data] },
+                    ]}),
+                ),
+                (
+                    "/v1/chat/completions",
+                    json!({ "model": MODEL, "messages": [{ "role": "user", "content": [
+                        { "type": "image_url",
+                          "image_url": { "url": format!("data:image/png;base64,{data}") } },
+                    ]}]}),
+                ),
+                (
+                    "/v1/messages",
+                    json!({ "model": MODEL, "max_tokens": 2, "messages": [
+                        { "role": "user", "content": [{ "type": "image", "source": {
+                            "type": "base64", "media_type": "image/png", "data": data } }] },
+                    ]}),
+                ),
+            ]
+        };
+        for (path, body) in requests {
+            let (status, reply) = post(server(), path, body);
+            assert_eq!(status, 400, "{name} through {path}: {reply}");
+            let said = reply.to_string();
+            assert!(
+                said.contains("invalid image")
+                    || said.contains("invalid audio")
+                    || said.contains("does not support audio"),
+                "{name} through {path}: {reply}"
+            );
+        }
+    }
+    let (_, ok) = chat(&[user("hi", &[&png(8, 8, 9)])], 2);
+    assert!(count(&ok, "images_encoded") <= 1, "{ok}");
+}

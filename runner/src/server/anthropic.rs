@@ -137,22 +137,9 @@ fn conversation(
                     turn.content.push_str(text);
                 }
                 "image" => {
-                    let source = block.get("source").unwrap_or(&Value::Null);
-                    match source.get("type").and_then(Value::as_str) {
-                        Some("base64") => {
-                            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
-                            prompt::check_image_base64(data).map_err(ApiError::anthropic)?;
-                        }
-                        Some(other) => {
-                            return Err(bad(format!(
-                                "{}: image sources of type {other:?} are not fetched; send \
-                                 base64 data",
-                                at()
-                            )));
-                        }
-                        None => return Err(bad(format!("{}: an image needs a source", at()))),
-                    }
-                    attachments.images += 1;
+                    // The image's place among the turn's text.
+                    let bytes = image_block(block, &at)?;
+                    turn.content.push_str(&attachments.add_image(bytes));
                 }
                 "thinking" => {
                     let thought = block.get("thinking").and_then(Value::as_str).unwrap_or("");
@@ -176,7 +163,8 @@ fn conversation(
                     // Text before a result belongs to the user turn it came in.
                     flush(&mut messages, &mut turn);
                     let id = block.get("tool_use_id").and_then(Value::as_str);
-                    let mut result = Message::new("tool", tool_result_text(block, &at)?);
+                    let mut result =
+                        Message::new("tool", tool_result_text(block, &at, &mut attachments)?);
                     result.tool_call_id = id.map(str::to_string);
                     result.name = id.and_then(|id| call_names.get(id).cloned());
                     messages.push(result);
@@ -238,8 +226,30 @@ fn system_text(system: &Value) -> Result<String, ApiError> {
     }
 }
 
-/// A tool result's content: a string or a list of text blocks; an error result says so.
-fn tool_result_text(block: &Value, at: &dyn Fn() -> String) -> Result<String, ApiError> {
+/// An image block's bytes: base64 data (a `url` source is not fetched on a client's behalf),
+/// checked to be an image by its signature whatever `media_type` says.
+fn image_block(block: &Value, at: &dyn Fn() -> String) -> Result<Vec<u8>, ApiError> {
+    let source = block.get("source").unwrap_or(&Value::Null);
+    match source.get("type").and_then(Value::as_str) {
+        Some("base64") => {
+            let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+            prompt::image_base64(data).map_err(ApiError::anthropic)
+        }
+        Some(other) => Err(bad(format!(
+            "{}: image sources of type {other:?} are not fetched; send base64 data",
+            at()
+        ))),
+        None => Err(bad(format!("{}: an image needs a source", at()))),
+    }
+}
+
+/// A tool result's content: a string or a list of text and image blocks (a screenshot a tool
+/// took), each image placed where it stands; an error result says so.
+fn tool_result_text(
+    block: &Value,
+    at: &dyn Fn() -> String,
+    attachments: &mut Attachments,
+) -> Result<String, ApiError> {
     let mut text = match block.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(text)) => text.clone(),
@@ -250,12 +260,7 @@ fn tool_result_text(block: &Value, at: &dyn Fn() -> String) -> Result<String, Ap
                     Some("text") => {
                         text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
                     }
-                    Some("image") => {
-                        return Err(bad(format!(
-                            "{}: images in tool results are not supported by text models",
-                            at()
-                        )));
-                    }
+                    Some("image") => text.push_str(&attachments.add_image(image_block(part, at)?)),
                     other => {
                         return Err(bad(format!(
                             "{}: tool result part type {other:?} is not supported",
@@ -398,8 +403,7 @@ pub async fn messages(
         _ => conversation.tools,
     };
     let job = ChatJob {
-        // Images are refused before this (`Attachments::require_supported`).
-        images: Vec::new(),
+        images: conversation.attachments.image_bytes,
         messages: conversation.messages,
         requested: Requested {
             format: None,
@@ -466,12 +470,14 @@ fn stop_reason(summary: &Summary, tool_calls: bool) -> &'static str {
 /// prefix cache had (together the whole prompt).
 fn usage(summary: &Summary) -> Value {
     let s = &summary.stats;
-    json!({
+    let mut usage = json!({
         "input_tokens": s.prompt_tokens.saturating_sub(s.cached_tokens),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": s.cached_tokens,
         "output_tokens": s.generated_tokens,
-    })
+    });
+    super::generation::insert_images_encoded(&mut usage, s);
+    usage
 }
 
 fn tool_use_block(call: &tokenizer::ToolCall) -> Value {

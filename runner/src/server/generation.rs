@@ -82,6 +82,17 @@ pub fn drafter_name(spec: &SpeculationStats, draft: Option<&ModelName>) -> Strin
     }
 }
 
+/// Adds the extension field naming how many of the prompt's images the vision encoder ran
+/// for (the rest came from its cache), when the prompt had images.
+pub fn insert_images_encoded(object: &mut serde_json::Value, stats: &Stats) {
+    if let (true, Some(map)) = (stats.images > 0, object.as_object_mut()) {
+        map.insert(
+            "images_encoded".into(),
+            serde_json::json!(stats.images_encoded),
+        );
+    }
+}
+
 /// What speculative decoding did for a request, as both APIs report it (`draft` as for
 /// [`drafter_name`]).
 pub fn speculation_json(spec: &SpeculationStats, draft: Option<&ModelName>) -> serde_json::Value {

@@ -153,10 +153,7 @@ fn usage(summary: &Summary) -> Value {
         "total_tokens": s.prompt_tokens + s.generated_tokens,
         "prompt_tokens_details": { "cached_tokens": s.cached_tokens },
     });
-    // An extension: how many of the prompt's images the vision encoder ran for.
-    if let (true, Some(map)) = (s.images > 0, usage.as_object_mut()) {
-        map.insert("images_encoded".into(), json!(s.images_encoded));
-    }
+    super::generation::insert_images_encoded(&mut usage, s);
     // An extension object: what speculative decoding did.
     if let (Some(spec), Some(map)) = (&s.speculation, usage.as_object_mut()) {
         map.insert(

@@ -48,30 +48,28 @@ pub struct ChatMessage {
 /// Media attached to a request, decoded and checked.
 #[derive(Debug, Default)]
 pub struct Attachments {
-    /// Images found.
-    pub images: usize,
     /// Audio clips found.
     pub audio: usize,
-    /// The bytes of each image, where the endpoint passes images on: the `[img-N]` tags in
-    /// the messages name them by index.
+    /// The bytes of each image found: the `[img-N]` tags in the messages name them by index.
     pub image_bytes: Vec<Arc<[u8]>>,
 }
 
 impl Attachments {
     /// Fails with a clear error when the model cannot take what was attached, before anything
-    /// loads: an unknown model is "not found" first. Every text model of this release lacks
-    /// vision and audio encoders.
+    /// loads: an unknown model is "not found" first. A model takes images when its checkpoint
+    /// has a vision tower (its capabilities list `vision`); none takes audio yet.
     pub fn require_supported(
         &self,
         store: &crate::store::Store,
         name: &crate::model_name::ModelName,
     ) -> Result<(), ApiError> {
-        if self.images == 0 && self.audio == 0 {
+        let image_count = self.image_bytes.len();
+        if image_count == 0 && self.audio == 0 {
             return Ok(());
         }
         let entry = store.get(name)?;
         let model = name.to_string();
-        if self.images > 0 {
+        if image_count > 0 {
             let vision = entry
                 .manifest
                 .details
@@ -83,16 +81,9 @@ impl Attachments {
                     "model `{model}` does not support images"
                 )));
             }
-            if self.image_bytes.len() != self.images {
+            if image_count > images::MAX_IMAGES {
                 return Err(ApiError::bad_request(format!(
-                    "images reach `{model}` through /api/chat, /api/generate and \
-                     /v1/chat/completions; this endpoint does not pass them on yet"
-                )));
-            }
-            if self.images > images::MAX_IMAGES {
-                return Err(ApiError::bad_request(format!(
-                    "{} images in one request, at most {} are accepted",
-                    self.images,
+                    "{image_count} images in one request, at most {} are accepted",
                     images::MAX_IMAGES
                 )));
             }
@@ -120,12 +111,20 @@ pub fn image_base64(payload: &str) -> Result<Vec<u8>, ApiError> {
     Ok(bytes)
 }
 
+/// The bytes of an OpenAI `image_url` (a base64 data URL; remote URLs are not fetched),
+/// checked to be an image by their signature.
+pub fn image_url(url: &str) -> Result<Vec<u8>, ApiError> {
+    let bytes = media::decode_image_url(url, MAX_MEDIA_BYTES)
+        .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
+    check_image_bytes(&bytes)?;
+    Ok(bytes)
+}
+
 impl Attachments {
     /// Keeps an image's bytes; returns the `[img-N]` tag that places it in a prompt.
     pub fn add_image(&mut self, bytes: Vec<u8>) -> String {
         let tag = format!("[img-{}]", self.image_bytes.len());
         self.image_bytes.push(bytes.into());
-        self.images += 1;
         tag
     }
 }
@@ -162,11 +161,8 @@ fn content_text(
                             .and_then(|u| u.get("url").or(Some(u)))
                             .and_then(Value::as_str)
                             .ok_or_else(|| ApiError::bad_request("image_url part without a url"))?;
-                        let bytes = media::decode_image_url(url, MAX_MEDIA_BYTES)
-                            .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
-                        check_image_bytes(&bytes)?;
                         // The image's place among the text parts.
-                        text.push_str(&attachments.add_image(bytes));
+                        text.push_str(&attachments.add_image(image_url(url)?));
                     }
                     "input_audio" => {
                         let audio = part.get("input_audio").ok_or_else(|| {

@@ -8,7 +8,7 @@
 //! can continue its conversation.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
@@ -23,7 +23,7 @@ use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{Output, Summary};
 use crate::server::options::GenerationOptions;
-use crate::server::prompt::Attachments;
+use crate::server::prompt::{self, Attachments};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
@@ -31,32 +31,56 @@ use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
 /// How many responses `previous_response_id` can reach back to; the oldest go first.
 pub const STORED_RESPONSES: usize = 256;
 
+/// The image bytes all stored conversations may hold together; the oldest conversations go
+/// first beyond it (an image shared by several counts for each).
+pub const STORED_IMAGE_BYTES: usize = 256 << 20;
+
 /// Conversations of recent responses, by response id: what a follow-up continues.
 #[derive(Default)]
 pub struct ResponseStore {
     inner: Mutex<StoreInner>,
 }
 
+/// A stored conversation: its messages and the images their `[img-N]` tags name.
+#[derive(Clone, Default)]
+struct Stored {
+    messages: Vec<Message>,
+    images: Vec<Arc<[u8]>>,
+}
+
+impl Stored {
+    fn image_bytes(&self) -> usize {
+        self.images.iter().map(|image| image.len()).sum()
+    }
+}
+
 #[derive(Default)]
 struct StoreInner {
-    conversations: HashMap<String, Vec<Message>>,
+    conversations: HashMap<String, Stored>,
     order: VecDeque<String>,
+    image_bytes: usize,
 }
 
 impl ResponseStore {
-    fn get(&self, id: &str) -> Option<Vec<Message>> {
+    fn get(&self, id: &str) -> Option<Stored> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.conversations.get(id).cloned()
     }
 
-    fn put(&self, id: String, conversation: Vec<Message>) {
+    fn put(&self, id: String, conversation: Stored) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        while inner.order.len() >= STORED_RESPONSES {
-            if let Some(oldest) = inner.order.pop_front() {
-                inner.conversations.remove(&oldest);
+        let adding = conversation.image_bytes();
+        while inner.order.len() >= STORED_RESPONSES
+            || (!inner.order.is_empty() && inner.image_bytes + adding > STORED_IMAGE_BYTES)
+        {
+            if let Some(oldest) = inner.order.pop_front()
+                && let Some(gone) = inner.conversations.remove(&oldest)
+            {
+                inner.image_bytes -= gone.image_bytes();
             }
         }
         inner.order.push_back(id.clone());
+        inner.image_bytes += adding;
         inner.conversations.insert(id, conversation);
     }
 }
@@ -114,7 +138,24 @@ fn content_text(
                     Some("input_text" | "output_text" | "text") => {
                         text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
                     }
-                    Some("input_image") => attachments.images += 1,
+                    Some("input_image") => {
+                        let bytes = match (part.get("image_url"), part.get("file_id")) {
+                            (Some(Value::String(url)), _) => {
+                                prompt::image_url(url).map_err(ApiError::openai)?
+                            }
+                            (_, Some(_)) => {
+                                return Err(bad(format!(
+                                    "{at}: images by `file_id` are not stored here; send \
+                                     `image_url` as a base64 data URL"
+                                )));
+                            }
+                            _ => {
+                                return Err(bad(format!("{at}: an input_image needs `image_url`")));
+                            }
+                        };
+                        // The image's place among the text parts.
+                        text.push_str(&attachments.add_image(bytes));
+                    }
                     Some("input_audio") => attachments.audio += 1,
                     other => {
                         return Err(bad(format!(
@@ -301,21 +342,26 @@ pub async fn create(
     )
     .map_err(ApiError::openai)?;
 
-    let mut messages = match &req.previous_response_id {
+    let previous = match &req.previous_response_id {
         Some(id) => state.responses.get(id).ok_or_else(|| {
             ApiError::not_found(format!(
                 "previous response `{id}` is not stored (the last {STORED_RESPONSES} are kept)"
             ))
             .openai()
         })?,
-        None => Vec::new(),
+        None => Stored::default(),
+    };
+    let mut messages = previous.messages;
+    // The earlier turns' `[img-N]` tags keep naming their images; new ones number on.
+    let mut attachments = Attachments {
+        image_bytes: previous.images,
+        ..Attachments::default()
     };
     if let Some(instructions) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         // Instructions apply to this response only: they replace any carried over.
         messages.retain(|m| m.role != "system");
         messages.insert(0, Message::new("system", instructions.clone()));
     }
-    let mut attachments = Attachments::default();
     read_input(
         req.input.as_ref().unwrap_or(&Value::Null),
         &mut messages,
@@ -346,9 +392,9 @@ pub async fn create(
         .await
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
+    let images = attachments.image_bytes;
     let job = ChatJob {
-        // Images are refused before this (`Attachments::require_supported`).
-        images: Vec::new(),
+        images: images.clone(),
         messages: messages.clone(),
         requested: Requested {
             format,
@@ -381,7 +427,8 @@ pub async fn create(
         metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
         store: req.store.unwrap_or(true),
     };
-    let mut builder = ResponseBuilder::new(echo, messages, state.responses.clone());
+    let conversation = Stored { messages, images };
+    let mut builder = ResponseBuilder::new(echo, conversation, state.responses.clone());
     if req.stream {
         return Ok(sse(outputs, builder));
     }
@@ -433,18 +480,14 @@ struct ResponseBuilder {
     open: Option<Open>,
     sequence: u64,
     /// The conversation this response answers, for the store.
-    conversation: Vec<Message>,
+    conversation: Stored,
     responses: std::sync::Arc<ResponseStore>,
     /// The final response, once done.
     finished: Option<Value>,
 }
 
 impl ResponseBuilder {
-    fn new(
-        echo: Echo,
-        conversation: Vec<Message>,
-        responses: std::sync::Arc<ResponseStore>,
-    ) -> Self {
+    fn new(echo: Echo, conversation: Stored, responses: Arc<ResponseStore>) -> Self {
         Self {
             id: item_id("resp"),
             created_at: SystemTime::now()
@@ -589,13 +632,14 @@ impl ResponseBuilder {
         let mut events = Vec::new();
         self.close(&mut events);
         let s = &summary.stats;
-        let usage = json!({
+        let mut usage = json!({
             "input_tokens": s.prompt_tokens,
             "input_tokens_details": {"cached_tokens": s.cached_tokens},
             "output_tokens": s.generated_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": s.prompt_tokens + s.generated_tokens,
         });
+        super::generation::insert_images_encoded(&mut usage, s);
         let incomplete = (summary.reason == DoneReason::Length).then_some("max_output_tokens");
         let status = if incomplete.is_some() {
             "incomplete"
@@ -605,7 +649,7 @@ impl ResponseBuilder {
         let response = self.response(status, Some(usage), incomplete);
         if self.echo.store {
             let mut conversation = std::mem::take(&mut self.conversation);
-            conversation.push(self.assistant_turn());
+            conversation.messages.push(self.assistant_turn());
             self.responses.put(self.id.clone(), conversation);
         }
         let kind = if incomplete.is_some() {
