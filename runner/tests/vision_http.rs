@@ -4,8 +4,10 @@
 //! (`<start_of_image>` 509, `<end_of_image>` 510, the image token 511), driven as a chat client
 //! would: a conversation that sends its image again each turn encodes it once and evaluates
 //! only what each turn adds; a different image in the same place is encoded and evaluated
-//! anew; the answer is the one the model computes directly; a text model refuses images
-//! before loading; broken and oversized images are refused.
+//! anew; the answer is the one the model computes directly, through every API that takes
+//! images, with prefill chunks that cut across each image and with two image requests batched;
+//! a text model refuses images before loading; broken, oversized and hostile media are
+//! refused and the server serves on.
 //!
 //! No download: the fixtures are committed, so this runs everywhere.
 
@@ -73,8 +75,16 @@ fn server() -> &'static Server {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
     SERVER
         .get_or_init(|| {
-            reference();
-            start_server_with(&[], LoopConfig::from_env(), |store| {
+            references();
+            // Prefill chunks of 4 tokens: every image (4 tokens after its start marker) lies
+            // across a chunk boundary, which the engine must not cut it at.
+            let config = LoopConfig {
+                prefill_chunk: 4,
+                prefill_budget_while_decoding: 4,
+                prefill_budget_idle: 16,
+                ..LoopConfig::from_env()
+            };
+            start_server_with(&[], config, |store| {
                 import(store, MODEL, "gemma3_vision");
                 import(store, TEXT_MODEL, "gemma3");
             })
@@ -207,12 +217,23 @@ fn one_turn_prompt(text: &str) -> String {
     )
 }
 
-/// The greedy reply the model computes directly for [`reference_png`] and [`REFERENCE_TEXT`]:
-/// `Gemma3Multimodal::forward_with_images` over the whole prompt, then one token at a time,
-/// stopping at the tokenizer's stop tokens. Returns the prompt's ids and the reply's.
+/// Images whose answers to [`REFERENCE_TEXT`] are computed directly: [`reference_png`] and
+/// two sent at once by `requests_with_images_at_once_answer_as_alone`.
+fn reference_images() -> [Vec<u8>; 3] {
+    [reference_png(), png(30, 22, 5), png(18, 34, 6)]
+}
+
+/// [`references`]' first: the reference image's.
 fn reference() -> &'static Reference {
-    static REFERENCE: OnceLock<Reference> = OnceLock::new();
-    REFERENCE.get_or_init(|| {
+    &references()[0]
+}
+
+/// The greedy replies the model computes directly for [`reference_images`] and
+/// [`REFERENCE_TEXT`]: `Gemma3Multimodal::forward_with_images` over the whole prompt, then
+/// one token at a time, stopping at the tokenizer's stop tokens.
+fn references() -> &'static [Reference] {
+    static REFERENCES: OnceLock<Vec<Reference>> = OnceLock::new();
+    REFERENCES.get_or_init(|| {
         let source = fixture("gemma3_vision");
         let config: Value =
             serde_json::from_slice(&std::fs::read(source.join("config.json")).unwrap()).unwrap();
@@ -236,59 +257,73 @@ fn reference() -> &'static Reference {
                 .unwrap(),
             prompt
         );
-        let image = media::prepare_image(
-            &reference_png(),
-            &media::ImageLimits::default(),
-            &media::ImageProcessorConfig::siglip(32),
-        )
-        .unwrap();
-        let pixels = Array::from_slice(&image.pixels.data, &[1, 3, 32, 32]).unwrap();
-        let features = model.encode_images(&pixels).unwrap();
-
-        let mut caches = model.language_model().new_caches().unwrap();
-        let batch = nn::Batch::single(&prompt, 0).unwrap();
-        let out = model
-            .forward_with_images(&batch, Some(&features), &mut [&mut caches])
-            .unwrap();
-        let mut hidden = out.hidden;
-        let mut reply = Vec::new();
-        let mut first_logprobs = Vec::new();
-        for position in prompt.len()..prompt.len() + REFERENCE_TOKENS {
-            let last = hidden.slice_axis(1, -1, hidden.dim(1).unwrap()).unwrap();
-            let logits = model.language_model().unembed(&last).unwrap();
-            if first_logprobs.is_empty() {
-                let values = logits.reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();
-                let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = values.iter().map(|v| (v - max).exp()).sum();
-                let mut logprobs: Vec<f32> = values.iter().map(|v| v - max - sum.ln()).collect();
-                logprobs.sort_by(|a, b| b.total_cmp(a));
-                first_logprobs = logprobs[..5].to_vec();
-            }
-            let next = logits
-                .argmax(-1, false)
-                .unwrap()
-                .astype(Dtype::I32)
+        reference_images()
+            .iter()
+            .map(|png| {
+                let image = media::prepare_image(
+                    png,
+                    &media::ImageLimits::default(),
+                    &media::ImageProcessorConfig::siglip(32),
+                )
                 .unwrap();
-            let next = next.to_vec::<i32>().unwrap()[0] as u32;
-            if tokenizer.stop_tokens().contains(&next) {
-                break;
-            }
-            reply.push(next);
-            let batch = nn::Batch::single(&[next], position).unwrap();
-            hidden = model
-                .language_model()
-                .forward(&batch, &mut caches)
-                .unwrap()
-                .hidden;
-        }
-        let text = tokenizer.decode(&reply, true).unwrap();
-        eprintln!("direct reply: {reply:?} = {text:?}, first top logprobs {first_logprobs:?}");
-        Reference {
-            prompt,
-            reply,
-            first_logprobs,
-        }
+                let pixels = Array::from_slice(&image.pixels.data, &[1, 3, 32, 32]).unwrap();
+                let features = model.encode_images(&pixels).unwrap();
+                direct_reply(&model, &tokenizer, &prompt, &features)
+            })
+            .collect()
     })
+}
+
+/// The greedy reply of `model` to `prompt` with one image's `features`.
+fn direct_reply(
+    model: &Gemma3Multimodal,
+    tokenizer: &tokenizer::Tokenizer,
+    prompt: &[u32],
+    features: &Array,
+) -> Reference {
+    let mut caches = model.language_model().new_caches().unwrap();
+    let batch = nn::Batch::single(prompt, 0).unwrap();
+    let out = model
+        .forward_with_images(&batch, Some(features), &mut [&mut caches])
+        .unwrap();
+    let mut hidden = out.hidden;
+    let mut reply = Vec::new();
+    let mut first_logprobs = Vec::new();
+    for position in prompt.len()..prompt.len() + REFERENCE_TOKENS {
+        let last = hidden.slice_axis(1, -1, hidden.dim(1).unwrap()).unwrap();
+        let logits = model.language_model().unembed(&last).unwrap();
+        if first_logprobs.is_empty() {
+            let values = logits.reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();
+            let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = values.iter().map(|v| (v - max).exp()).sum();
+            let mut logprobs: Vec<f32> = values.iter().map(|v| v - max - sum.ln()).collect();
+            logprobs.sort_by(|a, b| b.total_cmp(a));
+            first_logprobs = logprobs[..5].to_vec();
+        }
+        let next = logits
+            .argmax(-1, false)
+            .unwrap()
+            .astype(Dtype::I32)
+            .unwrap();
+        let next = next.to_vec::<i32>().unwrap()[0] as u32;
+        if tokenizer.stop_tokens().contains(&next) {
+            break;
+        }
+        reply.push(next);
+        let batch = nn::Batch::single(&[next], position).unwrap();
+        hidden = model
+            .language_model()
+            .forward(&batch, &mut caches)
+            .unwrap()
+            .hidden;
+    }
+    let text = tokenizer.decode(&reply, true).unwrap();
+    eprintln!("direct reply: {reply:?} = {text:?}, first top logprobs {first_logprobs:?}");
+    Reference {
+        prompt: prompt.to_vec(),
+        reply,
+        first_logprobs,
+    }
 }
 
 /// What the model computes directly for the reference image and text.
@@ -819,4 +854,75 @@ fn the_hostile_corpus_is_refused_through_every_api() {
     }
     let (_, ok) = chat(&[user("hi", &[&png(8, 8, 9)])], 2);
     assert!(count(&ok, "images_encoded") <= 1, "{ok}");
+}
+
+/// Two requests with different images sent at once, prefilled in chunks of 4 tokens that
+/// batch together and decoded in one batch: each answer, and the first token's top-5
+/// logprobs, are what the model computes for it alone.
+#[test]
+fn requests_with_images_at_once_answer_as_alone() {
+    let _serial = serial();
+    let images = reference_images();
+    let expected = references();
+    let folder = tokenizer_folder("gemma3_vision");
+    let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();
+    let replies: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = images[1..]
+            .iter()
+            .map(|image| {
+                scope.spawn(move || {
+                    post(
+                        server(),
+                        "/api/generate",
+                        json!({
+                            "model": MODEL,
+                            "prompt": REFERENCE_TEXT,
+                            "images": [base64(image)],
+                            "stream": false,
+                            "logprobs": true,
+                            "top_logprobs": 5,
+                            "options": { "temperature": 0, "num_predict": REFERENCE_TOKENS },
+                        }),
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                let (status, reply) = handle.join().unwrap();
+                assert_eq!(status, 200, "{reply}");
+                reply
+            })
+            .collect()
+    });
+    // The two images lead the model to distributions far enough apart for the comparison
+    // below to tell them apart.
+    let apart = expected[1]
+        .first_logprobs
+        .iter()
+        .zip(&expected[2].first_logprobs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(apart > 1e-2, "{apart}");
+    for (reply, want) in replies.iter().zip(&expected[1..]) {
+        let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["logprob"].as_f64().unwrap() as f32)
+            .collect();
+        let worst = served
+            .iter()
+            .zip(&want.first_logprobs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+        assert_eq!(count(reply, "images_encoded"), 1, "{reply}");
+        assert_eq!(
+            reply["response"].as_str().unwrap(),
+            tokenizer.decode(&want.reply, true).unwrap(),
+            "{reply}"
+        );
+    }
 }
