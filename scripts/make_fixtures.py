@@ -1289,6 +1289,225 @@ def gemma3_vision_config() -> transformers.Gemma3Config:
 VISION_FIXTURES = {"gemma3_vision": gemma3_vision_config}
 
 
+# Special ids of the qwen2_5_vl fixture, inside its 512-entry vocabulary (the real ones are
+# 151652..151656): Qwen2.5-VL's processor lays an image out as <|vision_start|>, one
+# <|image_pad|> per merged token (grid_h · grid_w / merge²), <|vision_end|>.
+QWEN2_5_VL_VISION_START = 508
+QWEN2_5_VL_VISION_END = 509
+QWEN2_5_VL_VIDEO = 510
+QWEN2_5_VL_IMAGE = 511
+# Two images of different sizes, as image_grid_thw: 8x12 patches (4x6 merged tokens, six 2x2
+# windows) and 6x10 (3x5 tokens: the windows at the bottom and right edges are partial).
+QWEN2_5_VL_GRIDS = [[1, 8, 12], [1, 6, 10]]
+
+
+def qwen2_5_vl_config() -> transformers.Qwen2_5_VLConfig:
+    # Qwen2.5-VL's layout, shrunk: a qwen2-like decoder (2 layers, hidden 64, 4 heads of 16, 2
+    # KV heads) with M-RoPE in sections [2, 3, 3] of its 8 rotary frequencies, behind a 3-block
+    # vision tower (hidden 32, 2 heads of 16) over 4-pixel patches of 2 frames, merged 2x2; block
+    # 1 attends over the whole image, blocks 0 and 2 within windows of 16 pixels (2x2 merged
+    # tokens). Rope bases off the defaults (text 50000, vision 2000) catch a reader that guesses.
+    vision = transformers.Qwen2_5_VLVisionConfig(
+        depth=3,
+        hidden_size=32,
+        hidden_act="silu",
+        intermediate_size=48,
+        num_heads=2,
+        in_channels=3,
+        patch_size=4,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        tokens_per_second=2,
+        window_size=16,
+        out_hidden_size=HIDDEN,
+        fullatt_block_indexes=[1],
+        rope_parameters={"rope_type": "axial", "rope_theta": 2000.0},
+    )
+    text = transformers.Qwen2_5_VLTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0, "mrope_section": [2, 3, 3]},
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=None,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=QWEN2_5_VL_IMAGE,
+        video_token_id=QWEN2_5_VL_VIDEO,
+        vision_start_token_id=QWEN2_5_VL_VISION_START,
+        vision_end_token_id=QWEN2_5_VL_VISION_END,
+        # Tied as in Qwen2.5-VL-3B (the 7B unties), which also keeps the fixture small.
+        tie_word_embeddings=True,
+    )
+
+
+VISION_FIXTURES["qwen2_5_vl"] = qwen2_5_vl_config
+
+
+def qwen2_5_vl_prompt(grids: list[list[int]], merge: int) -> tuple[list[int], list[int]]:
+    """Text and images in turn as Qwen2.5-VL's processor lays them out, ending in text; and
+    the processor's mm_token_type_ids (1 on image pads only)."""
+    specials = (QWEN2_5_VL_VISION_START, QWEN2_5_VL_VISION_END, QWEN2_5_VL_VIDEO, QWEN2_5_VL_IMAGE)
+    text = [t for t in PROMPT_TAIL if t not in specials]
+    runs = [text[i * 6 : (i + 1) * 6] for i in range(len(grids) + 1)]
+    ids = list(runs[0])
+    for (t, h, w), run in zip(grids, runs[1:]):
+        ids += [QWEN2_5_VL_VISION_START] + [QWEN2_5_VL_IMAGE] * (t * h * w // merge**2)
+        ids += [QWEN2_5_VL_VISION_END] + run
+    return ids, [int(t == QWEN2_5_VL_IMAGE) for t in ids]
+
+
+def qwen2_5_vl_outputs(model, pixels, grids, ids, types, text, extra) -> dict:
+    """Every stage of a Qwen2.5-VL on the fixture's inputs, in the model's dtype: the tower
+    (its blocks' output in window order, and the merged image features in image order), the
+    3-D positions, and the logits of the image prompt followed by `extra` text tokens."""
+    inner = model.model
+    grid = torch.tensor(grids)
+    full = ids + extra
+    with torch.no_grad():
+        vision = inner.visual(pixels, grid_thw=grid)
+        positions, deltas = inner.get_rope_index(
+            torch.tensor([full]), mm_token_type_ids=torch.tensor([types + [0] * len(extra)]),
+            image_grid_thw=grid,
+        )
+        logits = model(
+            input_ids=torch.tensor([full]),
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            mm_token_type_ids=torch.tensor([types + [0] * len(extra)]),
+        ).logits[0]
+        text_logits = model(input_ids=torch.tensor([text])).logits[0]
+    return {
+        "vision_hidden": vision.last_hidden_state,
+        "image_features": vision.pooler_output,
+        "logits": logits,
+        "text_logits": text_logits,
+        "position_ids": positions[:, 0].to(torch.float64),
+        "rope_deltas": deltas[0].to(torch.float64),
+    }
+
+
+def qwen2_5_vl_prefill_then_decode(model, pixels, grids, ids, types, extra) -> torch.Tensor:
+    """transformers' own generation path: the image prompt in one pass, then `extra` token by
+    token over the cache, at the positions its stored rope delta gives."""
+    inner = model.model
+    inner.rope_deltas = None
+    grid = torch.tensor(grids)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor([ids]),
+            pixel_values=pixels,
+            image_grid_thw=grid,
+            mm_token_type_ids=torch.tensor([types]),
+            use_cache=True,
+        )
+        rows = list(out.logits[0])
+        past = out.cache
+        for token in extra:
+            out = model(input_ids=torch.tensor([[token]]), cache=past, use_cache=True)
+            past = out.cache
+            rows.append(out.logits[0, -1])
+    inner.rope_deltas = None
+    return torch.stack(rows)
+
+
+def build_qwen2_5_vl(name: str) -> dict:
+    """The qwen2_5_vl fixture: weights, config, and `logits.safetensors` with `pixel_values`
+    [patches, 3 · 2 · 4 · 4] (two images), `vision_hidden` [patches, 32] (the tower's blocks'
+    output, in window order), `image_features` [tokens, 64], `position_ids` [3, seq] and
+    `rope_deltas` [1] (transformers' get_rope_index), `logits` [seq, vocab] for the image prompt
+    and three more text tokens, `text_logits` for the text-only prompt."""
+    grids = QWEN2_5_VL_GRIDS
+    for seed in range(SEED, SEED + MAX_SEED_TRIES):
+        torch.manual_seed(seed)
+        config = qwen2_5_vl_config()
+        config._attn_implementation = "eager"
+        config.vision_config._attn_implementation = "eager"
+        config.text_config._attn_implementation = "eager"
+        model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32).eval()
+        randomize_weights(model, norm_offset=False)
+        vision = config.vision_config
+        patch_len = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        rows = sum(t * h * w for t, h, w in grids)
+        pixels = torch.from_numpy(
+            np.random.RandomState(4321).uniform(-1.8, 2.1, size=(rows, patch_len)).astype(np.float32)
+        )
+        merge = vision.spatial_merge_size
+        ids, types = qwen2_5_vl_prompt(grids, merge)
+        extra = PROMPT_TAIL[-3:]
+        text = PROMPT_TAIL[:20]
+        outputs = qwen2_5_vl_outputs(model, pixels, grids, ids, types, text, extra)
+        wide = copy.deepcopy(model).to(torch.float64)
+        exact = qwen2_5_vl_outputs(wide, pixels.double(), grids, ids, types, text, extra)
+        rounding = {k: float((outputs[k].double() - exact[k]).abs().max()) for k in outputs}
+        if max(rounding.values()) <= MAX_REFERENCE_ROUNDING:
+            break
+        print(f"{name}: seed {seed} rejected, f32 rounding moves the reference by {rounding}")
+    else:
+        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives a well-conditioned reference")
+    decode = qwen2_5_vl_prefill_then_decode(model, pixels, grids, ids, types, extra)
+    decode_diff = float((decode - outputs["logits"]).abs().max())
+    if decode_diff > 1e-4:
+        raise SystemExit(f"{name}: prefill and decode differ from the full pass by {decode_diff}")
+    # What the windows change: the same tower attending over whole images in every block.
+    with torch.no_grad():
+        windowless = copy.deepcopy(model)
+        windowless.model.visual.fullatt_block_indexes = list(range(vision.depth))
+        whole = windowless.model.visual(pixels, grid_thw=torch.tensor(grids)).pooler_output
+    window_effect = float((whole - outputs["image_features"]).abs().max())
+
+    out = FIXTURES_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    saved_config = json.loads((out / "config.json").read_text())
+    saved = {k: v.to(torch.float32).contiguous() for k, v in outputs.items()}
+    saved["pixel_values"] = pixels.contiguous()
+    safetensors.torch.save_file(saved, out / "logits.safetensors")
+
+    logits = outputs["logits"]
+    probs = torch.softmax(logits, dim=-1)
+    golden = {
+        "fixture": name,
+        "architecture": saved_config.get("architectures", [None])[0],
+        "model_type": saved_config.get("model_type"),
+        "prompt_ids": ids,
+        "extra_ids": extra,
+        "mm_token_type_ids": types,
+        "image_grid_thw": grids,
+        "text_prompt_ids": text,
+        "logits_file": "logits.safetensors",
+        "tensors": {k: list(v.shape) for k, v in saved.items()},
+        "dtype": "float32",
+        "seed": seed,
+        "attn_implementation": "eager",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "max_abs_logit": float(logits.abs().max()),
+        "mean_max_softmax_prob": float(probs.max(dim=-1).values.mean()),
+        "argmax_ids": [int(i) for i in logits.argmax(dim=-1)],
+        "max_abs_vision_hidden": float(outputs["vision_hidden"].abs().max()),
+        "max_abs_image_feature": float(outputs["image_features"].abs().max()),
+        "decode_vs_full_max_abs_diff": decode_diff,
+        "windowed_vs_whole_image_features_max_abs_diff": window_effect,
+        "f32_vs_f64_max_abs_diff": rounding,
+    }
+    (out / "golden.json").write_text(compact_json(golden))
+    return golden
+
+
 def gemma3_image_prompt(images: int, tokens_per_image: int) -> tuple[list[int], list[int]]:
     """BOS, then text and images in turn as Gemma 3's processor lays them out, ending in text;
     and the processor's token_type_ids (1 on image soft tokens only)."""
@@ -1355,6 +1574,8 @@ def build_vision(name: str) -> dict:
     `vision_hidden` [images, patches, vision hidden], `image_features` [images, tokens, text
     hidden], `logits` [seq, vocab] for the image prompt (bidirectional image blocks, as the
     processor's token_type_ids ask) and `text_logits` for the text-only prompt."""
+    if name == "qwen2_5_vl":
+        return build_qwen2_5_vl(name)
     for seed in range(SEED, SEED + MAX_SEED_TRIES):
         torch.manual_seed(seed)
         config = gemma3_vision_config()

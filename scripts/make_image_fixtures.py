@@ -38,6 +38,15 @@ straight to size x size, rescale 1/255, normalise 0.5/0.5) or `clip` (CLIPImageP
 bicubic resize of the shortest edge to size, centre crop size x size, CLIP mean/std); backend
 `torchvision` (the default AutoImageProcessor picks when torchvision is installed: a uint8
 tensor resized by torch's antialiased kernels) or `pil` (`*ImageProcessorPil`: PIL.Image.resize).
+
+Qwen2-VL's dynamic-resolution processor (Qwen2VLImageProcessor, which Qwen2.5-VL keeps) adds
+`<name>.qwen2_vl_<backend>` cases (and `photo_webp.qwen2_vl_up_<backend>`, resized up by its
+min_pixels): the same u8 pixels before rescale/normalise (as `.u8`, or `.png` for the large
+upscaled one), `.f32` for the small pil cases only (the normalised image taken back out of its
+patches, 3 x H x W), and in the manifest the grid (`image_grid_thw`), the patch row length and
+the sha256 of `pixel_values` as little-endian f32 — the patches themselves, in the processor's
+order, are several times the image's size. `qwen2_vl_smart_resize` in the manifest holds
+transformers' smart_resize on a table of sizes (ties, thin strips, both budgets).
 """
 
 from __future__ import annotations
@@ -58,7 +67,10 @@ from transformers import (
     CLIPImageProcessorPil,
     Gemma3ImageProcessor,
     Gemma3ImageProcessorPil,
+    Qwen2VLImageProcessor,
+    Qwen2VLImageProcessorPil,
 )
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 from transformers.models.auto.image_processing_auto import _resolve_backend
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +102,91 @@ PROCESSORS = {
         },
     },
 }
+
+
+# Qwen2-VL's processor at its real patch (14), merge (2) and frame (2) sizes, with a pixel budget
+# that shrinks the fixtures to 56-84 pixels a side (its own default, 28 * 28 * 1280, would keep
+# them near their size); the upscaled case lifts photo_webp (176x99) by min_pixels to 252x140.
+QWEN2_VL = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 8}
+QWEN2_VL_UP = {"min_pixels": 28 * 28 * 40, "max_pixels": 28 * 28 * 1280}
+QWEN2_VL_CLASSES = {"torchvision": Qwen2VLImageProcessor, "pil": Qwen2VLImageProcessorPil}
+
+
+def unpatchify(patches: np.ndarray, grid: list[int], patch: int, merge: int, frames: int) -> np.ndarray:
+    """The 3 x H x W image of Qwen2-VL's patches (checking every frame is the same)."""
+    t, gh, gw = grid
+    assert t == 1, grid
+    x = patches.reshape(gh // merge, gw // merge, merge, merge, 3, frames, patch, patch)
+    for f in range(1, frames):
+        assert np.array_equal(x[..., f, :, :], x[..., 0, :, :]), "frames differ"
+    x = x[..., 0, :, :]  # [bh, bw, mh, mw, c, p, p]
+    return np.ascontiguousarray(x.transpose(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * patch, gw * patch))
+
+
+def qwen2_vl_case(name: str, pil, backend: str, budget: dict, suffix: str) -> tuple[dict, dict]:
+    """One Qwen2VLImageProcessor run: the manifest entry and the files to write."""
+    cls = QWEN2_VL_CLASSES[backend]
+    raw = cls(**budget, do_rescale=False, do_normalize=False)(images=pil, return_tensors="np")
+    out = cls(**budget)(images=pil, return_tensors="np")
+    grid = [int(v) for v in out["image_grid_thw"][0]]
+    patch, merge, frames = cls.patch_size, cls.merge_size, cls.temporal_patch_size
+    u8 = unpatchify(np.asarray(raw["pixel_values"]), grid, patch, merge, frames)
+    assert np.array_equal(u8, np.rint(u8)) and u8.min() >= 0 and u8.max() <= 255
+    hwc = np.ascontiguousarray(u8.transpose(1, 2, 0)).astype(np.uint8)
+    values = np.asarray(out["pixel_values"]).astype("<f4")
+    case = f"{name}.qwen2_vl{suffix}_{backend}"
+    processor = cls(**budget)
+    cfg = json.loads(processor.to_json_string())
+    entry = {
+        "name": case,
+        "image": name,
+        "processor": "qwen2_vl",
+        "class": cls.__name__,
+        "backend": backend,
+        "config": {k: cfg[k] for k in (
+            "image_processor_type", "size", "resample", "do_rescale", "rescale_factor",
+            "do_normalize", "image_mean", "image_std", "patch_size", "temporal_patch_size",
+            "merge_size", "do_convert_rgb") if k in cfg},
+        "height": int(hwc.shape[0]),
+        "width": int(hwc.shape[1]),
+        "image_grid_thw": grid,
+        "patch_len": int(values.shape[1]),
+        "pixel_values_shape": list(values.shape),
+        "pixel_values_sha256": hashlib.sha256(values.tobytes()).hexdigest(),
+        "u8_sha256": hashlib.sha256(hwc.tobytes()).hexdigest(),
+    }
+    files = {}
+    if suffix:
+        entry["png"] = f"{case}.png"
+        files[entry["png"]] = ("png", hwc)
+    else:
+        entry["u8"] = f"{case}.u8"
+        files[entry["u8"]] = ("raw", hwc.tobytes())
+    if backend == "pil" and not suffix:
+        f32 = unpatchify(values, grid, patch, merge, frames)
+        entry["f32"] = f"{case}.f32"
+        files[entry["f32"]] = ("raw", f32.astype("<f4").tobytes())
+    return entry, files
+
+
+def smart_resize_table() -> list[dict]:
+    """transformers' smart_resize on sizes that exercise each branch and Python's rounding."""
+    rows = []
+    sizes = [(113, 150), (160, 107), (99, 176), (70, 98), (42, 126), (14, 14), (10, 1900),
+             (1900, 10), (3000, 4000), (1080, 1920), (224, 224), (98, 70), (126, 42), (29, 2900),
+             (500, 1), (6000, 30), (57, 85), (55, 83), (2, 3)]
+    budgets = [(56 * 56, 28 * 28 * 1280), (28 * 28 * 40, 28 * 28 * 1280), (56 * 56, 28 * 28 * 8),
+               (0, 28 * 28 * 4), (3136, 3136)]
+    for h, w in sizes:
+        for factor in (28, 32):
+            for lo, hi in budgets:
+                try:
+                    out = [int(v) for v in smart_resize(h, w, factor=factor, min_pixels=lo, max_pixels=hi)]
+                except ValueError:
+                    out = None
+                rows.append({"height": h, "width": w, "factor": factor, "min_pixels": lo,
+                             "max_pixels": hi, "out": out})
+    return rows
 
 
 def photo_like(width: int, height: int, seed: int, alpha: bool) -> np.ndarray:
@@ -178,6 +275,8 @@ def main() -> None:
         "default_backend": default_backend,
         "images": [],
         "cases": [],
+        "qwen2_vl_cases": [],
+        "qwen2_vl_smart_resize": smart_resize_table(),
     }
     for seed, (name, width, height, fmt) in enumerate(IMAGES):
         pixels = photo_like(width, height, seed=100 + seed, alpha=fmt == "png")
@@ -245,6 +344,16 @@ def main() -> None:
                 PIL.Image.fromarray(hwc, "RGB").save(OUT_DIR / png, format="PNG", optimize=True)
                 entry["png"] = png
             manifest["cases"].append(entry)
+        budgets = [("", QWEN2_VL)] + ([("_up", QWEN2_VL_UP)] if name == "photo_webp" else [])
+        for suffix, budget in budgets:
+            for backend in ("torchvision", "pil"):
+                entry, files = qwen2_vl_case(name, pil, backend, budget, suffix)
+                for file, (kind, data) in files.items():
+                    if kind == "png":
+                        PIL.Image.fromarray(data, "RGB").save(OUT_DIR / file, format="PNG", optimize=True)
+                    else:
+                        (OUT_DIR / file).write_bytes(data)
+                manifest["qwen2_vl_cases"].append(entry)
         # The two backends side by side, for the report.
         for proc in PROCESSORS:
             a = [c for c in manifest["cases"] if c["image"] == name and c["processor"] == proc]
@@ -261,6 +370,8 @@ def main() -> None:
         print(img)
     for c in manifest["cases"]:
         print(c["name"], c["height"], c["width"], {k: c[k] for k in c if k.startswith("vs_") or k.startswith("f32_vs")})
+    for c in manifest["qwen2_vl_cases"]:
+        print(c["name"], c["height"], c["width"], c["image_grid_thw"])
 
 
 if __name__ == "__main__":

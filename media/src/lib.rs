@@ -9,7 +9,9 @@
 //!   applied). [`preprocess`] resizes (bilinear or bicubic, PIL-style antialiased when
 //!   shrinking), fits ([`Fit`]: stretch, center-crop, pad), rescales and normalizes per an
 //!   [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`], [`split_tiles`]
-//!   and [`smart_resize`] serve tiled and patch-aligned encoders.
+//!   and [`smart_resize`] serve tiled and patch-aligned encoders; [`preprocess_patches`] cuts
+//!   an image into the flattened patches of a dynamic-resolution encoder (Qwen2-VL,
+//!   Qwen2.5-VL: [`PatchProcessorConfig`], [`PatchGrid`]).
 //! - Audio: [`decode_wav`] walks the RIFF chunks itself, bounds-checked, accepting PCM 8/16/24/32,
 //!   float 32/64 and `WAVE_FORMAT_EXTENSIBLE`, averages any channel count to mono, and refuses a
 //!   clip over [`AudioLimits::max_seconds`] from the header alone. [`resample`] is band-limited
@@ -78,6 +80,9 @@ pub use crate::detect::{AudioFormat, ImageFormat, MediaFormat, detect};
 pub use crate::error::{Error, Modality, Result};
 pub use crate::identity::MediaId;
 pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions};
+pub use crate::image::patches::{
+    ImagePatches, PatchGrid, PatchProcessorConfig, patchify, preprocess_patches,
+};
 pub use crate::image::preprocess::{
     Fit, ImageProcessorConfig, PixelValues, Resample, ResizeBackend, normalize, preprocess,
     resize_to_fit,

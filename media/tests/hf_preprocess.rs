@@ -289,3 +289,229 @@ fn configs_are_what_the_processors_use() {
         assert_eq!(cfg.rescale_factor, hf["rescale_factor"].as_f64().unwrap());
     }
 }
+
+// Qwen2-VL's dynamic-resolution processor (`Qwen2VLImageProcessor`, which Qwen2.5-VL keeps):
+// smart_resize, a bicubic resize to the size it picks, normalisation, and patches.
+
+/// The config `media` runs for one `qwen2_vl_cases` entry, read from the processor's own
+/// config as `preprocessor_config.json` would hold it.
+fn patch_config(case: &Value) -> media::PatchProcessorConfig {
+    let hf = &case["config"];
+    let int = |key: &str| hf[key].as_u64().unwrap_or_else(|| panic!("{key} in {hf}"));
+    let floats = |key: &str| -> [f32; 3] {
+        let v: Vec<f32> = hf[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        [v[0], v[1], v[2]]
+    };
+    assert_eq!(int("resample"), 3, "bicubic");
+    media::PatchProcessorConfig {
+        patch_size: int("patch_size") as u32,
+        merge_size: int("merge_size") as u32,
+        temporal_patch_size: int("temporal_patch_size") as u32,
+        min_pixels: hf["size"]["shortest_edge"].as_u64().unwrap(),
+        max_pixels: hf["size"]["longest_edge"].as_u64().unwrap(),
+        resample: Resample::Bicubic,
+        backend: match text(case, "backend") {
+            "torchvision" => ResizeBackend::Torchvision,
+            _ => ResizeBackend::Pil,
+        },
+        rescale_factor: hf["rescale_factor"].as_f64().unwrap(),
+        image_mean: floats("image_mean"),
+        image_std: floats("image_std"),
+    }
+}
+
+fn image_of<'a>(manifest: &'a Value, case: &Value) -> &'a Value {
+    manifest["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == case["image"])
+        .unwrap()
+}
+
+/// The processor's pixels before rescaling, `H x W x 3`.
+fn hf_u8(case: &Value) -> RgbImage {
+    let bytes = match case.get("u8") {
+        Some(file) => read(file.as_str().unwrap()),
+        None => decode_image(&read(text(case, "png")), &ImageLimits::default())
+            .unwrap()
+            .into_raw(),
+    };
+    rgb(num(case, "width"), num(case, "height"), bytes)
+}
+
+/// sha256 of patches as little-endian f32, as the manifest records `pixel_values`.
+fn patches_sha256(patches: &media::ImagePatches) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for v in &patches.data {
+        hasher.update(v.to_le_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn check_grid(case: &Value, patches: &media::ImagePatches) {
+    let name = text(case, "name");
+    let grid: Vec<u64> = case["image_grid_thw"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let ours = patches.grid;
+    assert_eq!(
+        grid,
+        [u64::from(ours.t), u64::from(ours.h), u64::from(ours.w)],
+        "{name}: image_grid_thw"
+    );
+    assert_eq!(
+        patches.patch_len as u64,
+        case["patch_len"].as_u64().unwrap(),
+        "{name}"
+    );
+}
+
+/// transformers' smart_resize on its table: every size, both factors, five budgets; a size it
+/// gives with a zero side or over the budget is one `media` refuses.
+#[test]
+fn qwen2_vl_smart_resize_matches_transformers() {
+    let manifest = manifest();
+    let rows = manifest["qwen2_vl_smart_resize"].as_array().unwrap();
+    assert!(rows.len() > 100);
+    for row in rows {
+        let n = |k: &str| row[k].as_u64().unwrap();
+        let ours = media::smart_resize(
+            n("height") as u32,
+            n("width") as u32,
+            n("factor") as u32,
+            n("min_pixels"),
+            n("max_pixels"),
+        );
+        let theirs = row["out"]
+            .as_array()
+            .map(|v| (v[0].as_u64().unwrap() as u32, v[1].as_u64().unwrap() as u32));
+        match theirs {
+            Some((h, w)) if h > 0 && w > 0 && u64::from(h) * u64::from(w) <= n("max_pixels") => {
+                assert_eq!(ours.ok(), Some((h, w)), "{row}")
+            }
+            _ => assert!(ours.is_err(), "{row}: {ours:?}"),
+        }
+    }
+}
+
+/// From Pillow's pixels, the resize to the size smart_resize picks is bit-exact on both
+/// backends, shrinking and (photo_webp's `_up` case) enlarging.
+#[test]
+fn qwen2_vl_resize_matches_hf_exactly() {
+    let manifest = manifest();
+    for case in manifest["qwen2_vl_cases"].as_array().unwrap() {
+        let name = text(case, "name");
+        let image = image_of(&manifest, case);
+        let pillow = rgb(
+            num(image, "width"),
+            num(image, "height"),
+            read(text(image, "decoded")),
+        );
+        let cfg = patch_config(case);
+        let (w, h) = cfg.resized_size(pillow.width(), pillow.height()).unwrap();
+        assert_eq!((w, h), (num(case, "width"), num(case, "height")), "{name}");
+        let ours = resize_to_fit(
+            &pillow,
+            &ImageProcessorConfig {
+                width: w,
+                height: h,
+                resample: cfg.resample,
+                backend: cfg.backend,
+                fit: Fit::Stretch,
+                ..ImageProcessorConfig::clip(1)
+            },
+        )
+        .unwrap();
+        let (max, differing) = u8_diff(ours.as_raw(), hf_u8(case).as_raw());
+        eprintln!("{name}: resize vs HF: max {max}, {differing} differ");
+        assert_eq!((max, differing), (0, 0), "{name}");
+    }
+}
+
+/// From the processor's own resized pixels, normalisation and patches: the torchvision
+/// backend's `pixel_values` bit for bit (their sha256), the grid and row length exactly; the
+/// PIL backend's normalised values within its few f32 ulps (as `normalization_matches_hf`).
+#[test]
+fn qwen2_vl_patches_match_hf() {
+    let manifest = manifest();
+    for case in manifest["qwen2_vl_cases"].as_array().unwrap() {
+        let name = text(case, "name");
+        let cfg = patch_config(case);
+        let resized = hf_u8(case);
+        let pixels = media::normalize(&resized, cfg.rescale_factor, cfg.image_mean, cfg.image_std);
+        let patches = media::patchify(
+            &pixels,
+            cfg.patch_size,
+            cfg.merge_size,
+            cfg.temporal_patch_size,
+        )
+        .unwrap();
+        check_grid(case, &patches);
+        let hash = patches_sha256(&patches);
+        if text(case, "backend") == "torchvision" {
+            assert_eq!(hash, text(case, "pixel_values_sha256"), "{name}");
+            eprintln!("{name}: pixel_values bit-exact");
+        }
+        if let Some(file) = case.get("f32") {
+            let theirs = f32s(&read(file.as_str().unwrap()));
+            let (max, _) = grey_diff(&pixels.data, &theirs, cfg.image_std);
+            eprintln!("{name}: normalize vs HF: max {max:.2e} grey levels");
+            assert!(max < 1e-3, "{name}: {max:e} grey levels");
+        }
+    }
+}
+
+/// Bytes in, patches out. PNG and WebP decode as Pillow does (stage 1), so the torchvision
+/// backend's `pixel_values` come out bit for bit; the JPEG's decoder gap (see
+/// `matches_hf_end_to_end`) stays within the same bound after this resize.
+#[test]
+fn qwen2_vl_matches_hf_end_to_end() {
+    let manifest = manifest();
+    for case in manifest["qwen2_vl_cases"].as_array().unwrap() {
+        let name = text(case, "name");
+        let image = image_of(&manifest, case);
+        let cfg = patch_config(case);
+        let decoded = decode_image(&read(text(image, "file")), &ImageLimits::default()).unwrap();
+        let patches = media::preprocess_patches(&decoded, &cfg).unwrap();
+        check_grid(case, &patches);
+        let (w, h) = cfg.resized_size(decoded.width(), decoded.height()).unwrap();
+        let ours_u8 = resize_to_fit(
+            &decoded,
+            &ImageProcessorConfig {
+                width: w,
+                height: h,
+                resample: cfg.resample,
+                backend: cfg.backend,
+                fit: Fit::Stretch,
+                ..ImageProcessorConfig::clip(1)
+            },
+        )
+        .unwrap();
+        let (max_u8, differing_u8) = u8_diff(ours_u8.as_raw(), hf_u8(case).as_raw());
+        let exact = patches_sha256(&patches) == text(case, "pixel_values_sha256");
+        eprintln!(
+            "{name}: end to end vs HF: u8 max {max_u8}, {differing_u8} of {} differ; \
+             pixel_values bit-exact: {exact}",
+            3 * w * h
+        );
+        match (text(image, "format"), text(case, "backend")) {
+            ("jpg", _) => assert!(max_u8 <= JPEG_END_TO_END_MAX_GREY, "{name}: {max_u8}"),
+            (_, "torchvision") => assert!(exact, "{name}"),
+            _ => assert_eq!(max_u8, 0, "{name}"),
+        }
+    }
+}

@@ -8,7 +8,8 @@
 //! - [`weights`]: [`Weights`], named tensors handed to layers in the compute dtype.
 //! - Layers: [`linear`], [`embedding`], [`rms_norm`], [`layer_norm`], [`conv1d`], [`rope`]
 //!   (default, linear, llama3, yarn, proportional, per-frequency divisors; partial;
-//!   traditional), [`attention`] (GQA, q/k norms, soft-capping, output gates, sinks, optional
+//!   traditional; axial, from explicit positions per axis: M-RoPE, 2-D vision rope),
+//!   [`attention`] (GQA, q/k norms, soft-capping, output gates, sinks, optional
 //!   rope), [`sdpa`] (the scaled dot product every
 //!   attention block shares), [`cached_attention`] (each batch row over its own cache, with
 //!   blocks of tokens that also see each other's later tokens),
@@ -26,8 +27,10 @@
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
 //!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
 //!   `gemma4`, `olmo2`, `phi3`; `gemma3_multimodal`, Gemma 3 reading images through a SigLIP
-//!   tower (the text-only families load multimodal checkpoints with their towers set aside).
-//! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image).
+//!   tower (the text-only families load multimodal checkpoints with their towers set aside);
+//!   `qwen2_5_vl`, Qwen2.5-VL: M-RoPE positions and a dynamic-resolution tower.
+//! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image),
+//!   `qwen2_5_vl` (images of any size, window attention, merged 2x2 patches).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
@@ -60,6 +63,8 @@ pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use model::{Batch, Forward, ImageInput, LayerState, Model, ModelSpec, Vision};
+pub use model::{
+    Batch, Forward, ImageGrid, ImageInput, LayerState, Model, ModelSpec, PatchInput, Vision,
+};
 pub use registry::build_model;
 pub use weights::Weights;

@@ -90,6 +90,10 @@ pub struct Batch {
     pub tokens: Array,
     /// The position of each row's first token.
     pub positions: Vec<usize>,
+    /// Per row, its rotary position minus its cache position: nonzero only after images in
+    /// families whose images take fewer rotary positions than tokens (M-RoPE: Qwen2.5-VL,
+    /// [`Vision::rope_delta`]). Empty when every row's is 0; only such families read it.
+    pub rope_deltas: Vec<i64>,
 }
 
 impl Batch {
@@ -110,6 +114,7 @@ impl Batch {
         Ok(Batch {
             tokens: Array::from_slice(&ids, &[1, ids.len() as i32])?,
             positions: vec![position],
+            rope_deltas: Vec::new(),
         })
     }
 
@@ -142,6 +147,7 @@ impl Batch {
         Ok(Batch {
             tokens: Array::from_slice(&ids, &[rows.len() as i32, width as i32])?,
             positions: rows.iter().map(|&(_, position)| position).collect(),
+            rope_deltas: Vec::new(),
         })
     }
 
@@ -158,7 +164,28 @@ impl Batch {
         Ok(Batch {
             tokens: tokens.astype(mlx::Dtype::I32)?,
             positions,
+            rope_deltas: Vec::new(),
         })
+    }
+
+    /// The batch with each row's rotary position `rope_deltas[row]` away from its cache
+    /// position ([`Batch::rope_deltas`]): what an engine sets, per sequence, for every forward
+    /// after an image of an M-RoPE family.
+    pub fn with_rope_deltas(mut self, rope_deltas: Vec<i64>) -> Result<Batch> {
+        if rope_deltas.len() != self.positions.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} rope deltas for a batch of {} rows",
+                rope_deltas.len(),
+                self.positions.len()
+            )));
+        }
+        self.rope_deltas = rope_deltas;
+        Ok(self)
+    }
+
+    /// Row `row`'s rope delta (0 when none is set).
+    pub fn rope_delta(&self, row: usize) -> i64 {
+        self.rope_deltas.get(row).copied().unwrap_or(0)
     }
 
     /// How many rows (sequences) the batch has.
@@ -198,7 +225,57 @@ pub struct ImageInput {
     pub end_token: Option<u32>,
 }
 
+/// An image's size as a dynamic-resolution encoder takes it (transformers' `image_grid_thw`):
+/// frames (1 for a still image), rows and columns of patches. `media::PatchProcessorConfig`
+/// gives it from the image's size before any pixel is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ImageGrid {
+    /// Frames, in units of the encoder's temporal patch.
+    pub t: usize,
+    /// Rows of patches.
+    pub h: usize,
+    /// Columns of patches.
+    pub w: usize,
+}
+
+impl ImageGrid {
+    /// Patches in the grid: the encoder's input rows.
+    pub fn patches(self) -> usize {
+        self.t * self.h * self.w
+    }
+
+    /// Prompt tokens the image takes when the encoder merges `merge` x `merge` patches into
+    /// one.
+    pub fn tokens(self, merge: usize) -> usize {
+        self.patches() / (merge * merge).max(1)
+    }
+}
+
+/// How a dynamic-resolution model ([`Vision::patch_input`]) reads images: any size, resized to
+/// multiples of `patch_size · merge_size` (the pixel budget is the processor's, in
+/// `preprocessor_config.json`), cut into patches, each image taking
+/// [`ImageGrid::tokens`]`(merge_size)` image tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchInput {
+    /// The side of a square patch, in pixels.
+    pub patch_size: usize,
+    /// Patches per side of the block merged into one token.
+    pub merge_size: usize,
+    /// Frames per patch (a still image repeated).
+    pub temporal_patch_size: usize,
+    /// Values per patch row: `channels · temporal_patch_size · patch_size²`.
+    pub patch_len: usize,
+}
+
 /// The image side of a model that reads images as well as text ([`Model::vision`]).
+///
+/// Fixed-size families (Gemma 3) take `[images, 3, side, side]` pixels and a fixed number of
+/// tokens per image ([`Vision::image_input`]). Dynamic-resolution families with multimodal
+/// rotary positions (Qwen2.5-VL) also answer [`Vision::patch_input`] and take images as
+/// patches with their grids ([`Vision::encode_image_patches`],
+/// [`Vision::forward_rows_with_image_grids`]); their text after an image sits at rotary
+/// positions some way from its cache positions, which the engine keeps per sequence
+/// ([`Vision::rope_delta`], [`Batch::rope_deltas`]).
 pub trait Vision {
     /// What it takes.
     fn image_input(&self) -> ImageInput;
@@ -218,6 +295,47 @@ pub trait Vision {
         features: Option<&Array>,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward>;
+
+    /// How a dynamic-resolution model takes images; `None` (the default) for a fixed-size one.
+    fn patch_input(&self) -> Option<PatchInput> {
+        None
+    }
+
+    /// The features of images given as patches (`[patches, patch_len]`, the images' rows one
+    /// after the other, each laid out as `media::patchify` does) of `grids`: `[tokens,
+    /// hidden]`, each image's [`ImageGrid::tokens`] rows in turn. Fixed-size models refuse.
+    fn encode_image_patches(&self, patches: &Array, grids: &[ImageGrid]) -> Result<Array> {
+        let _ = (patches, grids);
+        Err(Error::InvalidInput(
+            "this model takes images of one fixed size, not patches".into(),
+        ))
+    }
+
+    /// How far the rotary position after `tokens` (a sequence's tokens from its start, its
+    /// images of `grids` in order) is from its cache position, `tokens.len()`: what the engine
+    /// sets as the sequence's [`Batch::rope_deltas`] for every forward after them. 0 (the
+    /// default) for models whose every token takes one position. Text never changes it, so it
+    /// holds through decoding and rollback; a sequence restored from a cached prefix recomputes
+    /// it from that prefix.
+    fn rope_delta(&self, tokens: &[u32], grids: &[ImageGrid]) -> Result<i64> {
+        let _ = (tokens, grids);
+        Ok(0)
+    }
+
+    /// Like [`Vision::forward_rows_with_images`] with the grid of each image in the batch
+    /// (row by row, in token order), which models with multimodal rotary positions need to
+    /// place each image's tokens; `features` are then `[tokens, hidden]` rows. The default
+    /// ignores the grids.
+    fn forward_rows_with_image_grids(
+        &self,
+        batch: &Batch,
+        features: Option<&Array>,
+        grids: &[ImageGrid],
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let _ = grids;
+        self.forward_rows_with_images(batch, features, caches)
+    }
 }
 
 /// A language model: embeds tokens, runs its layers over caches, and maps hidden states to

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::arch::{
     deepseek_v3, gemma2, gemma3, gemma3_multimodal, gemma4, gpt_oss, granitemoehybrid, lfm2, llama,
-    llama4, mistral, nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3_5, qwen3_moe,
+    llama4, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, missing};
 use crate::model::{ImageInput, Model, ModelSpec};
@@ -44,6 +44,22 @@ const ARCHITECTURES: &[Architecture] = &[
         build: |config, weights| {
             Ok(Box::new(qwen2::Qwen2::new(
                 qwen2::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
+    Architecture {
+        names: &[
+            "qwen2_5_vl",
+            "qwen2_5_vl_text",
+            "Qwen2_5_VLForConditionalGeneration",
+        ],
+        describe: |config| Ok(qwen2_5_vl::Config::from_json(config)?.text.spec()),
+        // Builds the whole model; it serves text until the engine passes image grids and
+        // rope deltas (see arch::qwen2_5_vl), so `image_input` below stays `None` for it.
+        build: |config, weights| {
+            Ok(Box::new(qwen2_5_vl::Qwen25Vl::new(
+                qwen2_5_vl::Config::from_json(config)?,
                 weights,
             )?))
         },

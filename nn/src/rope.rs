@@ -290,3 +290,110 @@ fn periods_array(periods: &[f64]) -> Result<Array> {
     let values: Vec<f32> = periods.iter().map(|&p| p as f32).collect();
     Ok(Array::from_slice(&values, &[values.len() as i32])?.astype(Dtype::F32)?)
 }
+
+/// Rotary embedding from explicit positions, each rotary frequency turning at the position of
+/// one of several axes: Qwen2-VL's and Qwen2.5-VL's multimodal rope ("M-RoPE"), whose
+/// frequencies are split into consecutive sections for time, height and width, and the 2-D
+/// rope of their vision towers (height and width). Rotates the two halves of the first
+/// `2 · frequencies` features, as [`Rope`] does untraditionally; where every axis gives the
+/// same position it equals [`Rope`] at that position with the same base.
+///
+/// Positions come as an array rather than an offset because an image's tokens do not sit at
+/// consecutive positions. Angles are computed in `f32` as `position · inverse frequency`, the
+/// way transformers computes them, then their cosines and sines.
+#[derive(Debug, Clone)]
+pub struct AxialRope {
+    /// `base^(-2i/dims)` for each rotated pair, `[frequencies]`, f32.
+    inverse_frequencies: Array,
+    /// The axis each frequency reads its position from, `[frequencies]`, int32.
+    axis_of_frequency: Array,
+    axes: usize,
+}
+
+impl AxialRope {
+    /// M-RoPE: frequencies `base^(-2i/dims)` for `i < dims / 2`; the first `sections[0]` turn
+    /// with axis 0's position, the next `sections[1]` with axis 1's, and so on (the sections
+    /// sum to `dims / 2`).
+    pub fn sectioned(base: f64, dims: i32, sections: &[usize]) -> Result<AxialRope> {
+        let half = usize::try_from(dims / 2).unwrap_or(0);
+        if dims <= 0 || dims % 2 != 0 || sections.iter().sum::<usize>() != half {
+            return Err(Error::Config(format!(
+                "rope sections {sections:?} do not split the {half} frequencies of {dims} \
+                 rotated features"
+            )));
+        }
+        let inverse = inverse_frequencies(base, dims)?;
+        let axis = sections
+            .iter()
+            .enumerate()
+            .flat_map(|(axis, &n)| std::iter::repeat_n(axis as i32, n))
+            .collect();
+        AxialRope::from_parts(inverse, axis, sections.len())
+    }
+
+    /// Each of `axes` axes turning its own `base^(-2i/axis_dims)` for `i < axis_dims / 2`, one
+    /// after the other: a vision tower's 2-D rope (`axes` 2, `axis_dims` half the head).
+    pub fn per_axis(base: f64, axis_dims: i32, axes: usize) -> Result<AxialRope> {
+        if axis_dims <= 0 || axis_dims % 2 != 0 || axes == 0 {
+            return Err(Error::Config(format!(
+                "{axes} rope axes of {axis_dims} features each"
+            )));
+        }
+        let ladder = inverse_frequencies(base, axis_dims)?;
+        let inverse = (0..axes).flat_map(|_| ladder.iter().copied()).collect();
+        let axis = (0..axes)
+            .flat_map(|a| std::iter::repeat_n(a as i32, ladder.len()))
+            .collect();
+        AxialRope::from_parts(inverse, axis, axes)
+    }
+
+    fn from_parts(inverse: Vec<f32>, axis: Vec<i32>, axes: usize) -> Result<AxialRope> {
+        let n = inverse.len() as i32;
+        Ok(AxialRope {
+            inverse_frequencies: Array::from_slice(&inverse, &[n])?,
+            axis_of_frequency: Array::from_slice(&axis, &[n])?,
+            axes,
+        })
+    }
+
+    /// The cosines and sines of `positions` (`[..., axes]`, any integer or float dtype):
+    /// `[..., dims]` each, the frequencies' angles repeated for the two halves.
+    pub fn cos_sin(&self, positions: &Array) -> Result<(Array, Array)> {
+        let shape = positions.shape();
+        if shape.last().copied() != i32::try_from(self.axes).ok() {
+            return Err(Error::InvalidInput(format!(
+                "rope positions of shape {shape:?}, expected {} axes last",
+                self.axes
+            )));
+        }
+        let last = shape.len() as i32 - 1;
+        let angles = positions
+            .astype(Dtype::F32)?
+            .take(&self.axis_of_frequency, last)?
+            .multiply(&self.inverse_frequencies)?;
+        let both = mlx::concatenate(&[angles.clone(), angles], -1)?;
+        Ok((both.cos()?, both.sin()?))
+    }
+
+    /// Rotates `x` (`[..., dims]`) by `cos` and `sin` of [`AxialRope::cos_sin`], broadcast
+    /// against it: `x · cos + rotate_half(x) · sin`.
+    pub fn rotate(x: &Array, cos: &Array, sin: &Array) -> Result<Array> {
+        let half = x.dim(-1)? / 2;
+        let mut halves = x.split_at(&[half], -1)?.into_iter();
+        let (Some(x1), Some(x2)) = (halves.next(), halves.next()) else {
+            return Err(Error::InvalidInput("rope: features did not split".into()));
+        };
+        let rotated = mlx::concatenate(&[x2.negative()?, x1], -1)?;
+        Ok(x.multiply(cos)?.add(&rotated.multiply(sin)?)?)
+    }
+}
+
+/// `base^(-2i/dims)` for `i < dims / 2`, in f32 as transformers keeps them.
+fn inverse_frequencies(base: f64, dims: i32) -> Result<Vec<f32>> {
+    if !(base.is_finite() && base > 1.0) {
+        return Err(Error::Config(format!("rope base must be > 1, got {base}")));
+    }
+    Ok((0..dims / 2)
+        .map(|i| (1.0 / base.powf(2.0 * f64::from(i) / f64::from(dims))) as f32)
+        .collect())
+}

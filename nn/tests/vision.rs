@@ -319,3 +319,387 @@ fn gemma3_vision_refuses_inputs_that_do_not_fit() {
     let error = Config::from_json(&config).expect_err("2^40 layers");
     assert!(error.to_string().contains("num_hidden_layers"), "{error}");
 }
+
+/// Qwen2.5-VL against transformers on a tiny random `Qwen2_5_VLForConditionalGeneration`
+/// (`scripts/make_fixtures.py qwen2_5_vl`): two images of different sizes (8x12 and 6x10
+/// patches of 4 pixels, the second's windows partial at its edges) through a 3-block tower
+/// (block 1 over whole images, blocks 0 and 2 in windows), in a 61-token prompt with three
+/// text tokens after it. Same tolerance as above; the fixture's f64 copy moved the f32
+/// references by at most 1.6e-5 (logits) and 2.7e-6 (tower).
+mod qwen2_5_vl {
+    use super::{compare, rows};
+    use std::path::{Path, PathBuf};
+
+    use kvcache::LayerCache;
+    use mlx::{Array, Dtype};
+    use nn::arch::qwen2_5_vl::{Config, Qwen25Vl, rope_index};
+    use nn::{Batch, ImageGrid, Model, Vision, Weights, build_model};
+    use quant::{SafetensorsFile, Tensor};
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen2_5_vl")
+    }
+
+    fn json(file: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(fixture().join(file)).unwrap()).unwrap()
+    }
+
+    fn ids(golden: &serde_json::Value, key: &str) -> Vec<u32> {
+        golden[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    fn grids(golden: &serde_json::Value) -> Vec<ImageGrid> {
+        golden["image_grid_thw"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                let n = |i: usize| g[i].as_u64().unwrap() as usize;
+                ImageGrid {
+                    t: n(0),
+                    h: n(1),
+                    w: n(2),
+                }
+            })
+            .collect()
+    }
+
+    fn reference(name: &str) -> Array {
+        SafetensorsFile::open(&fixture().join("logits.safetensors"))
+            .unwrap()
+            .load(name)
+            .unwrap()
+    }
+
+    /// The saved names (`visual.…`, `model.…`), or transformers 5's module names
+    /// (`model.visual.…`, `model.language_model.…`).
+    fn weights(modules: bool) -> Weights {
+        let file = SafetensorsFile::open(&fixture().join("model.safetensors")).unwrap();
+        let rename = |name: &str| -> String {
+            match name.split_once('.') {
+                Some(("visual", rest)) if modules => format!("model.visual.{rest}"),
+                Some(("model", rest)) if modules => format!("model.language_model.{rest}"),
+                _ => name.to_string(),
+            }
+        };
+        let tensors = file
+            .entries()
+            .keys()
+            .map(|name| (rename(name), Tensor::Dense(file.load(name).unwrap())))
+            .collect::<Vec<_>>();
+        Weights::new(tensors, Dtype::F32)
+    }
+
+    fn load(modules: bool) -> Qwen25Vl {
+        let config = Config::from_json(&json("config.json")).unwrap();
+        let mut weights = weights(modules);
+        let model = Qwen25Vl::new(config, &mut weights).unwrap();
+        assert_eq!(weights.unused(), Vec::<&str>::new(), "unused weights");
+        mlx::eval(&model.parameters()).unwrap();
+        model
+    }
+
+    fn logits_of(
+        model: &Qwen25Vl,
+        caches: &mut [Option<LayerCache>],
+        ids: &[u32],
+        position: usize,
+        delta: i64,
+        images: Option<(&Array, &[ImageGrid])>,
+    ) -> Array {
+        let batch = Batch::single(ids, position)
+            .unwrap()
+            .with_rope_deltas(vec![delta])
+            .unwrap();
+        let forward = match images {
+            Some((features, grids)) => model
+                .forward_with_images(&batch, Some(features), grids, &mut [caches])
+                .unwrap(),
+            None => model.forward_rows(&batch, &mut [caches]).unwrap(),
+        };
+        let logits = model.unembed(&forward.hidden).unwrap();
+        logits.reshape(&[ids.len() as i32, -1]).unwrap()
+    }
+
+    #[test]
+    fn tower_and_positions_match_transformers() {
+        let model = load(false);
+        let golden = json("golden.json");
+        let grids = grids(&golden);
+        let out = model
+            .visual()
+            .forward(&reference("pixel_values"), &grids)
+            .unwrap();
+        compare(
+            &out.last_hidden_state,
+            &reference("vision_hidden"),
+            "qwen2_5_vl: tower blocks, window order",
+        );
+        compare(
+            &out.merged,
+            &reference("image_features"),
+            "qwen2_5_vl: merged image features",
+        );
+
+        let prompt = ids(&golden, "prompt_ids");
+        let full: Vec<u32> = prompt
+            .iter()
+            .chain(&ids(&golden, "extra_ids"))
+            .copied()
+            .collect();
+        let image = model.config().image_token_id;
+        let (positions, _) = rope_index(&full, image, &grids, 2, 0).unwrap();
+        let expected = reference("position_ids").to_vec::<f32>().unwrap();
+        let n = full.len();
+        for (i, p) in positions.iter().enumerate() {
+            for axis in 0..3 {
+                assert_eq!(
+                    p[axis] as f32,
+                    expected[axis * n + i],
+                    "token {i} axis {axis}"
+                );
+            }
+        }
+        let delta = model.rope_delta(&prompt, &grids).unwrap();
+        assert_eq!(
+            delta as f32,
+            reference("rope_deltas").to_vec::<f32>().unwrap()[0]
+        );
+        // 4x6 tokens at 6 positions, 3x5 at 5: 39 image tokens at 11 positions.
+        assert_eq!(delta, -28);
+    }
+
+    #[test]
+    fn logits_with_images_match_transformers() {
+        let golden = json("golden.json");
+        let grids = grids(&golden);
+        let prompt = ids(&golden, "prompt_ids");
+        let extra = ids(&golden, "extra_ids");
+        let full: Vec<u32> = prompt.iter().chain(&extra).copied().collect();
+        let expected = reference("logits");
+        for modules in [false, true] {
+            let what = if modules {
+                "module names"
+            } else {
+                "saved names"
+            };
+            let model = load(modules);
+            let features = model
+                .encode_images(&reference("pixel_values"), &grids)
+                .unwrap();
+            let mut caches = model.new_caches().unwrap();
+            let all = logits_of(&model, &mut caches, &full, 0, 0, Some((&features, &grids)));
+            compare(&all, &expected, &format!("qwen2_5_vl, {what}: one pass"));
+
+            // One image per chunk (the first chunk also holds the text before it), the text
+            // after the last image, then the extra tokens one by one at cache offset + delta.
+            let image = model.config().image_token_id;
+            let ends = [32, 55, prompt.len()];
+            let mut caches = model.new_caches().unwrap();
+            let (mut start, mut feature_row, mut grid_at) = (0, 0usize, 0usize);
+            for &end in &ends {
+                let chunk = &prompt[start..end];
+                let tokens = chunk.iter().filter(|&&t| t == image).count();
+                let delta = model
+                    .rope_delta(&prompt[..start], &grids[..grid_at])
+                    .unwrap();
+                let logits = if tokens == 0 {
+                    logits_of(&model, &mut caches, chunk, start, delta, None)
+                } else {
+                    let f = rows(&features, feature_row, feature_row + tokens);
+                    let g = &grids[grid_at..grid_at + 1];
+                    logits_of(&model, &mut caches, chunk, start, delta, Some((&f, g)))
+                };
+                compare(
+                    &logits,
+                    &rows(&expected, start, end),
+                    &format!("qwen2_5_vl, {what}: chunk {start}..{end}"),
+                );
+                feature_row += tokens;
+                grid_at += usize::from(tokens > 0);
+                start = end;
+            }
+            let delta = model.rope_delta(&prompt, &grids).unwrap();
+            for (k, &token) in extra.iter().enumerate() {
+                let position = prompt.len() + k;
+                let logits = logits_of(&model, &mut caches, &[token], position, delta, None);
+                compare(
+                    &logits,
+                    &rows(&expected, position, position + 1),
+                    &format!("qwen2_5_vl, {what}: decode at {position} (delta {delta})"),
+                );
+            }
+        }
+    }
+
+    /// A decode batch of a sequence after images (delta -28) and a text-only one (delta 0):
+    /// each row at its own rotary position.
+    #[test]
+    fn rows_of_a_decode_batch_keep_their_own_deltas() {
+        let model = load(false);
+        let golden = json("golden.json");
+        let grids = grids(&golden);
+        let prompt = ids(&golden, "prompt_ids");
+        let extra = ids(&golden, "extra_ids");
+        let text = ids(&golden, "text_prompt_ids");
+        let features = model
+            .encode_images(&reference("pixel_values"), &grids)
+            .unwrap();
+        let mut image_caches = model.new_caches().unwrap();
+        logits_of(
+            &model,
+            &mut image_caches,
+            &prompt,
+            0,
+            0,
+            Some((&features, &grids)),
+        );
+        let mut text_caches = model.new_caches().unwrap();
+        let last = text.len() - 1;
+        logits_of(&model, &mut text_caches, &text[..last], 0, 0, None);
+        let delta = model.rope_delta(&prompt, &grids).unwrap();
+        let batch = Batch::rows(&[(&extra[..1], prompt.len()), (&text[last..], last)])
+            .unwrap()
+            .with_rope_deltas(vec![delta, 0])
+            .unwrap();
+        let forward = model
+            .forward_rows(&batch, &mut [&mut image_caches, &mut text_caches])
+            .unwrap();
+        let logits = model
+            .unembed(&forward.hidden)
+            .unwrap()
+            .reshape(&[2, -1])
+            .unwrap();
+        let p = prompt.len();
+        compare(
+            &rows(&logits, 0, 1),
+            &rows(&reference("logits"), p, p + 1),
+            "qwen2_5_vl: batch row after images",
+        );
+        compare(
+            &rows(&logits, 1, 2),
+            &rows(&reference("text_logits"), last, last + 1),
+            "qwen2_5_vl: batch row of text",
+        );
+    }
+
+    /// Through the registry, as a text model: a text prompt's logits are transformers'.
+    #[test]
+    fn checkpoint_answers_text_through_the_registry() {
+        let golden = json("golden.json");
+        let text = ids(&golden, "text_prompt_ids");
+        let config = json("config.json");
+        assert_eq!(nn::registry::image_input(&config).unwrap(), None);
+        assert_eq!(nn::registry::describe(&config).unwrap().vocab_size, 512);
+        let mut weights = weights(false);
+        let model = build_model(&config, &mut weights).unwrap();
+        assert!(model.vision().is_none());
+        let mut caches = model.new_caches().unwrap();
+        let forward = model
+            .forward(&Batch::single(&text, 0).unwrap(), &mut caches)
+            .unwrap();
+        let logits = model.unembed(&forward.hidden).unwrap();
+        compare(
+            &logits.reshape(&[text.len() as i32, -1]).unwrap(),
+            &reference("text_logits"),
+            "qwen2_5_vl: text prompt through the registry",
+        );
+    }
+
+    #[test]
+    fn mismatched_images_and_configs_are_refused() {
+        let model = load(false);
+        let golden = json("golden.json");
+        let grids = grids(&golden);
+        let prompt = ids(&golden, "prompt_ids");
+        let pixels = reference("pixel_values");
+        let features = model.encode_images(&pixels, &grids).unwrap();
+        let mut caches = model.new_caches().unwrap();
+        let batch = Batch::single(&prompt, 0).unwrap();
+        let error = model
+            .forward_with_images(&batch, Some(&features), &grids[..1], &mut [&mut caches])
+            .expect_err("two images' tokens, one grid");
+        assert!(error.to_string().contains("grid"), "{error}");
+        let error = model
+            .forward_with_images(
+                &batch,
+                Some(&rows(&features, 0, 24)),
+                &grids,
+                &mut [&mut caches],
+            )
+            .expect_err("39 image tokens, 24 feature rows");
+        assert!(error.to_string().contains("39 image tokens"), "{error}");
+        let error = model
+            .visual()
+            .forward(&pixels, &grids[..1])
+            .expect_err("156 patch rows for a 96-patch grid");
+        assert!(error.to_string().contains("image patches"), "{error}");
+        let odd = [ImageGrid { t: 1, h: 3, w: 52 }];
+        let error = model.visual().forward(&pixels, &odd).expect_err("odd rows");
+        assert!(error.to_string().contains("2x2 blocks"), "{error}");
+        let error = model
+            .encode_images(&Array::zeros(&[1, 3, 8, 8], Dtype::F32).unwrap(), &grids)
+            .expect_err("pixels, not patches");
+        assert!(error.to_string().contains("image patches"), "{error}");
+
+        let mut config = json("config.json");
+        config["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([2, 3, 4]);
+        let error = Config::from_json(&config).expect_err("sections of 9 frequencies");
+        assert!(error.to_string().contains("mrope_section"), "{error}");
+        let mut config = json("config.json");
+        config["vision_config"]["window_size"] = 12.into();
+        let error = Config::from_json(&config).expect_err("windows of 1.5 blocks");
+        assert!(error.to_string().contains("window_size"), "{error}");
+        let mut config = json("config.json");
+        config["vision_config"]["fullatt_block_indexes"] = serde_json::json!([3]);
+        let error = Config::from_json(&config).expect_err("block 3 of 3");
+        assert!(
+            error.to_string().contains("fullatt_block_indexes"),
+            "{error}"
+        );
+    }
+
+    /// The released checkpoints' spelling: text fields at the top level, `rope_theta` and
+    /// `rope_scaling: {type: mrope}`, the tower's channels as `in_chans`.
+    #[test]
+    fn released_config_spelling_reads_the_same() {
+        let saved = json("config.json");
+        let mut old = serde_json::Map::new();
+        for (k, v) in saved.as_object().unwrap() {
+            if k != "text_config" && k != "vision_config" {
+                old.insert(k.clone(), v.clone());
+            }
+        }
+        for (k, v) in saved["text_config"].as_object().unwrap() {
+            if k != "rope_parameters" && k != "model_type" {
+                old.insert(k.clone(), v.clone());
+            }
+        }
+        let rope = &saved["text_config"]["rope_parameters"];
+        old.insert("rope_theta".into(), rope["rope_theta"].clone());
+        old.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"type": "mrope", "mrope_section": rope["mrope_section"]}),
+        );
+        let mut vision = saved["vision_config"].clone();
+        let channels = vision
+            .as_object_mut()
+            .unwrap()
+            .remove("in_channels")
+            .unwrap();
+        vision["in_chans"] = channels;
+        old.insert("vision_config".into(), vision);
+        let old = serde_json::Value::Object(old);
+        let a = Config::from_json(&saved).unwrap();
+        let b = Config::from_json(&old).unwrap();
+        assert_eq!(a.vision, b.vision);
+        assert_eq!(a.mrope_section, b.mrope_section);
+        assert_eq!(a.text.rope, b.text.rope);
+        assert_eq!(a.text.hidden_size, b.text.hidden_size);
+    }
+}

@@ -109,10 +109,15 @@ pub fn split_tiles(pixels: &PixelValues, tile_w: u32, tile_h: u32) -> Result<Vec
 }
 
 /// Patch-aligned resize target: both sides multiples of `factor`, the area between
-/// `min_pixels` and `max_pixels`, the aspect ratio kept as closely as rounding allows.
+/// `min_pixels` and `max_pixels`, the aspect ratio kept as closely as rounding allows, computed
+/// exactly as transformers' `smart_resize` (Qwen2-VL, Qwen2.5-VL) does: each side snapped to the
+/// nearest multiple, ties to even as Python's `round` breaks them (70 by 28 gives 56, not 84);
+/// then, when the area is over `max_pixels`, both sides scaled down by the same factor and
+/// floored to a multiple (at least one), or, when under `min_pixels`, scaled up and ceiled.
 ///
-/// Returns `(height, width)`. Fails on zero sizes, an empty pixel range, or an aspect ratio
-/// above 200 (such strips cannot be kept within the bounds sensibly).
+/// Returns `(height, width)`. Fails on zero sizes, an empty pixel range, an aspect ratio above
+/// 200 (as transformers does), or a result with a zero side or over `max_pixels` (transformers
+/// would return those when `min_pixels` is 0 or near `max_pixels`; no encoder takes them).
 pub fn smart_resize(
     height: u32,
     width: u32,
@@ -132,21 +137,29 @@ pub fn smart_resize(
         )));
     }
     let (h, w, f) = (f64::from(height), f64::from(width), f64::from(factor));
+    // Python's int / int is correctly rounded, as f64 division of these exact integers is.
     if h.max(w) / h.min(w) > 200.0 {
         return Err(Error::InvalidConfig(format!(
             "aspect ratio of {width}x{height} exceeds 200"
         )));
     }
-    let snap = |v: f64| (v / f).round().max(1.0) * f;
+    let snap = |v: f64| (v / f).round_ties_even() * f;
     let (mut h_bar, mut w_bar) = (snap(h), snap(w));
+    // Both products are exact: every operand is an integer below 2^32.
     if h_bar * w_bar > max_pixels as f64 {
         let beta = (h * w / max_pixels as f64).sqrt();
-        h_bar = ((h / beta / f).floor().max(1.0)) * f;
-        w_bar = ((w / beta / f).floor().max(1.0)) * f;
+        h_bar = (h / beta / f).floor().max(1.0) * f;
+        w_bar = (w / beta / f).floor().max(1.0) * f;
     } else if h_bar * w_bar < min_pixels as f64 {
         let beta = (min_pixels as f64 / (h * w)).sqrt();
         h_bar = (h * beta / f).ceil() * f;
         w_bar = (w * beta / f).ceil() * f;
+    }
+    if h_bar < 1.0 || w_bar < 1.0 || h_bar * w_bar > max_pixels as f64 {
+        return Err(Error::InvalidConfig(format!(
+            "smart_resize of {width}x{height} by factor {factor} within {min_pixels}..={max_pixels} \
+             pixels gives {w_bar}x{h_bar}"
+        )));
     }
     Ok((h_bar as u32, w_bar as u32))
 }
@@ -208,5 +221,14 @@ mod tests {
         let (h, w) = smart_resize(10, 10, 28, 56 * 56, 28 * 28 * 1280).unwrap();
         assert!(u64::from(h) * u64::from(w) >= 56 * 56);
         assert!(smart_resize(1, 1000, 28, 0, 1 << 20).is_err());
+        // Python's round: 70 / 28 = 2.5 goes to 2, 98 / 28 = 3.5 to 4.
+        assert_eq!(smart_resize(70, 98, 28, 0, 1 << 20).unwrap(), (56, 112));
+        // A side that snaps to 0 is left for the minimum to lift, as transformers does.
+        assert_eq!(
+            smart_resize(10, 1900, 28, 56 * 56, 28 * 28 * 1280).unwrap(),
+            (28, 784)
+        );
+        // With no minimum that side stays 0: refused rather than returned.
+        assert!(smart_resize(10, 1900, 28, 0, 28 * 28 * 1280).is_err());
     }
 }
