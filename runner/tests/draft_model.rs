@@ -9,7 +9,7 @@ mod steps;
 
 use runner::engine::{DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, controller_of_drafting,
     controller_of_plain_decoding, engine, ids, model, run_to_idle, run_with, submit_with,
 };
 
@@ -48,6 +48,13 @@ fn draft_model_answers_equal_the_targets_alone() {
         ("gemma3", "gemma3"),
     ] {
         let mut engine = with_draft(target, draft);
+        // Drafting from the first round to the last, however rarely the drafts are right.
+        let state = tempfile::tempdir().unwrap();
+        controller_of_drafting(5)
+            .save(state.path().join(format!("draft-{draft}.json")))
+            .unwrap();
+        engine.keep_state_in(state.path().to_path_buf());
+        assert_eq!(engine.draft_depth(DrafterKind::Model), Some(5));
         // Longer prompts than a prefill chunk (16 here): the draft catches up over rounds.
         let prompts: Vec<Vec<u32>> = (0..4).map(|r| ids(r, 5 + 13 * r as usize)).collect();
         let mut handles: Vec<Handle> = prompts

@@ -38,7 +38,11 @@
 //! rarely agrees with its target) then costs a probe in 64 rounds rather than one in 8. A probe
 //! much dearer than a plain step waits longer still, so that probes take at most 1/64 of the
 //! decoding time (up to every 1,024th decision). A bucket with no measured depth yet starts at the
-//! best depth of the nearest bucket that has one, else at 3.
+//! best depth of the nearest bucket that has one, else at 3; once that depth is measured, its
+//! next decisions measure plain decoding (depth 0) before anything else. Without that, plain
+//! decoding was reached only by probing down one depth at a time, each probed depth needing
+//! two samples: a drafter that never paid drafted at a losing depth for about a hundred rounds
+//! (most of a cold request); with it, the optimistic prior fades within a dozen.
 //!
 //! # Persistence and replay
 //!
@@ -295,6 +299,11 @@ impl Model {
         let Some(best) = self.best(b) else {
             return self.start(b);
         };
+        // Plain decoding is what every depth must beat: measure it as soon as a depth above
+        // it is measured, rather than reaching it probe by probe.
+        if best > 0 && self.cost[b][0].samples < MIN_SAMPLES {
+            return 0;
+        }
         let interval = if best == 0 {
             self.probe_interval_from_zero(b)
         } else {
@@ -905,17 +914,52 @@ mod tests {
     }
 
     #[test]
+    fn a_cold_controller_measures_plain_decoding_early_and_drops_a_drafter_that_never_pays() {
+        // A draft model that is never right and makes each draft cost 40% of a step.
+        let hopeless = World {
+            accept: vec![0.0],
+            cost: |k, _| 0.010 * (1.0 + 0.4 * k as f64),
+        };
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut c = DepthController::new(8);
+        let first: Vec<usize> = (0..24)
+            .map(|_| hopeless.round(&mut c, 1, &mut rng))
+            .collect();
+        // The start depth twice, then plain decoding twice, so both are measured...
+        assert_eq!(&first[..4], &[START_DEPTH, START_DEPTH, 0, 0], "{first:?}");
+        // ...and plain decoding from then on but for the odd probe.
+        let drafting = first[4..].iter().filter(|&&d| d > 0).count();
+        assert!(drafting <= 6, "{first:?}");
+        assert_eq!(c.best(1), 0);
+
+        // A drafter that pays keeps drafting once plain decoding is measured too.
+        let good = World {
+            accept: vec![0.9],
+            cost: |k, _| 0.010 * (1.0 + 0.05 * k as f64),
+        };
+        let mut c = DepthController::new(8);
+        let first: Vec<usize> = (0..24).map(|_| good.round(&mut c, 1, &mut rng)).collect();
+        assert_eq!(&first[..4], &[START_DEPTH, START_DEPTH, 0, 0], "{first:?}");
+        assert!(first[4..].iter().all(|&d| d > 0), "{first:?}");
+    }
+
+    #[test]
     fn probes_alternate_around_the_best_depth() {
         let mut c = DepthController::new(8);
-        // Depth 3 measured cheap, everything else unmeasured.
+        // Depth 3 measured as cheap as plain decoding and always accepted, everything else
+        // unmeasured.
         let mut decisions = Vec::new();
         for _ in 0..32 {
             let d = c.depth(1);
             decisions.push(d);
-            if d == 3 {
-                c.observe(1, 3, 3, Duration::from_millis(10));
+            match d {
+                0 => c.observe(1, 0, 0, Duration::from_millis(10)),
+                3 => c.observe(1, 3, 3, Duration::from_millis(10)),
+                _ => {}
             }
         }
+        // The start depth twice, then plain decoding twice to measure it.
+        assert_eq!(&decisions[..4], &[3, 3, 0, 0]);
         // Rounds 8, 16, 24, 32 probe 4, 2, 4, 2.
         let probes: Vec<usize> = decisions.iter().copied().skip(7).step_by(8).collect();
         assert_eq!(probes, vec![4, 2, 4, 2]);
@@ -923,7 +967,7 @@ mod tests {
             decisions
                 .iter()
                 .enumerate()
-                .all(|(i, &d)| (i + 1) % 8 == 0 || d == 3)
+                .all(|(i, &d)| (i + 1) % 8 == 0 || d == 3 || i == 2 || i == 3)
         );
     }
 

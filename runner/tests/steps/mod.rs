@@ -258,6 +258,25 @@ pub fn controller_of_plain_decoding(max_depth: usize) -> speculate::DepthControl
     learnt
 }
 
+/// A depth controller that has measured, at every batch size, drafting `max_depth` tokens as
+/// cheap and always accepted and plain decoding as dear: it drafts, whatever its drafts' fate,
+/// for far longer than a test's requests. (A cold controller measures plain decoding in each
+/// batch bucket once it has measured a depth there, and stops drafting for a drafter that
+/// never pays, which a test of drafting itself must avoid.)
+pub fn controller_of_drafting(max_depth: usize) -> speculate::DepthController {
+    let mut learnt = speculate::DepthController::new(max_depth);
+    for batch in [1, 2, 4, 8, 16, 32] {
+        for _ in 0..2 {
+            learnt.observe(batch, 0, 0, std::time::Duration::from_millis(500));
+            for depth in 1..=max_depth {
+                learnt.observe(batch, depth, depth, std::time::Duration::from_millis(1));
+            }
+        }
+        assert_eq!(learnt.best(batch), max_depth);
+    }
+    learnt
+}
+
 /// Sends `draws` requests of `prompt` for 4 tokens each, 16 at a time, first without
 /// speculation, then with `speculation`, request `i` sampling with `options(i)`; asserts that
 /// each answer is whole and that the second token, the third and the first three are
