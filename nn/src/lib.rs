@@ -60,6 +60,9 @@ pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use model::{Batch, Forward, ImageInput, LayerState, Model, ModelSpec, Vision};
+pub use model::{
+    Batch, Forward, ImageInput, ImagePreprocessing, InputEmbeddings, LayerState, Model, ModelSpec,
+    Vision,
+};
 pub use registry::build_model;
 pub use weights::Weights;

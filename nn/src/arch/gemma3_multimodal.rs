@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::arch::gemma3::{self, Gemma3};
 use crate::cached_attention::TokenBlocks;
 use crate::config::{Fields, dim, missing};
-use crate::model::{Batch, Forward, ImageInput, Model, ModelSpec, Vision};
+use crate::model::{Batch, Forward, ImageInput, ImagePreprocessing, Model, ModelSpec, Vision};
 use crate::rms_norm::RmsNorm;
 use crate::vision::placement::{ImageTokens, Placed, place_image_features};
 use crate::vision::siglip::{self, VisionModel};
@@ -105,6 +105,7 @@ impl Config {
             image_token: self.image_token_index,
             start_token: self.boi_token_index,
             end_token: self.eoi_token_index,
+            preprocessing: ImagePreprocessing::Siglip,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! that use them (`arch/`) pool and project those features into their text model's width and
 //! put them in place of the prompt's image tokens (`placement`).
 
+pub mod clip;
 pub(crate) mod placement;
 pub mod siglip;
 mod vit;
