@@ -104,8 +104,8 @@ impl Config {
         // Each image becomes this many prompt tokens (a runner lays them out before loading).
         if vision.num_patches() >= MAX_TOKENS_PER_IMAGE {
             return Err(Error::Config(format!(
-                "vision_config: {} patches per image, more than the {MAX_TOKENS_PER_IMAGE} image \
-                 tokens an image may take",
+                "vision_config: {} patches per image; an image may take fewer than \
+                 {MAX_TOKENS_PER_IMAGE} image tokens",
                 vision.num_patches()
             )));
         }
