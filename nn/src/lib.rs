@@ -28,6 +28,7 @@
 //!   `gemma4`, `olmo2`, `phi3`; `gemma3_multimodal`, Gemma 3 reading images through a SigLIP
 //!   tower (the text-only families load multimodal checkpoints with their towers set aside).
 //! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image).
+//! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
@@ -35,6 +36,7 @@
 pub mod activation;
 pub mod arch;
 pub mod attention;
+pub mod audio;
 pub mod cached_attention;
 pub mod config;
 pub mod conv1d;
