@@ -20,13 +20,16 @@
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family), and [`Vision`], the image side of a model
-//!   that reads images ([`ImageInput`]: its pixels and prompt tokens).
+//!   that reads images ([`ImageInput`]: its pixels and prompt tokens), and [`Audio`], the
+//!   audio side of one that reads audio ([`AudioInput`]: its log-mel features and prompt
+//!   token).
 //! - [`arch`]: one file per family, each with its own config read from the checkpoint's keys:
 //!   `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3`, `qwen3_5` (Qwen3.5, Qwen3.5-MoE,
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
 //!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
 //!   `gemma4`, `olmo2`, `phi3`; `gemma3_multimodal`, Gemma 3 reading images through a SigLIP
-//!   tower (the text-only families load multimodal checkpoints with their towers set aside).
+//!   tower (the text-only families load multimodal checkpoints with their towers set aside);
+//!   `qwen2_audio`, Qwen2 reading audio through a Whisper encoder.
 //! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image).
 //! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
@@ -62,6 +65,8 @@ pub mod vision;
 pub mod weights;
 
 pub use error::{Error, Result};
-pub use model::{Batch, Forward, ImageInput, LayerState, Model, ModelSpec, Vision};
+pub use model::{
+    Audio, AudioInput, Batch, Forward, ImageInput, LayerState, Model, ModelSpec, Vision,
+};
 pub use registry::build_model;
 pub use weights::Weights;

@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use mlx::{Array, Dtype};
-use nn::Weights;
 use nn::audio::whisper::{self, Encoder};
+use nn::{Audio, AudioInput, Batch, Model, Weights, build_model};
 use quant::{SafetensorsFile, Tensor};
 
 const TOLERANCE: f32 = 1e-4;
@@ -146,4 +146,292 @@ fn whisper_encoder_refuses_what_does_not_fit() {
     config.as_object_mut().unwrap().remove("num_mel_bins");
     let err = whisper::Config::from_json(&config).unwrap_err().to_string();
     assert!(err.contains("num_mel_bins"), "{err}");
+}
+
+fn qwen2_audio_golden() -> serde_json::Value {
+    json("qwen2_audio", "golden.json")
+}
+
+fn ids(golden: &serde_json::Value, key: &str) -> Vec<u32> {
+    golden[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn qwen2_audio() -> Box<dyn Model> {
+    let config = json("qwen2_audio", "config.json");
+    let mut weights = weights("qwen2_audio");
+    let model = build_model(&config, &mut weights).unwrap();
+    assert_eq!(weights.unused(), Vec::<&str>::new(), "weights never used");
+    model
+}
+
+/// Each clip's features as transformers computed them (`[1, 128, 100]`) and its valid frames.
+fn qwen2_audio_clips() -> Vec<(Array, usize)> {
+    let golden = qwen2_audio_golden();
+    let mel = reference("qwen2_audio", "input_features");
+    ids(&golden, "valid_frames")
+        .into_iter()
+        .enumerate()
+        .map(|(i, valid)| {
+            (
+                mel.slice_axis(0, i as i32, i as i32 + 1).unwrap(),
+                valid as usize,
+            )
+        })
+        .collect()
+}
+
+fn encode_all(audio: &dyn Audio, clips: &[(Array, usize)]) -> Array {
+    let rows: Vec<Array> = clips
+        .iter()
+        .map(|(mel, valid)| audio.encode_audio(mel, *valid).unwrap())
+        .collect();
+    mlx::concatenate(&rows, 0).unwrap()
+}
+
+#[test]
+fn qwen2_audio_matches_transformers() {
+    let config = json("qwen2_audio", "config.json");
+    let golden = qwen2_audio_golden();
+    // What it reads, known before loading.
+    let input = nn::registry::audio_input(&config).unwrap().unwrap();
+    assert_eq!(
+        input,
+        AudioInput {
+            num_mel_bins: 128,
+            max_frames: 100,
+            audio_token: 509
+        }
+    );
+    assert_eq!(nn::registry::image_input(&config).unwrap(), None);
+
+    let model = qwen2_audio();
+    let audio = model.audio().expect("Qwen2-Audio reads audio");
+    assert_eq!(audio.audio_input(), input);
+    let clips = qwen2_audio_clips();
+    let tokens: Vec<usize> = clips.iter().map(|(_, v)| audio.audio_tokens(*v)).collect();
+    assert_eq!(tokens, [19, 25]);
+    assert_eq!(
+        tokens,
+        ids(&golden, "audio_tokens")
+            .iter()
+            .map(|&t| t as usize)
+            .collect::<Vec<_>>()
+    );
+
+    // The encoder, pooled and normalized, before the projector.
+    let typed = nn::arch::qwen2_audio::Config::from_json(&config).unwrap();
+    let mut w = weights("qwen2_audio");
+    let direct = nn::arch::qwen2_audio::Qwen2Audio::new(typed, &mut w).unwrap();
+    let hidden: Vec<Array> = clips
+        .iter()
+        .map(|(mel, valid)| direct.encode_audio_hidden(mel, *valid).unwrap())
+        .collect();
+    compare(
+        &mlx::concatenate(&hidden, 0).unwrap(),
+        &reference("qwen2_audio", "audio_hidden"),
+        "qwen2-audio encoder",
+        TOLERANCE,
+    );
+    let features = encode_all(audio, &clips);
+    compare(
+        &features,
+        &reference("qwen2_audio", "audio_features"),
+        "qwen2-audio features",
+        TOLERANCE,
+    );
+
+    // The prompt with both clips in one pass.
+    let prompt = ids(&golden, "prompt_ids");
+    let mut caches = model.new_caches().unwrap();
+    let batch = Batch::single(&prompt, 0).unwrap();
+    let out = audio
+        .forward_rows_with_audio(&batch, Some(&features), &mut [&mut caches[..]])
+        .unwrap();
+    let logits = model.unembed(&out.hidden).unwrap().squeeze(&[0]).unwrap();
+    let expected = reference("qwen2_audio", "logits");
+    compare(&logits, &expected, "qwen2-audio logits", TOLERANCE);
+
+    // In chunks of 7 tokens, cutting through both clips' runs (the decoder is causal, so a
+    // clip may span forwards: each chunk takes the feature rows of its own audio tokens), then
+    // the last tokens one at a time.
+    let mut caches = model.new_caches().unwrap();
+    let (mut rows, mut used) = (Vec::new(), 0i32);
+    let audio_id = input.audio_token;
+    let mut start = 0;
+    while start < prompt.len() {
+        let end = (start + if start < 50 { 7 } else { 1 }).min(prompt.len());
+        let chunk = &prompt[start..end];
+        let n = chunk.iter().filter(|&&t| t == audio_id).count() as i32;
+        let part = (n > 0).then(|| features.slice_axis(0, used, used + n).unwrap());
+        used += n;
+        let out = audio
+            .forward_rows_with_audio(
+                &Batch::single(chunk, start).unwrap(),
+                part.as_ref(),
+                &mut [&mut caches[..]],
+            )
+            .unwrap();
+        rows.push(model.unembed(&out.hidden).unwrap().squeeze(&[0]).unwrap());
+        start = end;
+    }
+    compare(
+        &mlx::concatenate(&rows, 0).unwrap(),
+        &expected,
+        "qwen2-audio logits in chunks",
+        TOLERANCE,
+    );
+
+    // The text model alone, through the same checkpoint.
+    let text = ids(&golden, "text_prompt_ids");
+    let mut caches = model.new_caches().unwrap();
+    let out = model
+        .forward(&Batch::single(&text, 0).unwrap(), &mut caches)
+        .unwrap();
+    compare(
+        &model.unembed(&out.hidden).unwrap().squeeze(&[0]).unwrap(),
+        &reference("qwen2_audio", "text_logits"),
+        "qwen2-audio text-only logits",
+        TOLERANCE,
+    );
+}
+
+/// The same clips from the WAV through `media::log_mel`, end to end.
+#[test]
+fn qwen2_audio_on_media_features() {
+    let model = qwen2_audio();
+    let audio = model.audio().unwrap();
+    let golden = qwen2_audio_golden();
+    let speech = speech();
+    let clips: Vec<(Array, usize)> = ids(&golden, "samples")
+        .into_iter()
+        .map(|n| {
+            let clip = media::AudioClip {
+                samples: speech.samples[..n as usize].to_vec(),
+                sample_rate: 16_000,
+            };
+            media_features(&clip, 128)
+        })
+        .collect();
+    let valid: Vec<usize> = clips.iter().map(|(_, v)| *v).collect();
+    assert_eq!(valid, [78, 100]);
+    let features = encode_all(audio, &clips);
+    compare(
+        &features,
+        &reference("qwen2_audio", "audio_features"),
+        "qwen2-audio features from media",
+        TOLERANCE,
+    );
+    let prompt = ids(&golden, "prompt_ids");
+    let mut caches = model.new_caches().unwrap();
+    let out = audio
+        .forward_rows_with_audio(
+            &Batch::single(&prompt, 0).unwrap(),
+            Some(&features),
+            &mut [&mut caches[..]],
+        )
+        .unwrap();
+    compare(
+        &model.unembed(&out.hidden).unwrap().squeeze(&[0]).unwrap(),
+        &reference("qwen2_audio", "logits"),
+        "qwen2-audio logits from media",
+        TOLERANCE,
+    );
+}
+
+#[test]
+fn qwen2_audio_refuses_what_does_not_fit() {
+    let model = qwen2_audio();
+    let audio = model.audio().unwrap();
+    let clips = qwen2_audio_clips();
+    let features = encode_all(audio, &clips);
+    let golden = qwen2_audio_golden();
+    let prompt = ids(&golden, "prompt_ids");
+    let mut caches = model.new_caches().unwrap();
+    let short = features.slice_axis(0, 0, 43).unwrap();
+    let err = audio
+        .forward_rows_with_audio(
+            &Batch::single(&prompt, 0).unwrap(),
+            Some(&short),
+            &mut [&mut caches[..]],
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("44 audio tokens in the batch for 43 rows"),
+        "{err}"
+    );
+    // Too short a clip for a token (two frames make one position, pooled into none).
+    assert_eq!(audio.audio_tokens(2), 0);
+    assert_eq!(audio.audio_tokens(3), 1);
+    let err = audio
+        .encode_audio(&clips[0].0, 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("too short"), "{err}");
+    // Two clips at once, or features of another size.
+    let both = reference("qwen2_audio", "input_features");
+    assert!(audio.encode_audio(&both, 100).is_err());
+    let narrow = Array::zeros(&[1, 80, 100], Dtype::F32).unwrap();
+    assert!(audio.encode_audio(&narrow, 100).is_err());
+
+    // A config without its audio token, and a text model's config.
+    let mut config = json("qwen2_audio", "config.json");
+    config.as_object_mut().unwrap().remove("audio_token_index");
+    let err = nn::registry::audio_input(&config).unwrap_err().to_string();
+    assert!(err.contains("audio_token_index"), "{err}");
+    assert_eq!(
+        nn::registry::audio_input(&json("qwen2", "config.json")).unwrap(),
+        None
+    );
+}
+
+/// The checkpoint named by transformers 5's modules (`model.audio_tower.…`,
+/// `model.multi_modal_projector.…`, `model.language_model.…`, `lm_head`) computes the same.
+#[test]
+fn qwen2_audio_reads_the_module_layout() {
+    let file = SafetensorsFile::open(&fixture("qwen2_audio").join("model.safetensors")).unwrap();
+    let renames = [
+        ("language_model.model.", "model.language_model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("audio_tower.", "model.audio_tower."),
+        ("multi_modal_projector.", "model.multi_modal_projector."),
+    ];
+    let tensors = file
+        .entries()
+        .keys()
+        .map(|name| {
+            let renamed = renames
+                .iter()
+                .find_map(|(from, to)| name.strip_prefix(from).map(|rest| format!("{to}{rest}")))
+                .unwrap();
+            (renamed, Tensor::Dense(file.load(name).unwrap()))
+        })
+        .collect::<Vec<_>>();
+    let mut weights = Weights::new(tensors, Dtype::F32);
+    let model = build_model(&json("qwen2_audio", "config.json"), &mut weights).unwrap();
+    assert_eq!(weights.unused(), Vec::<&str>::new(), "weights never used");
+    let audio = model.audio().unwrap();
+    let features = encode_all(audio, &qwen2_audio_clips());
+    let prompt = ids(&qwen2_audio_golden(), "prompt_ids");
+    let mut caches = model.new_caches().unwrap();
+    let out = audio
+        .forward_rows_with_audio(
+            &Batch::single(&prompt, 0).unwrap(),
+            Some(&features),
+            &mut [&mut caches[..]],
+        )
+        .unwrap();
+    compare(
+        &model.unembed(&out.hidden).unwrap().squeeze(&[0]).unwrap(),
+        &reference("qwen2_audio", "logits"),
+        "qwen2-audio logits, module layout",
+        TOLERANCE,
+    );
 }

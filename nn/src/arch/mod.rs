@@ -15,6 +15,7 @@ pub mod nemotron_h;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
+pub mod qwen2_audio;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
