@@ -1816,6 +1816,224 @@ def build_vision(name: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# Audio fixtures (issue 21)
+#
+# A Whisper encoder alone, and Qwen2-Audio (a Whisper-style encoder, pooled and projected into
+# a Qwen2 decoder), each run on log-mel features of the committed speech WAV that media's own
+# tests read (media/tests/fixtures/whisper_features/speech_16k.wav, from
+# scripts/make_audio_fixtures.py). Both encoders take 50 positions (100 mel frames: a 1 s
+# chunk) instead of Whisper's 1500, the least that keeps every stage (conv stride, pooling,
+# padding frames) while the weights stay small; the features come from WhisperFeatureExtractor
+# with chunk_length=1, the matching extractor.
+# ---------------------------------------------------------------------------------------------
+
+SPEECH_WAV = REPO_ROOT / "media" / "tests" / "fixtures" / "whisper_features" / "speech_16k.wav"
+AUDIO_POSITIONS = 50
+# Qwen2-Audio's special ids inside the 512-entry vocabulary (the real ones are 151646..8).
+QWEN2_AUDIO_TOKEN = 509
+QWEN2_AUDIO_BOS = 510
+QWEN2_AUDIO_EOS = 511
+# Samples of the speech clip each audio of the qwen2_audio prompt takes: a partial chunk (78
+# valid frames: 19 audio tokens) and a clip longer than the chunk (cut to 100: 25 tokens).
+QWEN2_AUDIO_CLIPS = [12345, 20917]
+
+
+def speech_samples() -> np.ndarray:
+    import wave
+
+    with wave.open(str(SPEECH_WAV), "rb") as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (16000, 1, 2)
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    return pcm.astype(np.float32) / np.float32(32768.0)
+
+
+def log_mel(samples: list[np.ndarray], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """WhisperFeatureExtractor's features of each clip over a 1 s chunk, as a processor asks
+    for them, and its attention mask over frames."""
+    fe = transformers.WhisperFeatureExtractor(feature_size=bins, chunk_length=1)
+    out = fe(samples, sampling_rate=16000, padding="max_length", truncation=True,
+             return_attention_mask=True, return_tensors="pt")
+    return out["input_features"].to(torch.float32), out["attention_mask"]
+
+
+def whisper_encoder_config() -> transformers.WhisperConfig:
+    # 4 heads of 16 over a 64-wide model, an FFN of 128: whisper-tiny's shape, shrunk.
+    return transformers.WhisperConfig(
+        vocab_size=VOCAB,
+        num_mel_bins=80,
+        d_model=HIDDEN,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=INTERMEDIATE,
+        decoder_layers=1,
+        decoder_attention_heads=4,
+        decoder_ffn_dim=INTERMEDIATE,
+        max_source_positions=AUDIO_POSITIONS,
+        max_target_positions=32,
+        activation_function="gelu",
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        decoder_start_token_id=3,
+    )
+
+
+def qwen2_audio_config() -> transformers.Qwen2AudioConfig:
+    # Qwen2-Audio-7B's layout shrunk: 128 mel bins, a 32-wide encoder (2 heads of 16, FFN 64)
+    # in front of the qwen2 fixture's decoder.
+    audio = transformers.Qwen2AudioEncoderConfig(
+        num_mel_bins=128,
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        max_source_positions=AUDIO_POSITIONS,
+        activation_function="gelu",
+    )
+    # An untied head, as Qwen2-Audio-7B has (and as transformers 5.24 builds this class
+    # whatever the text config says).
+    text = qwen2_config()
+    text.tie_word_embeddings = False
+    return transformers.Qwen2AudioConfig(
+        audio_config=audio, text_config=text, audio_token_index=QWEN2_AUDIO_TOKEN
+    )
+
+
+def whisper_encoder_outputs(encoder, mel: torch.Tensor) -> dict:
+    with torch.no_grad():
+        return {"encoder_hidden": encoder(mel).last_hidden_state}
+
+
+def qwen2_audio_prompt(tokens: list[int]) -> list[int]:
+    """Text and audio in turn as Qwen2-Audio's processor expands its chat template:
+    <|audio_bos|>, one <|AUDIO|> per audio token, <|audio_eos|>."""
+    text = [t for t in PROMPT_TAIL if t < QWEN2_AUDIO_TOKEN]
+    runs = [text[i * 5 : (i + 1) * 5] for i in range(len(tokens) + 1)]
+    ids = [1] + runs[0]
+    for count, run in zip(tokens, runs[1:]):
+        ids += [QWEN2_AUDIO_BOS] + [QWEN2_AUDIO_TOKEN] * count + [QWEN2_AUDIO_EOS] + run
+    return ids
+
+
+def qwen2_audio_outputs(model, mel, mask, ids: list[int], text: list[int]) -> dict:
+    captured = {}
+    hooks = [
+        model.model.audio_tower.register_forward_hook(
+            lambda m, i, o: captured.__setitem__("tower", o.last_hidden_state)),
+        model.model.multi_modal_projector.register_forward_hook(
+            lambda m, i, o: captured.__setitem__("projected", o)),
+    ]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids]), input_features=mel,
+                       feature_attention_mask=mask).logits[0]
+        text_logits = model(input_ids=torch.tensor([text])).logits[0]
+    for h in hooks:
+        h.remove()
+    _, lengths = model.model.audio_tower._get_feat_extract_output_lengths(mask.sum(-1))
+    tower = torch.cat([captured["tower"][i, :n] for i, n in enumerate(lengths.tolist())])
+    features = torch.cat([captured["projected"][i, :n] for i, n in enumerate(lengths.tolist())])
+    return {"audio_hidden": tower, "audio_features": features, "logits": logits,
+            "text_logits": text_logits}
+
+
+def audio_prefill_then_decode(model, mel, mask, ids: list[int]) -> torch.Tensor:
+    split = max(i for i, t in enumerate(ids) if t == QWEN2_AUDIO_TOKEN) + 1
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids[:split]]), input_features=mel,
+                    feature_attention_mask=mask, use_cache=True)
+        rows, past = list(out.logits[0]), out.cache
+        for position in range(split, len(ids)):
+            out = model(input_ids=torch.tensor([[ids[position]]]), cache=past, use_cache=True,
+                        position_ids=torch.tensor([[position]]))
+            past = out.cache
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows)
+
+
+def build_audio(name: str) -> dict:
+    """An audio fixture: weights, config.json, and `logits.safetensors` with each stage's
+    output (see AUDIO_FIXTURES) and the log-mel input it was computed from."""
+    speech = speech_samples()
+    for seed in range(SEED, SEED + MAX_SEED_TRIES):
+        torch.manual_seed(seed)
+        if name == "whisper_encoder":
+            config = whisper_encoder_config()
+            config._attn_implementation = "eager"
+            model = transformers.models.whisper.modeling_whisper.WhisperEncoder(config)
+            model = model.to(torch.float32).eval()
+            randomize_weights(model, norm_offset=False)
+            mel, mask = log_mel([speech], config.num_mel_bins)
+            run = lambda m, x: whisper_encoder_outputs(m, x)
+            ids = text = None
+        else:
+            config = qwen2_audio_config()
+            config._attn_implementation = "eager"
+            model = transformers.Qwen2AudioForConditionalGeneration(config).to(torch.float32).eval()
+            randomize_weights(model, norm_offset=False)
+            mel, mask = log_mel([speech[:n] for n in QWEN2_AUDIO_CLIPS],
+                                config.audio_config.num_mel_bins)
+            valid = mask.sum(-1)
+            tokens = model.model.audio_tower._get_feat_extract_output_lengths(valid)[1].tolist()
+            ids = qwen2_audio_prompt(tokens)
+            text = [1] + PROMPT_TAIL
+            run = lambda m, x: qwen2_audio_outputs(m, x, mask, ids, text)
+        outputs = run(model, mel)
+        exact = run(copy.deepcopy(model).to(torch.float64), mel.double())
+        rounding = {k: float((outputs[k].double() - exact[k]).abs().max()) for k in outputs}
+        if max(rounding.values()) <= MAX_REFERENCE_ROUNDING:
+            break
+        print(f"{name}: seed {seed} rejected, f32 rounding moves the reference by {rounding}")
+    else:
+        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives a well-conditioned reference")
+
+    out = FIXTURES_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    golden = {
+        "fixture": name,
+        "dtype": "float32",
+        "seed": seed,
+        "attn_implementation": "eager",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "input": "WhisperFeatureExtractor(feature_size=num_mel_bins, chunk_length=1) of "
+        "media/tests/fixtures/whisper_features/speech_16k.wav",
+        "valid_frames": [int(v) for v in mask.sum(-1)],
+        "f32_vs_f64_max_abs_diff": rounding,
+    }
+    if name == "whisper_encoder":
+        # The encoder alone, named as it sits in a Whisper checkpoint (`model.encoder.…`);
+        # the decoder is not part of this fixture.
+        tensors = {f"model.encoder.{k}": v.contiguous() for k, v in model.state_dict().items()}
+        safetensors.torch.save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+        config.architectures = ["WhisperForConditionalGeneration"]
+        config.to_json_file(out / "config.json")
+        golden["samples"] = [len(speech)]
+    else:
+        decode = audio_prefill_then_decode(model, mel, mask, ids)
+        golden["decode_vs_full_max_abs_diff"] = float((decode - outputs["logits"]).abs().max())
+        if golden["decode_vs_full_max_abs_diff"] > 1e-4:
+            raise SystemExit(f"{name}: prefill and decode differ by {golden['decode_vs_full_max_abs_diff']}")
+        model.save_pretrained(out)
+        golden["samples"] = QWEN2_AUDIO_CLIPS
+        golden["prompt_ids"] = ids
+        golden["text_prompt_ids"] = text
+        golden["audio_tokens"] = tokens
+        golden["max_abs_logit"] = float(outputs["logits"].abs().max())
+        golden["argmax_ids"] = [int(i) for i in outputs["logits"].argmax(dim=-1)]
+    saved = {k: v.to(torch.float32).contiguous() for k, v in outputs.items()}
+    saved["input_features"] = mel.contiguous()
+    safetensors.torch.save_file(saved, out / "logits.safetensors")
+    golden["tensors"] = {k: list(v.shape) for k, v in saved.items()}
+    (out / "golden.json").write_text(compact_json(golden))
+    return golden
+
+
+AUDIO_FIXTURES = {"whisper_encoder": whisper_encoder_config, "qwen2_audio": qwen2_audio_config}
+
+
+# ---------------------------------------------------------------------------------------------
 # GGUF copies
 #
 # `--gguf` translates a committed fixture folder into `model.gguf` the way llama.cpp's
@@ -2616,13 +2834,17 @@ def main() -> None:
             path = write_gguf(name)
             print(f"{name}: {path.stat().st_size / 1024:.0f} KiB GGUF")
         return
-    names = args.names or list(FIXTURES) + list(VISION_FIXTURES)
-    unknown = [n for n in names if n not in FIXTURES and n not in VISION_FIXTURES]
+    known = list(FIXTURES) + list(VISION_FIXTURES) + list(AUDIO_FIXTURES)
+    names = args.names or known
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES) + list(VISION_FIXTURES)}")
+        parser.error(f"unknown fixture(s) {unknown}; known: {known}")
     torch.set_num_threads(1)
     for name in names:
-        golden = build_vision(name) if name in VISION_FIXTURES else build(name)
+        if name in AUDIO_FIXTURES:
+            golden = build_audio(name)
+        else:
+            golden = build_vision(name) if name in VISION_FIXTURES else build(name)
         size = sum(f.stat().st_size for f in (FIXTURES_DIR / name).iterdir())
         summary = {k: golden[k] for k in golden if k in (
             "max_abs_logit", "mean_max_softmax_prob", "decode_vs_full_max_abs_diff",

@@ -112,6 +112,22 @@ pub enum Error {
         /// Configured maximum.
         limit: f64,
     },
+    /// A clip is not at the rate a feature extractor takes; resample it first.
+    #[error("audio at {rate} Hz where {expected} Hz is needed")]
+    SampleRateMismatch {
+        /// The clip's rate.
+        rate: u32,
+        /// The rate required.
+        expected: u32,
+    },
+    /// A sample that is not finite, or beyond any decoded clip's range.
+    #[error("audio sample {index} is {sample}, not a finite value within 1024")]
+    InvalidSample {
+        /// Its index in the clip.
+        index: usize,
+        /// Its value.
+        sample: f32,
+    },
     /// The clip holds no samples.
     #[error("audio has no samples")]
     EmptyAudio,

@@ -15,7 +15,9 @@
 //! - Audio: [`decode_wav`] walks the RIFF chunks itself, bounds-checked, accepting PCM 8/16/24/32,
 //!   float 32/64 and `WAVE_FORMAT_EXTENSIBLE`, averages any channel count to mono, and refuses a
 //!   clip over [`AudioLimits::max_seconds`] from the header alone. [`resample`] is band-limited
-//!   (rubato). [`split`] cuts long clips into even chunks at quiet points.
+//!   (rubato). [`split`] cuts long clips into even chunks at quiet points. [`log_mel`] computes
+//!   the log-mel features Whisper-style encoders take ([`LogMelConfig`], as
+//!   `WhisperFeatureExtractor` does), under the same limits.
 //! - [`MediaId`] hashes bytes plus preprocessing shape for the prefix cache.
 //! - [`split_prompt`] turns `[img-N]` tags into [`Segment`]s; [`validate_expansions`] checks the
 //!   token ranges a model expands them into.
@@ -55,7 +57,8 @@
 
 #![deny(missing_docs)]
 
-// Clip type and limits; wav.rs (RIFF walk, decode, downmix), resample.rs, split.rs.
+// Clip type and limits; wav.rs (RIFF walk, decode, downmix), resample.rs, split.rs,
+// features.rs (Whisper's log-mel spectrogram).
 mod audio;
 // Format by signature.
 mod detect;
@@ -72,6 +75,7 @@ mod prepare;
 // [img-N] segments and expansion-range validation.
 mod prompt;
 
+pub use crate::audio::features::{LogMel, LogMelConfig, log_mel};
 pub use crate::audio::resample::resample;
 pub use crate::audio::split::{SplitConfig, split, split_ranges};
 pub use crate::audio::wav::{SampleEncoding, WavHeader, decode_wav, read_wav_header};

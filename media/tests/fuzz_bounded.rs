@@ -9,8 +9,9 @@ mod support;
 use std::path::PathBuf;
 
 use media::{
-    AudioLimits, ImageLimits, ImageProcessorConfig, decode_base64, decode_image_url,
-    decode_input_audio, detect, prepare_audio, prepare_image, read_wav_header, split_prompt,
+    AudioLimits, ImageLimits, ImageProcessorConfig, LogMelConfig, decode_base64, decode_image_url,
+    decode_input_audio, detect, log_mel, prepare_audio, prepare_image, read_wav_header,
+    split_prompt,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -123,7 +124,15 @@ fn exercise(bytes: &[u8]) -> usize {
         let _ = detect(bytes);
         let _ = read_wav_header(bytes, &AUDIO_LIMITS);
         let _ = prepare_image(bytes, &IMAGE_LIMITS, &ImageProcessorConfig::clip(32));
-        let _ = prepare_audio(bytes, &AUDIO_LIMITS, 16_000);
+        if let Ok(audio) = prepare_audio(bytes, &AUDIO_LIMITS, 16_000) {
+            // Whisper's features of what decoded, over a 1 s chunk to keep the run short: the
+            // buffers are sized by the chunk, never by the clip.
+            let config = LogMelConfig {
+                chunk_length: 1,
+                ..LogMelConfig::whisper(80)
+            };
+            let _ = log_mel(&audio.clip, &config, &AUDIO_LIMITS);
+        }
     });
     peak
 }

@@ -50,6 +50,12 @@ impl Conv1d {
         ))
     }
 
+    /// Appends the weight and bias to `out`.
+    pub fn collect_arrays(&self, out: &mut Vec<Array>) {
+        out.push(self.weight.clone());
+        out.extend(self.bias.iter().cloned());
+    }
+
     /// Convolves `x: [batch, length, in]` → `[batch, length', out]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let y = mlx::conv1d(x, &self.weight, self.stride, self.padding, 1, self.groups)?;

@@ -21,16 +21,23 @@
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family), and [`Vision`], the image side of a model
-//!   that reads images ([`ImageInput`]: its pixels and prompt tokens).
+//!   that reads images ([`ImageInput`]: its pixels and prompt tokens), and [`Audio`], the
+//!   audio side of one that reads audio ([`AudioInput`]: its log-mel features and prompt
+//!   token).
 //! - [`arch`]: one file per family, each with its own config read from the checkpoint's keys:
 //!   `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `gemma3`, `qwen3_5` (Qwen3.5, Qwen3.5-MoE,
 //!   Qwen3-Next), `lfm2`, `nemotron_h`, `granitemoehybrid`, `deepseek_v3` (and
 //!   GLM-4-MoE-Lite), `gpt_oss`, `llama4`, `mistral` (Mistral, Mixtral, Mistral 3), `gemma2`,
 //!   `gemma4`, `olmo2`, `phi3`; `gemma3_multimodal`, Gemma 3 reading images through a SigLIP
 //!   tower (the text-only families load multimodal checkpoints with their towers set aside);
-//!   `qwen2_5_vl`, Qwen2.5-VL: M-RoPE positions and a dynamic-resolution tower.
-//! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image),
-//!   `qwen2_5_vl` (images of any size, window attention, merged 2x2 patches).
+//!   `llava`, LLaVA 1.5: a CLIP tower's features projected into a Llama's prompt;
+//!   `qwen2_5_vl`, Qwen2.5-VL: M-RoPE positions and a dynamic-resolution tower;
+//!   `qwen2_audio`, Qwen2 reading audio through a Whisper encoder.
+//! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image), `clip`
+//!   (CLIP's tower through the layer a family reads), `qwen2_5_vl` (images of any size, window
+//!   attention, merged 2x2 patches); what ViT towers share (`vit`) and placing features at
+//!   image tokens (`placement`).
+//! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
@@ -38,6 +45,7 @@
 pub mod activation;
 pub mod arch;
 pub mod attention;
+pub mod audio;
 pub mod cached_attention;
 pub mod config;
 pub mod conv1d;
@@ -64,8 +72,8 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use model::{
-    Batch, Forward, ImageGrid, ImageInput, ImagePreprocessing, InputEmbeddings, LayerState, Model,
-    ModelSpec, PatchInput, Vision,
+    Audio, AudioInput, Batch, Forward, ImageGrid, ImageInput, ImagePreprocessing, InputEmbeddings,
+    LayerState, Model, ModelSpec, PatchInput, Vision,
 };
 pub use registry::build_model;
 pub use weights::Weights;

@@ -10,7 +10,7 @@ use kvcache::LayerCache;
 use mlx::Array;
 
 use crate::Result;
-use crate::model::{Batch, Forward, Model, ModelSpec, Vision};
+use crate::model::{Audio, Batch, Forward, Model, ModelSpec, Vision};
 
 /// `inner` with logits for ids `0..vocab` only.
 pub struct LimitedVocabulary {
@@ -69,5 +69,9 @@ impl Model for LimitedVocabulary {
 
     fn vision(&self) -> Option<&dyn Vision> {
         self.inner.vision()
+    }
+
+    fn audio(&self) -> Option<&dyn Audio> {
+        self.inner.audio()
     }
 }

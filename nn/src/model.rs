@@ -375,6 +375,46 @@ pub trait Vision {
     }
 }
 
+/// How a model reads audio: the log-mel features its encoder takes (as `media::log_mel`
+/// computes them with `LogMelConfig::whisper(num_mel_bins)` over a chunk of `max_frames`
+/// frames, 160 samples apart at 16 kHz) and the token that stands for each encoded position in
+/// the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AudioInput {
+    /// Mel bins per frame.
+    pub num_mel_bins: usize,
+    /// Frames of one chunk (3000 for 30 s); a clip fills its leading frames.
+    pub max_frames: usize,
+    /// The id of the prompt tokens each replaced by one row of audio features.
+    pub audio_token: u32,
+}
+
+/// The audio side of a model that reads audio as well as text ([`Model::audio`]).
+pub trait Audio {
+    /// What it takes.
+    fn audio_input(&self) -> AudioInput;
+
+    /// How many audio tokens a clip whose features fill `valid_frames` frames takes (what the
+    /// family's processor expands its audio placeholder to).
+    fn audio_tokens(&self, valid_frames: usize) -> usize;
+
+    /// The features of one clip, `[1, num_mel_bins, max_frames]` log-mel features of which the
+    /// first `valid_frames` hold the clip: `[audio_tokens(valid_frames), hidden]`. Fails when
+    /// the clip is too short to make a token.
+    fn encode_audio(&self, features: &Array, valid_frames: usize) -> Result<Array>;
+
+    /// Like [`Model::forward_rows`], with `features` (rows of [`Audio::encode_audio`], clips
+    /// concatenated in the order their tokens appear, row by row) in place of the audio
+    /// tokens' embeddings. Fails when the batch's audio tokens and the features' rows differ
+    /// in number.
+    fn forward_rows_with_audio(
+        &self,
+        batch: &Batch,
+        features: Option<&Array>,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward>;
+}
+
 /// A language model: embeds tokens, runs its layers over caches, and maps hidden states to
 /// vocabulary logits.
 pub trait Model {
@@ -434,6 +474,11 @@ pub trait Model {
     /// Its forward from input embeddings, when its architecture offers one; `None` (the
     /// default) otherwise.
     fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
+        None
+    }
+
+    /// Its audio side, when it reads audio; `None` (the default) for a text model.
+    fn audio(&self) -> Option<&dyn Audio> {
         None
     }
 }

@@ -9,10 +9,11 @@ use serde_json::Value;
 
 use crate::arch::{
     deepseek_v3, gemma2, gemma3, gemma3_multimodal, gemma4, gpt_oss, granitemoehybrid, lfm2, llama,
-    llama4, llava, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_moe,
+    llama4, llava, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen2_audio, qwen3,
+    qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, missing};
-use crate::model::{ImageInput, Model, ModelSpec};
+use crate::model::{AudioInput, ImageInput, Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -39,13 +40,20 @@ const ARCHITECTURES: &[Architecture] = &[
         },
     },
     Architecture {
-        names: &["qwen2", "Qwen2ForCausalLM"],
+        names: &[
+            "qwen2",
+            "Qwen2ForCausalLM",
+            "qwen2_audio",
+            "Qwen2AudioForConditionalGeneration",
+        ],
         describe: |config| Ok(qwen2::Config::from_json(config)?.spec()),
-        build: |config, weights| {
-            Ok(Box::new(qwen2::Qwen2::new(
+        // A checkpoint with its audio encoder reads audio; the text model alone otherwise.
+        build: |config, weights| match qwen2_audio(config)? {
+            Some(audio) => Ok(Box::new(qwen2_audio::Qwen2Audio::new(audio, weights)?)),
+            None => Ok(Box::new(qwen2::Qwen2::new(
                 qwen2::Config::from_json(config)?,
                 weights,
-            )?))
+            )?)),
         },
     },
     Architecture {
@@ -332,6 +340,26 @@ pub fn image_input(config: &Value) -> Result<Option<ImageInput>> {
     }
     if architecture.names.contains(&"llava") {
         return Ok(Some(llava::Config::from_json(config)?.image_input()));
+    }
+    Ok(None)
+}
+
+/// The audio-language config of a Qwen2 checkpoint that carries its audio encoder
+/// (`audio_config`: Qwen2-Audio), `None` for a text-only one.
+fn qwen2_audio(config: &Value) -> Result<Option<qwen2_audio::Config>> {
+    match config.get("audio_config") {
+        Some(Value::Object(_)) => Ok(Some(qwen2_audio::Config::from_json(config)?)),
+        _ => Ok(None),
+    }
+}
+
+/// What audio the model this config describes reads, read without loading a weight: `None`
+/// for a model without an audio side mlxkit builds. [`build_model`] builds the audio side
+/// exactly when this is `Some`.
+pub fn audio_input(config: &Value) -> Result<Option<AudioInput>> {
+    let architecture = architecture_of(config)?;
+    if architecture.names.contains(&"qwen2") {
+        return Ok(qwen2_audio(config)?.map(|c| c.audio_input()));
     }
     Ok(None)
 }

@@ -1,6 +1,8 @@
 //! Audio: the mono clip type and its limits (here), WAV decoding ([`wav`]), band-limited
-//! resampling ([`resample`]), and splitting at pauses ([`split`]).
+//! resampling ([`resample`]), splitting at pauses ([`split`]), and Whisper's log-mel features
+//! ([`features`]).
 
+pub(crate) mod features;
 pub(crate) mod resample;
 pub(crate) mod split;
 pub(crate) mod wav;

@@ -17,6 +17,7 @@ pub mod olmo2;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen2_5_vl;
+pub mod qwen2_audio;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;

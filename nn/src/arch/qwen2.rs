@@ -11,7 +11,6 @@ use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache}
 use mlx::Array;
 use serde_json::Value;
 
-use crate::Result;
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
@@ -24,6 +23,7 @@ use crate::registry::model_type;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
 
 /// The hyperparameters of a Qwen2 model (and of a Qwen3 one: the same keys).
 #[derive(Debug, Clone, PartialEq)]
@@ -146,14 +146,33 @@ struct DecoderLayer {
 /// A Qwen2 model.
 pub struct Qwen2 {
     spec: ModelSpec,
+    hidden_size: i32,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
 }
 
+/// Where a checkpoint keeps the decoder and its head: `model.…` and `lm_head` (text only), or
+/// an audio-language checkpoint's `language_model.model.…` and `language_model.lm_head` (as
+/// Qwen2-Audio is published and transformers 5.24 saves it) or `model.language_model.…` and
+/// `lm_head` (transformers 5's module names).
+fn text_root(weights: &Weights) -> (&'static str, &'static str) {
+    let root = ["model.language_model", "language_model.model"]
+        .into_iter()
+        .find(|root| weights.contains(&format!("{root}.embed_tokens.weight")))
+        .unwrap_or("model");
+    let head = if weights.contains("language_model.lm_head.weight") {
+        "language_model.lm_head"
+    } else {
+        "lm_head"
+    };
+    (root, head)
+}
+
 impl Qwen2 {
-    /// Builds the model from transformers-named weights.
+    /// Builds the model from transformers-named weights: a text checkpoint's, or the decoder
+    /// of an audio-language one (whose encoder and projector the caller takes or sets aside).
     pub fn new(config: Config, weights: &mut Weights) -> Result<Qwen2> {
         let hidden = dim(config.hidden_size, "hidden_size")?;
         let vocab = dim(config.vocab_size, "vocab_size")?;
@@ -163,15 +182,16 @@ impl Qwen2 {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
         let activation = Activation::from_name(&config.hidden_act)?;
-        let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
-        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
-        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        let (root, head) = text_root(weights);
+        let embed_name = format!("{root}.embed_tokens.weight");
+        let embed_weight = weights.weight(&embed_name)?;
+        check_matrix(&embed_name, &embed_weight, vocab, hidden)?;
+        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(&embed_name)?);
         let rope = Rope::new(&config.rope)?;
 
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
-            let p = format!("model.layers.{i}");
+            let p = format!("{root}.layers.{i}");
             layers.push(DecoderLayer {
                 input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
                 self_attn: attention(&config, weights, &format!("{p}.self_attn"), &rope)?,
@@ -183,20 +203,81 @@ impl Qwen2 {
                 sliding_window,
             });
         }
-        let final_norm = norm(weights, "model.norm.weight")?;
-        let lm_head = embed_tokens.output_head(
-            weights,
-            config.tie_word_embeddings,
-            "lm_head",
-            vocab,
-            hidden,
-        )?;
+        let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
+        let lm_head =
+            embed_tokens.output_head(weights, config.tie_word_embeddings, head, vocab, hidden)?;
         Ok(Qwen2 {
             spec: config.spec(),
+            hidden_size: hidden,
             embed_tokens,
             layers,
             norm: final_norm,
             lm_head,
+        })
+    }
+}
+
+impl Qwen2 {
+    /// The input embeddings of `tokens` (`[rows, tokens]` ids): `[rows, tokens, hidden]`.
+    pub fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    /// Like [`Model::forward_rows`] from input embeddings already made (`[rows, tokens,
+    /// hidden]`, in place of `batch.tokens`, of which only the shape is read): the text of
+    /// [`Qwen2::embed`] with other features placed among it, such as an audio clip's. Every
+    /// position stays causal.
+    pub fn forward_embedded(
+        &self,
+        embedded: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let expected = [batch.tokens.dim(0)?, batch.tokens.dim(1)?, self.hidden_size];
+        if embedded.shape() != expected {
+            return Err(Error::InvalidInput(format!(
+                "input embeddings of shape {:?} for a batch needing {expected:?}",
+                embedded.shape()
+            )));
+        }
+        self.decode(embedded, batch, caches, self.layers.len())
+    }
+
+    /// The first `layers` decoder layers and the final norm over input embeddings `h`.
+    fn decode(
+        &self,
+        mut h: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let projected = layer.self_attn.project(&x, positions.rope())?;
+            let logical = match layer.sliding_window {
+                Some(window) => LogicalMask::SlidingWindow(window),
+                None => LogicalMask::Causal,
+            };
+            let attended = attend_cached(
+                &layer.self_attn,
+                &projected,
+                caches,
+                i,
+                &batch.positions,
+                logical,
+            )?;
+            h = h.add(&attended)?;
+            let ff = layer
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
+            h = h.add(&ff)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
         })
     }
 }
@@ -262,35 +343,8 @@ impl Model for Qwen2 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
-        let positions = BatchPositions::new(batch)?;
-        let mut h = self.embed_tokens.forward(&batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let logical = match layer.sliding_window {
-                Some(window) => LogicalMask::SlidingWindow(window),
-                None => LogicalMask::Causal,
-            };
-            let attended = attend_cached(
-                &layer.self_attn,
-                &projected,
-                caches,
-                i,
-                &batch.positions,
-                logical,
-            )?;
-            h = h.add(&attended)?;
-            let ff = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
-            h = h.add(&ff)?;
-        }
-        Ok(Forward {
-            hidden: self.norm.forward(&h)?,
-            conditioning: None,
-        })
+        let embedded = self.embed(&batch.tokens)?;
+        self.decode(embedded, batch, caches, layers)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
