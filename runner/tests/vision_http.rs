@@ -303,7 +303,10 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
     let prompt_one = count(&one, "prompt_eval_count") + count(&one, "prompt_cached_count");
     assert_eq!(prompt_one, ids(&one_turn_prompt(question)).len(), "{one}");
     assert_eq!(count(&one, "images_encoded"), 1, "{one}");
-    assert_eq!(count(&one, "prompt_cached_count"), 0, "{one}");
+    // Other tests on this server may have left the text before the image cached, never
+    // anything past it: the image is new.
+    let image_start = ids("<bos><start_of_turn>user\n\n\n<start_of_image>").len();
+    assert!(count(&one, "prompt_cached_count") <= image_start, "{one}");
     eprintln!(
         "turn 1: prompt {prompt_one}, evaluated {}, encoded {}, reply {reply:?}",
         count(&one, "prompt_eval_count"),
@@ -338,7 +341,6 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
 
     // The same words about another image: encoded, and evaluated from the image on.
     let (_, other) = chat(&[user(question, &[&b])], 6);
-    let image_start = ids("<bos><start_of_turn>user\n\n\n<start_of_image>").len();
     eprintln!(
         "another image: prompt {prompt_one}, evaluated {}, cached {}, encoded {}",
         count(&other, "prompt_eval_count"),
