@@ -1286,7 +1286,43 @@ def gemma3_vision_config() -> transformers.Gemma3Config:
     return config
 
 
-VISION_FIXTURES = {"gemma3_vision": gemma3_vision_config}
+# The image token of the llava fixture: the last id of its 512-entry vocabulary (LLaVA 1.5's is
+# 32000, the first id past Llama 2's vocabulary).
+LLAVA_IMAGE = 511
+
+
+def llava_config() -> transformers.LlavaConfig:
+    # LLaVA 1.5's layout, shrunk: a CLIP tower of 3 layers over 56×56 images in 14×14 patches
+    # (a 4×4 grid and the class token), features taken after its second layer (-2) without the
+    # class token, a 2-layer GELU projector to the llama fixture's decoder (untied head). The
+    # tower's quick_gelu and LayerNorm epsilon are left to their defaults, as llava-hf's configs
+    # leave them; a head width of 16 (2 heads of a 32-wide tower) catches a reader that takes
+    # the text model's.
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=56,
+        patch_size=14,
+        projection_dim=16,
+    )
+    config = transformers.LlavaConfig(
+        text_config=llama_config(tied=False),
+        vision_config=vision,
+        image_token_index=LLAVA_IMAGE,
+        image_seq_length=16,
+        projector_hidden_act="gelu",
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=False,
+    )
+    config.bos_token_id = 1
+    config.eos_token_id = 2
+    return config
+
+
+VISION_FIXTURES = {"gemma3_vision": gemma3_vision_config, "llava": llava_config}
 
 
 # Special ids of the qwen2_5_vl fixture, inside its 512-entry vocabulary (the real ones are
@@ -1569,6 +1605,127 @@ def vision_prefill_then_decode(model, pixels, ids: list[int], types: list[int]) 
     return torch.stack(rows)
 
 
+def llava_image_prompt(images: int, tokens_per_image: int) -> list[int]:
+    """BOS, then text and images in turn, ending in text: LLaVA's processor turns each `<image>`
+    into `tokens_per_image` image tokens and nothing else."""
+    text = [t for t in PROMPT_TAIL if t != LLAVA_IMAGE]
+    runs = [text[i * 6 : (i + 1) * 6] for i in range(images + 1)]
+    ids = [1] + runs[0]
+    for run in runs[1:]:
+        ids += [LLAVA_IMAGE] * tokens_per_image + run
+    return ids
+
+
+def llava_outputs(model, pixels: torch.Tensor, ids: list[int], text: list[int]) -> dict:
+    """Every stage of a LLaVA on the fixture's inputs: the tower's hidden states after each
+    layer (0 = the embeddings after the pre-LayerNorm, class token first), the projected image
+    features, the logits with the images and the text-only prompt's logits."""
+    inner = model.model
+    with torch.no_grad():
+        tower = inner.vision_tower(pixel_values=pixels, output_hidden_states=True)
+        hidden_states = torch.stack(tower.hidden_states)
+        features = inner.get_image_features(pixel_values=pixels).pooler_output
+        logits = model(input_ids=torch.tensor([ids]), pixel_values=pixels).logits[0]
+        text_logits = model(input_ids=torch.tensor([text])).logits[0]
+    return {
+        "vision_hidden_states": hidden_states,
+        "image_features": torch.stack(list(features)),
+        "logits": logits,
+        "text_logits": text_logits,
+    }
+
+
+def build_llava(name: str) -> dict:
+    """The llava fixture: weights, both config spellings, and `logits.safetensors` with
+    `vision_hidden_states` [layers + 1, images, 1 + patches, vision hidden], `image_features`
+    [images, tokens, text hidden], `logits` [seq, vocab] for the image prompt, `text_logits`
+    for the text-only prompt and the `pixel_values` they came from."""
+    for seed in range(SEED, SEED + MAX_SEED_TRIES):
+        torch.manual_seed(seed)
+        config = llava_config()
+        config._attn_implementation = "eager"
+        model = transformers.LlavaForConditionalGeneration(config).to(torch.float32).eval()
+        randomize_weights(model, norm_offset=False)
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                # LayerNorm biases: centred on 0 like other biases, not around 1 like weights.
+                if "norm" in key and key.endswith(".bias"):
+                    param.normal_(0.0, 0.2)
+        vision = config.vision_config
+        pixels = torch.from_numpy(
+            np.random.RandomState(4321)
+            .uniform(-1.8, 2.1, size=(2, vision.num_channels, vision.image_size, vision.image_size))
+            .astype(np.float32)
+        )
+        ids = llava_image_prompt(2, config.image_seq_length)
+        text = [config.text_config.bos_token_id] + PROMPT_TAIL
+        outputs = llava_outputs(model, pixels, ids, text)
+        wide = copy.deepcopy(model).to(torch.float64)
+        exact = llava_outputs(wide, pixels.double(), ids, text)
+        rounding = {k: float((outputs[k].double() - exact[k]).abs().max()) for k in outputs}
+        if max(rounding.values()) <= MAX_REFERENCE_ROUNDING:
+            break
+        print(f"{name}: seed {seed} rejected, f32 rounding moves the reference by {rounding}")
+    else:
+        raise SystemExit(f"{name}: no seed in {MAX_SEED_TRIES} tries gives a well-conditioned reference")
+    # The hidden states are what the tower's layers compute: the last one is its output.
+    states = outputs["vision_hidden_states"]
+    last = model.model.vision_tower(pixel_values=pixels).last_hidden_state
+    if not torch.equal(states[-1], last):
+        raise SystemExit(f"{name}: the last hidden state is not the tower's output")
+    # transformers' own generation path: the prompt through its last image, then each token
+    # over the cache.
+    split = max(i for i, t in enumerate(ids) if t == LLAVA_IMAGE) + 1
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids[:split]]), pixel_values=pixels, use_cache=True)
+        rows, past = list(out.logits[0]), out.cache
+        for position in range(split, len(ids)):
+            out = model(input_ids=torch.tensor([[ids[position]]]), cache=past, use_cache=True)
+            past = out.cache
+            rows.append(out.logits[0, -1])
+    decode_diff = float((torch.stack(rows) - outputs["logits"]).abs().max())
+    if decode_diff > 1e-4:
+        raise SystemExit(f"{name}: prefill and decode differ from the full pass by {decode_diff}")
+
+    out = FIXTURES_DIR / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    saved_config = json.loads((out / "config.json").read_text())
+    old = dict(saved_config)
+    old["text_config"] = transformers4_config(saved_config["text_config"])
+    old["transformers_version"] = "4.57.1"
+    (out / "config.transformers4.json").write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+    saved = {k: v.to(torch.float32).contiguous() for k, v in outputs.items()}
+    saved["pixel_values"] = pixels.contiguous()
+    safetensors.torch.save_file(saved, out / "logits.safetensors")
+    logits = outputs["logits"]
+    golden = {
+        "fixture": name,
+        "architecture": saved_config.get("architectures", [None])[0],
+        "model_type": saved_config.get("model_type"),
+        "prompt_ids": ids,
+        "text_prompt_ids": text,
+        "logits_file": "logits.safetensors",
+        "tensors": {k: list(v.shape) for k, v in saved.items()},
+        "dtype": "float32",
+        "seed": seed,
+        "attn_implementation": "eager",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "max_abs_logit": float(logits.abs().max()),
+        "mean_max_softmax_prob": float(torch.softmax(logits, dim=-1).max(dim=-1).values.mean()),
+        "argmax_ids": [int(i) for i in logits.argmax(dim=-1)],
+        "max_abs_vision_hidden": float(states.abs().max()),
+        "max_abs_image_feature": float(outputs["image_features"].abs().max()),
+        "decode_vs_full_max_abs_diff": decode_diff,
+        "f32_vs_f64_max_abs_diff": rounding,
+    }
+    (out / "golden.json").write_text(compact_json(golden))
+    return golden
+
+
 def build_vision(name: str) -> dict:
     """A multimodal fixture: weights, both config spellings, and `logits.safetensors` with
     `vision_hidden` [images, patches, vision hidden], `image_features` [images, tokens, text
@@ -1576,6 +1733,8 @@ def build_vision(name: str) -> dict:
     processor's token_type_ids ask) and `text_logits` for the text-only prompt."""
     if name == "qwen2_5_vl":
         return build_qwen2_5_vl(name)
+    if name == "llava":
+        return build_llava(name)
     for seed in range(SEED, SEED + MAX_SEED_TRIES):
         torch.manual_seed(seed)
         config = gemma3_vision_config()

@@ -28,14 +28,17 @@ What it writes under media/tests/fixtures/hf_preprocess/:
                             do_normalize off, everything else as configured), H x W x 3 u8.
     <name>.<case>.f32       the processor's `pixel_values` with its defaults, 3 x H x W,
                             little-endian f32 (only for the small cases).
-    gemma3_896.png          the one large case (Gemma 3's real 896 x 896) as a lossless PNG
-                            of the u8 pixels before rescale/normalise.
+    gemma3_896.png          the large cases (Gemma 3's real 896 x 896 on the JPEG, LLaVA 1.5's
+    llava_336.png           336 x 336 on the PNG, both enlarging) as lossless PNGs of the u8
+                            pixels before rescale/normalise.
     manifest.json           every case: image, processor class, backend, size, the config
                             that `preprocessor_config.json` would hold, shapes and files.
 
 <case> is `<processor>_<backend>`: processor `gemma3` (Gemma3ImageProcessor: bilinear resize
 straight to size x size, rescale 1/255, normalise 0.5/0.5) or `clip` (CLIPImageProcessor:
-bicubic resize of the shortest edge to size, centre crop size x size, CLIP mean/std); backend
+bicubic resize of the shortest edge to size, centre crop size x size, CLIP mean/std) or `llava`
+(LlavaImageProcessor without `do_pad`, as llava-hf configures it: CLIP's steps, checked at 336
+to give CLIPImageProcessor's pixels exactly, `same_as_clip` in the manifest); backend
 `torchvision` (the default AutoImageProcessor picks when torchvision is installed: a uint8
 tensor resized by torch's antialiased kernels) or `pil` (`*ImageProcessorPil`: PIL.Image.resize).
 
@@ -67,6 +70,8 @@ from transformers import (
     CLIPImageProcessorPil,
     Gemma3ImageProcessor,
     Gemma3ImageProcessorPil,
+    LlavaImageProcessor,
+    LlavaImageProcessorPil,
     Qwen2VLImageProcessor,
     Qwen2VLImageProcessorPil,
 )
@@ -77,6 +82,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO_ROOT / "media" / "tests" / "fixtures" / "hf_preprocess"
 SMALL = 64
 LARGE = 896
+LLAVA = 336
 
 # name, width, height, format; sizes chosen so that 64 * long / short is not an integer and
 # rounds differently from how it truncates (HF truncates the long side: 150x113 -> 84 not 85,
@@ -100,6 +106,16 @@ PROCESSORS = {
             "size": {"shortest_edge": size},
             "crop_size": {"height": size, "width": size},
         },
+    },
+    "llava": {
+        "torchvision": LlavaImageProcessor,
+        "pil": LlavaImageProcessorPil,
+        "kwargs": lambda size: {
+            "size": {"shortest_edge": size},
+            "crop_size": {"height": size, "width": size},
+        },
+        # Only at LLaVA's size, on one image: its 64-pixel cases would repeat CLIP's.
+        "small": False,
     },
 }
 
@@ -304,9 +320,16 @@ def main() -> None:
                 np.abs(dropped.astype(int) - decoded.astype(int)).max()
             ),
         })
-        cases = [(proc, backend, SMALL) for proc in PROCESSORS for backend in ("torchvision", "pil")]
+        cases = [
+            (proc, backend, SMALL)
+            for proc in PROCESSORS
+            if PROCESSORS[proc].get("small", True)
+            for backend in ("torchvision", "pil")
+        ]
         if name == "photo_jpeg":
             cases += [("gemma3", "torchvision", LARGE), ("gemma3", "pil", LARGE)]
+        if name == "rgba_png":
+            cases += [("llava", "torchvision", LLAVA), ("llava", "pil", LLAVA)]
         for proc, backend, size in cases:
             spec = PROCESSORS[proc]
             cls = spec[backend]
@@ -343,6 +366,12 @@ def main() -> None:
                 png = f"{case}.png"
                 PIL.Image.fromarray(hwc, "RGB").save(OUT_DIR / png, format="PNG", optimize=True)
                 entry["png"] = png
+            if proc == "llava":
+                clip = PROCESSORS["clip"][backend]
+                same = run_processor(clip, pil, size, spec["kwargs"], normalised=False)
+                entry["same_as_clip"] = bool(np.array_equal(same, u8))
+                if not entry["same_as_clip"]:
+                    raise SystemExit(f"{case}: LlavaImageProcessor and CLIPImageProcessor differ")
             manifest["cases"].append(entry)
         budgets = [("", QWEN2_VL)] + ([("_up", QWEN2_VL_UP)] if name == "photo_webp" else [])
         for suffix, budget in budgets:
@@ -355,7 +384,7 @@ def main() -> None:
                         (OUT_DIR / file).write_bytes(data)
                 manifest["qwen2_vl_cases"].append(entry)
         # The two backends side by side, for the report.
-        for proc in PROCESSORS:
+        for proc in (p for p in PROCESSORS if PROCESSORS[p].get("small", True)):
             a = [c for c in manifest["cases"] if c["image"] == name and c["processor"] == proc]
             tv = next(c for c in a if c["backend"] == "torchvision" and c["size"] == SMALL)
             pl = next(c for c in a if c["backend"] == "pil" and c["size"] == SMALL)

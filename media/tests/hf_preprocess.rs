@@ -2,7 +2,7 @@
 //! encoded images: the fixtures under `tests/fixtures/hf_preprocess/` come from
 //! `scripts/make_image_fixtures.py` (an RGBA PNG, a 4:2:0 JPEG and a lossy WebP, each through
 //! `Gemma3ImageProcessor` and `CLIPImageProcessor` on both backends, torchvision — transformers'
-//! default — and PIL).
+//! default — and PIL; and `LlavaImageProcessor` at LLaVA 1.5's 336 on the PNG).
 //!
 //! Differences are reported in grey levels: |Δ| × std × 255, the size of the difference in the
 //! `u8` pixels the processor normalized. Three stages are held apart, so that a difference is
@@ -63,7 +63,8 @@ fn config(case: &Value) -> ImageProcessorConfig {
     let size = num(case, "size");
     let base = match text(case, "processor") {
         "gemma3" => ImageProcessorConfig::siglip(size),
-        "clip" => ImageProcessorConfig::clip(size),
+        // LLaVA's processor, as llava-hf configures it (no padding to a square), is CLIP's.
+        "clip" | "llava" => ImageProcessorConfig::clip(size),
         other => panic!("unknown processor {other}"),
     };
     let backend = match text(case, "backend") {
@@ -146,8 +147,8 @@ fn decoding_matches_pillow() {
 /// The largest decoder difference measured on the JPEG fixture (see `decoding_matches_pillow`).
 const DECODE_MAX_GREY: u8 = 4;
 
-/// Stage 2: resize and crop from the same pixels are bit-exact, on both backends and both
-/// processors, including Gemma 3's real 896 x 896.
+/// Stage 2: resize and crop from the same pixels are bit-exact, on both backends and every
+/// processor, including Gemma 3's real 896 x 896 and LLaVA 1.5's 336 x 336 (both enlarging).
 #[test]
 fn resize_and_crop_match_hf_exactly() {
     let manifest = manifest();

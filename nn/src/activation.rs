@@ -17,6 +17,8 @@ pub enum Activation {
     GeluTanh,
     /// Exact GELU.
     Gelu,
+    /// `x · sigmoid(1.702 x)`, the sigmoid approximation of GELU CLIP was trained with.
+    QuickGelu,
     /// `max(x, 0)²` (Nemotron-H's ungated MLPs and experts).
     Relu2,
     /// gpt-oss's clamped SwiGLU: `(clip(up, ±limit) + 1) · g · sigmoid(alpha · g)` with
@@ -36,6 +38,7 @@ impl Activation {
             "silu" | "swish" => Activation::Silu,
             "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast" => Activation::GeluTanh,
             "gelu" => Activation::Gelu,
+            "quick_gelu" => Activation::QuickGelu,
             "relu2" => Activation::Relu2,
             other => return Err(Error::Config(format!("unsupported activation `{other}`"))),
         })
@@ -47,6 +50,7 @@ impl Activation {
             Activation::Silu => x.silu(),
             Activation::GeluTanh => x.gelu_tanh(),
             Activation::Gelu => x.gelu(),
+            Activation::QuickGelu => x.multiply(&x.multiply(1.702)?.sigmoid()?),
             Activation::Relu2 => x.maximum(0.0)?.square(),
             // Only ever applied gated, below.
             Activation::ClampedSwiglu { .. } => Ok(x.clone()),
@@ -64,7 +68,10 @@ impl Activation {
         let kernel = match self {
             Activation::Silu => Some(Gate::Silu),
             Activation::GeluTanh => Some(Gate::GeluTanh),
-            Activation::Gelu | Activation::Relu2 | Activation::ClampedSwiglu { .. } => None,
+            Activation::Gelu
+            | Activation::QuickGelu
+            | Activation::Relu2
+            | Activation::ClampedSwiglu { .. } => None,
         };
         if let Some(kind) = kernel
             && let Some(out) = mlx::fast::gated_activation(kind, gate, up)?
@@ -73,14 +80,22 @@ impl Activation {
         }
         thread_local! {
             // MLX graphs and compiled functions belong to the thread that built them.
-            static COMPILED: [OnceCell<Option<Compiled>>; 4] =
-                const { [OnceCell::new(), OnceCell::new(), OnceCell::new(), OnceCell::new()] };
+            static COMPILED: [OnceCell<Option<Compiled>>; 5] = const {
+                [
+                    OnceCell::new(),
+                    OnceCell::new(),
+                    OnceCell::new(),
+                    OnceCell::new(),
+                    OnceCell::new(),
+                ]
+            };
         }
         let index = match self {
             Activation::Silu => 0,
             Activation::GeluTanh => 1,
             Activation::Gelu | Activation::ClampedSwiglu { .. } => 2,
             Activation::Relu2 => 3,
+            Activation::QuickGelu => 4,
         };
         let inputs = [gate.clone(), up.clone()];
         let fused = COMPILED.with(|cells| {

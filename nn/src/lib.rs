@@ -64,7 +64,8 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use model::{
-    Batch, Forward, ImageGrid, ImageInput, LayerState, Model, ModelSpec, PatchInput, Vision,
+    Batch, Forward, ImageGrid, ImageInput, ImagePreprocessing, InputEmbeddings, LayerState, Model,
+    ModelSpec, PatchInput, Vision,
 };
 pub use registry::build_model;
 pub use weights::Weights;

@@ -223,6 +223,43 @@ pub struct ImageInput {
     pub start_token: Option<u32>,
     /// The token closing them, when the model has one.
     pub end_token: Option<u32>,
+    /// How its image processor prepares the pixels.
+    pub preprocessing: ImagePreprocessing,
+}
+
+/// The image processor a model's encoder was trained behind, named by what it does, so a
+/// runner can reproduce its pixels (with `media`'s processors of the same names). A family
+/// whose processor does something else adds a variant here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImagePreprocessing {
+    /// SigLIP's (and Gemma 3's): bilinear, stretched to `image_size` square, mean and std 0.5.
+    Siglip,
+    /// CLIP's (and LLaVA's): bicubic to `image_size` on the shortest edge, the centre
+    /// `image_size` square cut out, CLIP's mean and std.
+    Clip,
+    /// Qwen2-VL's dynamic-resolution processor (Qwen2.5-VL's too): any size, resized within a
+    /// pixel budget to multiples of a merged block's side (bicubic), CLIP's mean and std, cut
+    /// into flattened patches; sizes from [`Vision::patch_input`], the budget from the
+    /// checkpoint's `preprocessor_config.json`. `image_size` and `tokens_per_image` are 0: each
+    /// image's grid decides its tokens.
+    Patches,
+}
+
+/// A model that can run from input embeddings as well as from token ids, so some positions
+/// can take rows computed elsewhere (image features in place of image tokens).
+pub trait InputEmbeddings {
+    /// What its first layer takes for `tokens` (`[rows, tokens]`): `[rows, tokens, hidden]`.
+    fn embed(&self, tokens: &Array) -> Result<Array>;
+
+    /// Like [`Model::forward_rows`], with `embedded` (`[rows, tokens, hidden]`, from
+    /// [`InputEmbeddings::embed`] with some rows replaced) as the first layer's input instead
+    /// of the embeddings of `batch.tokens`, whose shape and positions still apply.
+    fn forward_rows_embedded(
+        &self,
+        embedded: &Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward>;
 }
 
 /// An image's size as a dynamic-resolution encoder takes it (transformers' `image_grid_thw`):
@@ -286,8 +323,8 @@ pub trait Vision {
 
     /// Like [`Model::forward_rows`], with `features` (`[images, tokens_per_image, hidden]`,
     /// from [`Vision::encode_images`]) in place of the image tokens' embeddings, images in the
-    /// order their tokens appear, row by row. Each image's tokens attend to each other both
-    /// ways, so an image must lie wholly inside one forward. Fails when the batch's image
+    /// order their tokens appear, row by row. An image's tokens may attend to each other both
+    /// ways (Gemma 3's do, LLaVA's are causal), so an image must lie wholly inside one forward. Fails when the batch's image
     /// tokens and the features' rows differ in number.
     fn forward_rows_with_images(
         &self,
@@ -391,6 +428,12 @@ pub trait Model {
 
     /// Its image side, when it reads images; `None` (the default) for a text model.
     fn vision(&self) -> Option<&dyn Vision> {
+        None
+    }
+
+    /// Its forward from input embeddings, when its architecture offers one; `None` (the
+    /// default) otherwise.
+    fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
         None
     }
 }

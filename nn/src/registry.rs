@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::arch::{
     deepseek_v3, gemma2, gemma3, gemma3_multimodal, gemma4, gpt_oss, granitemoehybrid, lfm2, llama,
-    llama4, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_moe,
+    llama4, llava, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen3, qwen3_5, qwen3_moe,
 };
 use crate::config::{Fields, missing};
 use crate::model::{ImageInput, Model, ModelSpec};
@@ -256,6 +256,17 @@ const ARCHITECTURES: &[Architecture] = &[
             )?))
         },
     },
+    Architecture {
+        names: &["llava", "LlavaForConditionalGeneration"],
+        // What the engine needs to know is the text model's.
+        describe: |config| describe(&llava::Config::from_json(config)?.text_config),
+        build: |config, weights| {
+            Ok(Box::new(llava::Llava::new(
+                llava::Config::from_json(config)?,
+                weights,
+            )?))
+        },
+    },
 ];
 
 /// Whether an architecture is registered under `name`.
@@ -283,6 +294,11 @@ pub fn model_type(config: &Value) -> Result<String> {
 }
 
 fn architecture_of(config: &Value) -> Result<&'static Architecture> {
+    // A family built around another's text model (LLaVA) names itself at the top level and
+    // that model in `text_config`; where both are registered the top level decides.
+    if let Some(wrapper) = (Fields { object: config }).str("model_type").and_then(find) {
+        return Ok(wrapper);
+    }
     let name = model_type(config)?;
     find(&name).ok_or(Error::UnsupportedArchitecture(name))
 }
@@ -311,6 +327,9 @@ pub fn image_input(config: &Value) -> Result<Option<ImageInput>> {
     if architecture.names.contains(&"gemma3") {
         return Ok(gemma3_vision(config)?.map(|c| c.image_input()));
     }
+    if architecture.names.contains(&"llava") {
+        return Ok(Some(llava::Config::from_json(config)?.image_input()));
+    }
     Ok(None)
 }
 
@@ -322,6 +341,12 @@ pub fn default_dtype() -> Result<Dtype> {
     } else {
         Dtype::F32
     })
+}
+
+/// The text model a multimodal family wraps, from its text config as a text checkpoint of
+/// that family would have it, weights not yet evaluated (the whole model's are, once built).
+pub(crate) fn build_text_model(config: &Value, weights: &mut Weights) -> Result<Box<dyn Model>> {
+    (architecture_of(config)?.build)(config, weights)
 }
 
 /// Builds the model `config` (a checkpoint's `config.json`) describes from `weights`,

@@ -112,6 +112,41 @@ impl Weights {
         count
     }
 
+    /// Renames every tensor under `from` to lie under `to` instead (its taken mark and packed
+    /// form with it), for a family that builds another family's model from a part of its
+    /// checkpoint (LLaVA's `language_model.model.…` read as a text checkpoint's `model.…`).
+    /// Returns how many were renamed; a new name already held by another tensor is an error
+    /// naming it.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) -> Result<usize> {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(from))
+            .cloned()
+            .collect();
+        for name in &names {
+            let renamed = format!("{to}{}", &name[from.len()..]);
+            if self.tensors.contains_key(&renamed) {
+                return Err(Error::Weights(format!(
+                    "`{name}` would be read as `{renamed}`, which the checkpoint also holds"
+                )));
+            }
+        }
+        for name in &names {
+            let renamed = format!("{to}{}", &name[from.len()..]);
+            if let Some(tensor) = self.tensors.remove(name) {
+                self.tensors.insert(renamed.clone(), tensor);
+            }
+            if self.taken.remove(name) {
+                self.taken.insert(renamed.clone());
+            }
+            if let Some(form) = self.packed_forms.remove(name) {
+                self.packed_forms.insert(renamed, form);
+            }
+        }
+        Ok(names.len())
+    }
+
     /// Names of tensors never taken.
     pub fn unused(&self) -> Vec<&str> {
         self.tensors
@@ -255,6 +290,39 @@ pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renamed_prefix_moves_names_and_marks_and_refuses_collisions() {
+        let one = || Tensor::Dense(Array::from_slice(&[1f32], &[1]).unwrap());
+        let mut weights = Weights::new(
+            [
+                ("language_model.model.norm.weight".to_string(), one()),
+                ("language_model.model.embed.weight".to_string(), one()),
+                ("vision.weight".to_string(), one()),
+            ],
+            Dtype::F32,
+        );
+        weights.weight("language_model.model.norm.weight").unwrap();
+        assert_eq!(
+            weights
+                .rename_prefix("language_model.model.", "model.")
+                .unwrap(),
+            2
+        );
+        assert!(weights.contains("model.embed.weight"));
+        assert!(!weights.contains("language_model.model.embed.weight"));
+        // The tensor taken before the rename stays taken under its new name.
+        assert_eq!(weights.unused(), ["model.embed.weight", "vision.weight"]);
+        assert_eq!(weights.rename_prefix("absent.", "model.").unwrap(), 0);
+        let error = weights
+            .rename_prefix("vision.", "model.embed.")
+            .unwrap_err();
+        assert!(error.to_string().contains("model.embed.weight"), "{error}");
+        assert!(
+            weights.contains("vision.weight"),
+            "nothing moved on a collision"
+        );
+    }
 
     #[test]
     fn quantized_weights_with_f16_scales_dequantize_in_the_compute_dtype() {

@@ -1,7 +1,8 @@
 //! Gemma 3 with images against transformers on a tiny random `Gemma3ForConditionalGeneration`
 //! (`scripts/make_fixtures.py gemma3_vision`): the SigLIP tower's patch features, the
 //! projector's image tokens and the logits of a prompt holding two images, each stage alone;
-//! and the same checkpoint loaded as a text model.
+//! and the same checkpoint loaded as a text model. LLaVA likewise (module `llava`, its own
+//! fixture).
 //!
 //! Tolerance: 1e-4 absolute in f32, as in `parity.rs`. The references were checked against an
 //! f64 copy of the same weights when the fixture was drawn (`f32_vs_f64_max_abs_diff` in
@@ -318,6 +319,338 @@ fn gemma3_vision_refuses_inputs_that_do_not_fit() {
     config["vision_config"]["num_hidden_layers"] = (1u64 << 40).into();
     let error = Config::from_json(&config).expect_err("2^40 layers");
     assert!(error.to_string().contains("num_hidden_layers"), "{error}");
+}
+
+/// LLaVA against transformers on a tiny random `LlavaForConditionalGeneration`
+/// (`scripts/make_fixtures.py llava`): a 3-layer CLIP tower over 56×56 images in 14×14
+/// patches, features after its second layer without the class token (16 per image), a GELU
+/// projector, the llama fixture's decoder; a prompt holding two images.
+///
+/// Tolerance: 1e-4 absolute in f32, as above. The f64 copy of the same weights moved the
+/// references by at most 2.3e-5 on the logits (which reach 19), 4.0e-6 on the tower's hidden
+/// states and 2.1e-6 on the image features (`f32_vs_f64_max_abs_diff` in golden.json).
+mod llava {
+    use std::path::{Path, PathBuf};
+
+    use kvcache::LayerCache;
+    use mlx::{Array, Dtype};
+    use nn::arch::llava::{Config, FeatureSelect, Llava};
+    use nn::vision::clip::{self, VisionModel};
+    use nn::{Batch, ImagePreprocessing, Weights, build_model, registry};
+    use quant::{SafetensorsFile, Tensor};
+
+    use super::{compare, ids, rows};
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llava")
+    }
+
+    fn json(file: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(fixture().join(file)).unwrap()).unwrap()
+    }
+
+    fn reference(name: &str) -> Array {
+        SafetensorsFile::open(&fixture().join("logits.safetensors"))
+            .unwrap()
+            .load(name)
+            .unwrap()
+    }
+
+    /// How a LLaVA checkpoint names its tensors.
+    #[derive(Debug, Clone, Copy)]
+    enum Layout {
+        /// As transformers 5.24 saved the fixture: `language_model.model.…`,
+        /// `language_model.lm_head`, `vision_tower.…`, `multi_modal_projector.…`.
+        Saved,
+        /// As llava-hf publishes LLaVA 1.5: the tower under `vision_tower.vision_model.…`.
+        Published,
+        /// transformers 5's module names: `model.language_model.…`, `model.vision_tower.…`,
+        /// `model.multi_modal_projector.…`, `lm_head`.
+        Modules,
+        /// As mlx-vlm converts llava-hf's: those names, the patch kernel channels-last.
+        Mlx,
+    }
+
+    fn weights(layout: Layout) -> Weights {
+        let file = SafetensorsFile::open(&fixture().join("model.safetensors")).unwrap();
+        let renames: &[(&str, &str)] = match layout {
+            Layout::Saved => &[],
+            Layout::Published | Layout::Mlx => &[("vision_tower.", "vision_tower.vision_model.")],
+            Layout::Modules => &[
+                ("language_model.model.", "model.language_model."),
+                ("language_model.lm_head.", "lm_head."),
+                ("vision_tower.", "model.vision_tower."),
+                ("multi_modal_projector.", "model.multi_modal_projector."),
+            ],
+        };
+        let rename = |name: &str| -> String {
+            for (from, to) in renames {
+                if let Some(rest) = name.strip_prefix(from) {
+                    return format!("{to}{rest}");
+                }
+            }
+            name.to_string()
+        };
+        let tensors = file
+            .entries()
+            .keys()
+            .map(|name| {
+                let mut array = file.load(name).unwrap();
+                if matches!(layout, Layout::Mlx) && name.ends_with("patch_embedding.weight") {
+                    array = array.transpose(&[0, 2, 3, 1]).unwrap();
+                }
+                (rename(name), Tensor::Dense(array))
+            })
+            .collect::<Vec<_>>();
+        Weights::new(tensors, Dtype::F32)
+    }
+
+    fn load(config_file: &str, layout: Layout) -> Llava {
+        let config = Config::from_json(&json(config_file)).unwrap();
+        let mut weights = weights(layout);
+        let model = Llava::new(config, &mut weights).unwrap();
+        assert_eq!(
+            weights.unused(),
+            Vec::<&str>::new(),
+            "weights the model never used"
+        );
+        mlx::eval(&model.parameters()).unwrap();
+        model
+    }
+
+    fn logits_with_images(
+        model: &Llava,
+        caches: &mut [Option<LayerCache>],
+        ids: &[u32],
+        position: usize,
+        features: Option<&Array>,
+    ) -> Array {
+        let batch = Batch::single(ids, position).unwrap();
+        let forward = model
+            .forward_with_images(&batch, features, &mut [caches])
+            .unwrap();
+        let logits = model.language_model().unembed(&forward.hidden).unwrap();
+        logits.reshape(&[ids.len() as i32, -1]).unwrap()
+    }
+
+    fn check(config_file: &str, layout: Layout) {
+        let what = format!("llava {config_file}, {layout:?} names");
+        let model = load(config_file, layout);
+        let golden = json("golden.json");
+        let prompt = ids(&golden, "prompt_ids");
+        let pixels = reference("pixel_values");
+        assert_eq!(
+            model.vision_tower().depth(),
+            2,
+            "the third layer is never read"
+        );
+
+        let states = model.vision_tower().hidden_states(&pixels).unwrap();
+        let expected_states = reference("vision_hidden_states");
+        for (i, state) in states.iter().enumerate() {
+            compare(
+                state,
+                &rows(&expected_states, i, i + 1).squeeze(&[0]).unwrap(),
+                &format!("{what}: vision tower hidden state {i}"),
+            );
+        }
+        let features = model.encode_images(&pixels).unwrap();
+        compare(
+            &features,
+            &reference("image_features"),
+            &format!("{what}: projected image features"),
+        );
+
+        let expected = reference("logits");
+        let mut caches = model.language_model().new_caches().unwrap();
+        let all = logits_with_images(&model, &mut caches, &prompt, 0, Some(&features));
+        compare(
+            &all,
+            &expected,
+            &format!("{what}: logits, one-shot prefill"),
+        );
+
+        // One image per chunk, then the text after the last image token by token.
+        let image = model.config().image_token_index;
+        let ends: Vec<usize> = (1..prompt.len())
+            .filter(|&i| prompt[i - 1] == image && prompt[i] != image)
+            .collect();
+        let mut caches = model.language_model().new_caches().unwrap();
+        let mut start = 0;
+        for (k, &end) in ends.iter().enumerate() {
+            let logits = logits_with_images(
+                &model,
+                &mut caches,
+                &prompt[start..end],
+                start,
+                Some(&rows(&features, k, k + 1)),
+            );
+            compare(
+                &logits,
+                &rows(&expected, start, end),
+                &format!("{what}: logits, chunk {start}..{end} with image {k}"),
+            );
+            start = end;
+        }
+        for position in start..prompt.len() {
+            let logits = logits_with_images(
+                &model,
+                &mut caches,
+                &prompt[position..position + 1],
+                position,
+                None,
+            );
+            compare(
+                &logits,
+                &rows(&expected, position, position + 1),
+                &format!("{what}: logits, decode at {position}"),
+            );
+        }
+    }
+
+    #[test]
+    fn llava_matches_transformers() {
+        check("config.json", Layout::Saved);
+        check("config.transformers4.json", Layout::Published);
+        check("config.json", Layout::Modules);
+        check("config.json", Layout::Mlx);
+    }
+
+    /// Every hidden state of the tower, the last layer's too (which LLaVA never reads), and
+    /// with the class token: what "full" and other feature layers would take.
+    #[test]
+    fn clip_tower_matches_transformers_at_every_layer() {
+        let config = clip::Config::from_json(&json("config.json")["vision_config"]).unwrap();
+        assert_eq!(config.hidden_act, "quick_gelu");
+        let mut weights = weights(Layout::Saved);
+        let tower = VisionModel::new(config, &mut weights, "vision_tower", 3).unwrap();
+        let states = tower.hidden_states(&reference("pixel_values")).unwrap();
+        let expected = reference("vision_hidden_states");
+        assert_eq!(states.len(), 4);
+        for (i, state) in states.iter().enumerate() {
+            compare(
+                state,
+                &rows(&expected, i, i + 1).squeeze(&[0]).unwrap(),
+                &format!("clip tower hidden state {i}"),
+            );
+        }
+    }
+
+    #[test]
+    fn llava_checkpoint_loads_through_the_registry() {
+        let config = json("config.json");
+        let input = registry::image_input(&config).unwrap().unwrap();
+        assert_eq!(
+            (input.image_size, input.tokens_per_image, input.image_token),
+            (56, 16, 511)
+        );
+        assert_eq!((input.start_token, input.end_token), (None, None));
+        assert_eq!(input.preprocessing, ImagePreprocessing::Clip);
+        let spec = registry::describe(&config).unwrap();
+        assert_eq!((spec.model_type.as_str(), spec.vocab_size), ("llama", 512));
+
+        // Built by the registry, its text side is the text model's own: the text prompt's
+        // logits match transformers' without images.
+        let golden = json("golden.json");
+        let prompt = ids(&golden, "text_prompt_ids");
+        let mut weights = weights(Layout::Saved);
+        let model = build_model(&config, &mut weights).unwrap();
+        assert_eq!(weights.unused(), Vec::<&str>::new());
+        let vision = model.vision().expect("a LLaVA reads images");
+        assert_eq!(vision.image_input(), input);
+        let mut caches = model.new_caches().unwrap();
+        let forward = model
+            .forward(&Batch::single(&prompt, 0).unwrap(), &mut caches)
+            .unwrap();
+        let logits = model.unembed(&forward.hidden).unwrap();
+        compare(
+            &logits.reshape(&[prompt.len() as i32, -1]).unwrap(),
+            &reference("text_logits"),
+            "llava through the registry: text prompt",
+        );
+        // And with images, through the Vision side.
+        let prompt = ids(&golden, "prompt_ids");
+        let features = vision.encode_images(&reference("pixel_values")).unwrap();
+        let mut caches = model.new_caches().unwrap();
+        let forward = vision
+            .forward_rows_with_images(
+                &Batch::single(&prompt, 0).unwrap(),
+                Some(&features),
+                &mut [&mut caches],
+            )
+            .unwrap();
+        let logits = model.unembed(&forward.hidden).unwrap();
+        compare(
+            &logits.reshape(&[prompt.len() as i32, -1]).unwrap(),
+            &reference("logits"),
+            "llava through the registry: image prompt",
+        );
+    }
+
+    #[test]
+    fn llava_config_spellings_and_refusals() {
+        let mut config = json("config.json");
+        config["vision_feature_select_strategy"] = "full".into();
+        let full = Config::from_json(&config).unwrap();
+        assert_eq!(full.vision_feature_select_strategy, FeatureSelect::Full);
+        assert_eq!(full.tokens_per_image(), 17);
+        let object = config.as_object_mut().unwrap();
+        for key in [
+            "vision_feature_select_strategy",
+            "vision_feature_layer",
+            "projector_hidden_act",
+            "multimodal_projector_bias",
+        ] {
+            object.remove(key);
+        }
+        object.insert("image_token_id".into(), 511.into());
+        object.remove("image_token_index");
+        let defaults = Config::from_json(&config).unwrap();
+        assert_eq!(defaults, Config::from_json(&json("config.json")).unwrap());
+
+        let mut config = json("config.json");
+        config["vision_feature_layer"] = serde_json::json!([-3, -1]);
+        assert_eq!(
+            Config::from_json(&config).unwrap().vision_feature_layer,
+            vec![1, 3]
+        );
+        for bad in [
+            serde_json::json!(-5),
+            serde_json::json!(4),
+            serde_json::json!([]),
+        ] {
+            config["vision_feature_layer"] = bad.clone();
+            let error = Config::from_json(&config).expect_err("a layer the tower lacks");
+            assert!(
+                error.to_string().contains("vision_feature_layer"),
+                "{bad}: {error}"
+            );
+        }
+        let mut config = json("config.json");
+        config["vision_feature_select_strategy"] = "pooled".into();
+        let error = Config::from_json(&config).expect_err("an unknown strategy");
+        assert!(error.to_string().contains("pooled"), "{error}");
+        let mut config = json("config.json");
+        config["vision_config"]["patch_size"] = 5.into();
+        let error = Config::from_json(&config).expect_err("patches of 5 in 56");
+        assert!(error.to_string().contains("patch_size"), "{error}");
+
+        let model = load("config.json", Layout::Saved);
+        let prompt = ids(&json("golden.json"), "prompt_ids");
+        let features = model.encode_images(&reference("pixel_values")).unwrap();
+        let mut caches = model.language_model().new_caches().unwrap();
+        let error = model
+            .forward_with_images(
+                &Batch::single(&prompt, 0).unwrap(),
+                Some(&rows(&features, 0, 1)),
+                &mut [&mut caches],
+            )
+            .expect_err("32 image tokens with features for 16");
+        assert!(error.to_string().contains("32 image tokens"), "{error}");
+        let small = Array::zeros(&[1, 3, 28, 28], Dtype::F32).unwrap();
+        let error = model.encode_images(&small).expect_err("a 28×28 image");
+        assert!(error.to_string().contains("[images, 3, 56, 56]"), "{error}");
+    }
 }
 
 /// Qwen2.5-VL against transformers on a tiny random `Qwen2_5_VLForConditionalGeneration`

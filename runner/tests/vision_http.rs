@@ -13,11 +13,9 @@
 
 mod support;
 
-use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use base64::Engine as _;
 use mlx::{Array, Dtype};
 use nn::Model;
 use nn::arch::gemma3_multimodal::{Config, Gemma3Multimodal};
@@ -26,7 +24,7 @@ use runner::engine::LoopConfig;
 use runner::model_name::ModelName;
 use runner::store::Store;
 use serde_json::{Value, json};
-use support::{Server, get, post, start_server_with};
+use support::{Server, base64, get, png, post, start_server_with};
 
 const MODEL: &str = "tiny-gemma3-vision:test";
 const TEXT_MODEL: &str = "tiny-gemma3-text:test";
@@ -100,75 +98,22 @@ fn import(store: &Store, model: &str, fixture_name: &str) {
     runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
 }
 
-/// A folder with the fixture's files and a tokenizer whose ids fit its 512-row vocabulary: one
-/// token per byte (GPT-2's byte-to-character table, no merges) from [`FIRST_BYTE`] on, and
-/// [`SPECIALS`], the ids between them filled with unused specials.
+/// Gemma's byte-level test vocabulary: [`SPECIALS`] and the bytes from [`FIRST_BYTE`], 512
+/// ids as the fixture's.
+const VOCABULARY: support::ByteVocabulary = support::ByteVocabulary {
+    first_byte: FIRST_BYTE,
+    specials: SPECIALS,
+    size: 512,
+};
+
+/// A folder with the fixture's files, Gemma's byte-level tokenizer and [`TEMPLATE`].
 fn tokenizer_folder(fixture_name: &str) -> tempfile::TempDir {
-    let source = fixture(fixture_name);
-    let folder = tempfile::tempdir().unwrap();
-    for file in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(source.join(file), folder.path().join(file)).unwrap();
-    }
-    // The specials below the bytes are in the model's vocabulary too, or the tokenizer would
-    // renumber them past it.
-    let vocab: serde_json::Map<String, Value> = support::byte_characters()
-        .into_iter()
-        .enumerate()
-        .map(|(byte, c)| (c.to_string(), json!(byte as u32 + FIRST_BYTE)))
-        .chain(
-            SPECIALS
-                .iter()
-                .filter(|&&(id, _)| id < FIRST_BYTE)
-                .map(|&(id, text)| (text.to_string(), json!(id))),
-        )
-        .collect();
-    let bytes = FIRST_BYTE..FIRST_BYTE + 256;
-    let added: Vec<Value> = (0..512)
-        .filter(|id| !bytes.contains(id))
-        .map(|id| match SPECIALS.iter().find(|&&(i, _)| i == id) {
-            Some(&(_, text)) => support::special_token(id, text),
-            None => support::special_token(id, &format!("<unused{id}>")),
-        })
-        .collect();
-    let tokenizer = support::byte_level_tokenizer(vocab, added);
-    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<bos>",
-        "eos_token": "<eos>",
-        "add_bos_token": false,
-        "chat_template": TEMPLATE,
-    });
-    std::fs::write(
-        folder.path().join("tokenizer_config.json"),
-        config.to_string(),
-    )
-    .unwrap();
-    folder
+    VOCABULARY.tokenizer_folder(&fixture(fixture_name), TEMPLATE, "<bos>", "<eos>")
 }
 
 /// The ids of `text` under the test's tokenizer: specials by name, every other byte alone.
 fn ids(text: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    'outer: while !rest.is_empty() {
-        for &(id, special) in SPECIALS {
-            if let Some(after) = rest.strip_prefix(special) {
-                out.push(id);
-                rest = after;
-                continue 'outer;
-            }
-        }
-        let c = rest.chars().next().unwrap();
-        let mut buf = [0u8; 4];
-        out.extend(
-            c.encode_utf8(&mut buf)
-                .bytes()
-                .map(|b| u32::from(b) + FIRST_BYTE),
-        );
-        rest = &rest[c.len_utf8()..];
-    }
-    out
+    VOCABULARY.ids(text)
 }
 
 /// Gemma 3's processor layout of one image.
@@ -177,28 +122,6 @@ fn image_layout() -> String {
         "\n\n<start_of_image>{}<end_of_image>\n\n",
         "<image_soft_token>".repeat(TOKENS_PER_IMAGE)
     )
-}
-
-/// A PNG of `width`×`height` whose colours follow `seed`.
-fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
-    let image = image::RgbImage::from_fn(width, height, |x, y| {
-        image::Rgb([
-            (x as u8).wrapping_mul(37).wrapping_add(seed),
-            (y as u8)
-                .wrapping_mul(59)
-                .wrapping_add(seed.wrapping_mul(3)),
-            ((x + y) as u8).wrapping_mul(11) ^ seed,
-        ])
-    });
-    let mut bytes = Vec::new();
-    image
-        .write_to(&mut Cursor::new(&mut bytes), image::ImageFormat::Png)
-        .unwrap();
-    bytes
-}
-
-fn base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// The image the direct computation and its HTTP twins use.

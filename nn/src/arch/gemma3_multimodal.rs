@@ -17,14 +17,15 @@
 //! Gemma Team, "Gemma 3 Technical Report" (2025).
 
 use kvcache::LayerCache;
-use mlx::{Array, Dtype};
+use mlx::Array;
 use serde_json::Value;
 
 use crate::arch::gemma3::{self, Gemma3};
 use crate::cached_attention::TokenBlocks;
 use crate::config::{Fields, dim, missing};
-use crate::model::{Batch, Forward, ImageInput, Model, ModelSpec, Vision};
+use crate::model::{Batch, Forward, ImageInput, ImagePreprocessing, Model, ModelSpec, Vision};
 use crate::rms_norm::RmsNorm;
+use crate::vision::placement::{ImageTokens, Placed, place_image_features};
 use crate::vision::siglip::{self, VisionModel};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -104,6 +105,7 @@ impl Config {
             image_token: self.image_token_index,
             start_token: self.boi_token_index,
             end_token: self.eoi_token_index,
+            preprocessing: ImagePreprocessing::Siglip,
         }
     }
 }
@@ -255,79 +257,19 @@ impl Gemma3Multimodal {
         image_features: Option<&Array>,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        let (rows, width) = (batch.row_count(), batch.width()?);
-        let ids = batch
-            .tokens
-            .astype(Dtype::I32)?
-            .to_vec::<i32>()?
-            .into_iter()
-            .map(|id| {
-                u32::try_from(id)
-                    .map_err(|_| Error::InvalidInput(format!("token id {id} is out of range")))
-            })
-            .collect::<Result<Vec<u32>>>()?;
+        let width = batch.width()?;
         let image = self.config.image_token_index;
-        let image_tokens = ids.iter().filter(|&&id| id == image).count();
-        let hidden = dim(self.config.text.hidden_size, "hidden_size")?;
-        let tokens = dim(self.config.mm_tokens_per_image, "mm_tokens_per_image")?;
-        let features = match image_features {
-            None => None,
-            Some(f) => {
-                let s = f.shape();
-                if s.len() != 3 || s[1] != tokens || s[2] != hidden {
-                    return Err(Error::InvalidInput(format!(
-                        "image features of shape {s:?}, expected [images, {tokens}, {hidden}]"
-                    )));
-                }
-                Some(f.reshape(&[-1, hidden])?)
-            }
-        };
-        let feature_rows = features.as_ref().map_or(Ok(0), |f| f.dim(0))? as usize;
-        if image_tokens != feature_rows {
-            return Err(Error::InvalidInput(format!(
-                "{image_tokens} image tokens in the batch for {feature_rows} rows of image \
-                 features"
-            )));
-        }
-        // An image id past the vocabulary is looked up as 0, as transformers does; its row is
-        // replaced below either way.
-        let vocab = self.config.text.vocab_size;
-        let lookup = if (image as usize) < vocab || image_tokens == 0 {
-            batch.tokens.clone()
-        } else {
-            let safe: Vec<i32> = ids
-                .iter()
-                .map(|&id| if id == image { 0 } else { id as i32 })
-                .collect();
-            Array::from_slice(&safe, &[rows as i32, width as i32])?
-        };
-        let mut embedded = self.language_model.embed(&lookup)?;
-        if let Some(features) = features {
-            // One gather over the text rows followed by the feature rows: each image token's
-            // position takes the next feature row, every other position its own embedding.
-            let positions = rows * width;
-            let mut next = positions;
-            let index = ids
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    let from = if id == image {
-                        next += 1;
-                        next - 1
-                    } else {
-                        i
-                    };
-                    i32::try_from(from).map_err(|_| {
-                        Error::InvalidInput(format!("{positions} positions are too many"))
-                    })
-                })
-                .collect::<Result<Vec<i32>>>()?;
-            let flat = embedded.reshape(&[-1, hidden])?;
-            let table = mlx::concatenate(&[flat.clone(), features.astype(flat.dtype())?], 0)?;
-            embedded = table
-                .take(&Array::from_slice(&index, &[index.len() as i32])?, 0)?
-                .reshape(&[rows as i32, width as i32, hidden])?;
-        }
+        let Placed { embedded, ids } = place_image_features(
+            batch,
+            &ImageTokens {
+                image_token: image,
+                vocab_size: self.config.text.vocab_size,
+                tokens_per_image: dim(self.config.mm_tokens_per_image, "mm_tokens_per_image")?,
+                hidden: dim(self.config.text.hidden_size, "hidden_size")?,
+            },
+            image_features,
+            |tokens| self.language_model.embed(tokens),
+        )?;
         let row_ids: Vec<Vec<u32>> = ids.chunks(width.max(1)).map(<[u32]>::to_vec).collect();
         let blocks = TokenBlocks::runs(&row_ids, |id| id == image);
         self.language_model

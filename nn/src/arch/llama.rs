@@ -13,7 +13,6 @@ use kvcache::{KvCache, LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
-use crate::Result;
 use crate::activation::Activation;
 use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{BatchPositions, attend_cached, check_cache_sets};
@@ -21,11 +20,12 @@ use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::model::{Batch, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth};
 use crate::registry::model_type;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
+use crate::{Error, Result};
 
 /// The hyperparameters of a Llama model.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,6 +141,8 @@ struct DecoderLayer {
 /// A Llama model.
 pub struct Llama {
     spec: ModelSpec,
+    /// `hidden_size`, the width of the input embeddings.
+    hidden: i32,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -187,6 +189,7 @@ impl Llama {
         )?;
         Ok(Llama {
             spec: config.spec(),
+            hidden,
             embed_tokens,
             layers,
             norm: final_norm,
@@ -245,10 +248,74 @@ impl Model for Llama {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
+        let embedded = self.embed_tokens.forward(&batch.tokens)?;
+        self.run_layers(embedded, batch, caches, layers)
+    }
+
+    fn unembed(&self, hidden: &Array) -> Result<Array> {
+        self.lm_head.forward(hidden)
+    }
+
+    fn parameters(&self) -> Vec<Array> {
+        let mut out = Vec::new();
+        self.embed_tokens.collect_arrays(&mut out);
+        for layer in &self.layers {
+            layer.input_layernorm.collect_arrays(&mut out);
+            layer.self_attn.collect_arrays(&mut out);
+            layer.post_attention_layernorm.collect_arrays(&mut out);
+            layer.mlp.collect_arrays(&mut out);
+        }
+        self.norm.collect_arrays(&mut out);
+        self.lm_head.collect_arrays(&mut out);
+        out
+    }
+
+    fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
+        Some(self)
+    }
+}
+
+/// LLaVA's text model: image features take the image tokens' places before the first layer.
+impl InputEmbeddings for Llama {
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    fn forward_rows_embedded(
+        &self,
+        embedded: &Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let (rows, width) = (batch.row_count(), batch.width()?);
+        let shape = embedded.shape();
+        let hidden = self.hidden;
+        if shape.len() != 3
+            || usize::try_from(shape[0]) != Ok(rows)
+            || usize::try_from(shape[1]) != Ok(width)
+            || shape[2] != hidden
+        {
+            return Err(Error::InvalidInput(format!(
+                "input embeddings of shape {shape:?} for a batch of {rows} rows of {width} \
+                 tokens, expected [{rows}, {width}, {hidden}]"
+            )));
+        }
+        self.run_layers(embedded.clone(), batch, caches, self.layers.len())
+    }
+}
+
+impl Llama {
+    /// The first `layers` layers and the final norm over `h`, the batch's input embeddings.
+    fn run_layers(
+        &self,
+        mut h: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
         check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
-        let mut h = self.embed_tokens.forward(&batch.tokens)?;
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.input_layernorm.forward(&h)?;
             let projected = layer.self_attn.project(&x, positions.rope())?;
@@ -270,23 +337,5 @@ impl Model for Llama {
             hidden: self.norm.forward(&h)?,
             conditioning: None,
         })
-    }
-
-    fn unembed(&self, hidden: &Array) -> Result<Array> {
-        self.lm_head.forward(hidden)
-    }
-
-    fn parameters(&self) -> Vec<Array> {
-        let mut out = Vec::new();
-        self.embed_tokens.collect_arrays(&mut out);
-        for layer in &self.layers {
-            layer.input_layernorm.collect_arrays(&mut out);
-            layer.self_attn.collect_arrays(&mut out);
-            layer.post_attention_layernorm.collect_arrays(&mut out);
-            layer.mlp.collect_arrays(&mut out);
-        }
-        self.norm.collect_arrays(&mut out);
-        self.lm_head.collect_arrays(&mut out);
-        out
     }
 }

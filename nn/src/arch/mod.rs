@@ -10,6 +10,7 @@ pub mod granitemoehybrid;
 pub mod lfm2;
 pub mod llama;
 pub mod llama4;
+pub mod llava;
 pub mod mistral;
 pub mod nemotron_h;
 pub mod olmo2;

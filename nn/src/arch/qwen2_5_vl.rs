@@ -51,7 +51,8 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{
-    Batch, Forward, ImageGrid, ImageInput, Model, ModelSpec, PatchInput, Vision, check_depth,
+    Batch, Forward, ImageGrid, ImageInput, ImagePreprocessing, Model, ModelSpec, PatchInput,
+    Vision, check_depth,
 };
 use crate::rms_norm::RmsNorm;
 use crate::rope::AxialRope;
@@ -610,6 +611,7 @@ impl Vision for Qwen25Vl {
             image_token: self.config.image_token_id,
             start_token: self.config.vision_start_token_id,
             end_token: self.config.vision_end_token_id,
+            preprocessing: ImagePreprocessing::Patches,
         }
     }
 

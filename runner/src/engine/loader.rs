@@ -102,7 +102,8 @@ pub struct ImagePrompt {
     /// The text an image's place in a rendered prompt becomes. With start and end tokens it is
     /// Gemma 3's processor layout, `\n\n<start_of_image>`, `tokens_per_image` image tokens,
     /// `<end_of_image>\n\n` (transformers 5.24's `Gemma3Processor.full_image_sequence`, which
-    /// replaces the `<start_of_image>` the chat template writes for an image).
+    /// replaces the `<start_of_image>` the chat template writes for an image); without them
+    /// it is the image tokens alone, as `LlavaProcessor` expands each `<image>`.
     pub expansion: String,
 }
 
@@ -131,9 +132,21 @@ impl ImagePrompt {
         }
         let size = u32::try_from(input.image_size)
             .map_err(|_| format!("images of {} pixels a side", input.image_size))?;
+        // The processor the model's encoder was trained behind, at its size.
+        let processor = match input.preprocessing {
+            nn::ImagePreprocessing::Siglip => media::ImageProcessorConfig::siglip(size),
+            nn::ImagePreprocessing::Clip => media::ImageProcessorConfig::clip(size),
+            nn::ImagePreprocessing::Patches => {
+                return Err(
+                    "images cut into patches of a dynamic-resolution encoder are not \
+                            served yet"
+                        .into(),
+                );
+            }
+        };
         Ok(ImagePrompt {
             input,
-            processor: media::ImageProcessorConfig::siglip(size),
+            processor,
             expansion,
         })
     }

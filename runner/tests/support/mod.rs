@@ -287,3 +287,139 @@ pub fn byte_level_tokenizer(vocab: serde_json::Map<String, Value>, added: Vec<Va
                    "vocab": vocab, "merges": [] }
     })
 }
+
+/// The vocabulary of a tiny fixture's test tokenizer: one token per byte (GPT-2's
+/// byte-to-character table, no merges) from `first_byte` on, the fixture's `specials` at the
+/// ids its config names, and the other ids below `size` filled with unused specials, so every
+/// id the model can produce decodes.
+pub struct ByteVocabulary {
+    /// Where the 256 bytes start.
+    pub first_byte: u32,
+    /// Special tokens and their ids.
+    pub specials: &'static [(u32, &'static str)],
+    /// The model's vocabulary size.
+    pub size: u32,
+}
+
+impl ByteVocabulary {
+    /// A folder with the fixture's files (`source`) and this tokenizer, whose
+    /// `tokenizer_config.json` names `bos` and `eos` and holds `template`.
+    pub fn tokenizer_folder(
+        &self,
+        source: &std::path::Path,
+        template: &str,
+        bos: &str,
+        eos: &str,
+    ) -> tempfile::TempDir {
+        let folder = tempfile::tempdir().unwrap();
+        for file in ["config.json", "generation_config.json", "model.safetensors"] {
+            std::fs::copy(source.join(file), folder.path().join(file)).unwrap();
+        }
+        // The specials below the bytes are in the model's vocabulary too, or the tokenizer
+        // would renumber them past it.
+        let vocab: serde_json::Map<String, Value> = byte_characters()
+            .into_iter()
+            .enumerate()
+            .map(|(byte, c)| (c.to_string(), json!(byte as u32 + self.first_byte)))
+            .chain(
+                self.specials
+                    .iter()
+                    .filter(|&&(id, _)| id < self.first_byte)
+                    .map(|&(id, text)| (text.to_string(), json!(id))),
+            )
+            .collect();
+        let bytes = self.first_byte..self.first_byte + 256;
+        let added: Vec<Value> = (0..self.size)
+            .filter(|id| !bytes.contains(id))
+            .map(|id| match self.specials.iter().find(|&&(i, _)| i == id) {
+                Some(&(_, text)) => special_token(id, text),
+                None => special_token(id, &format!("<unused{id}>")),
+            })
+            .collect();
+        let tokenizer = byte_level_tokenizer(vocab, added);
+        std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let config = json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": bos,
+            "eos_token": eos,
+            "add_bos_token": false,
+            "chat_template": template,
+        });
+        std::fs::write(
+            folder.path().join("tokenizer_config.json"),
+            config.to_string(),
+        )
+        .unwrap();
+        folder
+    }
+
+    /// The ids of `text` under this tokenizer: specials by name (the unused fillers too),
+    /// every other byte alone.
+    pub fn ids(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        'outer: while !rest.is_empty() {
+            for &(id, special) in self.specials {
+                if let Some(after) = rest.strip_prefix(special) {
+                    out.push(id);
+                    rest = after;
+                    continue 'outer;
+                }
+            }
+            if let Some((id, after)) = self.unused_special(rest) {
+                out.push(id);
+                rest = after;
+                continue;
+            }
+            let c = rest.chars().next().unwrap();
+            let mut buf = [0u8; 4];
+            out.extend(
+                c.encode_utf8(&mut buf)
+                    .bytes()
+                    .map(|b| u32::from(b) + self.first_byte),
+            );
+            rest = &rest[c.len_utf8()..];
+        }
+        out
+    }
+}
+
+impl ByteVocabulary {
+    /// `<unusedN>` at the start of `text`, when N is one of the filler ids.
+    fn unused_special<'t>(&self, text: &'t str) -> Option<(u32, &'t str)> {
+        let (digits, after) = text.strip_prefix("<unused")?.split_once('>')?;
+        let id: u32 = digits.parse().ok()?;
+        let filler = id < self.size
+            && !(self.first_byte..self.first_byte + 256).contains(&id)
+            && self.specials.iter().all(|&(i, _)| i != id)
+            && digits == id.to_string();
+        filler.then_some((id, after))
+    }
+}
+
+/// A PNG of `width`×`height` whose colours follow `seed`.
+pub fn png(width: u32, height: u32, seed: u8) -> Vec<u8> {
+    let image = image::RgbImage::from_fn(width, height, |x, y| {
+        image::Rgb([
+            (x as u8).wrapping_mul(37).wrapping_add(seed),
+            (y as u8)
+                .wrapping_mul(59)
+                .wrapping_add(seed.wrapping_mul(3)),
+            ((x + y) as u8).wrapping_mul(11) ^ seed,
+        ])
+    });
+    let mut bytes = Vec::new();
+    image
+        .write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Png,
+        )
+        .unwrap();
+    bytes
+}
+
+/// Standard base64, as Ollama's `images` and data URLs carry images.
+pub fn base64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
