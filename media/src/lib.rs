@@ -79,7 +79,7 @@ pub use crate::audio::{AudioClip, AudioLimits};
 pub use crate::detect::{AudioFormat, ImageFormat, MediaFormat, detect};
 pub use crate::error::{Error, Modality, Result};
 pub use crate::identity::MediaId;
-pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions};
+pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions, upright_dimensions};
 pub use crate::image::patches::{
     ImagePatches, PatchGrid, PatchProcessorConfig, patchify, preprocess_patches,
 };
