@@ -92,5 +92,8 @@ pub use crate::intake::{
     Capabilities, DEFAULT_MAX_PAYLOAD_BYTES, decode_base64, decode_image_url, decode_input_audio,
     decode_ollama_image,
 };
-pub use crate::prepare::{PreparedAudio, PreparedImage, prepare_audio, prepare_image};
+pub use crate::prepare::{
+    PreparedAudio, PreparedImage, PreparedPatches, prepare_audio, prepare_image,
+    prepare_image_patches,
+};
 pub use crate::prompt::{Segment, media_segment_count, split_prompt, validate_expansions};
