@@ -548,6 +548,13 @@ mod llava {
         assert_eq!(input.preprocessing, ImagePreprocessing::Clip);
         let spec = registry::describe(&config).unwrap();
         assert_eq!((spec.model_type.as_str(), spec.vocab_size), ("llama", 512));
+        // The text model's count (the llama fixture's), plus the tower through its second
+        // layer (patch kernel, class and 17 position embeddings, pre-LayerNorm, 2 layers) and
+        // the projector, biases left out as everywhere.
+        let text = registry::describe(&config["text_config"]).unwrap();
+        let layer = 4 * 32 * 32 + 2 * 32 * 64 + 2 * 32;
+        let tower = 32 * 3 * 14 * 14 + 32 + 17 * 32 + 32 + 2 * layer;
+        assert_eq!(spec.parameters, text.parameters + tower + 32 * 64 + 64 * 64);
 
         // Built by the registry, its text side is the text model's own: the text prompt's
         // logits match transformers' without images.
@@ -634,6 +641,12 @@ mod llava {
         config["vision_config"]["patch_size"] = 5.into();
         let error = Config::from_json(&config).expect_err("patches of 5 in 56");
         assert!(error.to_string().contains("patch_size"), "{error}");
+        // 65536² one-pixel patches would be 2^32 image tokens per image.
+        let mut config = json("config.json");
+        config["vision_config"]["image_size"] = 65536.into();
+        config["vision_config"]["patch_size"] = 1.into();
+        let error = Config::from_json(&config).expect_err("2^32 tokens per image");
+        assert!(error.to_string().contains("image tokens"), "{error}");
 
         let model = load("config.json", Layout::Saved);
         let prompt = ids(&json("golden.json"), "prompt_ids");

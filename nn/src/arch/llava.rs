@@ -19,7 +19,7 @@ use mlx::Array;
 use serde_json::Value;
 
 use crate::activation::Activation;
-use crate::config::{Fields, dim, limits};
+use crate::config::{Fields, dim, limits, missing};
 use crate::linear::Linear;
 use crate::model::{
     Batch, Forward, ImageInput, ImagePreprocessing, InputEmbeddings, Model, ModelSpec, Vision,
@@ -68,6 +68,8 @@ pub struct Config {
 
 /// Most hidden states a config may concatenate.
 const MAX_FEATURE_LAYERS: usize = 64;
+/// Most tokens an image may take in the prompt.
+const MAX_TOKENS_PER_IMAGE: usize = 1 << 16;
 
 impl Config {
     /// Reads a `LlavaForConditionalGeneration` config; what is missing or does not fit is an
@@ -76,19 +78,18 @@ impl Config {
         let root = Fields { object: config };
         let vision_config = root
             .get("vision_config")
-            .ok_or_else(|| crate::config::missing("vision_config"))?;
+            .ok_or_else(|| missing("vision_config"))?;
         let vision = clip::Config::from_json(vision_config)?;
-        let text = match root.get("text_config") {
-            Some(Value::Object(map)) => map.clone(),
-            Some(_) => return Err(Error::Config("`text_config` is not an object".into())),
-            None => return Err(crate::config::missing("text_config")),
+        let text_value = root
+            .get("text_config")
+            .ok_or_else(|| missing("text_config"))?;
+        let Value::Object(text) = text_value else {
+            return Err(Error::Config("`text_config` is not an object".into()));
         };
-        let text_fields = Fields {
-            object: root.get("text_config").unwrap_or(config),
-        };
+        let text_fields = Fields { object: text_value };
         let text_hidden_size = text_fields.required_bounded("hidden_size", limits::HIDDEN)?;
         let text_vocab_size = text_fields.required_bounded("vocab_size", limits::VOCAB)?;
-        let mut text_config = text;
+        let mut text_config = text.clone();
         text_config
             .entry("model_type")
             .or_insert_with(|| Value::from("llama"));
@@ -100,6 +101,14 @@ impl Config {
             text_config.insert("tie_word_embeddings".into(), Value::from(tied));
         }
 
+        // Each image becomes this many prompt tokens (a runner lays them out before loading).
+        if vision.num_patches() >= MAX_TOKENS_PER_IMAGE {
+            return Err(Error::Config(format!(
+                "vision_config: {} patches per image; an image may take fewer than \
+                 {MAX_TOKENS_PER_IMAGE} image tokens",
+                vision.num_patches()
+            )));
+        }
         let states = vision.num_hidden_layers + 1;
         let index = |layer: i64| -> Result<usize> {
             let resolved = if layer < 0 {
@@ -173,6 +182,25 @@ impl Config {
         })
     }
 
+    /// What the engine needs to know: the text model's spec (`text`, from the registry),
+    /// its parameters counting the tower's layers LLaVA runs and the projector too.
+    pub fn spec(&self, text: &ModelSpec) -> ModelSpec {
+        let v = &self.vision;
+        let (h, inter) = (v.hidden_size as u64, v.intermediate_size as u64);
+        let patch = (v.num_channels * v.patch_size * v.patch_size) as u64;
+        let positions = v.num_patches() as u64 + 1;
+        // Biases left out, as every family counts; LayerNorms by their weights.
+        let layer = 4 * h * h + 2 * h * inter + 2 * h;
+        let depth = self.vision_feature_layer.iter().copied().max().unwrap_or(0) as u64;
+        let tower = h * patch + h + positions * h + h + depth * layer;
+        let t = self.text_hidden_size as u64;
+        let projector = h * self.vision_feature_layer.len() as u64 * t + t * t;
+        ModelSpec {
+            parameters: text.parameters + tower + projector,
+            ..text.clone()
+        }
+    }
+
     /// Image tokens per image: one per patch, and one for the class token with "full".
     pub fn tokens_per_image(&self) -> usize {
         match self.vision_feature_select_strategy {
@@ -238,6 +266,7 @@ impl MultiModalProjector {
 
 /// A LLaVA: a CLIP tower and projector in front of a text model.
 pub struct Llava {
+    spec: ModelSpec,
     config: Config,
     vision_tower: VisionModel,
     multi_modal_projector: MultiModalProjector,
@@ -289,6 +318,7 @@ impl Llava {
             )));
         }
         Ok(Llava {
+            spec: config.spec(language_model.spec()),
             config,
             vision_tower,
             multi_modal_projector,
@@ -387,7 +417,7 @@ impl Llava {
 /// token without features is then an ordinary embedding); images go through [`Vision`].
 impl Model for Llava {
     fn spec(&self) -> &ModelSpec {
-        self.language_model.spec()
+        &self.spec
     }
 
     fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
