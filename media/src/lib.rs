@@ -83,7 +83,7 @@ pub use crate::audio::{AudioClip, AudioLimits};
 pub use crate::detect::{AudioFormat, ImageFormat, MediaFormat, detect};
 pub use crate::error::{Error, Modality, Result};
 pub use crate::identity::MediaId;
-pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions};
+pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions, upright_dimensions};
 pub use crate::image::patches::{
     ImagePatches, PatchGrid, PatchProcessorConfig, patchify, preprocess_patches,
 };
@@ -96,5 +96,8 @@ pub use crate::intake::{
     Capabilities, DEFAULT_MAX_PAYLOAD_BYTES, decode_base64, decode_image_url, decode_input_audio,
     decode_ollama_image,
 };
-pub use crate::prepare::{PreparedAudio, PreparedImage, prepare_audio, prepare_image};
+pub use crate::prepare::{
+    PreparedAudio, PreparedImage, PreparedPatches, prepare_audio, prepare_image,
+    prepare_image_patches,
+};
 pub use crate::prompt::{Segment, media_segment_count, split_prompt, validate_expansions};

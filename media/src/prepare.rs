@@ -8,6 +8,7 @@ use crate::error::{Modality, Result};
 use crate::identity::MediaId;
 use crate::image::decode::ImageLimits;
 use crate::image::decode::decode_image;
+use crate::image::patches::{ImagePatches, PatchProcessorConfig, preprocess_patches};
 use crate::image::preprocess::{ImageProcessorConfig, PixelValues, preprocess};
 
 /// An image ready for a vision encoder.
@@ -16,6 +17,17 @@ pub struct PreparedImage {
     /// Normalized channel-first pixels.
     pub pixels: PixelValues,
     /// Identity of the bytes under this preprocessing.
+    pub id: MediaId,
+    /// Size of the decoded image before resizing, `(width, height)`.
+    pub original_size: (u32, u32),
+}
+
+/// An image ready for a dynamic-resolution vision encoder: its patches and their grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedPatches {
+    /// The flattened patches and the grid they tile.
+    pub patches: ImagePatches,
+    /// Identity of the bytes under this preprocessing (which fixes the grid).
     pub id: MediaId,
     /// Size of the decoded image before resizing, `(width, height)`.
     pub original_size: (u32, u32),
@@ -42,6 +54,23 @@ pub fn prepare_image(
     let id = MediaId::new(Modality::Image, bytes, &config.shape_key());
     Ok(PreparedImage {
         pixels,
+        id,
+        original_size,
+    })
+}
+
+/// Decodes under `limits` and cuts into patches per `config` ([`preprocess_patches`]).
+pub fn prepare_image_patches(
+    bytes: &[u8],
+    limits: &ImageLimits,
+    config: &PatchProcessorConfig,
+) -> Result<PreparedPatches> {
+    let rgb = decode_image(bytes, limits)?;
+    let original_size = rgb.dimensions();
+    let patches = preprocess_patches(&rgb, config)?;
+    let id = MediaId::new(Modality::Image, bytes, &config.shape_key());
+    Ok(PreparedPatches {
+        patches,
         id,
         original_size,
     })

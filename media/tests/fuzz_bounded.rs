@@ -9,9 +9,9 @@ mod support;
 use std::path::PathBuf;
 
 use media::{
-    AudioLimits, ImageLimits, ImageProcessorConfig, LogMelConfig, decode_base64, decode_image_url,
-    decode_input_audio, detect, log_mel, prepare_audio, prepare_image, read_wav_header,
-    split_prompt,
+    AudioLimits, ImageLimits, ImageProcessorConfig, LogMelConfig, PatchProcessorConfig,
+    decode_base64, decode_image_url, decode_input_audio, detect, log_mel, prepare_audio,
+    prepare_image, prepare_image_patches, read_wav_header, split_prompt, upright_dimensions,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -28,6 +28,14 @@ const IMAGE_LIMITS: ImageLimits = ImageLimits {
     max_pixels: 1 << 20,
     max_decoded_bytes: 16 << 20,
 };
+/// Qwen2-VL's processor held to 128 x 128 pixels: its patches (6 f32 per pixel) stay
+/// below 400 KB whatever the image.
+fn patches() -> PatchProcessorConfig {
+    PatchProcessorConfig {
+        max_pixels: 128 * 128,
+        ..PatchProcessorConfig::qwen2_vl()
+    }
+}
 const AUDIO_LIMITS: AudioLimits = AudioLimits {
     max_seconds: 30.0,
     min_sample_rate: 1_000,
@@ -124,6 +132,10 @@ fn exercise(bytes: &[u8]) -> usize {
         let _ = detect(bytes);
         let _ = read_wav_header(bytes, &AUDIO_LIMITS);
         let _ = prepare_image(bytes, &IMAGE_LIMITS, &ImageProcessorConfig::clip(32));
+        // The dynamic-resolution path (Qwen2.5-VL's): the header read that lays out its
+        // tokens, then decode and patches within a small pixel budget.
+        let _ = upright_dimensions(bytes, &IMAGE_LIMITS);
+        let _ = prepare_image_patches(bytes, &IMAGE_LIMITS, &patches());
         if let Ok(audio) = prepare_audio(bytes, &AUDIO_LIMITS, 16_000) {
             // Whisper's features of what decoded, over a 1 s chunk to keep the run short: the
             // buffers are sized by the chunk, never by the clip.

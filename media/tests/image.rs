@@ -127,3 +127,35 @@ fn wav_bytes_are_not_an_image() {
         })
     ));
 }
+
+#[test]
+fn patches_tile_the_grid_the_header_announces() {
+    // 37x23 under Qwen2-VL's processor with 4-pixel patches merged 2x2 and a small budget:
+    // the grid the prompt lays out (from the header alone) is the one the patches tile.
+    let config = media::PatchProcessorConfig {
+        patch_size: 4,
+        min_pixels: 1024,
+        max_pixels: 4096,
+        ..media::PatchProcessorConfig::qwen2_vl()
+    };
+    let bytes = support::png(&support::pattern(37, 23));
+    let limits = ImageLimits::default();
+    let (width, height) = media::upright_dimensions(&bytes, &limits).unwrap();
+    let grid = config.grid(width, height).unwrap();
+    let prepared = media::prepare_image_patches(&bytes, &limits, &config).unwrap();
+    assert_eq!(prepared.patches.grid, grid);
+    // 851 pixels, under min_pixels: scaled up to 32x48 (ceil to multiples of 8).
+    assert_eq!((grid.h, grid.w), (8, 12));
+    assert_eq!(
+        prepared.patches.data.len(),
+        grid.patches() * prepared.patches.patch_len
+    );
+    assert_eq!(prepared.original_size, (37, 23));
+    // Another budget is another identity: the grid, hence the prompt, may differ.
+    let other = media::PatchProcessorConfig {
+        max_pixels: 8192,
+        ..config
+    };
+    let again = media::prepare_image_patches(&bytes, &limits, &other).unwrap();
+    assert_ne!(again.id, prepared.id);
+}

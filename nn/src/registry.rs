@@ -63,8 +63,6 @@ const ARCHITECTURES: &[Architecture] = &[
             "Qwen2_5_VLForConditionalGeneration",
         ],
         describe: |config| Ok(qwen2_5_vl::Config::from_json(config)?.text.spec()),
-        // Builds the whole model; it serves text until the engine passes image grids and
-        // rope deltas (see arch::qwen2_5_vl), so `image_input` below stays `None` for it.
         build: |config, weights| {
             Ok(Box::new(qwen2_5_vl::Qwen25Vl::new(
                 qwen2_5_vl::Config::from_json(config)?,
@@ -340,6 +338,9 @@ pub fn image_input(config: &Value) -> Result<Option<ImageInput>> {
     }
     if architecture.names.contains(&"llava") {
         return Ok(Some(llava::Config::from_json(config)?.image_input()));
+    }
+    if architecture.names.contains(&"qwen2_5_vl") {
+        return Ok(Some(qwen2_5_vl::Config::from_json(config)?.image_input()));
     }
     Ok(None)
 }

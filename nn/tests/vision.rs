@@ -934,17 +934,23 @@ mod qwen2_5_vl {
         );
     }
 
-    /// Through the registry, as a text model: a text prompt's logits are transformers'.
+    /// Through the registry: it reads images (the capability known without loading, the
+    /// same as the built model's), and a text prompt's logits are transformers'.
     #[test]
     fn checkpoint_answers_text_through_the_registry() {
         let golden = json("golden.json");
         let text = ids(&golden, "text_prompt_ids");
         let config = json("config.json");
-        assert_eq!(nn::registry::image_input(&config).unwrap(), None);
+        let input = nn::registry::image_input(&config).unwrap().expect("vision");
+        assert_eq!(input.image_token, 511);
+        assert_eq!((input.start_token, input.end_token), (Some(508), Some(509)));
+        assert_eq!(input.preprocessing, nn::ImagePreprocessing::Patches);
         assert_eq!(nn::registry::describe(&config).unwrap().vocab_size, 512);
         let mut weights = weights(false);
         let model = build_model(&config, &mut weights).unwrap();
-        assert!(model.vision().is_none());
+        let vision = model.vision().expect("a Qwen2.5-VL reads images");
+        assert_eq!(vision.image_input(), input);
+        assert_eq!(vision.patch_input().map(|p| p.merge_size), Some(2));
         let mut caches = model.new_caches().unwrap();
         let forward = model
             .forward(&Batch::single(&text, 0).unwrap(), &mut caches)

@@ -71,6 +71,25 @@ pub fn image_dimensions(bytes: &[u8], limits: &ImageLimits) -> Result<(u32, u32)
     Ok(header_decoder(bytes, format, limits)?.dimensions())
 }
 
+/// The size [`decode_image`] gives, `(width, height)`, from the header and its EXIF
+/// orientation alone (a quarter turn swaps the sides), checked against `limits`: what a
+/// dynamic-resolution model's prompt needs to lay out an image's tokens before its pixels
+/// are decoded.
+pub fn upright_dimensions(bytes: &[u8], limits: &ImageLimits) -> Result<(u32, u32)> {
+    let format = image_format(bytes)?;
+    let mut decoder = header_decoder(bytes, format, limits)?;
+    let (width, height) = decoder.dimensions();
+    // As decode_image: unreadable metadata leaves the image as stored.
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    Ok(match orientation {
+        Orientation::Rotate90
+        | Orientation::Rotate270
+        | Orientation::Rotate90FlipH
+        | Orientation::Rotate270FlipH => (height, width),
+        _ => (width, height),
+    })
+}
+
 fn image_format(bytes: &[u8]) -> Result<ImageFormat> {
     match detect(bytes)? {
         MediaFormat::Image(format) => Ok(format),
@@ -266,6 +285,9 @@ mod tests {
             .unwrap();
         let rgb = decode_image(&bytes, &ImageLimits::default()).unwrap();
         assert_eq!(rgb.dimensions(), (16, 32));
+        let limits = ImageLimits::default();
+        assert_eq!(image_dimensions(&bytes, &limits).unwrap(), (32, 16));
+        assert_eq!(upright_dimensions(&bytes, &limits).unwrap(), (16, 32));
         let top = rgb.get_pixel(8, 4).0;
         let bottom = rgb.get_pixel(8, 27).0;
         assert!(top[0] > 200 && top[2] < 50, "top {top:?}");

@@ -13,8 +13,8 @@
 //! position plus a (usually negative) delta; text never changes the delta, so a decode step
 //! sits at `cache offset + delta` on all three axes.
 //!
-//! Engine contract (issue 21; the runner does not speak it yet, so [`Model::vision`] is
-//! `None` and a checkpoint serves text, where every delta is 0 and M-RoPE is plain rope):
+//! Engine contract (issue 21; the runner's engine speaks it; text alone has every delta 0,
+//! where M-RoPE is plain rope):
 //!
 //! - Per image: [`Vision::patch_input`] and the processor's pixel budget give its grid before
 //!   decoding its pixels (`media::PatchProcessorConfig::grid`), hence its token count
@@ -153,6 +153,19 @@ impl Config {
             vision_start_token_id: token("vision_start_token_id")?,
             vision_end_token_id: token("vision_end_token_id")?,
         })
+    }
+
+    /// How images enter its prompts: between the vision markers, as many image tokens as
+    /// each image's grid gives ([`Config::patch_input`]), so the fixed sizes are 0.
+    pub fn image_input(&self) -> ImageInput {
+        ImageInput {
+            image_size: 0,
+            tokens_per_image: 0,
+            image_token: self.image_token_id,
+            start_token: self.vision_start_token_id,
+            end_token: self.vision_end_token_id,
+            preprocessing: ImagePreprocessing::Patches,
+        }
     }
 
     /// What the model takes as images.
@@ -597,22 +610,16 @@ impl Model for Qwen25Vl {
         Qwen25Vl::parameters(self)
     }
 
-    // `None` until the engine carries grids and rope deltas (see the module docs): today's
-    // engine would lay out a fixed number of tokens per image.
+    fn vision(&self) -> Option<&dyn Vision> {
+        Some(self)
+    }
 }
 
-/// The image side, for callers that speak the dynamic-resolution contract.
+/// The image side: the dynamic-resolution contract.
 impl Vision for Qwen25Vl {
     /// Sizes come from each image's grid ([`Vision::patch_input`]); the fixed fields are 0.
     fn image_input(&self) -> ImageInput {
-        ImageInput {
-            image_size: 0,
-            tokens_per_image: 0,
-            image_token: self.config.image_token_id,
-            start_token: self.config.vision_start_token_id,
-            end_token: self.config.vision_end_token_id,
-            preprocessing: ImagePreprocessing::Patches,
-        }
+        self.config.image_input()
     }
 
     fn encode_images(&self, pixel_values: &Array) -> Result<Array> {

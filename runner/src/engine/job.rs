@@ -71,11 +71,32 @@ pub struct PromptImage {
     /// Its content's identity under the model's preprocessing: keys the prefix cache and the
     /// engine's cache of encoded images.
     pub id: media::MediaId,
-    /// Its pixels, preprocessed for the model's encoder.
-    pub pixels: Arc<media::PixelValues>,
+    /// What its model's encoder takes.
+    pub input: EncoderInput,
+}
+
+/// An image preprocessed for its model's encoder.
+#[derive(Debug, Clone)]
+pub enum EncoderInput {
+    /// Channel-first pixels of the encoder's one size (Gemma 3, LLaVA).
+    Pixels(Arc<media::PixelValues>),
+    /// Flattened patches and their grid, for a dynamic-resolution encoder (Qwen2.5-VL).
+    Patches(Arc<media::ImagePatches>),
 }
 
 impl PromptImage {
+    /// Its grid, when its encoder takes patches: what places its tokens' rotary positions.
+    pub fn grid(&self) -> Option<nn::ImageGrid> {
+        match &self.input {
+            EncoderInput::Pixels(_) => None,
+            EncoderInput::Patches(patches) => Some(nn::ImageGrid {
+                t: patches.grid.t as usize,
+                h: patches.grid.h as usize,
+                w: patches.grid.w as usize,
+            }),
+        }
+    }
+
     /// The first 64 bits of its id, as the prefix trie takes a content hash.
     pub fn content_hash(&self) -> u64 {
         let bytes = self.id.as_bytes();

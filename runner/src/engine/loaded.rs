@@ -23,13 +23,14 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use mlx::{Array, Dtype};
-use nn::{Batch, Model};
+use nn::{Batch, ImageGrid, Model};
 use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::encoded_images::{self, EncodedImages};
 use crate::engine::job::{
-    DoneReason, DrafterKind, Event, Job, PromptImage, Speculation, Stats, TokenLogprobs,
+    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptImage, Speculation, Stats,
+    TokenLogprobs,
 };
 use crate::engine::memory::{LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
@@ -507,6 +508,16 @@ impl LoadedModel {
                 }
             }
         }
+        // The restored prefix's images place the rotary positions of what follows.
+        let rope_delta = match self.rope_delta_of(&job, restore_at) {
+            Ok(delta) => delta,
+            Err(e) => {
+                if let Some(session) = session {
+                    self.prefix.abandon_session(session);
+                }
+                return refuse(job, e);
+            }
+        };
         let id = self.next_id;
         self.next_id += 1;
         if let Err(e) = self.sampler.add(id, job.sampling.clone(), &job.prompt) {
@@ -550,8 +561,27 @@ impl LoadedModel {
             first_token: None,
             captures: Vec::new(),
             speculating,
+            rope_delta,
             job,
         })
+    }
+
+    /// The rope delta after the first `n` prompt tokens of `job` and the images wholly among
+    /// them (`nn::Vision::rope_delta`): 0 for a model whose tokens each take one position.
+    fn rope_delta_of(&self, job: &Job, n: usize) -> Result<i64> {
+        let Some(vision) = self.model.vision() else {
+            return Ok(0);
+        };
+        let tokens = job.prompt.get(..n).ok_or_else(|| {
+            StepError::Invalid(format!("{n} tokens of a {}-token prompt", job.prompt.len()))
+        })?;
+        let grids: Vec<ImageGrid> = job
+            .images
+            .iter()
+            .filter(|image| image.tokens.end <= n)
+            .filter_map(PromptImage::grid)
+            .collect();
+        Ok(vision.rope_delta(tokens, &grids)?)
     }
 
     /// How `job` decodes: speculatively when it or the server asks for it (recurrent layers
@@ -639,32 +669,49 @@ impl LoadedModel {
             return Err(StepError::Invalid("this model does not read images".into()));
         };
         let input = vision.image_input();
+        // A dynamic-resolution model's image takes as many tokens as its grid says.
+        let merge = vision.patch_input().map(|p| p.merge_size);
         let mut previous_end = 0;
+        let mut expected_total = 0;
         for (n, image) in job.images.iter().enumerate() {
+            let expected = match (image.grid(), merge) {
+                (None, None) => input.tokens_per_image,
+                (Some(grid), Some(merge)) => grid.tokens(merge),
+                (Some(_), None) => {
+                    return Err(StepError::Invalid(format!(
+                        "image {n} comes as patches; this model takes whole images"
+                    )));
+                }
+                (None, Some(_)) => {
+                    return Err(StepError::Invalid(format!(
+                        "image {n} comes as whole pixels; this model takes patches"
+                    )));
+                }
+            };
             let range = image.tokens.clone();
             let holds_image = job
                 .prompt
                 .get(range.clone())
                 .is_some_and(|ids| ids.iter().all(|&id| id == input.image_token));
-            if range.start < previous_end || range.len() != input.tokens_per_image || !holds_image {
+            if range.start < previous_end || range.len() != expected || !holds_image {
                 return Err(StepError::Invalid(format!(
-                    "image {n} at prompt tokens {range:?} is not {} image tokens after the \
-                     previous image",
-                    input.tokens_per_image
+                    "image {n} at prompt tokens {range:?} is not {expected} image tokens after \
+                     the previous image"
                 )));
             }
             previous_end = range.end;
+            expected_total += expected;
         }
         let image_tokens = job
             .prompt
             .iter()
             .filter(|&&id| id == input.image_token)
             .count();
-        if image_tokens != job.images.len() * input.tokens_per_image {
+        if image_tokens != expected_total {
             return Err(StepError::Invalid(format!(
-                "the prompt holds {image_tokens} image tokens for {} images of {} tokens",
+                "the prompt holds {image_tokens} image tokens for {} images of \
+                 {expected_total} tokens",
                 job.images.len(),
-                input.tokens_per_image
             )));
         }
         Ok(())
@@ -698,14 +745,26 @@ impl LoadedModel {
         let Some(vision) = self.model.vision() else {
             return Err(StepError::Invalid("this model does not read images".into()));
         };
-        let pixels = &image.pixels;
-        let shape = [
-            media::PixelValues::CHANNELS as i32,
-            i32::try_from(pixels.height).unwrap_or(i32::MAX),
-            i32::try_from(pixels.width).unwrap_or(i32::MAX),
-        ];
-        let array = Array::from_slice(&pixels.data, &[1, shape[0], shape[1], shape[2]])?;
-        let features = vision.encode_images(&array)?;
+        let features = match (&image.input, image.grid()) {
+            (EncoderInput::Patches(patches), Some(grid)) => {
+                let rows = i32::try_from(grid.patches()).unwrap_or(i32::MAX);
+                let len = i32::try_from(patches.patch_len).unwrap_or(i32::MAX);
+                let array = Array::from_slice(&patches.data, &[rows, len])?;
+                vision.encode_image_patches(&array, &[grid])?
+            }
+            (EncoderInput::Pixels(pixels), _) => {
+                let shape = [
+                    media::PixelValues::CHANNELS as i32,
+                    i32::try_from(pixels.height).unwrap_or(i32::MAX),
+                    i32::try_from(pixels.width).unwrap_or(i32::MAX),
+                ];
+                let array = Array::from_slice(&pixels.data, &[1, shape[0], shape[1], shape[2]])?;
+                vision.encode_images(&array)?
+            }
+            (EncoderInput::Patches(_), None) => {
+                return Err(StepError::Invalid("image patches without a grid".into()));
+            }
+        };
         mlx::eval([&features])?;
         *encoded += 1;
         self.encoded.insert(image.id, features.clone());
@@ -942,20 +1001,30 @@ impl LoadedModel {
             }
             rows.push((&seq.job.prompt[from..to], from));
         }
-        let batch = Batch::rows(&rows)?;
+        let batch = with_rope_deltas(Batch::rows(&rows)?, &self.sequences, group)?;
+        // What each row's chunk moves its rope delta by (its images', whole in the chunk).
+        let moved = group
+            .iter()
+            .map(|&i| self.chunk_rope_delta(i, width))
+            .collect::<Result<Vec<i64>>>()?;
         let images = self.chunk_images(group, width)?;
         let out = match images {
             None => {
                 let mut caches = caches_of(&mut self.sequences, group)?;
                 self.model.forward_rows(&batch, &mut caches)?
             }
-            Some(features) => {
+            Some((features, grids)) => {
                 let vision = self
                     .model
                     .vision()
                     .ok_or_else(|| StepError::Invalid("this model does not read images".into()))?;
                 let mut caches = caches_of(&mut self.sequences, group)?;
-                vision.forward_rows_with_images(&batch, Some(&features), &mut caches)?
+                vision.forward_rows_with_image_grids(
+                    &batch,
+                    Some(&features),
+                    &grids,
+                    &mut caches,
+                )?
             }
         };
         let mut ends = Vec::with_capacity(group.len());
@@ -965,6 +1034,7 @@ impl LoadedModel {
             let from = seq.tokens.len();
             seq.tokens
                 .extend_from_slice(&seq.job.prompt[from..from + width]);
+            seq.rope_delta += moved[row];
             if seq.tokens.len() == seq.job.prompt.len() {
                 seq.phase = Phase::Decoding;
                 let hidden = out.hidden.slice_axis(0, row as i32, row as i32 + 1)?;
@@ -992,10 +1062,39 @@ impl LoadedModel {
         Ok(ends)
     }
 
-    /// The features `[images, tokens_per_image, hidden]` of the images in the next `width`
-    /// prompt tokens of each sequence in `group`, in row order, or `None` when there are none;
-    /// an image the chunk holds only in part is an error (planning never cuts one).
-    fn chunk_images(&mut self, group: &[usize], width: usize) -> Result<Option<Array>> {
+    /// How far the next `width` prompt tokens of sequence `index` move its rope delta: by what
+    /// the images wholly among them add (planning never cuts one).
+    fn chunk_rope_delta(&self, index: usize, width: usize) -> Result<i64> {
+        let Some(vision) = self.model.vision() else {
+            return Ok(0);
+        };
+        let seq = &self.sequences[index];
+        let (from, to) = (seq.tokens.len(), seq.tokens.len() + width);
+        let chunk = seq
+            .job
+            .prompt
+            .get(from..to)
+            .ok_or_else(|| StepError::Invalid("a prefill chunk overruns its prompt".into()))?;
+        let grids: Vec<ImageGrid> = seq
+            .job
+            .images
+            .iter()
+            .filter(|image| from <= image.tokens.start && image.tokens.end <= to)
+            .filter_map(PromptImage::grid)
+            .collect();
+        Ok(vision.rope_delta(chunk, &grids)?)
+    }
+
+    /// The features of the images in the next `width` prompt tokens of each sequence in
+    /// `group`, in row order, and their grids (empty for fixed-size images), or `None` when
+    /// there are none: `[images, tokens_per_image, hidden]`, or `[tokens, hidden]` for a
+    /// dynamic-resolution model. An image the chunk holds only in part is an error (planning
+    /// never cuts one).
+    fn chunk_images(
+        &mut self,
+        group: &[usize],
+        width: usize,
+    ) -> Result<Option<(Array, Vec<ImageGrid>)>> {
         let mut wanted: Vec<(usize, PromptImage)> = Vec::new();
         for &i in group {
             let seq = &self.sequences[i];
@@ -1017,12 +1116,14 @@ impl LoadedModel {
             return Ok(None);
         }
         let mut features = Vec::with_capacity(wanted.len());
+        let mut grids = Vec::new();
         for (i, image) in wanted {
             let mut encoded = 0;
             features.push(self.features_of(&image, &mut encoded)?);
+            grids.extend(image.grid());
             self.sequences[i].stats.images_encoded += encoded;
         }
-        Ok(Some(mlx::concatenate(&features, 0)?))
+        Ok(Some((mlx::concatenate(&features, 0)?, grids)))
     }
 
     /// One forward over the decoding rows `fed`, each fed the token `prev` sampled in its row
@@ -1081,6 +1182,7 @@ impl LoadedModel {
             }
         }
         let batch = Batch::from_device(&tokens, positions)?;
+        let batch = with_rope_deltas(batch, &self.sequences, &indices)?;
         let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         last_logits(self.model.as_ref(), &out.hidden)
@@ -1279,6 +1381,20 @@ fn copy_from_live(
         to.schedule_captures(&later)?;
     }
     Ok(())
+}
+
+/// `batch`, whose rows are `sequences[i]` for each `i` of `indices`, carrying each one's rope
+/// delta; as it is when every delta is 0 (no row follows an image of an M-RoPE family).
+pub(crate) fn with_rope_deltas(
+    batch: Batch,
+    sequences: &[Sequence],
+    indices: &[usize],
+) -> Result<Batch> {
+    let deltas: Vec<i64> = indices.iter().map(|&i| sequences[i].rope_delta).collect();
+    if deltas.iter().all(|&d| d == 0) {
+        return Ok(batch);
+    }
+    Ok(batch.with_rope_deltas(deltas)?)
 }
 
 /// The caches of `sequences[i]` for each `i` of `indices` (ascending, as a batch's rows are

@@ -97,20 +97,51 @@ pub struct ModelInfo {
 pub struct ImagePrompt {
     /// The encoder's input and the image tokens.
     pub input: nn::ImageInput,
-    /// The preprocessing its encoder expects.
-    pub processor: media::ImageProcessorConfig,
-    /// The text an image's place in a rendered prompt becomes. With start and end tokens it is
-    /// Gemma 3's processor layout, `\n\n<start_of_image>`, `tokens_per_image` image tokens,
-    /// `<end_of_image>\n\n` (transformers 5.24's `Gemma3Processor.full_image_sequence`, which
-    /// replaces the `<start_of_image>` the chat template writes for an image); without them
-    /// it is the image tokens alone, as `LlavaProcessor` expands each `<image>`.
-    pub expansion: String,
+    /// How each image is laid out in the prompt and preprocessed.
+    pub layout: ImageLayout,
+}
+
+/// How an image's place in a rendered prompt becomes tokens, and its pixels encoder input.
+#[derive(Debug, Clone)]
+pub enum ImageLayout {
+    /// Every image takes the same tokens (Gemma 3, LLaVA).
+    Fixed {
+        /// The preprocessing its encoder expects.
+        processor: media::ImageProcessorConfig,
+        /// The text an image's place becomes. With start and end tokens it is Gemma 3's
+        /// processor layout, `\n\n<start_of_image>`, `tokens_per_image` image tokens,
+        /// `<end_of_image>\n\n` (transformers 5.24's `Gemma3Processor.full_image_sequence`,
+        /// which replaces the `<start_of_image>` the chat template writes for an image);
+        /// without them it is the image tokens alone, as `LlavaProcessor` expands each
+        /// `<image>`.
+        expansion: String,
+    },
+    /// An image takes as many tokens as its grid after the processor's resize (Qwen2.5-VL):
+    /// `start`, that many `image`, `end`, as `Qwen2_5_VLProcessor` expands the
+    /// `<|vision_start|><|image_pad|><|vision_end|>` its chat template writes for an image.
+    Patches {
+        /// The processor, its sizes the encoder's and its pixel budget the checkpoint's.
+        processor: media::PatchProcessorConfig,
+        /// The text of the start marker (empty without one).
+        start: String,
+        /// The text of one image token.
+        image: String,
+        /// The text of the end marker (empty without one).
+        end: String,
+    },
 }
 
 impl ImagePrompt {
-    /// The prompt side of `input` for a model with `tokenizer`; fails when the vocabulary has
-    /// no text for the image tokens or its markers (a prompt could not hold them).
-    pub fn new(input: nn::ImageInput, tokenizer: &Tokenizer) -> Result<ImagePrompt, String> {
+    /// The prompt side of `vision` for a model with `tokenizer` and, for a dynamic-resolution
+    /// model, the checkpoint's `preprocessor_config.json` (`None`: the processor's defaults);
+    /// fails when the vocabulary has no text for the image tokens or its markers (a prompt
+    /// could not hold them), or when the processor's config does not fit the encoder.
+    pub fn new(
+        vision: &dyn nn::Vision,
+        preprocessor: Option<&serde_json::Value>,
+        tokenizer: &Tokenizer,
+    ) -> Result<ImagePrompt, String> {
+        let input = vision.image_input();
         let text = |id: u32, what: &str| -> Result<String, String> {
             tokenizer
                 .id_to_token(id)
@@ -118,16 +149,24 @@ impl ImagePrompt {
                 .ok_or_else(|| format!("the vocabulary has no token {id} ({what})"))
         };
         let image = text(input.image_token, "the image token")?;
+        let start = input
+            .start_token
+            .map(|id| text(id, "the start of an image"))
+            .transpose()?;
+        let end = input
+            .end_token
+            .map(|id| text(id, "the end of an image"))
+            .transpose()?;
         let mut expansion = String::new();
-        if let Some(start) = input.start_token {
+        if let Some(start) = &start {
             expansion.push_str("\n\n");
-            expansion.push_str(&text(start, "the start of an image")?);
+            expansion.push_str(start);
         }
         for _ in 0..input.tokens_per_image {
             expansion.push_str(&image);
         }
-        if let Some(end) = input.end_token {
-            expansion.push_str(&text(end, "the end of an image")?);
+        if let Some(end) = &end {
+            expansion.push_str(end);
             expansion.push_str("\n\n");
         }
         let size = u32::try_from(input.image_size)
@@ -137,19 +176,106 @@ impl ImagePrompt {
             nn::ImagePreprocessing::Siglip => media::ImageProcessorConfig::siglip(size),
             nn::ImagePreprocessing::Clip => media::ImageProcessorConfig::clip(size),
             nn::ImagePreprocessing::Patches => {
-                return Err(
-                    "images cut into patches of a dynamic-resolution encoder are not \
-                            served yet"
-                        .into(),
-                );
+                let patches = vision
+                    .patch_input()
+                    .ok_or("a dynamic-resolution model without patch sizes")?;
+                return Ok(ImagePrompt {
+                    input,
+                    layout: ImageLayout::Patches {
+                        processor: patch_processor(patches, preprocessor)?,
+                        start: start.unwrap_or_default(),
+                        image,
+                        end: end.unwrap_or_default(),
+                    },
+                });
             }
         };
         Ok(ImagePrompt {
             input,
-            processor,
-            expansion,
+            layout: ImageLayout::Fixed {
+                processor,
+                expansion,
+            },
         })
     }
+}
+
+/// Qwen2-VL's processor for an encoder of `patches`: its defaults, with the pixel budget and
+/// normalization of the checkpoint's `preprocessor_config.json` when it has them (`min_pixels`
+/// / `max_pixels`, which transformers lets override `size.shortest_edge` / `longest_edge`;
+/// `image_mean`, `image_std`). Patch, merge and frame sizes are the encoder's; a processor
+/// config naming others is refused, as is a budget `media` refuses.
+fn patch_processor(
+    patches: nn::PatchInput,
+    preprocessor: Option<&serde_json::Value>,
+) -> Result<media::PatchProcessorConfig, String> {
+    let size = |n: usize, name: &str| {
+        u32::try_from(n).map_err(|_| format!("`{name}` = {n} is out of range"))
+    };
+    let mut processor = media::PatchProcessorConfig {
+        patch_size: size(patches.patch_size, "patch_size")?,
+        merge_size: size(patches.merge_size, "spatial_merge_size")?,
+        temporal_patch_size: size(patches.temporal_patch_size, "temporal_patch_size")?,
+        ..media::PatchProcessorConfig::qwen2_vl()
+    };
+    if let Some(config) = preprocessor {
+        let pixels = |path: &[&str]| -> Result<Option<u64>, String> {
+            let mut value = Some(config);
+            for key in path {
+                value = value.and_then(|v| v.get(key));
+            }
+            match value {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                    format!(
+                        "preprocessor_config.json: `{}` is not a pixel count",
+                        path.join(".")
+                    )
+                }),
+            }
+        };
+        let min = pixels(&["min_pixels"])?.or(pixels(&["size", "shortest_edge"])?);
+        let max = pixels(&["max_pixels"])?.or(pixels(&["size", "longest_edge"])?);
+        processor.min_pixels = min.unwrap_or(processor.min_pixels);
+        processor.max_pixels = max.unwrap_or(processor.max_pixels);
+        for (key, ours) in [
+            ("patch_size", processor.patch_size),
+            ("merge_size", processor.merge_size),
+            ("temporal_patch_size", processor.temporal_patch_size),
+        ] {
+            if let Some(theirs) = pixels(&[key])?
+                && theirs != u64::from(ours)
+            {
+                return Err(format!(
+                    "preprocessor_config.json: `{key}` = {theirs}, the encoder's is {ours}"
+                ));
+            }
+        }
+        let triple = |key: &str| -> Result<Option<[f32; 3]>, String> {
+            match config.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_array()
+                    .filter(|a| a.len() == 3)
+                    .and_then(|a| {
+                        let f = |i: usize| a[i].as_f64().map(|x| x as f32);
+                        Some([f(0)?, f(1)?, f(2)?])
+                    })
+                    .map(Some)
+                    .ok_or_else(|| {
+                        format!("preprocessor_config.json: `{key}` is not three numbers")
+                    }),
+            }
+        };
+        processor.image_mean = triple("image_mean")?.unwrap_or(processor.image_mean);
+        processor.image_std = triple("image_std")?.unwrap_or(processor.image_std);
+    }
+    // A budget or size media refuses is refused at load, not at the first image.
+    let side = processor.factor();
+    processor
+        .resized_size(side, side)
+        .map_err(|e| format!("preprocessor_config.json: {e}"))?;
+    Ok(processor)
 }
 
 /// The files of a model whose manifest has been materialized into `dir`.
@@ -233,10 +359,11 @@ pub fn load(
     }
     .map_err(tok_err)?;
     let context_length = loaded.model.spec().context_length.max(1);
+    let preprocessor = preprocessor_config(dir, manifest).map_err(model_err)?;
     let vision = loaded
         .model
         .vision()
-        .map(|v| ImagePrompt::new(v.image_input(), &tokenizer))
+        .map(|v| ImagePrompt::new(v, preprocessor.as_ref(), &tokenizer))
         .transpose()
         .map_err(|reason| model_err(nn::Error::Config(reason)))?;
     // Padded head rows beyond the tokenizer would be ids no reply can decode.
@@ -274,6 +401,26 @@ pub fn load(
             vision,
         },
     ))
+}
+
+/// The checkpoint's `preprocessor_config.json` (its image processor's settings), when it
+/// has one; an unreadable one is an error naming it.
+fn preprocessor_config(
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<Option<serde_json::Value>, nn::Error> {
+    if manifest.format != Format::Safetensors {
+        return Ok(None);
+    }
+    let path = dir.join("preprocessor_config.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(nn::Error::Config(format!("{}: {e}", path.display()))),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| nn::Error::Config(format!("{}: {e}", path.display())))
 }
 
 /// A stored model's weights.

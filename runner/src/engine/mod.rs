@@ -44,8 +44,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use mlx_thread::{Completion, Worker};
 
 pub use job::{
-    DoneReason, DrafterKind, Event, Job, PromptImage, Speculation, SpeculationStats, Stats,
-    TokenLogprobs,
+    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptImage, Speculation, SpeculationStats,
+    Stats, TokenLogprobs,
 };
 pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
 pub use loader::{DraftSource, LoadError, ModelInfo};

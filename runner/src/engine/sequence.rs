@@ -50,6 +50,12 @@ pub struct Sequence {
     pub captures: Vec<Capture<kvcache::LayerSnapshot>>,
     /// Its drafter and round state, when it decodes speculatively.
     pub speculating: Option<Speculating>,
+    /// How far the rotary position of its next token is from its cache position
+    /// (`nn::Vision::rope_delta` of `tokens`): 0 but after an image of a family with
+    /// multimodal rotary positions (Qwen2.5-VL). Every forward over its caches carries it
+    /// (`nn::Batch::rope_deltas`); only images change it, so generated text and rolled-back
+    /// drafts leave it as it is.
+    pub rope_delta: i64,
 }
 
 impl Sequence {

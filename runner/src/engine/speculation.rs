@@ -31,7 +31,7 @@ use speculate::{DepthController, Draft, DraftProbs, Drafter, NgramConfig, NgramD
 
 use crate::engine::draft_model::{DraftCaches, DraftModel, draft_by_model};
 use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
-use crate::engine::loaded::{StepError, caches_of, equal_width_groups};
+use crate::engine::loaded::{StepError, caches_of, equal_width_groups, with_rope_deltas};
 use crate::engine::rollback;
 use crate::engine::sequence::{Ending, Outcome, Sequence};
 
@@ -432,8 +432,8 @@ pub fn run_rounds(
             .iter()
             .map(|plan| (plan.tokens.as_slice(), sequences[plan.index].tokens.len()))
             .collect();
-        let forward_batch = Batch::rows(&rows)?;
         let indices: Vec<usize> = plans.iter().map(|plan| plan.index).collect();
+        let forward_batch = with_rope_deltas(Batch::rows(&rows)?, sequences, &indices)?;
         if width > 1 {
             for &i in &indices {
                 // What prefill captured for the trie moves out first: the round's own
@@ -762,6 +762,7 @@ fn draft_by_layer_skip(
         for step in 0..depth {
             let positions = starts.iter().map(|&s| s + step).collect();
             let batch = Batch::from_device(&tokens, positions)?;
+            let batch = with_rope_deltas(batch, sequences, &indices)?;
             let out = {
                 let mut caches = caches_of(sequences, &indices)?;
                 model.forward_rows_through(&batch, &mut caches, layers)?

@@ -280,7 +280,7 @@ pub fn render_chat(
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
-    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images.len())
+    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images)
         .into_iter()
         .collect();
     Ok(RenderedPrompt {
@@ -302,7 +302,7 @@ fn tokenize_with_images(
     if images.is_empty() {
         return Ok((encode(info, text, add_special)?, Vec::new()));
     }
-    let expanded = images::expand(info, text, images.len(), add_special)?;
+    let expanded = images::expand(info, text, images, add_special)?;
     let prepared = images::prepare(info, &expanded, images)?;
     Ok((expanded.tokens, prepared))
 }
@@ -315,7 +315,7 @@ fn last_turn_start(
     tools: Option<&[Value]>,
     options: &RenderOptions,
     tokens: &[u32],
-    images: usize,
+    images: &[Arc<[u8]>],
 ) -> Option<usize> {
     let (_, earlier) = messages.split_last()?;
     if earlier.is_empty() {
@@ -330,7 +330,7 @@ fn last_turn_start(
         .render(earlier, tools.filter(|t| !t.is_empty()), &options)
         .ok()?;
     let head = match images {
-        0 => info.tokenizer.encode(&text, false).ok()?,
+        [] => info.tokenizer.encode(&text, false).ok()?,
         _ => images::expand(info, &text, images, false).ok()?.tokens,
     };
     let shared = head.iter().zip(tokens).take_while(|(a, b)| a == b).count();
