@@ -35,8 +35,8 @@
 //!   `qwen2_audio`, Qwen2 reading audio through a Whisper encoder.
 //! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image), `clip`
 //!   (CLIP's tower through the layer a family reads), `qwen2_5_vl` (images of any size, window
-//!   attention, merged 2x2 patches); what ViT towers share (`vit`) and placing features at
-//!   image tokens (`placement`).
+//!   attention, merged 2x2 patches); what ViT towers share (`vit`).
+//! - `placement`: media features put in place of a prompt's image or audio tokens.
 //! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
@@ -60,6 +60,7 @@ pub mod mamba2;
 pub mod mlp;
 pub mod model;
 pub mod moe;
+mod placement;
 pub mod recurrent_rows;
 pub mod registry;
 pub mod rms_norm;

@@ -24,8 +24,8 @@ use crate::arch::gemma3::{self, Gemma3};
 use crate::cached_attention::TokenBlocks;
 use crate::config::{Fields, dim, missing};
 use crate::model::{Batch, Forward, ImageInput, ImagePreprocessing, Model, ModelSpec, Vision};
+use crate::placement::{MediaTokens, Placed, place_image_features};
 use crate::rms_norm::RmsNorm;
-use crate::vision::placement::{ImageTokens, Placed, place_image_features};
 use crate::vision::siglip::{self, VisionModel};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -261,12 +261,13 @@ impl Gemma3Multimodal {
         let image = self.config.image_token_index;
         let Placed { embedded, ids } = place_image_features(
             batch,
-            &ImageTokens {
-                image_token: image,
+            &MediaTokens {
+                kind: "image",
+                token: image,
                 vocab_size: self.config.text.vocab_size,
-                tokens_per_image: dim(self.config.mm_tokens_per_image, "mm_tokens_per_image")?,
                 hidden: dim(self.config.text.hidden_size, "hidden_size")?,
             },
+            dim(self.config.mm_tokens_per_image, "mm_tokens_per_image")?,
             image_features,
             |tokens| self.language_model.embed(tokens),
         )?;

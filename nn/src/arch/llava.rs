@@ -24,9 +24,9 @@ use crate::linear::Linear;
 use crate::model::{
     Batch, Forward, ImageInput, ImagePreprocessing, InputEmbeddings, Model, ModelSpec, Vision,
 };
+use crate::placement::{MediaTokens, Placed, place_image_features};
 use crate::registry;
 use crate::vision::clip::{self, VisionModel};
-use crate::vision::placement::{ImageTokens, Placed, place_image_features};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -392,12 +392,13 @@ impl Llava {
         let embedder = self.embedder()?;
         let Placed { embedded, .. } = place_image_features(
             batch,
-            &ImageTokens {
-                image_token: self.config.image_token_index,
+            &MediaTokens {
+                kind: "image",
+                token: self.config.image_token_index,
                 vocab_size: self.config.text_vocab_size,
-                tokens_per_image: dim(self.config.tokens_per_image(), "vision_config.image_size")?,
                 hidden: dim(self.config.text_hidden_size, "text_config.hidden_size")?,
             },
+            dim(self.config.tokens_per_image(), "vision_config.image_size")?,
             image_features,
             |tokens| embedder.embed(tokens),
         )?;

@@ -18,7 +18,7 @@
 //! `processing_qwen2_audio.py` (5.24); Chu et al., "Qwen2-Audio Technical Report" (2024).
 
 use kvcache::LayerCache;
-use mlx::{Array, Dtype};
+use mlx::Array;
 use serde_json::Value;
 
 use crate::arch::qwen2::{self, Qwen2};
@@ -26,6 +26,7 @@ use crate::audio::whisper::{self, Encoder};
 use crate::config::{Fields, dim, missing};
 use crate::linear::Linear;
 use crate::model::{Audio, AudioInput, Batch, Forward, Model, ModelSpec};
+use crate::placement::{MediaTokens, Placed, place_feature_rows};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -192,63 +193,17 @@ impl Qwen2Audio {
         audio_features: Option<&Array>,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        let (rows, width) = (batch.row_count(), batch.width()?);
-        let ids = batch.tokens.astype(Dtype::I32)?.to_vec::<i32>()?;
-        let audio = self.config.audio_token_index as i32;
-        let audio_tokens = ids.iter().filter(|&&id| id == audio).count();
-        let hidden = dim(self.config.text.hidden_size, "text_config.hidden_size")?;
-        if let Some(f) = audio_features {
-            let s = f.shape();
-            if s.len() != 2 || s[1] != hidden {
-                return Err(Error::InvalidInput(format!(
-                    "audio features of shape {s:?}, expected [rows, {hidden}]"
-                )));
-            }
-        }
-        let feature_rows = audio_features.map_or(Ok(0), |f| f.dim(0))? as usize;
-        if audio_tokens != feature_rows {
-            return Err(Error::InvalidInput(format!(
-                "{audio_tokens} audio tokens in the batch for {feature_rows} rows of audio \
-                 features"
-            )));
-        }
-        // An audio id past the vocabulary is looked up as 0; its row is replaced below.
-        let lookup = if (audio as usize) < self.config.text.vocab_size || audio_tokens == 0 {
-            batch.tokens.clone()
-        } else {
-            let safe: Vec<i32> = ids
-                .iter()
-                .map(|&id| if id == audio { 0 } else { id })
-                .collect();
-            Array::from_slice(&safe, &[rows as i32, width as i32])?
-        };
-        let mut embedded = self.language_model.embed(&lookup)?;
-        if let Some(features) = audio_features.filter(|_| audio_tokens > 0) {
-            // One gather over the text rows followed by the feature rows: each audio token's
-            // position takes the next feature row, every other position its own embedding.
-            let positions = rows * width;
-            let mut next = positions;
-            let index = ids
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    let from = if id == audio {
-                        next += 1;
-                        next - 1
-                    } else {
-                        i
-                    };
-                    i32::try_from(from).map_err(|_| {
-                        Error::InvalidInput(format!("{positions} positions are too many"))
-                    })
-                })
-                .collect::<Result<Vec<i32>>>()?;
-            let flat = embedded.reshape(&[-1, hidden])?;
-            let table = mlx::concatenate(&[flat.clone(), features.astype(flat.dtype())?], 0)?;
-            embedded = table
-                .take(&Array::from_slice(&index, &[index.len() as i32])?, 0)?
-                .reshape(&[rows as i32, width as i32, hidden])?;
-        }
+        let Placed { embedded, .. } = place_feature_rows(
+            batch,
+            &MediaTokens {
+                kind: "audio",
+                token: self.config.audio_token_index,
+                vocab_size: self.config.text.vocab_size,
+                hidden: dim(self.config.text.hidden_size, "text_config.hidden_size")?,
+            },
+            audio_features,
+            |tokens| self.language_model.embed(tokens),
+        )?;
         self.language_model
             .forward_embedded(embedded, batch, caches)
     }

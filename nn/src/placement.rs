@@ -1,14 +1,14 @@
-//! Putting image features where a prompt's image tokens are: each image token's input
-//! embedding is replaced by the next row of its image's features, in prompt order, row by
-//! row, as transformers' `masked_scatter` over the image-token mask does. Families that read
-//! images this way (Gemma 3, LLaVA) share it.
+//! Putting media features where a prompt's media tokens are: each image (or audio) token's
+//! input embedding is replaced by the next row of the features, in prompt order, row by row,
+//! as transformers' `masked_scatter` over the token mask does. Families that read images this
+//! way (Gemma 3, LLaVA) and audio (Qwen2-Audio) share it.
 
 use mlx::{Array, Dtype};
 
 use crate::model::Batch;
 use crate::{Error, Result};
 
-/// A batch's input embeddings with the image features in place, and its token ids row by row.
+/// A batch's input embeddings with the features in place, and its token ids row by row.
 pub(crate) struct Placed {
     /// `[rows, width, hidden]`.
     pub(crate) embedded: Array,
@@ -17,14 +17,14 @@ pub(crate) struct Placed {
 }
 
 /// What a family's text model needs to place features.
-pub(crate) struct ImageTokens {
+pub(crate) struct MediaTokens {
+    /// What the tokens stand for, for errors ("image", "audio").
+    pub(crate) kind: &'static str,
     /// The id whose embeddings the features replace.
-    pub(crate) image_token: u32,
-    /// The text model's vocabulary: an image id past it is looked up as 0 (as transformers
+    pub(crate) token: u32,
+    /// The text model's vocabulary: a media id past it is looked up as 0 (as transformers
     /// does), its row replaced either way.
     pub(crate) vocab_size: usize,
-    /// Rows of features per image.
-    pub(crate) tokens_per_image: i32,
     /// The text model's width.
     pub(crate) hidden: i32,
 }
@@ -35,7 +35,34 @@ pub(crate) struct ImageTokens {
 /// features have another shape.
 pub(crate) fn place_image_features(
     batch: &Batch,
-    image: &ImageTokens,
+    image: &MediaTokens,
+    tokens_per_image: i32,
+    features: Option<&Array>,
+    embed: impl FnOnce(&Array) -> Result<Array>,
+) -> Result<Placed> {
+    let hidden = image.hidden;
+    let rows = match features {
+        None => None,
+        Some(f) => {
+            let s = f.shape();
+            if s.len() != 3 || s[1] != tokens_per_image || s[2] != hidden {
+                return Err(Error::InvalidInput(format!(
+                    "image features of shape {s:?}, expected [images, {tokens_per_image}, \
+                     {hidden}]"
+                )));
+            }
+            Some(f.reshape(&[-1, hidden])?)
+        }
+    };
+    place_feature_rows(batch, image, rows.as_ref(), embed)
+}
+
+/// Embeds `batch.tokens` with `embed` and puts `features` (`[rows, hidden]`, one row per
+/// media token in the order the tokens appear) in their place. Fails when the batch's media
+/// tokens and the features' rows differ in number, or when the features have another width.
+pub(crate) fn place_feature_rows(
+    batch: &Batch,
+    media: &MediaTokens,
     features: Option<&Array>,
     embed: impl FnOnce(&Array) -> Result<Array>,
 ) -> Result<Placed> {
@@ -50,28 +77,23 @@ pub(crate) fn place_image_features(
                 .map_err(|_| Error::InvalidInput(format!("token id {id} is out of range")))
         })
         .collect::<Result<Vec<u32>>>()?;
-    let token = image.image_token;
-    let image_tokens = ids.iter().filter(|&&id| id == token).count();
-    let (tokens, hidden) = (image.tokens_per_image, image.hidden);
-    let features = match features {
-        None => None,
-        Some(f) => {
-            let s = f.shape();
-            if s.len() != 3 || s[1] != tokens || s[2] != hidden {
-                return Err(Error::InvalidInput(format!(
-                    "image features of shape {s:?}, expected [images, {tokens}, {hidden}]"
-                )));
-            }
-            Some(f.reshape(&[-1, hidden])?)
+    let (token, kind, hidden) = (media.token, media.kind, media.hidden);
+    let media_tokens = ids.iter().filter(|&&id| id == token).count();
+    if let Some(f) = features {
+        let s = f.shape();
+        if s.len() != 2 || s[1] != hidden {
+            return Err(Error::InvalidInput(format!(
+                "{kind} features of shape {s:?}, expected [rows, {hidden}]"
+            )));
         }
-    };
-    let feature_rows = features.as_ref().map_or(Ok(0), |f| f.dim(0))? as usize;
-    if image_tokens != feature_rows {
+    }
+    let feature_rows = features.map_or(Ok(0), |f| f.dim(0))? as usize;
+    if media_tokens != feature_rows {
         return Err(Error::InvalidInput(format!(
-            "{image_tokens} image tokens in the batch for {feature_rows} rows of image features"
+            "{media_tokens} {kind} tokens in the batch for {feature_rows} rows of {kind} features"
         )));
     }
-    let lookup = if (token as usize) < image.vocab_size || image_tokens == 0 {
+    let lookup = if (token as usize) < media.vocab_size || media_tokens == 0 {
         batch.tokens.clone()
     } else {
         let safe: Vec<i32> = ids
@@ -81,8 +103,8 @@ pub(crate) fn place_image_features(
         Array::from_slice(&safe, &[rows as i32, width as i32])?
     };
     let mut embedded = embed(&lookup)?;
-    if let Some(features) = features {
-        // One gather over the text rows followed by the feature rows: each image token's
+    if let Some(features) = features.filter(|_| media_tokens > 0) {
+        // One gather over the text rows followed by the feature rows: each media token's
         // position takes the next feature row, every other position its own embedding.
         let positions = rows * width;
         let mut next = positions;
