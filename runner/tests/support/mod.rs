@@ -70,6 +70,7 @@ pub fn start_server_in(
     config: LoopConfig,
     prepare: impl FnOnce(&Store),
 ) -> Option<Server> {
+    remove_at_exit(home.path());
     if !models.iter().all(|model| pulled(&store, model)) {
         return None;
     }
@@ -100,6 +101,34 @@ pub fn start_server_in(
         _runtime: runtime,
         _home: home,
     })
+}
+
+/// Removes `dir` when the test process exits. A binary's shared server lives in a `static`,
+/// which Rust never drops, so its home (a pulled model, hundreds of MB) would outlive every run
+/// and fill the disk; a server that is dropped removes its home itself, and this is then a
+/// no-op.
+#[allow(unsafe_code)] // registering an exit hook is a call into the C library
+fn remove_at_exit(dir: &std::path::Path) {
+    static DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_all() {
+        let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+        for dir in dirs.iter() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    unsafe extern "C" {
+        /// The C library's exit hook; the test harness leaves through `exit` both when every
+        /// test passed and when one failed.
+        fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    }
+    DIRS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+    // SAFETY: `remove_all` is a plain function that never unwinds, as `atexit` requires.
+    REGISTERED.call_once(|| unsafe {
+        atexit(remove_all);
+    });
 }
 
 /// A store in `home` holding `model` (pulled through the project's own path), or `None` (after
