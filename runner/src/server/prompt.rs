@@ -8,6 +8,7 @@ use serde_json::Value;
 use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
 
 use crate::engine::{ModelInfo, PromptImage};
+use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::images;
 
@@ -48,35 +49,33 @@ pub struct ChatMessage {
 /// Media attached to a request, decoded and checked.
 #[derive(Debug, Default)]
 pub struct Attachments {
-    /// Audio clips found.
+    /// How many of `media` are audio clips.
     pub audio: usize,
-    /// The bytes of each image found: the `[img-N]` tags in the messages name them by index.
-    pub image_bytes: Vec<Arc<[u8]>>,
+    /// The bytes of each image or audio clip found: the `[img-N]` tags in the messages name
+    /// them by index, whatever their kind (their bytes say which).
+    pub media: Vec<Arc<[u8]>>,
 }
 
 impl Attachments {
     /// Fails with a clear error when the model cannot take what was attached, before anything
     /// loads: an unknown model is "not found" first. A model takes images when its checkpoint
-    /// has a vision tower (its capabilities list `vision`); none takes audio yet.
+    /// has a vision tower (its capabilities list `vision`), audio when it has an audio encoder
+    /// (`audio`).
     pub fn require_supported(
         &self,
         store: &crate::store::Store,
         name: &crate::model_name::ModelName,
     ) -> Result<(), ApiError> {
-        let image_count = self.image_bytes.len();
+        let image_count = self.media.len().saturating_sub(self.audio);
         if image_count == 0 && self.audio == 0 {
             return Ok(());
         }
         let entry = store.get(name)?;
         let model = name.to_string();
+        let inputs =
+            crate::capabilities::Inputs::of_capabilities(&entry.manifest.details.capabilities);
         if image_count > 0 {
-            let vision = entry
-                .manifest
-                .details
-                .capabilities
-                .iter()
-                .any(|c| c == crate::capabilities::VISION);
-            if !vision {
+            if !inputs.vision {
                 return Err(ApiError::bad_request(format!(
                     "model `{model}` does not support images"
                 )));
@@ -89,9 +88,18 @@ impl Attachments {
             }
         }
         if self.audio > 0 {
-            return Err(ApiError::bad_request(format!(
-                "model `{model}` does not support audio"
-            )));
+            if !inputs.audio {
+                return Err(ApiError::bad_request(format!(
+                    "model `{model}` does not support audio"
+                )));
+            }
+            if self.audio > audio::MAX_CLIPS {
+                return Err(ApiError::bad_request(format!(
+                    "{} audio clips in one request, at most {} are accepted",
+                    self.audio,
+                    audio::MAX_CLIPS
+                )));
+            }
         }
         Ok(())
     }
@@ -123,10 +131,30 @@ pub fn image_url(url: &str) -> Result<Vec<u8>, ApiError> {
 impl Attachments {
     /// Keeps an image's bytes; returns the `[img-N]` tag that places it in a prompt.
     pub fn add_image(&mut self, bytes: Vec<u8>) -> String {
-        let tag = format!("[img-{}]", self.image_bytes.len());
-        self.image_bytes.push(bytes.into());
+        let tag = format!("[img-{}]", self.media.len());
+        self.media.push(bytes.into());
         tag
     }
+
+    /// Keeps an audio clip's bytes; returns the tag that places it in a prompt (the same
+    /// `[img-N]` media tag as images': the bytes tell the kinds apart).
+    pub fn add_audio(&mut self, bytes: Vec<u8>) -> String {
+        self.audio += 1;
+        self.add_image(bytes)
+    }
+}
+
+/// The bytes of an OpenAI `input_audio` part (`{"input_audio": {"data", "format"}}`), checked
+/// to be audio by their signature; decoding them under limits waits for a model that reads
+/// them.
+pub fn input_audio(part: &Value) -> Result<Vec<u8>, ApiError> {
+    let audio = part
+        .get("input_audio")
+        .ok_or_else(|| ApiError::bad_request("input_audio part without data"))?;
+    let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
+    let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
+    media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
+        .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))
 }
 
 fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
@@ -165,14 +193,8 @@ fn content_text(
                         text.push_str(&attachments.add_image(image_url(url)?));
                     }
                     "input_audio" => {
-                        let audio = part.get("input_audio").ok_or_else(|| {
-                            ApiError::bad_request("input_audio part without data")
-                        })?;
-                        let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
-                        let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
-                        media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
-                            .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))?;
-                        attachments.audio += 1;
+                        // The clip's place among the text parts.
+                        text.push_str(&attachments.add_audio(input_audio(part)?));
                     }
                     other => {
                         return Err(ApiError::bad_request(format!(
