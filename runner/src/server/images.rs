@@ -46,12 +46,14 @@ struct ItemLayout {
 /// and tokenizes the result (adding the model's BOS with `add_special`). Fails when a tag
 /// names an image not sent, when a dynamic-resolution model's image has no readable size, or
 /// when the text holds the image token itself (typed by a client), which would make its runs
-/// mismatch the images.
+/// mismatch the images. Audio clips whose segments are in `known` (from an earlier expansion
+/// of the same request) are not decoded again.
 pub fn expand(
     info: &ModelInfo,
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
+    known: &HashMap<usize, Vec<audio::Segment>>,
 ) -> Result<Expanded, ApiError> {
     if info.vision.is_none() && info.audio.is_none() {
         return Err(not_supported(info));
@@ -72,6 +74,9 @@ pub fn expand(
                         let bytes = images.get(*index).ok_or_else(|| {
                             ApiError::internal(format!("media item {index} was not kept"))
                         })?;
+                        if let Some(segments) = known.get(index) {
+                            clips.insert(*index, segments.clone());
+                        }
                         let done = item_layout(info, bytes, *index, &mut clips)?;
                         layouts.insert(*index, done.clone());
                         done
@@ -118,8 +123,8 @@ pub fn expand(
 }
 
 /// The layout of media item `index` (`bytes`): an image as the model lays out images, an
-/// audio clip as one run per segment (its segments kept in `clips`). Fails when the model
-/// does not read the item's kind.
+/// audio clip as one run per segment (its segments kept in `clips`, or taken from there when
+/// already cut). Fails when the model does not read the item's kind.
 fn item_layout(
     info: &ModelInfo,
     bytes: &[u8],
@@ -131,7 +136,10 @@ fn item_layout(
         let prompt = info.audio.as_ref().ok_or_else(|| {
             ApiError::bad_request(format!("model `{}` does not support audio", info.name))
         })?;
-        let segments = audio::segments(prompt, bytes)?;
+        let segments = match clips.remove(&index) {
+            Some(segments) => segments,
+            None => audio::segments(prompt, bytes)?,
+        };
         let layout = ItemLayout {
             text: audio::layout(prompt, &segments),
             runs: segments

@@ -1,6 +1,7 @@
 //! Turning a request into prompt tokens: chat messages through the model's template, media
 //! checked, the context enforced. Runs in the request's task, beside the engine's work.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -293,7 +294,7 @@ pub fn render_chat(
         .render(&messages, tools.filter(|t| !t.is_empty()), &options)
         .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
     // The template writes the special tokens itself (BOS included) as text.
-    let (tokens, prompt_images) = tokenize_with_images(info, &text, images, false)?;
+    let (tokens, prompt_images, clips) = tokenize_with_images(info, &text, images, false)?;
     let parser = info.family.map(|family| {
         let mut config = family.parser_config().with_think(think.unwrap_or(true));
         if tools.is_none_or(|t| t.is_empty()) {
@@ -302,7 +303,7 @@ pub fn render_chat(
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
-    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images)
+    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images, &clips)
         .into_iter()
         .collect();
     Ok(RenderedPrompt {
@@ -313,20 +314,23 @@ pub fn render_chat(
     })
 }
 
+/// The segments of each audio clip a prompt shows, by media index.
+type Clips = HashMap<usize, Vec<audio::Segment>>;
+
 /// Tokenizes `text` (adding the model's BOS with `add_special`); with `images`, its `[img-N]`
-/// tags expanded and the images prepared.
+/// tags expanded and the media prepared (the audio clips' segments returned for reuse).
 fn tokenize_with_images(
     info: &ModelInfo,
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
-) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+) -> Result<(Vec<u32>, Vec<PromptImage>, Clips), ApiError> {
     if images.is_empty() {
-        return Ok((encode(info, text, add_special)?, Vec::new()));
+        return Ok((encode(info, text, add_special)?, Vec::new(), Clips::new()));
     }
-    let expanded = images::expand(info, text, images, add_special)?;
+    let expanded = images::expand(info, text, images, add_special, &Clips::new())?;
     let prepared = images::prepare(info, &expanded, images)?;
-    Ok((expanded.tokens, prepared))
+    Ok((expanded.tokens, prepared, expanded.audio))
 }
 
 /// The offset where the last message begins: the tokens the conversation without it shares
@@ -338,6 +342,7 @@ fn last_turn_start(
     options: &RenderOptions,
     tokens: &[u32],
     images: &[Arc<[u8]>],
+    clips: &Clips,
 ) -> Option<usize> {
     let (_, earlier) = messages.split_last()?;
     if earlier.is_empty() {
@@ -353,7 +358,12 @@ fn last_turn_start(
         .ok()?;
     let head = match images {
         [] => info.tokenizer.encode(&text, false).ok()?,
-        _ => images::expand(info, &text, images, false).ok()?.tokens,
+        // The clips were cut for the whole prompt already: not decoded again.
+        _ => {
+            images::expand(info, &text, images, false, clips)
+                .ok()?
+                .tokens
+        }
     };
     let shared = head.iter().zip(tokens).take_while(|(a, b)| a == b).count();
     (shared > 0).then_some(shared)
@@ -375,7 +385,7 @@ pub fn render_raw(
             images: Vec::new(),
         });
     }
-    let (tokens, prompt_images) = tokenize_with_images(info, text, images, true)?;
+    let (tokens, prompt_images, _) = tokenize_with_images(info, text, images, true)?;
     Ok(RenderedPrompt {
         tokens,
         parser: None,
