@@ -1,26 +1,55 @@
 //! What a model can be asked to do, as `show` reports it: read from its chat template, since
 //! that is what decides whether tools and thinking reach the model at all, and from its
-//! checkpoint for images.
+//! checkpoint for images and audio.
 //!
 //! - `completion`: every model mlxkit serves generates text.
 //! - `vision`: the checkpoint carries a vision tower mlxkit builds (`vision_config` of an
 //!   architecture with an image side, [`nn::registry::image_input`]): Ollama's `images` and
 //!   OpenAI's `image_url` parts reach it (issue 21).
+//! - `audio`: the checkpoint carries an audio encoder mlxkit builds (`audio_config` of an
+//!   architecture with an audio side, [`nn::registry::audio_input`]): OpenAI's `input_audio`
+//!   parts reach it (issue 21).
 //! - `tools`: the template renders a `tools` list.
 //! - `thinking`: the template opens or strips a reasoning block (`<think>`, `enable_thinking`,
 //!   `reasoning_content`).
 //!
-//! Audio is left out until the runtime accepts sound for a model: a capability listed here is
-//! one a request can use.
+//! A capability listed here is one a request can use.
 
 /// The name of the image capability, as recorded in a manifest and shown.
 pub const VISION: &str = "vision";
 
-/// The capabilities of a model with this chat template that reads images when `vision`.
-pub fn of_model(template: Option<&str>, vision: bool) -> Vec<String> {
+/// The name of the audio capability, as recorded in a manifest and shown.
+pub const AUDIO: &str = "audio";
+
+/// What a checkpoint reads besides text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// It has a vision tower mlxkit builds.
+    pub vision: bool,
+    /// It has an audio encoder mlxkit builds.
+    pub audio: bool,
+}
+
+impl Inputs {
+    /// The inputs recorded in a manifest's capabilities.
+    pub fn of_capabilities(capabilities: &[String]) -> Inputs {
+        Inputs {
+            vision: capabilities.iter().any(|c| c == VISION),
+            audio: capabilities.iter().any(|c| c == AUDIO),
+        }
+    }
+}
+
+/// The capabilities of a model with this chat template that reads `inputs` besides text.
+pub fn of_model(template: Option<&str>, inputs: Inputs) -> Vec<String> {
     let mut out = of_template(template);
-    if vision {
-        out.insert(1, VISION.to_string());
+    // Media right after `completion`, images before audio, as Ollama lists them.
+    let mut at = 1;
+    for (has, name) in [(inputs.vision, VISION), (inputs.audio, AUDIO)] {
+        if has {
+            out.insert(at, name.to_string());
+            at += 1;
+        }
     }
     out
 }
@@ -60,9 +89,20 @@ mod tests {
             )),
             ["completion", "tools", "thinking"]
         );
+        let vision = Inputs {
+            vision: true,
+            audio: false,
+        };
         assert_eq!(
-            of_model(Some("{{ tools }}"), true),
+            of_model(Some("{{ tools }}"), vision),
             ["completion", "vision", "tools"]
         );
+        let audio = Inputs {
+            vision: false,
+            audio: true,
+        };
+        let listed = of_model(Some("{{ tools }}"), audio);
+        assert_eq!(listed, ["completion", "audio", "tools"]);
+        assert_eq!(Inputs::of_capabilities(&listed), audio);
     }
 }

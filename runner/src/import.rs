@@ -79,9 +79,14 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         source,
     };
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
-    let vision = nn::registry::image_input(checkpoint.config())
-        .map_err(model_err)?
-        .is_some();
+    let inputs = crate::capabilities::Inputs {
+        vision: nn::registry::image_input(checkpoint.config())
+            .map_err(model_err)?
+            .is_some(),
+        audio: nn::registry::audio_input(checkpoint.config())
+            .map_err(model_err)?
+            .is_some(),
+    };
     // The chat template, when the checkpoint carries a readable tokenizer.
     let tokenizer = match checkpoint.format() {
         quant::Format::Gguf => tokenizer::Tokenizer::from_gguf_file(path),
@@ -115,7 +120,7 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
             parameter_size: human_count(spec.parameters),
             quantization_level: quantization,
             context_length: spec.context_length,
-            capabilities: crate::capabilities::of_model(template.as_deref(), vision),
+            capabilities: crate::capabilities::of_model(template.as_deref(), inputs),
         },
     ))
 }

@@ -1,6 +1,7 @@
 //! `EncodedImages`: the vision encoder's outputs kept by content, so an image a conversation
 //! sends again is not encoded again when its prefix is not cached (a new place in the prompt,
-//! a prefix evicted, a different conversation).
+//! a prefix evicted, a different conversation). An audio model's segments are kept here the
+//! same way: their `MediaId`s are of another modality, so they never collide with images'.
 //!
 //! Least recently used entries go first once the byte budget is exceeded; the newest entry
 //! always stays, whatever its size, so a request never encodes its own image twice.

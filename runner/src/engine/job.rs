@@ -23,9 +23,10 @@ pub struct Job {
     /// Prompt offsets where a conversation turn starts (the last user message, say): the
     /// prefix cache keeps restore points there, so an edited or regenerated turn resumes.
     pub turn_starts: Vec<usize>,
-    /// The images in the prompt, in prompt order, for a model that reads images (empty
-    /// otherwise). Their tokens are the model's image token; the prefix cache keys them by
-    /// content, and a prefill chunk never splits one.
+    /// The media in the prompt, in prompt order: images for a model that reads images, audio
+    /// segments for one that reads audio (empty otherwise). Their tokens are the model's image
+    /// or audio token; the prefix cache keys them by content, and a prefill chunk never splits
+    /// one.
     pub images: Vec<PromptImage>,
     /// Whether and how to decode speculatively.
     pub speculation: Speculation,
@@ -63,10 +64,12 @@ impl Job {
     }
 }
 
-/// An image in a job's prompt.
+/// An image, or a segment of an audio clip, in a job's prompt: a run of tokens whose
+/// embeddings an encoder's features replace.
 #[derive(Debug, Clone)]
 pub struct PromptImage {
-    /// The prompt positions of its image tokens (the markers around them are text).
+    /// The prompt positions of its image (or audio) tokens (the markers around them are
+    /// text).
     pub tokens: Range<usize>,
     /// Its content's identity under the model's preprocessing: keys the prefix cache and the
     /// engine's cache of encoded images.
@@ -75,20 +78,28 @@ pub struct PromptImage {
     pub input: EncoderInput,
 }
 
-/// An image preprocessed for its model's encoder.
+/// An image or audio segment preprocessed for its model's encoder.
 #[derive(Debug, Clone)]
 pub enum EncoderInput {
     /// Channel-first pixels of the encoder's one size (Gemma 3, LLaVA).
     Pixels(Arc<media::PixelValues>),
     /// Flattened patches and their grid, for a dynamic-resolution encoder (Qwen2.5-VL).
     Patches(Arc<media::ImagePatches>),
+    /// Log-mel features of one segment of a clip, at most the encoder's window long
+    /// (Qwen2-Audio).
+    Audio(Arc<media::LogMel>),
 }
 
 impl PromptImage {
+    /// Whether it is a segment of audio rather than an image.
+    pub fn is_audio(&self) -> bool {
+        matches!(self.input, EncoderInput::Audio(_))
+    }
+
     /// Its grid, when its encoder takes patches: what places its tokens' rotary positions.
     pub fn grid(&self) -> Option<nn::ImageGrid> {
         match &self.input {
-            EncoderInput::Pixels(_) => None,
+            EncoderInput::Pixels(_) | EncoderInput::Audio(_) => None,
             EncoderInput::Patches(patches) => Some(nn::ImageGrid {
                 t: patches.grid.t as usize,
                 h: patches.grid.h as usize,
@@ -228,6 +239,11 @@ pub struct Stats {
     /// Images its prompt needed that the vision encoder ran for (not served from the prefix
     /// cache nor from the cache of encoded images).
     pub images_encoded: usize,
+    /// Audio segments in its prompt (a clip longer than the encoder's window is several).
+    pub audio: usize,
+    /// Audio segments its prompt needed that the audio encoder ran for (not served from the
+    /// prefix cache nor from the cache of encoded features).
+    pub audio_encoded: usize,
 }
 
 /// What speculation did for one job.

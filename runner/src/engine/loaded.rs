@@ -554,7 +554,8 @@ impl LoadedModel {
             stats: Stats {
                 prompt_tokens: prompt_len,
                 cached_tokens: restore_at,
-                images: job.images.len(),
+                images: job.images.iter().filter(|m| !m.is_audio()).count(),
+                audio: job.images.iter().filter(|m| m.is_audio()).count(),
                 ..Stats::default()
             },
             admitted: Instant::now(),
@@ -665,6 +666,9 @@ impl LoadedModel {
         if job.images.is_empty() {
             return Ok(());
         }
+        if job.images.iter().any(PromptImage::is_audio) {
+            return self.check_audio(job);
+        }
         let Some(vision) = self.model.vision() else {
             return Err(StepError::Invalid("this model does not read images".into()));
         };
@@ -717,6 +721,62 @@ impl LoadedModel {
         Ok(())
     }
 
+    /// [`Self::check_images`] for a prompt with audio: every media item must be an audio
+    /// segment, each range exactly the audio tokens its valid frames make
+    /// ([`nn::Audio::audio_tokens`]), in order, and no other audio token in the prompt.
+    fn check_audio(&self, job: &Job) -> Result<()> {
+        let Some(audio) = self.model.audio() else {
+            return Err(StepError::Invalid("this model does not read audio".into()));
+        };
+        let input = audio.audio_input();
+        let mut previous_end = 0;
+        let mut expected_total = 0;
+        for (n, segment) in job.images.iter().enumerate() {
+            let EncoderInput::Audio(mel) = &segment.input else {
+                return Err(StepError::Invalid(format!(
+                    "media item {n} is an image in a prompt with audio"
+                )));
+            };
+            if mel.feature_size != input.num_mel_bins || mel.frames != input.max_frames {
+                return Err(StepError::Invalid(format!(
+                    "audio segment {n} has {} bins by {} frames; the encoder takes {} by {}",
+                    mel.feature_size, mel.frames, input.num_mel_bins, input.max_frames
+                )));
+            }
+            let expected = audio.audio_tokens(mel.valid_frames);
+            let range = segment.tokens.clone();
+            let holds_audio = job
+                .prompt
+                .get(range.clone())
+                .is_some_and(|ids| ids.iter().all(|&id| id == input.audio_token));
+            if expected == 0
+                || range.start < previous_end
+                || range.len() != expected
+                || !holds_audio
+            {
+                return Err(StepError::Invalid(format!(
+                    "audio segment {n} at prompt tokens {range:?} is not {expected} audio \
+                     tokens after the previous segment"
+                )));
+            }
+            previous_end = range.end;
+            expected_total += expected;
+        }
+        let audio_tokens = job
+            .prompt
+            .iter()
+            .filter(|&&id| id == input.audio_token)
+            .count();
+        if audio_tokens != expected_total {
+            return Err(StepError::Invalid(format!(
+                "the prompt holds {audio_tokens} audio tokens for {} segments of \
+                 {expected_total} tokens",
+                job.images.len(),
+            )));
+        }
+        Ok(())
+    }
+
     /// `n`, or another length so that the chunk of sequence `index` does not end inside an
     /// image: shorter, to stop before it, or, when the chunk starts with it, just long enough
     /// to take it whole (an image's tokens attend to each other both ways).
@@ -736,10 +796,27 @@ impl LoadedModel {
         }
     }
 
-    /// The features of `image`: kept from an earlier encode, or encoded now (counted in
-    /// `encoded`).
+    /// The features of `image` (or audio segment): kept from an earlier encode, or encoded now
+    /// (counted in `encoded`).
     fn features_of(&mut self, image: &PromptImage, encoded: &mut usize) -> Result<Array> {
         if let Some(features) = self.encoded.get(&image.id) {
+            return Ok(features);
+        }
+        if let EncoderInput::Audio(mel) = &image.input {
+            let audio = self
+                .model
+                .audio()
+                .ok_or_else(|| StepError::Invalid("this model does not read audio".into()))?;
+            let shape = [
+                1,
+                i32::try_from(mel.feature_size).unwrap_or(i32::MAX),
+                i32::try_from(mel.frames).unwrap_or(i32::MAX),
+            ];
+            let features =
+                audio.encode_audio(&Array::from_slice(&mel.features, &shape)?, mel.valid_frames)?;
+            mlx::eval([&features])?;
+            *encoded += 1;
+            self.encoded.insert(image.id, features.clone());
             return Ok(features);
         }
         let Some(vision) = self.model.vision() else {
@@ -763,6 +840,9 @@ impl LoadedModel {
             }
             (EncoderInput::Patches(_), None) => {
                 return Err(StepError::Invalid("image patches without a grid".into()));
+            }
+            (EncoderInput::Audio(_), _) => {
+                return Err(StepError::Invalid("audio where an image was due".into()));
             }
         };
         mlx::eval([&features])?;
@@ -1008,25 +1088,32 @@ impl LoadedModel {
             .map(|&i| self.chunk_rope_delta(i, width))
             .collect::<Result<Vec<i64>>>()?;
         let images = self.chunk_images(group, width)?;
-        let out = match images {
-            None => {
-                let mut caches = caches_of(&mut self.sequences, group)?;
-                self.model.forward_rows(&batch, &mut caches)?
-            }
-            Some((features, grids)) => {
-                let vision = self
-                    .model
-                    .vision()
-                    .ok_or_else(|| StepError::Invalid("this model does not read images".into()))?;
-                let mut caches = caches_of(&mut self.sequences, group)?;
-                vision.forward_rows_with_image_grids(
-                    &batch,
-                    Some(&features),
-                    &grids,
-                    &mut caches,
-                )?
-            }
-        };
+        let out =
+            match images {
+                None => {
+                    let mut caches = caches_of(&mut self.sequences, group)?;
+                    self.model.forward_rows(&batch, &mut caches)?
+                }
+                Some((features, _)) if self.model.audio().is_some() => {
+                    let audio = self.model.audio().ok_or_else(|| {
+                        StepError::Invalid("this model does not read audio".into())
+                    })?;
+                    let mut caches = caches_of(&mut self.sequences, group)?;
+                    audio.forward_rows_with_audio(&batch, Some(&features), &mut caches)?
+                }
+                Some((features, grids)) => {
+                    let vision = self.model.vision().ok_or_else(|| {
+                        StepError::Invalid("this model does not read images".into())
+                    })?;
+                    let mut caches = caches_of(&mut self.sequences, group)?;
+                    vision.forward_rows_with_image_grids(
+                        &batch,
+                        Some(&features),
+                        &grids,
+                        &mut caches,
+                    )?
+                }
+            };
         let mut ends = Vec::with_capacity(group.len());
         let mut unfinished = Vec::new();
         for (row, &i) in group.iter().enumerate() {
@@ -1121,7 +1208,12 @@ impl LoadedModel {
             let mut encoded = 0;
             features.push(self.features_of(&image, &mut encoded)?);
             grids.extend(image.grid());
-            self.sequences[i].stats.images_encoded += encoded;
+            let stats = &mut self.sequences[i].stats;
+            if image.is_audio() {
+                stats.audio_encoded += encoded;
+            } else {
+                stats.images_encoded += encoded;
+            }
         }
         Ok(Some((mlx::concatenate(&features, 0)?, grids)))
     }

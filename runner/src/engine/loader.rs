@@ -90,6 +90,94 @@ pub struct ModelInfo {
     pub draft: Option<ModelName>,
     /// How images enter its prompts, when it reads images.
     pub vision: Option<ImagePrompt>,
+    /// How audio enters its prompts, when it reads audio.
+    pub audio: Option<AudioPrompt>,
+}
+
+/// How a model that reads audio takes a clip in a prompt: cut into segments of at most the
+/// encoder's window, each turned into log-mel features and laid out as `start`, its audio
+/// tokens, `end` (Qwen2-Audio's processor writes `<|audio_bos|>`, one `<|AUDIO|>` per encoded
+/// row, `<|audio_eos|>`).
+#[derive(Debug, Clone)]
+pub struct AudioPrompt {
+    /// The encoder's input and the audio token.
+    pub input: nn::AudioInput,
+    /// The feature extractor the encoder was trained behind, its window the encoder's.
+    pub features: media::LogMelConfig,
+    /// Audio tokens a segment filling `n` frames takes, for each `n` up to the window: the
+    /// model's count ([`nn::Audio::audio_tokens`]) read once at load, since prompts are
+    /// prepared away from the model.
+    pub tokens_for_frames: Vec<usize>,
+    /// The text of the marker before a segment's audio tokens.
+    pub start: String,
+    /// The text of one audio token.
+    pub audio: String,
+    /// The text of the marker after them.
+    pub end: String,
+}
+
+impl AudioPrompt {
+    /// The marker texts Qwen2-Audio's processor puts around a clip's audio tokens (its
+    /// `audio_bos_token` and `audio_eos_token`); the only audio family mlxkit builds.
+    const MARKERS: (&'static str, &'static str) = ("<|audio_bos|>", "<|audio_eos|>");
+
+    /// The prompt side of `audio` for a model with `tokenizer`; fails when the vocabulary has
+    /// no text for the audio token or the markers (without them two segments' tokens would
+    /// run together), or when the encoder's window is not a whole number of seconds of 10 ms
+    /// frames (no Whisper extractor makes it).
+    pub fn new(audio: &dyn nn::Audio, tokenizer: &Tokenizer) -> Result<AudioPrompt, String> {
+        let input = audio.audio_input();
+        let token = tokenizer
+            .id_to_token(input.audio_token)
+            .filter(|text| tokenizer.token_to_id(text) == Some(input.audio_token))
+            .ok_or_else(|| {
+                format!(
+                    "the vocabulary has no token {} (the audio token)",
+                    input.audio_token
+                )
+            })?;
+        let marker = |text: &str| -> Result<String, String> {
+            tokenizer
+                .token_to_id(text)
+                .map(|_| text.to_string())
+                .ok_or_else(|| format!("the vocabulary has no `{text}` to mark audio"))
+        };
+        let (start, end) = (marker(Self::MARKERS.0)?, marker(Self::MARKERS.1)?);
+        let mut features = media::LogMelConfig::whisper(input.num_mel_bins);
+        let hop = features.hop_length;
+        let per_second = features.sampling_rate as usize / hop;
+        if input.max_frames == 0 || !input.max_frames.is_multiple_of(per_second) {
+            return Err(format!(
+                "an audio window of {} frames is not a whole number of seconds",
+                input.max_frames
+            ));
+        }
+        features.chunk_length = input.max_frames / per_second;
+        if features.frames() != input.max_frames {
+            return Err(format!(
+                "log-mel features of {} frames for an encoder window of {}",
+                features.frames(),
+                input.max_frames
+            ));
+        }
+        features.check().map_err(|e| e.to_string())?;
+        let tokens_for_frames = (0..=input.max_frames)
+            .map(|n| audio.audio_tokens(n))
+            .collect();
+        Ok(AudioPrompt {
+            input,
+            features,
+            tokens_for_frames,
+            start,
+            audio: token,
+            end,
+        })
+    }
+
+    /// Seconds of audio one segment holds at most: the encoder's window.
+    pub fn window_seconds(&self) -> f64 {
+        self.features.chunk_length as f64
+    }
 }
 
 /// How a model that reads images takes them in a prompt.
@@ -366,6 +454,12 @@ pub fn load(
         .map(|v| ImagePrompt::new(v, preprocessor.as_ref(), &tokenizer))
         .transpose()
         .map_err(|reason| model_err(nn::Error::Config(reason)))?;
+    let audio = loaded
+        .model
+        .audio()
+        .map(|a| AudioPrompt::new(a, &tokenizer))
+        .transpose()
+        .map_err(|reason| model_err(nn::Error::Config(reason)))?;
     // Padded head rows beyond the tokenizer would be ids no reply can decode.
     let model =
         nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, tokenizer.vocab_size());
@@ -399,6 +493,7 @@ pub fn load(
             grammar_compiler: OnceLock::new(),
             draft,
             vision,
+            audio,
         },
     ))
 }

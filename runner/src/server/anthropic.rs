@@ -403,7 +403,7 @@ pub async fn messages(
         _ => conversation.tools,
     };
     let job = ChatJob {
-        images: conversation.attachments.image_bytes,
+        images: conversation.attachments.media,
         messages: conversation.messages,
         requested: Requested {
             format: None,

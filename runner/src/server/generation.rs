@@ -82,13 +82,23 @@ pub fn drafter_name(spec: &SpeculationStats, draft: Option<&ModelName>) -> Strin
     }
 }
 
-/// Adds the extension field naming how many of the prompt's images the vision encoder ran
-/// for (the rest came from its cache), when the prompt had images.
+/// Adds the extension fields naming how many of the prompt's images the vision encoder ran
+/// for (the rest came from its cache), when the prompt had images, and how many of its audio
+/// segments the audio encoder ran for, when it had audio.
 pub fn insert_images_encoded(object: &mut serde_json::Value, stats: &Stats) {
-    if let (true, Some(map)) = (stats.images > 0, object.as_object_mut()) {
+    let Some(map) = object.as_object_mut() else {
+        return;
+    };
+    if stats.images > 0 {
         map.insert(
             "images_encoded".into(),
             serde_json::json!(stats.images_encoded),
+        );
+    }
+    if stats.audio > 0 {
+        map.insert(
+            "audio_encoded".into(),
+            serde_json::json!(stats.audio_encoded),
         );
     }
 }

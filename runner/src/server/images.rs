@@ -3,6 +3,9 @@
 //! rendered text ([`crate::engine::loader::ImagePrompt::expansion`]), the text is tokenized in
 //! one piece as the model's processor does, and each run of image tokens is matched to its
 //! image, decoded under [`media::ImageLimits`] and preprocessed for the encoder.
+//!
+//! A tag's item may be an audio clip instead, for a model that reads audio: it becomes one run
+//! of audio tokens per segment of the clip ([`crate::server::audio`]), matched the same way.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -10,6 +13,7 @@ use std::sync::Arc;
 
 use crate::engine::loader::{ImageLayout, ImagePrompt};
 use crate::engine::{EncoderInput, ModelInfo, PromptImage};
+use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::prompt;
 
@@ -22,61 +26,135 @@ pub const MAX_IMAGES: usize = 32;
 pub struct Expanded {
     /// Prompt token ids.
     pub tokens: Vec<u32>,
-    /// Each image's token range and which of the request's images it is.
-    pub images: Vec<(Range<usize>, usize)>,
+    /// Each image's (or audio segment's) token range, which of the request's media it is and,
+    /// for audio, which segment of the clip.
+    pub images: Vec<(Range<usize>, usize, usize)>,
+    /// The segments of each audio clip the prompt shows, by media index: decoded once here,
+    /// since their token counts decide the layout.
+    pub audio: HashMap<usize, Vec<audio::Segment>>,
+}
+
+/// What a tag's item becomes: its text, and per run of media tokens in it, the token and
+/// the run's length.
+#[derive(Clone)]
+struct ItemLayout {
+    text: String,
+    runs: Vec<(u32, usize)>,
 }
 
 /// Expands the `[img-N]` tags of `text` (N below `images.len()`) into `info`'s image layout
 /// and tokenizes the result (adding the model's BOS with `add_special`). Fails when a tag
 /// names an image not sent, when a dynamic-resolution model's image has no readable size, or
 /// when the text holds the image token itself (typed by a client), which would make its runs
-/// mismatch the images.
+/// mismatch the images. Audio clips whose segments are in `known` (from an earlier expansion
+/// of the same request) are not decoded again.
 pub fn expand(
     info: &ModelInfo,
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
+    known: &HashMap<usize, Vec<audio::Segment>>,
 ) -> Result<Expanded, ApiError> {
-    let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
+    if info.vision.is_none() && info.audio.is_none() {
+        return Err(not_supported(info));
+    }
     let segments = media::split_prompt(text, images.len())
-        .map_err(|e| ApiError::bad_request(format!("images in the prompt: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("media in the prompt: {e}")))?;
     let mut expanded = String::with_capacity(text.len());
-    let mut order = Vec::new();
-    let mut layouts: HashMap<usize, (String, usize)> = HashMap::new();
+    let mut order: Vec<(usize, usize, u32, usize)> = Vec::new();
+    let mut layouts: HashMap<usize, ItemLayout> = HashMap::new();
+    let mut clips: HashMap<usize, Vec<audio::Segment>> = HashMap::new();
     for segment in &segments {
         match segment {
             media::Segment::Text(t) => expanded.push_str(t),
             media::Segment::Media(index) => {
-                let (layout, count) = match layouts.get(index) {
+                let layout = match layouts.get(index) {
                     Some(done) => done.clone(),
                     None => {
                         let bytes = images.get(*index).ok_or_else(|| {
-                            ApiError::internal(format!("image {index} was not kept"))
+                            ApiError::internal(format!("media item {index} was not kept"))
                         })?;
-                        let done = image_layout(vision, bytes)?;
+                        if let Some(segments) = known.get(index) {
+                            clips.insert(*index, segments.clone());
+                        }
+                        let done = item_layout(info, bytes, *index, &mut clips)?;
                         layouts.insert(*index, done.clone());
                         done
                     }
                 };
-                expanded.push_str(&layout);
-                order.push((*index, count));
+                expanded.push_str(&layout.text);
+                for (k, &(token, count)) in layout.runs.iter().enumerate() {
+                    order.push((*index, k, token, count));
+                }
             }
         }
     }
     let tokens = prompt::encode(info, &expanded, add_special)?;
-    let runs = image_runs(&tokens, vision.input.image_token);
-    if runs.len() != order.len() || runs.iter().zip(&order).any(|(r, &(_, n))| r.len() != n) {
+    let media_tokens: Vec<u32> = info
+        .vision
+        .iter()
+        .map(|v| v.input.image_token)
+        .chain(info.audio.iter().map(|a| a.input.audio_token))
+        .collect();
+    let runs = media_runs(&tokens, &media_tokens);
+    let matches = runs.len() == order.len()
+        && runs
+            .iter()
+            .zip(&order)
+            .all(|((range, token), &(_, _, want, n))| *token == want && range.len() == n);
+    if !matches {
         return Err(ApiError::bad_request(format!(
-            "the prompt holds image tokens besides its {} images'",
+            "the prompt holds image or audio tokens besides those of its {} media runs",
             order.len()
         )));
     }
-    let order: Vec<usize> = order.into_iter().map(|(index, _)| index).collect();
-    media::validate_expansions(&runs, order.len(), tokens.len())
-        .map_err(|e| ApiError::internal(format!("laying out the images: {e}")))?;
+    let ranges: Vec<Range<usize>> = runs.into_iter().map(|(range, _)| range).collect();
+    media::validate_expansions(&ranges, order.len(), tokens.len())
+        .map_err(|e| ApiError::internal(format!("laying out the media: {e}")))?;
     Ok(Expanded {
         tokens,
-        images: runs.into_iter().zip(order).collect(),
+        images: ranges
+            .into_iter()
+            .zip(order)
+            .map(|(range, (index, k, _, _))| (range, index, k))
+            .collect(),
+        audio: clips,
+    })
+}
+
+/// The layout of media item `index` (`bytes`): an image as the model lays out images, an
+/// audio clip as one run per segment (its segments kept in `clips`, or taken from there when
+/// already cut). Fails when the model does not read the item's kind.
+fn item_layout(
+    info: &ModelInfo,
+    bytes: &[u8],
+    index: usize,
+    clips: &mut HashMap<usize, Vec<audio::Segment>>,
+) -> Result<ItemLayout, ApiError> {
+    let is_audio = matches!(media::detect(bytes), Ok(media::MediaFormat::Audio(_)));
+    if is_audio {
+        let prompt = info.audio.as_ref().ok_or_else(|| {
+            ApiError::bad_request(format!("model `{}` does not support audio", info.name))
+        })?;
+        let segments = match clips.remove(&index) {
+            Some(segments) => segments,
+            None => audio::segments(prompt, bytes)?,
+        };
+        let layout = ItemLayout {
+            text: audio::layout(prompt, &segments),
+            runs: segments
+                .iter()
+                .map(|s| (prompt.input.audio_token, s.tokens))
+                .collect(),
+        };
+        clips.insert(index, segments);
+        return Ok(layout);
+    }
+    let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
+    let (text, count) = image_layout(vision, bytes)?;
+    Ok(ItemLayout {
+        text,
+        runs: vec![(vision.input.image_token, count)],
     })
 }
 
@@ -110,22 +188,23 @@ fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, usize), A
     }
 }
 
-/// Each maximal run of `image_token` in `tokens`.
-fn image_runs(tokens: &[u32], image_token: u32) -> Vec<Range<usize>> {
+/// Each maximal run of one of `media_tokens` in `tokens`, with its token.
+fn media_runs(tokens: &[u32], media_tokens: &[u32]) -> Vec<(Range<usize>, u32)> {
     let mut runs = Vec::new();
-    let mut start = None;
+    let mut open: Option<(usize, u32)> = None;
     for (at, &id) in tokens.iter().enumerate() {
-        match (id == image_token, start) {
-            (true, None) => start = Some(at),
-            (false, Some(s)) => {
-                runs.push(s..at);
-                start = None;
-            }
-            _ => {}
+        if let Some((start, token)) = open
+            && token != id
+        {
+            runs.push((start..at, token));
+            open = None;
+        }
+        if open.is_none() && media_tokens.contains(&id) {
+            open = Some((at, id));
         }
     }
-    if let Some(s) = start {
-        runs.push(s..tokens.len());
+    if let Some((start, token)) = open {
+        runs.push((start..tokens.len(), token));
     }
     runs
 }
@@ -137,11 +216,22 @@ pub fn prepare(
     expanded: &Expanded,
     images: &[Arc<[u8]>],
 ) -> Result<Vec<PromptImage>, ApiError> {
-    let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
     let limits = media::ImageLimits::default();
     let mut prepared: HashMap<usize, (media::MediaId, EncoderInput)> = HashMap::new();
     let mut out = Vec::with_capacity(expanded.images.len());
-    for (range, index) in &expanded.images {
+    for (range, index, segment) in &expanded.images {
+        if let Some(clip) = expanded.audio.get(index) {
+            let segment = clip.get(*segment).ok_or_else(|| {
+                ApiError::internal(format!("audio {index} has no segment {segment}"))
+            })?;
+            out.push(PromptImage {
+                tokens: range.clone(),
+                id: segment.id,
+                input: EncoderInput::Audio(segment.features.clone()),
+            });
+            continue;
+        }
+        let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
         let (id, input) = match prepared.get(index) {
             Some(done) => done.clone(),
             None => {
@@ -181,12 +271,20 @@ fn not_supported(info: &ModelInfo) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::image_runs;
+    use super::media_runs;
 
     #[test]
-    fn runs_of_the_image_token() {
-        assert_eq!(image_runs(&[1, 9, 9, 2, 9, 3], 9), vec![1..3, 4..5]);
-        assert_eq!(image_runs(&[9, 9], 9), vec![0..2]);
-        assert!(image_runs(&[1, 2], 9).is_empty());
+    fn runs_of_media_tokens() {
+        assert_eq!(
+            media_runs(&[1, 9, 9, 2, 9, 3], &[9]),
+            vec![(1..3, 9), (4..5, 9)]
+        );
+        assert_eq!(media_runs(&[9, 9], &[9]), vec![(0..2, 9)]);
+        assert!(media_runs(&[1, 2], &[9]).is_empty());
+        // Runs of two different media tokens side by side are two runs.
+        assert_eq!(
+            media_runs(&[8, 8, 9, 1], &[8, 9]),
+            vec![(0..2, 8), (2..3, 9)]
+        );
     }
 }

@@ -11,7 +11,8 @@
 //!   it counts.
 //! - `sse`: server-sent event streams (OpenAI's `data:` lines, Anthropic's named events).
 //! - `prompt`: requests → prompt tokens (templates, media checks, context); `images`: a
-//!   prompt's `[img-N]` tags laid out as the model takes images, and the images prepared.
+//!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
+//!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
 //! - `listen`: accepting connections, with header time limits; `cors`: which browser origins
@@ -20,6 +21,7 @@
 //!   sent inside the stream.
 
 pub mod anthropic;
+pub mod audio;
 pub mod chat;
 pub mod cors;
 pub mod embeddings;

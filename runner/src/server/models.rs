@@ -136,15 +136,11 @@ pub async fn show(
             })
         });
     // An overridden template decides; else what was recorded at import; else the loaded
-    // tokenizer's template (manifests written before capabilities were recorded). Images come
-    // from the checkpoint, as recorded at import.
-    let vision = m
-        .details
-        .capabilities
-        .iter()
-        .any(|c| c == crate::capabilities::VISION);
+    // tokenizer's template (manifests written before capabilities were recorded). Images and
+    // audio come from the checkpoint, as recorded at import.
+    let inputs = crate::capabilities::Inputs::of_capabilities(&m.details.capabilities);
     let capabilities = match (&m.template, m.details.capabilities.is_empty()) {
-        (Some(own), _) => crate::capabilities::of_model(Some(own), vision),
+        (Some(own), _) => crate::capabilities::of_model(Some(own), inputs),
         (None, false) => m.details.capabilities.clone(),
         (None, true) => {
             crate::capabilities::of_template(Some(template.as_str()).filter(|t| !t.is_empty()))

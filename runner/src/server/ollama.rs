@@ -197,7 +197,7 @@ pub async fn generate(
     }
     let info = lease.info.clone();
     let (suffix, raw, system, think) = (req.suffix, req.raw, req.system, c.think);
-    let images = attachments.image_bytes;
+    let images = attachments.media;
     let rendered = prompt::off_runtime(move || {
         if let Some(suffix) = suffix.filter(|s| !s.is_empty()) {
             if !images.is_empty() {
@@ -258,7 +258,7 @@ pub async fn chat(
         .into_response());
     }
     let info = lease.info.clone();
-    let (tools, think, images) = (req.tools.clone(), c.think, attachments.image_bytes);
+    let (tools, think, images) = (req.tools.clone(), c.think, attachments.media);
     let rendered = prompt::off_runtime(move || {
         prompt::render_chat(&info, messages, tools.as_deref(), think, &images)
     })
@@ -340,6 +340,9 @@ fn done_fields(summary: &Summary) -> Map<String, Value> {
     // (the others came from the prefix cache or the cache of encoded images).
     if s.images > 0 {
         m.insert("images_encoded".into(), json!(s.images_encoded));
+    }
+    if s.audio > 0 {
+        m.insert("audio_encoded".into(), json!(s.audio_encoded));
     }
     // Not in Ollama's API either: what speculative decoding did.
     if let Some(spec) = &s.speculation {

@@ -226,7 +226,7 @@ pub async fn chat_completions(
     };
     let job = ChatJob {
         messages,
-        images: attachments.image_bytes,
+        images: attachments.media,
         requested,
         think: req.reasoning_effort.as_deref().map(|e| e != "none"),
         options,

@@ -1,6 +1,7 @@
 //! Turning a request into prompt tokens: chat messages through the model's template, media
 //! checked, the context enforced. Runs in the request's task, beside the engine's work.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -8,6 +9,7 @@ use serde_json::Value;
 use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
 
 use crate::engine::{ModelInfo, PromptImage};
+use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::images;
 
@@ -48,35 +50,33 @@ pub struct ChatMessage {
 /// Media attached to a request, decoded and checked.
 #[derive(Debug, Default)]
 pub struct Attachments {
-    /// Audio clips found.
+    /// How many of `media` are audio clips.
     pub audio: usize,
-    /// The bytes of each image found: the `[img-N]` tags in the messages name them by index.
-    pub image_bytes: Vec<Arc<[u8]>>,
+    /// The bytes of each image or audio clip found: the `[img-N]` tags in the messages name
+    /// them by index, whatever their kind (their bytes say which).
+    pub media: Vec<Arc<[u8]>>,
 }
 
 impl Attachments {
     /// Fails with a clear error when the model cannot take what was attached, before anything
     /// loads: an unknown model is "not found" first. A model takes images when its checkpoint
-    /// has a vision tower (its capabilities list `vision`); none takes audio yet.
+    /// has a vision tower (its capabilities list `vision`), audio when it has an audio encoder
+    /// (`audio`).
     pub fn require_supported(
         &self,
         store: &crate::store::Store,
         name: &crate::model_name::ModelName,
     ) -> Result<(), ApiError> {
-        let image_count = self.image_bytes.len();
+        let image_count = self.media.len().saturating_sub(self.audio);
         if image_count == 0 && self.audio == 0 {
             return Ok(());
         }
         let entry = store.get(name)?;
         let model = name.to_string();
+        let inputs =
+            crate::capabilities::Inputs::of_capabilities(&entry.manifest.details.capabilities);
         if image_count > 0 {
-            let vision = entry
-                .manifest
-                .details
-                .capabilities
-                .iter()
-                .any(|c| c == crate::capabilities::VISION);
-            if !vision {
+            if !inputs.vision {
                 return Err(ApiError::bad_request(format!(
                     "model `{model}` does not support images"
                 )));
@@ -89,9 +89,18 @@ impl Attachments {
             }
         }
         if self.audio > 0 {
-            return Err(ApiError::bad_request(format!(
-                "model `{model}` does not support audio"
-            )));
+            if !inputs.audio {
+                return Err(ApiError::bad_request(format!(
+                    "model `{model}` does not support audio"
+                )));
+            }
+            if self.audio > audio::MAX_CLIPS {
+                return Err(ApiError::bad_request(format!(
+                    "{} audio clips in one request, at most {} are accepted",
+                    self.audio,
+                    audio::MAX_CLIPS
+                )));
+            }
         }
         Ok(())
     }
@@ -123,10 +132,30 @@ pub fn image_url(url: &str) -> Result<Vec<u8>, ApiError> {
 impl Attachments {
     /// Keeps an image's bytes; returns the `[img-N]` tag that places it in a prompt.
     pub fn add_image(&mut self, bytes: Vec<u8>) -> String {
-        let tag = format!("[img-{}]", self.image_bytes.len());
-        self.image_bytes.push(bytes.into());
+        let tag = format!("[img-{}]", self.media.len());
+        self.media.push(bytes.into());
         tag
     }
+
+    /// Keeps an audio clip's bytes; returns the tag that places it in a prompt (the same
+    /// `[img-N]` media tag as images': the bytes tell the kinds apart).
+    pub fn add_audio(&mut self, bytes: Vec<u8>) -> String {
+        self.audio += 1;
+        self.add_image(bytes)
+    }
+}
+
+/// The bytes of an OpenAI `input_audio` part (`{"input_audio": {"data", "format"}}`), checked
+/// to be audio by their signature; decoding them under limits waits for a model that reads
+/// them.
+pub fn input_audio(part: &Value) -> Result<Vec<u8>, ApiError> {
+    let audio = part
+        .get("input_audio")
+        .ok_or_else(|| ApiError::bad_request("input_audio part without data"))?;
+    let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
+    let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
+    media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
+        .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))
 }
 
 fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
@@ -165,14 +194,8 @@ fn content_text(
                         text.push_str(&attachments.add_image(image_url(url)?));
                     }
                     "input_audio" => {
-                        let audio = part.get("input_audio").ok_or_else(|| {
-                            ApiError::bad_request("input_audio part without data")
-                        })?;
-                        let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
-                        let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
-                        media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
-                            .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))?;
-                        attachments.audio += 1;
+                        // The clip's place among the text parts.
+                        text.push_str(&attachments.add_audio(input_audio(part)?));
                     }
                     other => {
                         return Err(ApiError::bad_request(format!(
@@ -271,7 +294,7 @@ pub fn render_chat(
         .render(&messages, tools.filter(|t| !t.is_empty()), &options)
         .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
     // The template writes the special tokens itself (BOS included) as text.
-    let (tokens, prompt_images) = tokenize_with_images(info, &text, images, false)?;
+    let (tokens, prompt_images, clips) = tokenize_with_images(info, &text, images, false)?;
     let parser = info.family.map(|family| {
         let mut config = family.parser_config().with_think(think.unwrap_or(true));
         if tools.is_none_or(|t| t.is_empty()) {
@@ -280,7 +303,7 @@ pub fn render_chat(
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
-    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images)
+    let turn_starts = last_turn_start(info, &messages, tools, &options, &tokens, images, &clips)
         .into_iter()
         .collect();
     Ok(RenderedPrompt {
@@ -291,20 +314,23 @@ pub fn render_chat(
     })
 }
 
+/// The segments of each audio clip a prompt shows, by media index.
+type Clips = HashMap<usize, Vec<audio::Segment>>;
+
 /// Tokenizes `text` (adding the model's BOS with `add_special`); with `images`, its `[img-N]`
-/// tags expanded and the images prepared.
+/// tags expanded and the media prepared (the audio clips' segments returned for reuse).
 fn tokenize_with_images(
     info: &ModelInfo,
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
-) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+) -> Result<(Vec<u32>, Vec<PromptImage>, Clips), ApiError> {
     if images.is_empty() {
-        return Ok((encode(info, text, add_special)?, Vec::new()));
+        return Ok((encode(info, text, add_special)?, Vec::new(), Clips::new()));
     }
-    let expanded = images::expand(info, text, images, add_special)?;
+    let expanded = images::expand(info, text, images, add_special, &Clips::new())?;
     let prepared = images::prepare(info, &expanded, images)?;
-    Ok((expanded.tokens, prepared))
+    Ok((expanded.tokens, prepared, expanded.audio))
 }
 
 /// The offset where the last message begins: the tokens the conversation without it shares
@@ -316,6 +342,7 @@ fn last_turn_start(
     options: &RenderOptions,
     tokens: &[u32],
     images: &[Arc<[u8]>],
+    clips: &Clips,
 ) -> Option<usize> {
     let (_, earlier) = messages.split_last()?;
     if earlier.is_empty() {
@@ -331,7 +358,12 @@ fn last_turn_start(
         .ok()?;
     let head = match images {
         [] => info.tokenizer.encode(&text, false).ok()?,
-        _ => images::expand(info, &text, images, false).ok()?.tokens,
+        // The clips were cut for the whole prompt already: not decoded again.
+        _ => {
+            images::expand(info, &text, images, false, clips)
+                .ok()?
+                .tokens
+        }
     };
     let shared = head.iter().zip(tokens).take_while(|(a, b)| a == b).count();
     (shared > 0).then_some(shared)
@@ -353,7 +385,7 @@ pub fn render_raw(
             images: Vec::new(),
         });
     }
-    let (tokens, prompt_images) = tokenize_with_images(info, text, images, true)?;
+    let (tokens, prompt_images, _) = tokenize_with_images(info, text, images, true)?;
     Ok(RenderedPrompt {
         tokens,
         parser: None,

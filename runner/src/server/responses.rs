@@ -156,7 +156,10 @@ fn content_text(
                         // The image's place among the text parts.
                         text.push_str(&attachments.add_image(bytes));
                     }
-                    Some("input_audio") => attachments.audio += 1,
+                    Some("input_audio") => {
+                        let bytes = prompt::input_audio(part).map_err(ApiError::openai)?;
+                        text.push_str(&attachments.add_audio(bytes));
+                    }
                     other => {
                         return Err(bad(format!(
                             "{at}: content part type {other:?} is not supported"
@@ -352,10 +355,16 @@ pub async fn create(
         None => Stored::default(),
     };
     let mut messages = previous.messages;
-    // The earlier turns' `[img-N]` tags keep naming their images; new ones number on.
+    // The earlier turns' `[img-N]` tags keep naming their images and clips; new ones number
+    // on.
+    let audio = previous
+        .images
+        .iter()
+        .filter(|bytes| matches!(media::detect(bytes), Ok(media::MediaFormat::Audio(_))))
+        .count();
     let mut attachments = Attachments {
-        image_bytes: previous.images,
-        ..Attachments::default()
+        media: previous.images,
+        audio,
     };
     if let Some(instructions) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         // Instructions apply to this response only: they replace any carried over.
@@ -392,7 +401,7 @@ pub async fn create(
         .await
         .map_err(|e| ApiError::from(e).openai())?;
     let load = started.elapsed();
-    let images = attachments.image_bytes;
+    let images = attachments.media;
     let job = ChatJob {
         images: images.clone(),
         messages: messages.clone(),
