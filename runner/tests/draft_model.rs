@@ -47,12 +47,14 @@ fn draft_model_answers_equal_the_targets_alone() {
         ("llama", "llama"),
         ("gemma3", "gemma3"),
     ] {
-        let mut engine = with_draft(target, draft);
         // Drafting from the first round to the last, however rarely the drafts are right.
+        // Made before the engine, so it is dropped after it: unloading writes the controller
+        // into it, which would recreate a folder removed first.
         let state = tempfile::tempdir().unwrap();
         controller_of_drafting(5)
             .save(state.path().join(format!("draft-{draft}.json")))
             .unwrap();
+        let mut engine = with_draft(target, draft);
         engine.keep_state_in(state.path().to_path_buf());
         assert_eq!(engine.draft_depth(DrafterKind::Model), Some(5));
         // Longer prompts than a prefill chunk (16 here): the draft catches up over rounds.
