@@ -27,7 +27,7 @@ pub struct Job {
     /// segments for one that reads audio (empty otherwise). Their tokens are the model's image
     /// or audio token; the prefix cache keys them by content, and a prefill chunk never splits
     /// one.
-    pub images: Vec<PromptImage>,
+    pub images: Vec<PromptMedia>,
     /// Whether and how to decode speculatively.
     pub speculation: Speculation,
     /// Where tokens and the final summary go. The job stops at its next step once the
@@ -59,7 +59,7 @@ impl Job {
     }
 
     /// The image whose tokens hold prompt position `at`, if any.
-    pub fn image_at(&self, at: usize) -> Option<&PromptImage> {
+    pub fn image_at(&self, at: usize) -> Option<&PromptMedia> {
         self.images.iter().find(|image| image.tokens.contains(&at))
     }
 }
@@ -67,7 +67,7 @@ impl Job {
 /// An image, or a segment of an audio clip, in a job's prompt: a run of tokens whose
 /// embeddings an encoder's features replace.
 #[derive(Debug, Clone)]
-pub struct PromptImage {
+pub struct PromptMedia {
     /// The prompt positions of its image (or audio) tokens (the markers around them are
     /// text).
     pub tokens: Range<usize>,
@@ -90,7 +90,7 @@ pub enum EncoderInput {
     Audio(Arc<media::LogMel>),
 }
 
-impl PromptImage {
+impl PromptMedia {
     /// Whether it is a segment of audio rather than an image.
     pub fn is_audio(&self) -> bool {
         matches!(self.input, EncoderInput::Audio(_))

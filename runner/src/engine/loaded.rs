@@ -27,9 +27,9 @@ use nn::{Batch, ImageGrid, Model};
 use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
-use crate::engine::encoded_images::{self, EncodedImages};
+use crate::engine::encoded_media::{self, EncodedMedia};
 use crate::engine::job::{
-    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptImage, Speculation, Stats,
+    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, Stats,
     TokenLogprobs,
 };
 use crate::engine::memory::{LONG_PREFILL, MemoryBudget};
@@ -197,7 +197,7 @@ pub struct LoadedModel {
     /// model's Modelfile or the server's `--draft`, not from a request naming it).
     draft_by_default: bool,
     /// The vision encoder's outputs by image content, for a model that reads images.
-    encoded: EncodedImages,
+    encoded: EncodedMedia,
 }
 
 impl LoadedModel {
@@ -231,7 +231,7 @@ impl LoadedModel {
             controllers: Controllers::default(),
             draft: None,
             draft_by_default: false,
-            encoded: EncodedImages::new(encoded_images::DEFAULT_BUDGET),
+            encoded: EncodedMedia::new(encoded_media::DEFAULT_BUDGET),
         })
     }
 
@@ -580,7 +580,7 @@ impl LoadedModel {
             .images
             .iter()
             .filter(|image| image.tokens.end <= n)
-            .filter_map(PromptImage::grid)
+            .filter_map(PromptMedia::grid)
             .collect();
         Ok(vision.rope_delta(tokens, &grids)?)
     }
@@ -666,7 +666,7 @@ impl LoadedModel {
         if job.images.is_empty() {
             return Ok(());
         }
-        if job.images.iter().any(PromptImage::is_audio) {
+        if job.images.iter().any(PromptMedia::is_audio) {
             return self.check_audio(job);
         }
         let Some(vision) = self.model.vision() else {
@@ -798,7 +798,7 @@ impl LoadedModel {
 
     /// The features of `image` (or audio segment): kept from an earlier encode, or encoded now
     /// (counted in `encoded`).
-    fn features_of(&mut self, image: &PromptImage, encoded: &mut usize) -> Result<Array> {
+    fn features_of(&mut self, image: &PromptMedia, encoded: &mut usize) -> Result<Array> {
         if let Some(features) = self.encoded.get(&image.id) {
             return Ok(features);
         }
@@ -1167,7 +1167,7 @@ impl LoadedModel {
             .images
             .iter()
             .filter(|image| from <= image.tokens.start && image.tokens.end <= to)
-            .filter_map(PromptImage::grid)
+            .filter_map(PromptMedia::grid)
             .collect();
         Ok(vision.rope_delta(chunk, &grids)?)
     }
@@ -1182,7 +1182,7 @@ impl LoadedModel {
         group: &[usize],
         width: usize,
     ) -> Result<Option<(Array, Vec<ImageGrid>)>> {
-        let mut wanted: Vec<(usize, PromptImage)> = Vec::new();
+        let mut wanted: Vec<(usize, PromptMedia)> = Vec::new();
         for &i in group {
             let seq = &self.sequences[i];
             let (from, to) = (seq.tokens.len(), seq.tokens.len() + width);

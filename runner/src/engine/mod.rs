@@ -13,7 +13,7 @@
 //! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
 //!   caches of its own per sequence.
 //! - `embedding`: a text's vector, its last token's final hidden state.
-//! - `encoded_images`: the vision encoder's outputs kept by image content, under a byte
+//! - `encoded_media`: the vision and audio encoders' outputs kept by content, under a byte
 //!   budget.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
@@ -24,7 +24,7 @@
 
 pub mod draft_model;
 pub mod embedding;
-pub mod encoded_images;
+pub mod encoded_media;
 pub mod job;
 pub mod loaded;
 pub mod loader;
@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use mlx_thread::{Completion, Worker};
 
 pub use job::{
-    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptImage, Speculation, SpeculationStats,
+    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, SpeculationStats,
     Stats, TokenLogprobs,
 };
 pub use loaded::{LoadedModel, LoopConfig, LoopStatus};

@@ -131,7 +131,7 @@ pub struct Prepared {
     /// Prompt offsets where conversation turns start (restore points for the prefix cache).
     pub turn_starts: Vec<usize>,
     /// The images in the prompt, in order.
-    pub images: Vec<crate::engine::PromptImage>,
+    pub images: Vec<crate::engine::PromptMedia>,
     /// When the request arrived.
     pub started: Instant,
     /// Time spent loading the model for this request.

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::engine::loader::{ImageLayout, ImagePrompt};
-use crate::engine::{EncoderInput, ModelInfo, PromptImage};
+use crate::engine::{EncoderInput, ModelInfo, PromptMedia};
 use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::prompt;
@@ -215,7 +215,7 @@ pub fn prepare(
     info: &ModelInfo,
     expanded: &Expanded,
     images: &[Arc<[u8]>],
-) -> Result<Vec<PromptImage>, ApiError> {
+) -> Result<Vec<PromptMedia>, ApiError> {
     let limits = media::ImageLimits::default();
     let mut prepared: HashMap<usize, (media::MediaId, EncoderInput)> = HashMap::new();
     let mut out = Vec::with_capacity(expanded.images.len());
@@ -224,7 +224,7 @@ pub fn prepare(
             let segment = clip.get(*segment).ok_or_else(|| {
                 ApiError::internal(format!("audio {index} has no segment {segment}"))
             })?;
-            out.push(PromptImage {
+            out.push(PromptMedia {
                 tokens: range.clone(),
                 id: segment.id,
                 input: EncoderInput::Audio(segment.features.clone()),
@@ -256,7 +256,7 @@ pub fn prepare(
                 done
             }
         };
-        out.push(PromptImage {
+        out.push(PromptMedia {
             tokens: range.clone(),
             id,
             input,

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
 
-use crate::engine::{ModelInfo, PromptImage};
+use crate::engine::{ModelInfo, PromptMedia};
 use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::images;
@@ -266,7 +266,7 @@ pub struct RenderedPrompt {
     /// the prefix cache, so a regenerated or edited last turn resumes there.
     pub turn_starts: Vec<usize>,
     /// The images in the prompt, in order, ready for the engine.
-    pub images: Vec<PromptImage>,
+    pub images: Vec<PromptMedia>,
 }
 
 /// Renders `messages` with the model's template and tokenizes the result, with the model's
@@ -324,7 +324,7 @@ fn tokenize_with_images(
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
-) -> Result<(Vec<u32>, Vec<PromptImage>, Clips), ApiError> {
+) -> Result<(Vec<u32>, Vec<PromptMedia>, Clips), ApiError> {
     if images.is_empty() {
         return Ok((encode(info, text, add_special)?, Vec::new(), Clips::new()));
     }

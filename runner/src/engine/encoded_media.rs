@@ -1,7 +1,7 @@
-//! `EncodedImages`: the vision encoder's outputs kept by content, so an image a conversation
-//! sends again is not encoded again when its prefix is not cached (a new place in the prompt,
-//! a prefix evicted, a different conversation). An audio model's segments are kept here the
-//! same way: their `MediaId`s are of another modality, so they never collide with images'.
+//! `EncodedMedia`: the vision and audio encoders' outputs kept by content, so an image or clip
+//! a conversation sends again is not encoded again when its prefix is not cached (a new place
+//! in the prompt, a prefix evicted, a different conversation). Audio segments' `MediaId`s are
+//! of another modality, so they never collide with images'.
 //!
 //! Least recently used entries go first once the byte budget is exceeded; the newest entry
 //! always stays, whatever its size, so a request never encodes its own image twice.
@@ -15,18 +15,18 @@ use mlx::Array;
 /// features is 5.5 MB each) and thousands of a small model's.
 pub const DEFAULT_BUDGET: usize = 64 << 20;
 
-/// Encoded images by content identity, under a byte budget.
-pub struct EncodedImages {
+/// Encoded images and audio segments by content identity, under a byte budget.
+pub struct EncodedMedia {
     /// Oldest use first.
     entries: VecDeque<(MediaId, Array)>,
     bytes: usize,
     budget: usize,
 }
 
-impl EncodedImages {
+impl EncodedMedia {
     /// An empty cache holding at most `budget` bytes of features (and always the latest).
-    pub fn new(budget: usize) -> EncodedImages {
-        EncodedImages {
+    pub fn new(budget: usize) -> EncodedMedia {
+        EncodedMedia {
             entries: VecDeque::new(),
             bytes: 0,
             budget,
@@ -91,7 +91,7 @@ mod tests {
 
     #[test]
     fn least_recently_used_go_first_and_the_newest_stays() {
-        let mut cache = EncodedImages::new(32);
+        let mut cache = EncodedMedia::new(32);
         cache.insert(id(1), features());
         cache.insert(id(2), features());
         assert!(cache.get(&id(1)).is_some()); // 2 is now the oldest.
@@ -101,7 +101,7 @@ mod tests {
         assert!(cache.get(&id(1)).is_some() && cache.get(&id(3)).is_some());
         assert_eq!(cache.bytes(), 32);
         // Over budget alone: kept anyway, everything else goes.
-        let mut small = EncodedImages::new(8);
+        let mut small = EncodedMedia::new(8);
         small.insert(id(1), features());
         small.insert(id(2), features());
         assert_eq!(small.len(), 1);
