@@ -260,7 +260,16 @@ fn unseeded_drafts_are_drawn_from_the_draft_accepted_as_p_over_q_and_leave_the_t
     // the test is a fresh trial every run: it fails by chance once in about 3,000 runs. The
     // residual draw after a rejection is tested in `speculate`'s `lossless` tests.)
     const DRAWS: u64 = 2000;
+    // A controller that has learnt to draft: a cold one weighs what a round costs against a
+    // plain step, and with the target's own weights as the draft the two are close, so how
+    // often it drafted depended on the machine's timing (81 drafts, under the 100 below, in
+    // one CI run). Made before the engine, which writes the controller back when it unloads.
+    let state = tempfile::tempdir().unwrap();
+    controller_of_drafting(3)
+        .save(state.path().join("draft-llama.json"))
+        .unwrap();
     let mut engine = with_draft("llama", "llama");
+    engine.keep_state_in(state.path().to_path_buf());
     let prompt = ids(7, 10);
     let options = sampler::Options {
         repeat_penalty: 1.1,

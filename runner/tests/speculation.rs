@@ -6,7 +6,7 @@ mod steps;
 
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{
-    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold,
+    Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, controller_of_drafting,
     controller_of_plain_decoding, engine, ids, run_to_idle, submit_job, submit_with,
 };
 
@@ -203,7 +203,15 @@ fn sampled_speculation_draws_what_plain_sampling_draws() {
     // T 0.8, top-k 40, top-p 0.9, repeat penalty 1.1 (which sees the drafts before each
     // position): the first three tokens of 2,000 seeded requests with and without speculation.
     const DRAWS: u64 = 2000;
+    // A controller that has learnt to draft, so how often it drafts does not hang on the
+    // machine's timing. Made before the engine, which writes the controller back when it
+    // unloads.
+    let state = tempfile::tempdir().unwrap();
+    controller_of_drafting(4)
+        .save(state.path().join("ngram.json"))
+        .unwrap();
     let mut engine = engine("llama", 64 << 20);
+    engine.keep_state_in(state.path().to_path_buf());
     // A token the fixture tends to repeat, repeated: prompt lookup proposes more of it, and
     // the target accepts some and rejects some.
     let prompt = [repetitive(2, 30), vec![122; 6]].concat();
