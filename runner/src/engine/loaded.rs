@@ -675,8 +675,7 @@ impl LoadedModel {
         let input = vision.image_input();
         // A dynamic-resolution model's image takes as many tokens as its grid says.
         let merge = vision.patch_input().map(|p| p.merge_size);
-        let mut previous_end = 0;
-        let mut expected_total = 0;
+        let mut runs = Vec::with_capacity(job.images.len());
         for (n, image) in job.images.iter().enumerate() {
             let expected = match (image.grid(), merge) {
                 (None, None) => input.tokens_per_image,
@@ -692,33 +691,9 @@ impl LoadedModel {
                     )));
                 }
             };
-            let range = image.tokens.clone();
-            let holds_image = job
-                .prompt
-                .get(range.clone())
-                .is_some_and(|ids| ids.iter().all(|&id| id == input.image_token));
-            if range.start < previous_end || range.len() != expected || !holds_image {
-                return Err(StepError::Invalid(format!(
-                    "image {n} at prompt tokens {range:?} is not {expected} image tokens after \
-                     the previous image"
-                )));
-            }
-            previous_end = range.end;
-            expected_total += expected;
+            runs.push((image.tokens.clone(), expected));
         }
-        let image_tokens = job
-            .prompt
-            .iter()
-            .filter(|&&id| id == input.image_token)
-            .count();
-        if image_tokens != expected_total {
-            return Err(StepError::Invalid(format!(
-                "the prompt holds {image_tokens} image tokens for {} images of \
-                 {expected_total} tokens",
-                job.images.len(),
-            )));
-        }
-        Ok(())
+        check_media_runs(&job.prompt, &runs, input.image_token, &IMAGE_RUNS)
     }
 
     /// [`Self::check_images`] for a prompt with audio: every media item must be an audio
@@ -729,8 +704,7 @@ impl LoadedModel {
             return Err(StepError::Invalid("this model does not read audio".into()));
         };
         let input = audio.audio_input();
-        let mut previous_end = 0;
-        let mut expected_total = 0;
+        let mut runs = Vec::with_capacity(job.images.len());
         for (n, segment) in job.images.iter().enumerate() {
             let EncoderInput::Audio(mel) = &segment.input else {
                 return Err(StepError::Invalid(format!(
@@ -743,38 +717,9 @@ impl LoadedModel {
                     mel.feature_size, mel.frames, input.num_mel_bins, input.max_frames
                 )));
             }
-            let expected = audio.audio_tokens(mel.valid_frames);
-            let range = segment.tokens.clone();
-            let holds_audio = job
-                .prompt
-                .get(range.clone())
-                .is_some_and(|ids| ids.iter().all(|&id| id == input.audio_token));
-            if expected == 0
-                || range.start < previous_end
-                || range.len() != expected
-                || !holds_audio
-            {
-                return Err(StepError::Invalid(format!(
-                    "audio segment {n} at prompt tokens {range:?} is not {expected} audio \
-                     tokens after the previous segment"
-                )));
-            }
-            previous_end = range.end;
-            expected_total += expected;
+            runs.push((segment.tokens.clone(), audio.audio_tokens(mel.valid_frames)));
         }
-        let audio_tokens = job
-            .prompt
-            .iter()
-            .filter(|&&id| id == input.audio_token)
-            .count();
-        if audio_tokens != expected_total {
-            return Err(StepError::Invalid(format!(
-                "the prompt holds {audio_tokens} audio tokens for {} segments of \
-                 {expected_total} tokens",
-                job.images.len(),
-            )));
-        }
-        Ok(())
+        check_media_runs(&job.prompt, &runs, input.audio_token, &AUDIO_RUNS)
     }
 
     /// `n`, or another length so that the chunk of sequence `index` does not end inside an
@@ -1595,6 +1540,70 @@ fn logprobs_of_row(
             .take(top)
             .collect(),
     }
+}
+
+/// How [`check_media_runs`] names one kind of media in its errors.
+struct MediaRunNames {
+    /// One item ("image", "audio segment").
+    item: &'static str,
+    /// Its tokens ("image", "audio").
+    token: &'static str,
+    /// The item before it ("image", "segment").
+    previous: &'static str,
+    /// Several items ("images", "segments").
+    items: &'static str,
+}
+
+const IMAGE_RUNS: MediaRunNames = MediaRunNames {
+    item: "image",
+    token: "image",
+    previous: "image",
+    items: "images",
+};
+
+const AUDIO_RUNS: MediaRunNames = MediaRunNames {
+    item: "audio segment",
+    token: "audio",
+    previous: "segment",
+    items: "segments",
+};
+
+/// Refuses a prompt whose media `runs` (each item's prompt range and the tokens its input
+/// makes) are not, in order, exactly that many `token`s each, or that holds `token` anywhere
+/// else. An item that makes no token is refused too.
+fn check_media_runs(
+    prompt: &[u32],
+    runs: &[(std::ops::Range<usize>, usize)],
+    token: u32,
+    names: &MediaRunNames,
+) -> Result<()> {
+    let mut previous_end = 0;
+    let mut expected_total = 0;
+    for (n, (range, expected)) in runs.iter().enumerate() {
+        let (range, expected) = (range.clone(), *expected);
+        let holds = prompt
+            .get(range.clone())
+            .is_some_and(|ids| ids.iter().all(|&id| id == token));
+        if expected == 0 || range.start < previous_end || range.len() != expected || !holds {
+            return Err(StepError::Invalid(format!(
+                "{} {n} at prompt tokens {range:?} is not {expected} {} tokens after the \
+                 previous {}",
+                names.item, names.token, names.previous
+            )));
+        }
+        previous_end = range.end;
+        expected_total += expected;
+    }
+    let held = prompt.iter().filter(|&&id| id == token).count();
+    if held != expected_total {
+        return Err(StepError::Invalid(format!(
+            "the prompt holds {held} {} tokens for {} {} of {expected_total} tokens",
+            names.token,
+            runs.len(),
+            names.items
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
