@@ -327,6 +327,28 @@ MLXKIT_AVX512 void matvec_avx512(const float* x, int in, const uint8_t* w, const
 
 #endif  // __x86_64__
 
+// `len` floats starting on a cache-line boundary. The kernels read `x` in 32- and 64-byte
+// vectors; a vector that straddles two lines costs two loads, and from a buffer only 16-byte
+// aligned (malloc's promise) most of them did: the 8-row AVX-512 product took 226 µs against
+// 167 µs from an aligned copy of the same rows. Rows stay aligned because `in` is a multiple
+// of 16 (see `packed_matvec_supports`).
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(size_t len) : storage_(len + kLineFloats) {
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    const uintptr_t line = kLineFloats * sizeof(float);
+    data_ = reinterpret_cast<float*>((address + line - 1) / line * line);
+  }
+  float* data() {
+    return data_;
+  }
+
+ private:
+  static constexpr size_t kLineFloats = 16;
+  std::vector<float> storage_;
+  float* data_;
+};
+
 // Reorders each `chunk`-element piece of `x` as its even then its odd elements, the order in
 // which the 4-bit kernels unpack `chunk / 2` bytes.
 void nibble_order(const float* x, size_t len, size_t chunk, float* out) {
@@ -345,13 +367,14 @@ void matvec(const float* x, int rows, int in, const uint8_t* w, const float* sca
   const int level = kernel_level();
   const bool wide = level >= kAvx512 && group % 32 == 0;
   if (level >= kAvx2 && (bits == 4 || bits == 8)) {
-    const float* xs = x;
-    std::vector<float> reordered;
+    const size_t len = static_cast<size_t>(rows) * in;
+    AlignedFloats aligned(len);
     if (bits == 4) {
-      reordered.resize(static_cast<size_t>(rows) * in);
-      nibble_order(x, reordered.size(), wide ? 32 : 16, reordered.data());
-      xs = reordered.data();
+      nibble_order(x, len, wide ? 32 : 16, aligned.data());
+    } else {
+      std::memcpy(aligned.data(), x, len * sizeof(float));
     }
+    const float* xs = aligned.data();
     using Kernel = void (*)(const float*, int, const uint8_t*, const float*, const float*, int,
                             int, int, int, float*);
     static constexpr Kernel avx2[2][kBlockRows] = {
