@@ -1272,7 +1272,8 @@ impl LoadedModel {
                 .is_some_and(Speculating::rounds_started)
             {
                 let batch = prev.rows.len();
-                speculation::plain_step(&mut self.controllers, seq, token, batch, step_cost);
+                let cost = was_fed.then_some(step_cost);
+                speculation::plain_step(&mut self.controllers, seq, token, batch, cost);
             }
             let entry = match (&logprobs, seq.job.sampling.logprobs) {
                 (Some((chosen, ids, values)), Some(top)) => {

@@ -580,16 +580,21 @@ pub fn decide_depths(controllers: &mut Controllers, sequences: &mut [Sequence], 
 }
 
 /// A token the plain forward sampled for a speculating sequence whose rounds have started (a
-/// plain stretch's) was read, in a step of `batch` rows that cost `cost`: the drafter and the
-/// statistics hear of it, the controller learns the cost of depth 0 from the plain forward
-/// rather than from depth-0 rounds, and decides again, per token as it does per round; when it
-/// picks a depth, the stretch ends and the next round uses it.
+/// plain stretch's) was read, in a step of `batch` rows: the drafter and the statistics hear of
+/// it, the controller learns the cost of depth 0 from the plain forward rather than from
+/// depth-0 rounds, and decides again, per token as it does per round; when it picks a depth,
+/// the stretch ends and the next round uses it.
+///
+/// `cost` is the step's cost when the token was read a step after its forward was dispatched,
+/// with the sequence's next forward dispatched meanwhile; `None` for the stretch's last token,
+/// read with nothing dispatched behind it, whose wait measures no step (it read as 0 s, and
+/// those zeros pulled depth 0's cost down by a tenth each).
 pub fn plain_step(
     controllers: &mut Controllers,
     seq: &mut Sequence,
     token: u32,
     batch: usize,
-    cost: Duration,
+    cost: Option<Duration>,
 ) {
     // Counting the token being read.
     let room = seq.budget.saturating_sub(seq.stats.generated_tokens + 1);
@@ -597,7 +602,9 @@ pub fn plain_step(
         return;
     };
     spec.plain_token(token);
-    controllers.observe(spec.kind, batch, 0, 0, cost);
+    if let Some(cost) = cost {
+        controllers.observe(spec.kind, batch, 0, 0, cost);
+    }
     if spec.plain {
         let depth = round_depth(controllers, spec, batch, room);
         if depth > 0 {
