@@ -52,6 +52,8 @@ constexpr int kMaxRows = 16;
 // 576-wide 4-bit matrix is ~37 KB, which stays in L2 while every block of rows reads it.
 constexpr int kBlockRows = 8;
 constexpr int kBandRows = 128;
+// Rows of `x` one pass of the AVX-512 kernel over 4-bit weights carries (see `matvec_avx512`).
+constexpr int kBlockRows512x4 = 4;
 
 // Reference kernel for any machine: rows `[n0, n1)` of `y = x wᵀ` for `rows` rows of `x`.
 void matvec_portable(const float* x, int rows, int in, const uint8_t* w, const float* scales,
@@ -212,26 +214,55 @@ MLXKIT_AVX2 void matvec_avx2(const float* x, int in, const uint8_t* w, const flo
 // The AVX-512 kernels: the same tiles over 32 weights at a time, in sixteen-lane registers.
 // They need groups of a multiple of 32 elements.
 
-// Dequantizes 32 consecutive weights of one row from `k` on with the group's scale and bias.
-// For 4 bits the 16 bytes
-// hold elements k..k+31: `lo` gets the even ones, `hi` the odd ones (`x` in that order, see
-// `nibble_order`); for 8 bits `lo` gets k..k+15 and `hi` k+16..k+31.
+// What dequantizing one weight row's group takes in sixteen-lane registers. For 8 bits, its
+// scale and bias. For 4 bits, the sixteen values its integers stand for, `q * scale + bias`
+// for q = 0..15 (one FMA each, the same as dequantizing every weight), so that a weight is one
+// `vpermps` lookup rather than a conversion and an FMA: one thread, 576x1536, 1 row 47.6 ->
+// 40.3 us, 4 rows 88 -> 72 us (a scratch copy of these tiles). The values are the same.
 template <int Bits>
-MLXKIT_AVX512 inline void dequantize32(const uint8_t* row, int k, __m512 scale, __m512 bias,
+struct Group512;
+
+template <>
+struct Group512<4> {
+  __m512 values;
+};
+
+template <>
+struct Group512<8> {
+  __m512 scale;
+  __m512 bias;
+};
+
+template <int Bits>
+MLXKIT_AVX512 inline Group512<Bits> group512(float scale, float bias) {
+  if constexpr (Bits == 4) {
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return {_mm512_fmadd_ps(q, _mm512_set1_ps(scale), _mm512_set1_ps(bias))};
+  } else {
+    return {_mm512_set1_ps(scale), _mm512_set1_ps(bias)};
+  }
+}
+
+// Dequantizes 32 consecutive weights of one row from `k` on in its group `g`. For 4 bits the
+// 16 bytes hold elements k..k+31: `lo` gets the even ones, `hi` the odd ones (`x` in that
+// order, see `nibble_order`); `vpermps` reads only an index's low four bits, so the low
+// nibbles need no mask. For 8 bits `lo` gets k..k+15 and `hi` k+16..k+31.
+template <int Bits>
+MLXKIT_AVX512 inline void dequantize32(const uint8_t* row, int k, const Group512<Bits>& g,
                                        __m512& lo, __m512& hi) {
   if constexpr (Bits == 4) {
     const __m512i v = _mm512_cvtepu8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
-    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF)));
-    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    lo = _mm512_permutexvar_ps(v, g.values);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), g.values);
   } else {
     lo = _mm512_cvtepi32_ps(
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
     hi = _mm512_cvtepi32_ps(
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k + 16))));
+    lo = _mm512_fmadd_ps(lo, g.scale, g.bias);
+    hi = _mm512_fmadd_ps(hi, g.scale, g.bias);
   }
-  lo = _mm512_fmadd_ps(lo, scale, bias);
-  hi = _mm512_fmadd_ps(hi, scale, bias);
 }
 
 // As `tile`, sixteen lanes wide. Every (row, weight row) pair runs the same operations in the
@@ -252,11 +283,11 @@ MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
     }
   }
   for (int g = 0; g < groups; ++g) {
-    __m512 scale[N], bias[N];
+    Group512<Bits> of[N];
 #pragma GCC unroll 16
     for (int j = 0; j < N; ++j) {
-      scale[j] = _mm512_set1_ps(scales[static_cast<size_t>(n + j) * groups + g]);
-      bias[j] = _mm512_set1_ps(biases[static_cast<size_t>(n + j) * groups + g]);
+      const size_t at = static_cast<size_t>(n + j) * groups + g;
+      of[j] = group512<Bits>(scales[at], biases[at]);
     }
     for (int k = g * group; k < (g + 1) * group; k += 32) {
       if constexpr (M <= 2) {
@@ -265,7 +296,7 @@ MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
 #pragma GCC unroll 16
         for (int j = 0; j < N; ++j) {
           __m512 lo, hi;
-          dequantize32<Bits>(w + static_cast<size_t>(n + j) * row_bytes, k, scale[j], bias[j], lo, hi);
+          dequantize32<Bits>(w + static_cast<size_t>(n + j) * row_bytes, k, of[j], lo, hi);
 #pragma GCC unroll 16
           for (int m = 0; m < M; ++m) {
             const float* xm = x + static_cast<size_t>(m) * in + k;
@@ -279,8 +310,7 @@ MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
         __m512 lo[N], hi[N];
 #pragma GCC unroll 16
         for (int j = 0; j < N; ++j) {
-          dequantize32<Bits>(w + static_cast<size_t>(n + j) * row_bytes, k, scale[j], bias[j], lo[j],
-                     hi[j]);
+          dequantize32<Bits>(w + static_cast<size_t>(n + j) * row_bytes, k, of[j], lo[j], hi[j]);
         }
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
@@ -305,12 +335,15 @@ MLXKIT_AVX512 inline __attribute__((always_inline)) void tile512(
   }
 }
 
-// As `matvec_avx2`; with 32 registers, tiles can be twice as wide for many rows of x.
+// As `matvec_avx2`; with 32 registers, tiles can be twice as wide for many rows of x. 4-bit
+// weights, whose lookups are cheap, run four weight rows at a time against at most
+// `kBlockRows512x4` rows of x (measured on the scratch copy: 4 rows by 4 took 67 us where
+// 8 rows by 2 took 150, so two passes of 4 rows beat one of 8).
 template <int Bits, int M>
 MLXKIT_AVX512 void matvec_avx512(const float* x, int in, const uint8_t* w, const float* scales,
                                  const float* biases, int group, int n0, int n1, int out,
                                  float* y) {
-  constexpr int N = M == 1 ? 8 : M <= 4 ? 4 : 2;
+  constexpr int N = Bits == 4 ? 4 : M == 1 ? 8 : M <= 4 ? 4 : 2;
   const size_t row_bytes = static_cast<size_t>(in) * Bits / 8;
   int n = n0;
   for (; n + N <= n1; n += N) {
@@ -392,14 +425,15 @@ void matvec(const float* x, int rows, int in, const uint8_t* w, const float* sca
     // The instruction set is chosen per call, never per row count: a row sums the same way
     // alone and in a batch.
     const Kernel* by_rows = (wide ? avx512 : avx2)[bits == 8 ? 1 : 0];
+    const int block = wide && bits == 4 ? kBlockRows512x4 : kBlockRows;
     // Each row's sums run in the same order whatever block or part it is in, so a row's
     // result depends neither on how many rows share the product nor on the thread count.
-    const int band = rows <= kBlockRows ? out : kBandRows;
+    const int band = rows <= block ? out : kBandRows;
     split_rows(rows, in, out, [&](int p0, int p1) {
       for (int n0 = p0; n0 < p1; n0 += band) {
         const int n1 = std::min(p1, n0 + band);
-        for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
-          const int m = std::min(kBlockRows, rows - m0);
+        for (int m0 = 0; m0 < rows; m0 += block) {
+          const int m = std::min(block, rows - m0);
           by_rows[m - 1](xs + static_cast<size_t>(m0) * in, in, w, scales, biases, group, n0,
                          n1, out, y + static_cast<size_t>(m0) * out);
         }
