@@ -185,10 +185,11 @@ fn invalid_quantization_is_an_error() {
     assert!(quantize(&w, QuantSpec::affine(64, 4)).is_ok());
 }
 
-/// Decode-sized products (up to 16 rows: one per batched sequence) of 4- and 8-bit affine
-/// weights go through mlxkit's packed CPU kernel (`mlx-sys/shim/qmv.cc`); 17 rows go to MLX.
-/// Both must equal an f64 product with the dequantized weights, for every group size, batch
-/// shape and a strided `x`. 200 output rows cross the kernel's 128-row bands.
+/// Products of 4- and 8-bit affine weights go through mlxkit's packed CPU kernel
+/// (`mlx-sys/shim/qmv.cc`) at any number of rows: decode-sized ones (one row per batched
+/// sequence) and past 16 rows, where the kernel works in bands of weight rows. Each must equal
+/// an f64 product with the dequantized weights, for every group size, batch shape and a
+/// strided `x`. 200 output rows cross the kernel's 128-row bands.
 #[test]
 fn packed_cpu_matvec_equals_dense_reference() {
     common::each_kernel_level(|_| {
@@ -205,7 +206,7 @@ fn packed_cpu_matvec_equals_dense_reference() {
             let q = quantize(&w, spec).unwrap();
             let dense = q.dequantize(Some(Dtype::F32)).unwrap();
             let dense_t = dense.transpose(&[1, 0]).unwrap().to_vec::<f32>().unwrap();
-            for rows in [1, 2, 3, 4, 5, 8, 13, 16, 17] {
+            for rows in [1, 2, 3, 4, 5, 8, 13, 16, 17, 40] {
                 let (xs, x) = array(&[rows, inp], 27 + rows as u64);
                 // The same rows as a batch `[rows, 1, in]` and as the transpose of `[in, rows]`.
                 let batched = x.reshape(&[rows, 1, inp]).unwrap();
@@ -246,9 +247,11 @@ fn packed_cpu_matvec_rows_are_independent() {
         let (_, w) = array(&[out, inp], 31);
         for spec in [QuantSpec::affine(32, 4), QuantSpec::affine(64, 8)] {
             let q = quantize(&w, spec).unwrap();
-            let (_, x) = array(&[13, inp], 32);
+            // Past 16 rows too: a tied head takes a speculative round's rows, up to 17 for one
+            // sequence and more for several.
+            let (_, x) = array(&[40, inp], 32);
             let together = q.matmul(&x, true).unwrap().to_vec::<f32>().unwrap();
-            for row in [0, 3, 4, 7, 12] {
+            for row in [0, 3, 4, 7, 12, 16, 17, 39] {
                 let alone = q
                     .matmul(&x.slice_axis(0, row, row + 1).unwrap(), true)
                     .unwrap()

@@ -6,9 +6,10 @@
 // the packed weights (4 or 8 bits, plus one f32 scale and bias per group) and accumulates in
 // f32, so a decode step reads 5-8x fewer bytes for the same values.
 //
-// Only products with at most `kMaxRows` rows of `x` take this path (a decode step has one row
-// per sequence it batches); larger ones stay with MLX, where the caller decides between its
-// kernel and a dense copy. The AVX2 kernel holds up to `kBlockRows` rows of `x` in a pass, in
+// Products with any number of rows of `x` take this path: MLX's kernel took 17 ms for 17 rows
+// of a 1536x576 4-bit matrix where this one takes 0.6, and 576 ms against 18 for 17 rows of
+// an 8-bit 49152x576 head. Past `kMaxRows` rows a dense f32 copy through BLAS is faster still,
+// so a layer that keeps one uses it there (`packed_matvec_max_rows`). The AVX2 kernel holds up to `kBlockRows` rows of `x` in a pass, in
 // tiles of rows × weight rows with eight accumulators; more rows run in blocks over the same
 // band of weight rows, which is still in cache for the next block.
 //
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +48,7 @@ namespace mx = mlx::core;
 
 namespace {
 
+// The most rows for which this kernel beats a dense f32 copy of the matrix through BLAS.
 constexpr int kMaxRows = 16;
 
 // Rows of `x` one pass of the AVX2 kernel carries, and weight rows per band: a band of a
@@ -543,7 +546,7 @@ std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
     return std::nullopt;
   }
   const size_t rows = x.size() / in;
-  if (rows == 0 || rows > kMaxRows) {
+  if (rows == 0 || rows > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return std::nullopt;
   }
   // The setting is read here, when the graph is built, so an op keeps the precision it was

@@ -19,11 +19,11 @@ void set_packed_activations(Activations activations);
 // Whether the packed kernel handles weights of this group size and bit width.
 bool packed_matvec_supports(int group, int bits);
 
-// The most rows of `x` the packed kernel takes.
+// The most rows of `x` for which the packed kernel beats a dense f32 copy of the matrix.
 int packed_matvec_max_rows();
 
-// `x wᵀ` through the packed kernel, or nothing when it does not apply: a GPU default device,
-// more than a few rows in `x`, dtypes other than f32 activations/scales/biases, or a layout
+// `x wᵀ` through the packed kernel (any number of rows), or nothing when it does not apply: a
+// GPU default device, dtypes other than f32 activations/scales/biases, or a layout
 // the kernel does not read. The caller then uses MLX's own quantized matmul. `activations`
 // asks for the integer path; layouts it does not take (qmv8.h) stay in f32.
 std::optional<mlx::core::array> packed_matvec(const mlx::core::array& x,
