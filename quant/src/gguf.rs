@@ -194,6 +194,20 @@ impl GgufFile {
             &format!("tensor {:?}", info.name),
         )
     }
+
+    /// Calls `f` with a tensor's raw bytes, then lets the file's pages go from resident
+    /// memory: for a copy made once, such as a load's.
+    pub fn read_tensor<T>(
+        &self,
+        info: &GgufTensorInfo,
+        f: impl FnOnce(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        self.file.read(
+            info.offset..info.offset + info.size,
+            &format!("tensor {:?}", info.name),
+            f,
+        )
+    }
 }
 
 struct Header {

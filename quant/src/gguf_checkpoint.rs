@@ -215,8 +215,10 @@ impl GgufCheckpoint {
     /// [`gguf_packed_16`]), with the same converter changes undone as [`GgufCheckpoint::tensor`].
     pub fn packed_16(&self, name: &str) -> Result<Option<Quantized>> {
         let info = self.info(name)?;
-        let bytes = self.file.tensor_bytes(info)?;
-        let Some(packed) = gguf_packed_16(name, info.ggml_type, &info.shape, bytes)? else {
+        let packed = self.file.read_tensor(info, |bytes| {
+            gguf_packed_16(name, info.ggml_type, &info.shape, bytes)
+        })?;
+        let Some(packed) = packed else {
             return Ok(None);
         };
         match self.undo_converter(name, Tensor::Quantized(packed))? {
@@ -289,8 +291,9 @@ impl GgufCheckpoint {
     /// Tensor `name` (HF name) exactly as stored, without undoing converter changes.
     pub fn raw_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?;
-        let bytes = self.file.tensor_bytes(info)?;
-        gguf_tensor(name, info.ggml_type, &info.shape, bytes)
+        self.file.read_tensor(info, |bytes| {
+            gguf_tensor(name, info.ggml_type, &info.shape, bytes)
+        })
     }
 
     fn info(&self, name: &str) -> Result<&GgufTensorInfo> {

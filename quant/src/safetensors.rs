@@ -76,10 +76,11 @@ impl SafetensorsFile {
             .entries
             .get(name)
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let bytes = self
-            .file
-            .slice(entry.start..entry.end, &format!("tensor {name:?}"))?;
-        Ok(Array::from_bytes(bytes, &entry.shape, entry.dtype)?)
+        self.file.read(
+            entry.start..entry.end,
+            &format!("tensor {name:?}"),
+            |bytes| Ok(Array::from_bytes(bytes, &entry.shape, entry.dtype)?),
+        )
     }
 }
 
