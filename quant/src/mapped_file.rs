@@ -50,9 +50,7 @@ impl MappedFile {
         // Both ends are ≤ the mapping's length, which is a usize.
         Ok(&self.map[range.start as usize..range.end as usize])
     }
-}
 
-impl MappedFile {
     /// Calls `f` with the bytes of `range` (an error naming `what` if the range leaves the
     /// file), then gives the pages back: a loader copies each tensor once into its own memory,
     /// and the file's pages, faulted in by the copy, would otherwise count in the process's

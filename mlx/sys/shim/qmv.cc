@@ -9,9 +9,10 @@
 // Products with any number of rows of `x` take this path: MLX's kernel took 17 ms for 17 rows
 // of a 1536x576 4-bit matrix where this one takes 0.6, and 576 ms against 18 for 17 rows of
 // an 8-bit 49152x576 head. Past `kMaxRows` rows a dense f32 copy through BLAS is faster still,
-// so a layer that keeps one uses it there (`packed_matvec_max_rows`). The AVX2 kernel holds up to `kBlockRows` rows of `x` in a pass, in
-// tiles of rows × weight rows with eight accumulators; more rows run in blocks over the same
-// band of weight rows, which is still in cache for the next block.
+// so a layer that keeps one uses it there (`packed_matvec_max_rows`). The AVX2 kernel holds up
+// to `kBlockRows` rows of `x` in a pass, in tiles of rows × weight rows with eight
+// accumulators; more rows run in blocks over the same band of weight rows, which is still in
+// cache for the next block.
 //
 // Layout (MLX affine): row n of `w` is a little-endian bit stream of `in` unsigned integers of
 // `bits` bits; element k of group g of row n is `scales[n, g] * q + biases[n, g]`.
