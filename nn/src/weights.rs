@@ -16,6 +16,8 @@ use crate::{Error, Result};
 pub struct Weights {
     tensors: BTreeMap<String, Tensor>,
     taken: BTreeSet<String>,
+    /// Tensors already made into layers and released (see [`Weights::settle`]).
+    settled: BTreeSet<String>,
     dtype: Dtype,
     dequantize: bool,
     packed_copies: bool,
@@ -28,6 +30,7 @@ impl Weights {
         Weights {
             tensors: tensors.into_iter().collect(),
             taken: BTreeSet::new(),
+            settled: BTreeSet::new(),
             dtype,
             dequantize: false,
             packed_copies: false,
@@ -94,7 +97,7 @@ impl Weights {
 
     /// Whether a tensor of this name exists.
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.settled.contains(name)
     }
 
     /// Marks every tensor under `prefix` as used without loading it, for parts of a checkpoint
@@ -156,10 +159,21 @@ impl Weights {
             .collect()
     }
 
+    /// Refuses a tensor that a layer has already taken and released: a second reader of it
+    /// would otherwise be told it is missing from the checkpoint.
+    fn absent(&self, name: &str) -> Result<()> {
+        if self.settled.contains(name) {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` was already made into a layer, and is read a second time"
+            )));
+        }
+        Ok(())
+    }
+
     /// The tensor `name`, dense or quantized, or `None`.
     pub fn optional(&mut self, name: &str) -> Result<Option<Tensor>> {
         let Some(tensor) = self.tensors.get(name) else {
-            return Ok(None);
+            return self.absent(name).map(|()| None);
         };
         self.taken.insert(name.to_string());
         Ok(Some(match tensor {
@@ -175,6 +189,7 @@ impl Weights {
     /// dtype would cost memory for no arithmetic (Gemma 4's per-layer embeddings are 2.3 G
     /// entries in its 2B model). The caller widens what it gathers.
     pub fn stored(&mut self, name: &str) -> Result<Tensor> {
+        self.absent(name)?;
         let tensor = self
             .tensors
             .get(name)
@@ -216,7 +231,8 @@ impl Weights {
         let name = format!("{prefix}.weight");
         let weight = self.weight(&name)?;
         check_matrix(&name, &weight, out, inp)?;
-        Ok(Linear::new(weight, None).with_packed(self.packed(&name)?))
+        let linear = Linear::new(weight, None).with_packed(self.packed(&name)?);
+        self.settle(&name, linear)
     }
 
     /// A projection `[out, in]` under `prefix`: with its bias when the architecture's config
@@ -252,7 +268,23 @@ impl Weights {
                 )));
             }
         };
-        Ok(Linear::new(weight, bias).with_packed(self.packed(&name)?))
+        let linear = Linear::new(weight, bias).with_packed(self.packed(&name)?);
+        self.settle(&name, linear)
+    }
+
+    /// Evaluates `linear`, built from the checkpoint's tensor `name`, and lets the stored form
+    /// go. Checkpoint tensors are read before the model is built, and a stored matrix is not
+    /// what layers keep: they keep it dense in the compute dtype, or repacked with scales in
+    /// that dtype. Held to the end of the load, every stored matrix stayed resident beside
+    /// what was made of it until then, and the allocator kept the freed pages a while longer:
+    /// evaluating each layer as it is built took SmolLM2 135M's peak RSS from 660 to 616 MB.
+    fn settle(&mut self, name: &str, linear: Linear) -> Result<Linear> {
+        let mut arrays = Vec::new();
+        linear.collect_arrays(&mut arrays);
+        mlx::eval(&arrays)?;
+        self.tensors.remove(name);
+        self.settled.insert(name.to_string());
+        Ok(linear)
     }
 }
 
@@ -354,5 +386,27 @@ mod tests {
         };
         assert_eq!(got.dtype(), Dtype::F32);
         assert_eq!(got.to_vec::<f32>().unwrap(), exact);
+    }
+
+    #[test]
+    fn a_matrix_made_into_a_layer_is_released_and_cannot_be_read_again() {
+        let matrix = Array::from_slice(&[1f32, 2., 3., 4.], &[2, 2]).unwrap();
+        let mut weights = Weights::new(
+            [("proj.weight".to_string(), Tensor::Dense(matrix))],
+            Dtype::F32,
+        );
+        let layer = weights.matrix("proj", 2, 2).unwrap();
+        let Tensor::Dense(w) = layer.weight() else {
+            panic!("not dense");
+        };
+        assert_eq!(w.to_vec::<f32>().unwrap(), [1., 2., 3., 4.]);
+        assert!(weights.tensors.is_empty(), "the stored form is still held");
+        assert!(weights.contains("proj.weight"));
+        assert!(weights.unused().is_empty());
+        let error = weights.weight("proj.weight").unwrap_err();
+        assert!(
+            error.to_string().contains("already made into a layer"),
+            "{error}"
+        );
     }
 }
