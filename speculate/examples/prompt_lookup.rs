@@ -14,7 +14,7 @@
 //! The draft depth is fixed here. An engine asks a `DepthController` for each round's depth
 //! and reports the round back (`observe`), so that drafting backs off where it does not pay.
 
-use speculate::{Drafter, NgramDrafter, verify_greedy};
+use speculate::{NgramDrafter, SequenceDrafter, verify_greedy};
 
 /// The most tokens drafted per round.
 const DEPTH: usize = 6;

@@ -12,11 +12,16 @@
 //! MLX and works with any tensor library: the engine copies the target's sampling
 //! distributions (after every sampler filter) to the host, or only their argmax in the greedy
 //! case ([`verify_greedy`]), and tells the drafter and the controller what was committed.
+//! Drafters that run a model (the target's first layers, a draft model, a model's own
+//! prediction heads) implement the same [`Drafter`] trait in the engine, which lends them its
+//! tensors through the trait's context type.
 //!
 //! # Files
 //!
 //! - `draft`: [`Draft`] and [`DraftProbs`] (what a drafter proposes and the distributions it
-//!   drew from), the [`Drafter`] trait.
+//!   drew from); the [`Drafter`] trait every kind of drafter implements, with its
+//!   [`Proposal`]s and [`Commit`]s; [`SequenceDrafter`], a host drafter of one sequence, and
+//!   [`PerSequence`], which makes one a [`Drafter`] for many.
 //! - `ngram`: [`NgramDrafter`] and [`NgramConfig`], prompt lookup over hash chains of the
 //!   context's n-grams, updated incrementally on commit.
 //! - `verify`: [`verify`], [`verify_greedy`], [`verify_positional`] (deterministic drafts
@@ -31,7 +36,7 @@
 //! One greedy round with prompt lookup:
 //!
 //! ```
-//! use speculate::{DepthController, Drafter, NgramDrafter, verify_greedy};
+//! use speculate::{DepthController, NgramDrafter, SequenceDrafter, verify_greedy};
 //! use std::time::Duration;
 //!
 //! let mut drafter = NgramDrafter::default();
@@ -65,7 +70,9 @@ mod verify;
 pub use depth::{
     DEFAULT_LOG_CAPACITY, DecisionLog, DepthController, Event, MAX_DEPTH, Mismatch, Replay, replay,
 };
-pub use draft::{Draft, DraftProbs, Drafter};
+pub use draft::{
+    Commit, Draft, DraftProbs, Drafter, PerSequence, Proposal, SequenceDrafter, SequenceKey,
+};
 pub use error::{Error, Result, Row};
 pub use ngram::{MAX_CANDIDATES, MAX_NGRAM, NgramConfig, NgramDrafter};
 pub use verify::{Verdict, verify, verify_greedy, verify_positional};

@@ -11,15 +11,15 @@
 //! For each length `n` in `min_n..=max_n` the drafter keeps hash chains, as LZ77 compressors
 //! do: `head` maps an n-gram's hash to its most recent start, and `prev[s]` links the n-gram
 //! starting at `s` to the previous start with the same hash. Appending a token adds one link per
-//! length (`O(max_n)` hashing each), so [`commit`](Drafter::commit) never rescans the context,
-//! and popping a token undoes its links exactly, so [`settle`](Drafter::settle) only touches
+//! length (`O(max_n)` hashing each), so [`commit`](SequenceDrafter::commit) never rescans the context,
+//! and popping a token undoes its links exactly, so [`settle`](SequenceDrafter::settle) only touches
 //! the part of the context that changed. Memory per token: the token, one chain link per length
 //! and at most one map entry per length. A lookup walks at most `candidates` links and compares
 //! tokens, so a hash collision can only hide an occurrence, never invent one.
 
 use std::collections::HashMap;
 
-use crate::{Draft, Drafter, Error, Result};
+use crate::{Draft, Error, Result, SequenceDrafter};
 
 /// The longest n-gram length [`NgramConfig`] accepts: hashing costs `O(max_n)` per length per
 /// token, and matches longer than this change no continuation in practice.
@@ -178,7 +178,7 @@ fn hash(tokens: &[u32]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// A [`Drafter`] that looks the context's tail up in the context itself (prompt lookup).
+/// A [`SequenceDrafter`] that looks the context's tail up in the context itself (prompt lookup).
 ///
 /// # Rule
 ///
@@ -285,7 +285,7 @@ impl NgramDrafter {
     }
 }
 
-impl Drafter for NgramDrafter {
+impl SequenceDrafter for NgramDrafter {
     /// Keeps the index of the prefix it shares with `context` and re-indexes only the rest:
     /// the state is the same as indexing `context` from scratch.
     fn settle(&mut self, context: &[u32]) {

@@ -39,12 +39,13 @@ use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 use prefix_trie::SessionId;
 use sampler::Sampler;
-use speculate::Draft;
+use speculate::{Commit, Draft, Drafter, Proposal};
 
-use crate::engine::loaded::{StepError, rows_of};
+use crate::engine::drafters::DraftContext;
+use crate::engine::loaded::StepError;
 use crate::engine::prefix_cache::{self, PrefixCache};
 use crate::engine::sequence::{Sequence, SequenceId};
-use crate::engine::speculation::{MAX_DRAFT_DEPTH, Planned};
+use crate::engine::speculation::MAX_DRAFT_DEPTH;
 
 /// The tokens a draft restarts from after a plain stretch left it further behind.
 pub const PROBE_WINDOW: usize = 32;
@@ -57,6 +58,8 @@ pub struct DraftModel {
     catch_up: usize,
     /// What earlier sequences fed it, by prefix.
     prefix: PrefixCache,
+    /// The caches of each sequence drafting with it.
+    live: HashMap<SequenceId, DraftCaches>,
 }
 
 /// How a draft model is served beside its target.
@@ -99,6 +102,7 @@ impl DraftModel {
             model,
             catch_up: serving.catch_up.max(1),
             prefix,
+            live: HashMap::new(),
         })
     }
 
@@ -119,11 +123,7 @@ impl DraftModel {
 
     /// Caches for a sequence whose prompt is `prompt`, holding the longest prefix of it the
     /// draft's trie has, with captures scheduled (at `turn_starts` among others).
-    pub fn begin(
-        &mut self,
-        prompt: &[u32],
-        turn_starts: &[usize],
-    ) -> Result<DraftCaches, StepError> {
+    fn start(&mut self, prompt: &[u32], turn_starts: &[usize]) -> Result<DraftCaches, StepError> {
         let mut caches = fresh_caches(&self.name, self.model.as_ref())?;
         match self.prefix.begin(prompt, &[], turn_starts, &mut caches) {
             Ok(restored) => Ok(DraftCaches {
@@ -148,7 +148,7 @@ impl DraftModel {
 
     /// Records what a retiring sequence's draft caches hold — a prefix of its `tokens` — in
     /// the draft's trie and drops them, then evicts down to its budget.
-    pub fn close(&mut self, tokens: &[u32], caches: &mut DraftCaches) {
+    fn close(&mut self, tokens: &[u32], caches: &mut DraftCaches) {
         let Some(session) = caches.session.take() else {
             return;
         };
@@ -180,11 +180,67 @@ impl DraftModel {
     }
 
     /// Ends a failed sequence's draft session without recording it.
-    pub fn abandon(&mut self, caches: &mut DraftCaches) {
+    fn abandon(&mut self, caches: &mut DraftCaches) {
         if let Some(session) = caches.session.take() {
             self.prefix.abandon_session(session);
         }
     }
+}
+
+/// The draft model as the engine's drafter: one forward per draft position for every
+/// sequence of the same feed width and depth, its caches kept level with the target's.
+impl<'a> Drafter<DraftContext<'a>, StepError> for DraftModel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn begin(
+        &mut self,
+        sequence: SequenceId,
+        prompt: &[u32],
+        turn_starts: &[usize],
+    ) -> Result<(), StepError> {
+        let caches = self.start(prompt, turn_starts)?;
+        if let Some(mut stale) = self.live.insert(sequence, caches) {
+            self.abandon(&mut stale);
+        }
+        Ok(())
+    }
+
+    /// Nothing to do: the draft is fed lazily, when it drafts.
+    fn settle(&mut self, _sequence: SequenceId, _context: &[u32]) {}
+
+    fn propose(
+        &mut self,
+        ctx: &mut DraftContext<'a>,
+        proposals: &mut [Proposal],
+    ) -> Result<(), StepError> {
+        draft_by_model(self, ctx, proposals)
+    }
+
+    fn commit(&mut self, sequence: SequenceId, commit: Commit<'_>) -> Result<(), StepError> {
+        let caches = self.live.get_mut(&sequence).ok_or_else(no_caches)?;
+        caches.rewind(commit.held)?;
+        if commit.plain {
+            caches.skipped_plainly = true;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, sequence: SequenceId, context: &[u32], intact: bool) {
+        let Some(mut caches) = self.live.remove(&sequence) else {
+            return;
+        };
+        if intact {
+            self.close(context, &mut caches);
+        } else {
+            self.abandon(&mut caches);
+        }
+    }
+}
+
+fn no_caches() -> StepError {
+    StepError::Invalid("a sequence drafting with the draft model has no draft caches".into())
 }
 
 /// Fresh caches of `model` for one sequence, refused for layers that cannot roll back.
@@ -206,7 +262,7 @@ fn fresh_caches(name: &str, model: &dyn Model) -> Result<Vec<Option<LayerCache>>
 /// One sequence's caches in the draft model. They hold the sequence's tokens `start..held`
 /// (`start` is 0 unless the draft restarted from a window after a plain stretch): never more
 /// than the target's caches, often fewer (the draft is fed lazily, when it drafts).
-pub struct DraftCaches {
+struct DraftCaches {
     caches: Vec<Option<LayerCache>>,
     /// The first of the sequence's tokens the caches hold, at the draft's position 0.
     start: usize,
@@ -218,13 +274,8 @@ pub struct DraftCaches {
 }
 
 impl DraftCaches {
-    /// The sequence's tokens the caches hold end here.
-    pub fn held(&self) -> usize {
-        self.held
-    }
-
     /// Back to at most `keep` tokens, after a round committed the target's caches to `keep`.
-    pub fn rewind(&mut self, keep: usize) -> Result<(), StepError> {
+    fn rewind(&mut self, keep: usize) -> Result<(), StepError> {
         if self.held > keep {
             for cache in self.caches.iter_mut().flatten() {
                 cache.rewind(keep.saturating_sub(self.start))?;
@@ -234,9 +285,20 @@ impl DraftCaches {
         Ok(())
     }
 
-    /// The sequence decoded a token plainly, without the draft.
-    pub fn skip_plainly(&mut self) {
-        self.skipped_plainly = true;
+    /// The draft's position of the sequence's token `at`, one the caches do not precede.
+    fn position(&self, at: usize) -> Result<usize, StepError> {
+        at.checked_sub(self.start)
+            .ok_or_else(|| StepError::Invalid("a draft-model row starts before its window".into()))
+    }
+
+    /// Tokens the caches hold, checked against the `held` tokens of the target's.
+    fn held_within(&self, target_held: usize) -> Result<usize, StepError> {
+        if self.held > target_held {
+            return Err(StepError::Invalid(
+                "a draft model's caches ran ahead of the target's".into(),
+            ));
+        }
+        Ok(self.held)
     }
 }
 
@@ -250,58 +312,61 @@ enum Work {
     Draft { feed: usize, depth: usize },
 }
 
-/// Drafts the planned rounds of sequences whose drafter is `draft` (their drafts are
-/// placeholders of the chosen depth), or catches their draft caches up when they are too far
-/// behind to draft this round (their drafts become empty).
-pub(crate) fn draft_by_model(
-    draft: &DraftModel,
-    sampler: &Sampler,
-    sequences: &mut [Sequence],
-    planned: &mut [Planned],
+/// Drafts the proposals of sequences drafting with `draft`, or catches their draft caches up
+/// when they are too far behind to draft this round (their drafts stay empty).
+fn draft_by_model(
+    draft: &mut DraftModel,
+    ctx: &mut DraftContext<'_>,
+    proposals: &mut [Proposal],
 ) -> Result<(), StepError> {
     let mut groups: HashMap<Work, Vec<usize>> = HashMap::new();
-    for (p, plan) in planned.iter_mut().enumerate() {
-        let seq = &sequences[plan.index];
-        let Some(caches) = seq.speculating.as_ref().and_then(|s| s.draft_caches()) else {
-            continue;
-        };
-        if plan.draft.is_empty() {
-            continue; // Depth 0: the draft stays behind until it drafts again.
+    for (p, proposal) in proposals.iter_mut().enumerate() {
+        if proposal.depth == 0 {
+            continue; // The draft stays behind until it drafts again.
         }
-        let unseen = seq.tokens.len().saturating_sub(caches.held());
+        let seq = &ctx.sequences[ctx.index_of(proposal.sequence)?];
+        let caches = draft
+            .live
+            .get_mut(&proposal.sequence)
+            .ok_or_else(no_caches)?;
+        let unseen = seq.tokens.len() - caches.held_within(seq.tokens.len())?;
         let restart = caches.skipped_plainly && unseen > PROBE_WINDOW;
-        let seq = &mut sequences[plan.index];
-        if let Some(caches) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
-            caches.skipped_plainly = false;
-            if restart {
-                caches.caches = fresh_caches(&draft.name, draft.model.as_ref())?;
-                caches.start = seq.tokens.len() - PROBE_WINDOW;
-                caches.held = caches.start;
-            }
+        caches.skipped_plainly = false;
+        if restart {
+            caches.caches = fresh_caches(&draft.name, draft.model.as_ref())?;
+            caches.start = seq.tokens.len() - PROBE_WINDOW;
+            caches.held = caches.start;
         }
         let unseen = if restart { PROBE_WINDOW } else { unseen };
         let work = if unseen + 1 > draft.catch_up {
-            plan.draft = Draft::empty();
-            plan.catching_up = true;
+            proposal.catching_up = true;
             Work::CatchUp(draft.catch_up)
         } else {
             Work::Draft {
                 feed: unseen + 1,
-                depth: plan.draft.len(),
+                depth: proposal.depth,
             }
         };
         groups.entry(work).or_default().push(p);
     }
     for (work, mut group) in groups {
-        // Rows follow the order of `sequences`, as their caches are borrowed.
-        group.sort_by_key(|&p| planned[p].index);
-        let indices: Vec<usize> = group.iter().map(|&p| planned[p].index).collect();
+        // Rows follow the order of the step's sequences, whatever order the groups come in.
+        let mut keyed = Vec::with_capacity(group.len());
+        for &p in &group {
+            keyed.push((ctx.index_of(proposals[p].sequence)?, p));
+        }
+        keyed.sort_unstable();
+        group = keyed.into_iter().map(|(_, p)| p).collect();
+        let rows: Vec<(SequenceId, u32)> = group
+            .iter()
+            .map(|&p| (proposals[p].sequence, proposals[p].first))
+            .collect();
         match work {
-            Work::CatchUp(width) => catch_up(draft, sequences, &indices, width)?,
+            Work::CatchUp(width) => catch_up(draft, ctx, &rows, width)?,
             Work::Draft { feed, depth } => {
-                let drafts = draft_rows(draft, sampler, sequences, planned, &group, feed, depth)?;
+                let drafts = draft_rows(draft, ctx, &rows, feed, depth)?;
                 for (&p, drafted) in group.iter().zip(drafts) {
-                    planned[p].draft = drafted;
+                    proposals[p].draft = drafted;
                 }
             }
         }
@@ -309,131 +374,156 @@ pub(crate) fn draft_by_model(
     Ok(())
 }
 
-/// Feeds each of `indices`' draft caches the next `width` committed tokens it has not seen.
-fn catch_up(
-    draft: &DraftModel,
-    sequences: &mut [Sequence],
-    indices: &[usize],
-    width: usize,
-) -> Result<(), StepError> {
-    let mut rows = Vec::with_capacity(indices.len());
-    for &i in indices {
-        let seq = &sequences[i];
-        let held = held_by(seq)?;
-        let at = draft_position(seq, held)?;
-        rows.push((seq.tokens[held..held + width].to_vec(), at));
-    }
-    let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
-    let batch = Batch::rows(&borrowed)?;
-    let mut caches = draft_caches_of(sequences, indices)?;
-    let out = draft.model.forward_rows(&batch, &mut caches)?;
-    // Nothing reads the output: evaluate the caches so the graph does not grow across steps.
-    let mut arrays = vec![out.hidden];
-    for cache in caches.iter().flat_map(|c| c.iter().flatten()) {
-        arrays.extend(cache.state_arrays());
-    }
-    mlx::eval(&arrays)?;
-    for &i in indices {
-        if let Some(c) = sequences[i]
-            .speculating
-            .as_mut()
-            .and_then(|s| s.draft_caches_mut())
-        {
-            c.held += width;
+/// Runs `f` over the draft caches of `ids`, in that order, lent out of `live` together for
+/// one forward and put back whatever `f` returns.
+fn with_caches<T>(
+    live: &mut HashMap<SequenceId, DraftCaches>,
+    ids: &[SequenceId],
+    f: impl FnOnce(&mut [DraftCaches]) -> Result<T, StepError>,
+) -> Result<T, StepError> {
+    let mut lent = Vec::with_capacity(ids.len());
+    for id in ids {
+        match live.remove(id) {
+            Some(caches) => lent.push(caches),
+            None => break,
         }
     }
-    Ok(())
+    let result = if lent.len() == ids.len() {
+        f(&mut lent)
+    } else {
+        Err(no_caches())
+    };
+    for (id, caches) in ids.iter().zip(lent) {
+        live.insert(*id, caches);
+    }
+    result
 }
 
-/// Runs the draft for the rows `group` of `planned`: feeds each its `feed` unseen tokens (the
-/// round's first token last), then feeds back each row's next draft until `depth` tokens are
-/// drafted; returns each row's draft, read in one go.
-#[allow(clippy::too_many_arguments)]
+/// The layer caches of each of `lent`, for one forward.
+fn layer_caches(lent: &mut [DraftCaches]) -> Vec<&mut [Option<LayerCache>]> {
+    lent.iter_mut().map(|c| c.caches.as_mut_slice()).collect()
+}
+
+/// Feeds each of `rows`' draft caches the next `width` committed tokens it has not seen.
+fn catch_up(
+    draft: &mut DraftModel,
+    ctx: &DraftContext<'_>,
+    rows: &[(SequenceId, u32)],
+    width: usize,
+) -> Result<(), StepError> {
+    let ids: Vec<SequenceId> = rows.iter().map(|&(id, _)| id).collect();
+    let model = draft.model.as_ref();
+    with_caches(&mut draft.live, &ids, |lent| {
+        let mut feeds = Vec::with_capacity(lent.len());
+        for (caches, &id) in lent.iter().zip(&ids) {
+            let seq = &ctx.sequences[ctx.index_of(id)?];
+            let held = caches.held_within(seq.tokens.len())?;
+            let tokens = seq.tokens.get(held..held + width).ok_or_else(|| {
+                StepError::Invalid("a draft model catches up past the target's tokens".into())
+            })?;
+            feeds.push((tokens.to_vec(), caches.position(held)?));
+        }
+        let borrowed: Vec<(&[u32], usize)> =
+            feeds.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
+        let batch = Batch::rows(&borrowed)?;
+        let mut caches = layer_caches(lent);
+        let out = model.forward_rows(&batch, &mut caches)?;
+        // Nothing reads the output: evaluate the caches so the graph does not grow across
+        // steps.
+        let mut arrays = vec![out.hidden];
+        for cache in caches.iter().flat_map(|c| c.iter().flatten()) {
+            arrays.extend(cache.state_arrays());
+        }
+        mlx::eval(&arrays)?;
+        for caches in lent.iter_mut() {
+            caches.held += width;
+        }
+        Ok(())
+    })
+}
+
+/// Runs the draft for `rows` (each a sequence and its round's first token): feeds each its
+/// `feed` unseen tokens (the round's first token last), then feeds back each row's next draft
+/// until `depth` tokens are drafted; returns each row's draft, read in one go.
 fn draft_rows(
-    draft: &DraftModel,
-    sampler: &Sampler,
-    sequences: &mut [Sequence],
-    planned: &[Planned],
-    group: &[usize],
+    draft: &mut DraftModel,
+    ctx: &DraftContext<'_>,
+    rows: &[(SequenceId, u32)],
     feed: usize,
     depth: usize,
 ) -> Result<Vec<Draft>, StepError> {
-    let mut rows = Vec::with_capacity(group.len());
-    let mut indices = Vec::with_capacity(group.len());
-    let mut drawers = Vec::with_capacity(group.len());
-    for &p in group {
-        let plan = &planned[p];
-        let seq = &sequences[plan.index];
-        let held = held_by(seq)?;
-        let mut tokens = seq.tokens[held..].to_vec();
-        tokens.push(plan.tokens[0]);
-        debug_assert_eq!(tokens.len(), feed);
-        rows.push((tokens, draft_position(seq, held)?));
-        indices.push(plan.index);
-        drawers.push(draws_drafts(seq).then_some(seq.id));
-    }
-    // Where the round's first token lands (the draft's position): every draft token follows.
-    let firsts: Vec<usize> = rows.iter().map(|(t, at)| at + t.len() - 1).collect();
-    let borrowed: Vec<(&[u32], usize)> = rows.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
-    let mut caches = draft_caches_of(sequences, &indices)?;
-    let out = draft
-        .model
-        .forward_rows(&Batch::rows(&borrowed)?, &mut caches)?;
-    let last = out.hidden.slice_axis(1, feed as i32 - 1, feed as i32)?;
-    let mut next = next_drafts(draft, sampler, &drawers, &last, &[])?;
-    let mut drafted = vec![next.tokens.clone()];
-    let mut drawn = vec![next.probs];
-    for step in 1..depth {
-        let positions = firsts.iter().map(|&first| first + step).collect();
-        let out = draft
-            .model
-            .forward_rows(&Batch::from_device(&next.tokens, positions)?, &mut caches)?;
-        next = next_drafts(draft, sampler, &drawers, &out.hidden, &drafted)?;
-        drafted.push(next.tokens.clone());
-        drawn.push(next.probs);
-    }
-    drop(caches);
-    // Each drawing row's distributions, `[depth, V]`, read with the drafts.
-    let drawn: Vec<Option<Array>> = (0..drawers.len())
-        .map(|row| {
-            let per_step: Option<Vec<Array>> = drawn.iter().map(|step| step[row].clone()).collect();
-            per_step.map(|rows| mlx::concatenate(&rows, 0)).transpose()
-        })
-        .collect::<Result<_, _>>()?;
-    let drafted = mlx::concatenate(&drafted, 1)?;
-    let mut to_read = vec![drafted.clone()];
-    to_read.extend(drawn.iter().flatten().cloned());
-    mlx::eval(&to_read)?;
-    let drafted = drafted.to_vec::<i32>()?;
-    // The caches hold the round's first token and every draft but the last.
-    for (&i, &first) in indices.iter().zip(&firsts) {
-        if let Some(c) = sequences[i]
-            .speculating
-            .as_mut()
-            .and_then(|s| s.draft_caches_mut())
-        {
-            c.held = c.start + first + depth;
+    let ids: Vec<SequenceId> = rows.iter().map(|&(id, _)| id).collect();
+    let model = draft.model.as_ref();
+    let sampler = ctx.sampler;
+    with_caches(&mut draft.live, &ids, |lent| {
+        let mut feeds = Vec::with_capacity(rows.len());
+        let mut drawers = Vec::with_capacity(rows.len());
+        for (caches, &(id, first)) in lent.iter().zip(rows) {
+            let seq = &ctx.sequences[ctx.index_of(id)?];
+            let held = caches.held_within(seq.tokens.len())?;
+            let mut tokens = seq.tokens[held..].to_vec();
+            tokens.push(first);
+            debug_assert_eq!(tokens.len(), feed);
+            feeds.push((tokens, caches.position(held)?));
+            drawers.push(draws_drafts(seq).then_some(seq.id));
         }
-    }
-    let mut drafts = Vec::with_capacity(drawers.len());
-    for (row, probs) in drawn.into_iter().enumerate() {
-        let tokens: Vec<u32> = drafted[row * depth..(row + 1) * depth]
-            .iter()
-            .map(|&t| u32::try_from(t).unwrap_or(0))
-            .collect();
-        drafts.push(match probs {
-            None => Draft::one_hot(tokens),
-            Some(probs) => {
-                let probs = probs.to_vec::<f32>()?;
-                let vocab = probs.len() / depth.max(1);
-                Draft::dense(
-                    tokens,
-                    probs.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
-                )
-            }
-        });
-    }
-    Ok(drafts)
+        // Where the round's first token lands (the draft's position): every draft token
+        // follows.
+        let firsts: Vec<usize> = feeds.iter().map(|(t, at)| at + t.len() - 1).collect();
+        let borrowed: Vec<(&[u32], usize)> =
+            feeds.iter().map(|(t, at)| (t.as_slice(), *at)).collect();
+        let mut caches = layer_caches(lent);
+        let out = model.forward_rows(&Batch::rows(&borrowed)?, &mut caches)?;
+        let last = out.hidden.slice_axis(1, feed as i32 - 1, feed as i32)?;
+        let mut next = next_drafts(model, sampler, &drawers, &last, &[])?;
+        let mut drafted = vec![next.tokens.clone()];
+        let mut drawn = vec![next.probs];
+        for step in 1..depth {
+            let positions = firsts.iter().map(|&first| first + step).collect();
+            let out =
+                model.forward_rows(&Batch::from_device(&next.tokens, positions)?, &mut caches)?;
+            next = next_drafts(model, sampler, &drawers, &out.hidden, &drafted)?;
+            drafted.push(next.tokens.clone());
+            drawn.push(next.probs);
+        }
+        drop(caches);
+        // Each drawing row's distributions, `[depth, V]`, read with the drafts.
+        let drawn: Vec<Option<Array>> = (0..drawers.len())
+            .map(|row| {
+                let per_step: Option<Vec<Array>> =
+                    drawn.iter().map(|step| step[row].clone()).collect();
+                per_step.map(|rows| mlx::concatenate(&rows, 0)).transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        let drafted = mlx::concatenate(&drafted, 1)?;
+        let mut to_read = vec![drafted.clone()];
+        to_read.extend(drawn.iter().flatten().cloned());
+        mlx::eval(&to_read)?;
+        let drafted = drafted.to_vec::<i32>()?;
+        // The caches hold the round's first token and every draft but the last.
+        for (caches, &first) in lent.iter_mut().zip(&firsts) {
+            caches.held = caches.start + first + depth;
+        }
+        let mut drafts = Vec::with_capacity(drawers.len());
+        for (row, probs) in drawn.into_iter().enumerate() {
+            let tokens: Vec<u32> = drafted[row * depth..(row + 1) * depth]
+                .iter()
+                .map(|&t| u32::try_from(t).unwrap_or(0))
+                .collect();
+            drafts.push(match probs {
+                None => Draft::one_hot(tokens),
+                Some(probs) => {
+                    let probs = probs.to_vec::<f32>()?;
+                    let vocab = probs.len() / depth.max(1);
+                    Draft::dense(
+                        tokens,
+                        probs.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+                    )
+                }
+            });
+        }
+        Ok(drafts)
+    })
 }
 
 /// Whether `seq` draws its drafts from the draft's sampling distribution rather than taking
@@ -453,13 +543,13 @@ struct NextDrafts {
 /// `drawers` entry names its sampler slot, a draw from the request's sampling distribution over
 /// the draft's logits after the row's earlier drafts (`drafted`, `[rows, 1]` per step).
 fn next_drafts(
-    draft: &DraftModel,
+    model: &dyn Model,
     sampler: &Sampler,
     drawers: &[Option<SequenceId>],
     hidden: &Array,
     drafted: &[Array],
 ) -> Result<NextDrafts, StepError> {
-    let logits = draft.model.unembed(hidden)?;
+    let logits = model.unembed(hidden)?;
     let argmax = logits.argmax(2, false)?.astype(Dtype::I32)?;
     if drawers.iter().all(Option::is_none) {
         return Ok(NextDrafts {
@@ -497,42 +587,5 @@ fn next_drafts(
     Ok(NextDrafts {
         tokens: mlx::concatenate(&tokens, 0)?,
         probs,
-    })
-}
-
-/// Tokens `seq`'s draft caches hold, checked against what the target holds.
-fn held_by(seq: &Sequence) -> Result<usize, StepError> {
-    let held = seq
-        .speculating
-        .as_ref()
-        .and_then(|s| s.draft_caches())
-        .map(DraftCaches::held)
-        .ok_or_else(|| StepError::Invalid("a draft-model row has no draft caches".into()))?;
-    if held > seq.tokens.len() {
-        return Err(StepError::Invalid(
-            "a draft model's caches ran ahead of the target's".into(),
-        ));
-    }
-    Ok(held)
-}
-
-/// The draft's position of `seq`'s token `at`, one its draft caches do not precede.
-fn draft_position(seq: &Sequence, at: usize) -> Result<usize, StepError> {
-    seq.speculating
-        .as_ref()
-        .and_then(|s| s.draft_caches())
-        .and_then(|c| at.checked_sub(c.start))
-        .ok_or_else(|| StepError::Invalid("a draft-model row starts before its window".into()))
-}
-
-/// The draft caches of `sequences[i]` for each `i` of `indices` (ascending), borrowed together
-/// for one forward.
-fn draft_caches_of<'a>(
-    sequences: &'a mut [Sequence],
-    indices: &[usize],
-) -> Result<Vec<&'a mut [Option<LayerCache>]>, StepError> {
-    rows_of(sequences, indices, |seq| {
-        let caches = seq.speculating.as_mut()?.draft_caches_mut()?;
-        Some(caches.caches.as_mut_slice())
     })
 }

@@ -27,6 +27,7 @@ use nn::{Batch, ImageGrid, Model};
 use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
+use crate::engine::drafters::Drafters;
 use crate::engine::encoded_media::{self, EncodedMedia};
 use crate::engine::job::{
     DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, Stats,
@@ -191,8 +192,9 @@ pub struct LoadedModel {
     pending: Option<Pending>,
     next_id: SequenceId,
     controllers: Controllers,
-    /// The draft model loaded beside this one, for sequences drafting with it.
-    draft: Option<DraftModel>,
+    /// What speculating sequences draft with, the draft model loaded beside this one among
+    /// them.
+    drafters: Drafters,
     /// Whether requests that leave the drafter to the server draft with it (it came from the
     /// model's Modelfile or the server's `--draft`, not from a request naming it).
     draft_by_default: bool,
@@ -229,7 +231,7 @@ impl LoadedModel {
             pending: None,
             next_id: 0,
             controllers: Controllers::default(),
-            draft: None,
+            drafters: Drafters::default(),
             draft_by_default: false,
             encoded: EncodedMedia::new(encoded_media::DEFAULT_BUDGET),
         })
@@ -249,14 +251,15 @@ impl LoadedModel {
             target_cache_bytes: self.config.memory.cache_bytes,
             capture_interval: self.config.capture_interval,
         };
-        self.draft = Some(DraftModel::new(name, model, self.model.as_ref(), serving)?);
+        let draft = DraftModel::new(name, model, self.model.as_ref(), serving)?;
+        self.drafters.attach_model(draft);
         self.draft_by_default = by_default;
         Ok(())
     }
 
     /// The draft model's name, when one is loaded beside this one.
     pub fn draft_name(&self) -> Option<&str> {
-        self.draft.as_ref().map(DraftModel::name)
+        self.drafters.model().map(DraftModel::name)
     }
 
     /// Keeps what serving teaches the loop (the depth controllers) in `dir`: read now, written
@@ -309,13 +312,13 @@ impl LoadedModel {
             cache_bytes: self.prefix.bytes(),
             cache_budget: self.prefix.budget(),
             cache_nodes: self.prefix.node_count(),
-            draft_cache_bytes: self.draft.as_ref().map_or(0, DraftModel::cache_bytes),
+            draft_cache_bytes: self.drafters.model().map_or(0, DraftModel::cache_bytes),
             active_memory: mlx::memory::active_memory().unwrap_or(0),
             peak_memory: mlx::memory::peak_memory().unwrap_or(0),
             draft_depth: self.controllers.current_depth(DrafterKind::Ngram),
             draft_model_depth: self
-                .draft
-                .as_ref()
+                .drafters
+                .model()
                 .and_then(|_| self.controllers.current_depth(DrafterKind::Model)),
         }
     }
@@ -340,15 +343,17 @@ impl LoadedModel {
         for mut seq in std::mem::take(&mut self.sequences) {
             self.prefix.abandon(&mut seq);
             let _ = self.sampler.remove(seq.id);
-            if let (Some(draft), Some(caches)) = (
-                self.draft.as_mut(),
-                seq.speculating
-                    .as_mut()
-                    .and_then(Speculating::draft_caches_mut),
-            ) {
-                draft.abandon(caches);
-            }
+            self.end_drafting(&seq, false);
             let _ = seq.job.events.send(Event::Failed(message.to_string()));
+        }
+    }
+
+    /// Tells a retiring sequence's drafter it ended (`intact`: not after a failure, so what
+    /// the drafter holds of it may be kept).
+    fn end_drafting(&mut self, seq: &Sequence, intact: bool) {
+        let kind = seq.speculating.as_ref().map(Speculating::kind);
+        if let Some(drafter) = kind.and_then(|kind| self.drafters.get(kind)) {
+            drafter.end(seq.id, &seq.tokens, intact);
         }
     }
 
@@ -391,7 +396,7 @@ impl LoadedModel {
             .len()
             .saturating_add(job.max_tokens)
             .min(self.context_length);
-        let draft = match (&self.draft, self.drafter_of(job)) {
+        let draft = match (self.drafters.model(), self.drafter_of(job)) {
             (Some(draft), Some((DrafterKind::Model, _))) => {
                 draft.model().spec().state_bytes(tokens)
             }
@@ -404,7 +409,7 @@ impl LoadedModel {
     /// and its deepest round, if it speculates.
     fn drafter_of(&self, job: &Job) -> Option<(DrafterKind, Option<usize>)> {
         // A draft model the model's Modelfile names drafts unless a request says otherwise.
-        let default = match (&self.draft, self.config.draft) {
+        let default = match (self.drafters.model(), self.config.draft) {
             (Some(_), _) if self.draft_by_default => Some(DrafterKind::Model),
             // A server-wide draft model only drafts for targets it could be loaded beside.
             (None, Some(DrafterKind::Model)) => None,
@@ -527,7 +532,7 @@ impl LoadedModel {
             return refuse(job, e.into());
         }
         let budget = job.max_tokens.min(self.context_length - prompt_len);
-        let speculating = match self.speculation_for(&job) {
+        let speculating = match self.speculation_for(&job, id) {
             Ok(speculating) => speculating,
             Err(e) => {
                 if let Some(session) = session {
@@ -587,7 +592,7 @@ impl LoadedModel {
 
     /// How `job` decodes: speculatively when it or the server asks for it (recurrent layers
     /// roll a round back through captures, see `rollback`).
-    fn speculation_for(&mut self, job: &Job) -> Result<Option<Speculating>> {
+    fn speculation_for(&mut self, job: &Job, id: SequenceId) -> Result<Option<Speculating>> {
         let Some((drafter, max_depth)) = self.drafter_of(job) else {
             return Ok(None);
         };
@@ -599,20 +604,13 @@ impl LoadedModel {
                 "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
             )));
         }
-        let draft_caches = match (drafter, self.draft.as_mut()) {
-            (DrafterKind::Model, Some(draft)) => Some(draft.begin(&job.prompt, &job.turn_starts)?),
-            (DrafterKind::Model, None) => {
-                return Err(StepError::Invalid(
-                    "this model was loaded without a draft model".into(),
-                ));
-            }
-            _ => None,
-        };
+        self.drafters
+            .of(drafter)?
+            .begin(id, &job.prompt, &job.turn_starts)?;
         Ok(Some(Speculating::new(
             drafter,
             max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
             &job.sampling,
-            draft_caches,
         )))
     }
 
@@ -889,7 +887,7 @@ impl LoadedModel {
         }
         speculation::run_rounds(
             self.model.as_ref(),
-            self.draft.as_ref(),
+            &mut self.drafters,
             &mut self.sampler,
             &mut self.controllers,
             &mut self.sequences,
@@ -1273,7 +1271,14 @@ impl LoadedModel {
             {
                 let batch = prev.rows.len();
                 let cost = was_fed.then_some(step_cost);
-                speculation::plain_step(&mut self.controllers, seq, token, batch, cost);
+                speculation::plain_step(
+                    &mut self.drafters,
+                    &mut self.controllers,
+                    seq,
+                    token,
+                    batch,
+                    cost,
+                )?;
             }
             let entry = match (&logprobs, seq.job.sampling.logprobs) {
                 (Some((chosen, ids, values)), Some(top)) => {
@@ -1361,17 +1366,7 @@ impl LoadedModel {
             }
             Outcome::Failed(_) => self.prefix.abandon(&mut seq),
         }
-        if let (Some(draft), Some(caches)) = (
-            self.draft.as_mut(),
-            seq.speculating
-                .as_mut()
-                .and_then(Speculating::draft_caches_mut),
-        ) {
-            match &outcome {
-                Outcome::Done(_) => draft.close(&seq.tokens, caches),
-                Outcome::Failed(_) => draft.abandon(caches),
-            }
-        }
+        self.end_drafting(&seq, matches!(outcome, Outcome::Done(_)));
         // Dropping the caches copies out the lazy snapshots the trie took of them.
         seq.caches.clear();
         if let Err(e) = self.prefix.evict() {

@@ -10,6 +10,8 @@
 //!   rewind) for sequences that speculate.
 //! - `rollback`: bringing a round's caches back to what was accepted (attention rewinds,
 //!   recurrent states restore captures taken inside the round).
+//! - `drafters`: a loaded model's drafters, one per kind, each a [`speculate::Drafter`].
+//! - `layer_skip`: the target's first layers drafting for it.
 //! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
 //!   caches of its own per sequence.
 //! - `embedding`: a text's vector, its last token's final hidden state.
@@ -23,9 +25,11 @@
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
 pub mod draft_model;
+pub mod drafters;
 pub mod embedding;
 pub mod encoded_media;
 pub mod job;
+pub mod layer_skip;
 pub mod loaded;
 pub mod loader;
 pub mod memory;

@@ -13,10 +13,10 @@
 //!
 //! Under a grammar, drafts are cut where the grammar stops allowing them, and each position's
 //! distribution is masked by the grammar as it stands after the drafts before it (the matcher
-//! walks the draft and rolls back). Drafts come from a host drafter (prompt lookup), from the
-//! target's own first layers (layer-skip, below) or from a draft model beside the target
-//! (`draft_model`). Recurrent layers roll back through captures taken inside the round
-//! (`rollback`).
+//! walks the draft and rolls back). Drafts come from the sequence's drafter, whatever its kind,
+//! through [`speculate::Drafter`] (`drafters`): the rounds of a step hand each drafter all of
+//! its sequences' proposals at once, and tell it every committed run. Recurrent layers roll
+//! back through captures taken inside the round (`rollback`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,9 +27,9 @@ use nn::{Batch, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sampler::Sampler;
-use speculate::{DepthController, Draft, DraftProbs, Drafter, NgramConfig, NgramDrafter, Verdict};
+use speculate::{Commit, DepthController, Draft, DraftProbs, Proposal, Verdict};
 
-use crate::engine::draft_model::{DraftCaches, DraftModel, draft_by_model};
+use crate::engine::drafters::{DraftContext, Drafters};
 use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
 use crate::engine::loaded::{StepError, caches_of, equal_width_groups, with_rope_deltas};
 use crate::engine::rollback;
@@ -39,13 +39,9 @@ use crate::engine::sequence::{Ending, Outcome, Sequence};
 /// their window, so a rejected draft rewinds without a snapshot.
 pub const MAX_DRAFT_DEPTH: usize = 16;
 
-/// A speculating sequence's drafter and round state.
+/// A speculating sequence's round state; its drafter (of `kind`, among the loaded model's
+/// [`Drafters`]) keeps what it needs of the sequence.
 pub struct Speculating {
-    /// The host drafter; `None` for a layer-skip draft, which the model itself runs, and for
-    /// a draft model, which runs beside it.
-    drafter: Option<Box<dyn Drafter>>,
-    /// The sequence's caches in the draft model, when that is its drafter.
-    draft_caches: Option<DraftCaches>,
     kind: DrafterKind,
     /// Whether the drafter has been told the context since the prompt was evaluated.
     settled: bool,
@@ -68,26 +64,15 @@ pub struct Speculating {
 
 impl Speculating {
     /// A sequence's speculation with `kind` drafts of at most `max_depth` tokens; seeded
-    /// requests draw reproducibly. A draft model's sequence brings its `draft_caches`.
-    pub fn new(
-        kind: DrafterKind,
-        max_depth: usize,
-        sampling: &sampler::Options,
-        draft_caches: Option<DraftCaches>,
-    ) -> Speculating {
+    /// requests draw reproducibly. The drafter of `kind` has been told the sequence begins.
+    pub fn new(kind: DrafterKind, max_depth: usize, sampling: &sampler::Options) -> Speculating {
         let seed = sampling.seed;
-        let drafter: Option<Box<dyn Drafter>> = match kind {
-            DrafterKind::Ngram => Some(Box::new(NgramDrafter::new(NgramConfig::default()))),
-            DrafterKind::SelfDraft(_) | DrafterKind::Model => None,
-        };
         let key = match seed {
             // A different stream from the sampler's for the same seed.
             Some(seed) => seed ^ 0x5eed_5bec_u64,
             None => rand::random(),
         };
         Speculating {
-            drafter,
-            draft_caches,
             kind,
             settled: false,
             next: None,
@@ -129,30 +114,14 @@ impl Speculating {
         self.settled
     }
 
-    /// A token of a plain stretch was committed.
-    fn plain_token(&mut self, token: u32) {
-        self.stats.plain += 1;
-        if let Some(drafter) = self.drafter.as_mut() {
-            drafter.commit(&[token]);
-        }
-        if let Some(caches) = self.draft_caches.as_mut() {
-            caches.skip_plainly();
-        }
-    }
-
     /// What the rounds did so far.
     pub fn stats(&self) -> SpeculationStats {
         self.stats
     }
 
-    /// Its caches in the draft model, when that is its drafter.
-    pub fn draft_caches(&self) -> Option<&DraftCaches> {
-        self.draft_caches.as_ref()
-    }
-
-    /// Its caches in the draft model, to feed or rewind.
-    pub fn draft_caches_mut(&mut self) -> Option<&mut DraftCaches> {
-        self.draft_caches.as_mut()
+    /// The kind of drafter it drafts with.
+    pub fn kind(&self) -> DrafterKind {
+        self.kind
     }
 }
 
@@ -300,16 +269,17 @@ impl Drop for Controllers {
 
 /// A planned round: the sequence, its first token and its drafts, and under a grammar the
 /// mask before each draft and after the last.
-pub(crate) struct Planned {
+struct Planned {
     /// The sequence's index in the step's sequences.
-    pub(crate) index: usize,
+    index: usize,
     /// The round's first token, then (once drafted) its drafts.
-    pub(crate) tokens: Vec<u32>,
-    /// The drafts: a placeholder of the chosen depth until a model drafts them.
-    pub(crate) draft: Draft,
-    /// Whether its draft model spends the round catching up instead of drafting: not a
-    /// round the depth controller chose, so not one it learns from.
-    pub(crate) catching_up: bool,
+    tokens: Vec<u32>,
+    /// The drafts, once its drafter proposed them.
+    draft: Draft,
+    /// Whether its drafter spends the round catching up instead of drafting
+    /// ([`Proposal::catching_up`]): not a round the depth controller chose, so not one it
+    /// learns from.
+    catching_up: bool,
     masks: Option<Vec<Vec<u32>>>,
 }
 
@@ -332,7 +302,7 @@ struct Dispatched {
 /// Runs this step's round for every speculating sequence that knows its next token.
 pub fn run_rounds(
     model: &dyn Model,
-    draft_model: Option<&DraftModel>,
+    drafters: &mut Drafters,
     sampler: &mut Sampler,
     controllers: &mut Controllers,
     sequences: &mut [Sequence],
@@ -355,43 +325,52 @@ pub fn run_rounds(
     }
     let batch = ready.len();
     let mut planned = Vec::with_capacity(batch);
+    // Each drafter's proposals, with the round each belongs to.
+    let mut proposals: HashMap<DrafterKind, Vec<(usize, Proposal)>> = HashMap::new();
     for i in ready {
         let seq = &mut sequences[i];
         let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
+        let id = seq.id;
         let Some(spec) = seq.speculating.as_mut() else {
             continue;
         };
         let Some(next) = spec.next else {
             continue;
         };
-        if let (false, Some(drafter)) = (spec.settled, spec.drafter.as_mut()) {
+        if !spec.settled {
             let mut context = seq.tokens.clone();
             context.push(next);
-            drafter.settle(&context);
+            drafters.of(spec.kind)?.settle(id, &context);
         }
         spec.settled = true;
         let depth = decided_depth(controllers, spec, batch, room);
-        let draft = match (depth, spec.drafter.as_mut()) {
-            (0, _) => Draft::empty(),
-            (_, Some(drafter)) => {
-                let mut draft = drafter.propose(depth);
-                draft.truncate(depth);
-                draft
-            }
-            // Drafted below, with the other rows of the same drafting model.
-            (_, None) => Draft::one_hot(vec![0; depth]),
-        };
+        if depth > 0 {
+            proposals
+                .entry(spec.kind)
+                .or_default()
+                .push((planned.len(), Proposal::new(id, next, depth)));
+        }
         planned.push(Planned {
             index: i,
             tokens: vec![next],
-            draft,
+            draft: Draft::empty(),
             catching_up: false,
             masks: None,
         });
     }
-    draft_by_layer_skip(model, sequences, &mut planned)?;
-    if let Some(draft_model) = draft_model {
-        draft_by_model(draft_model, sampler, sequences, &mut planned)?;
+    for (kind, rounds) in proposals {
+        let (plans, mut rows): (Vec<usize>, Vec<Proposal>) = rounds.into_iter().unzip();
+        let mut ctx = DraftContext {
+            target: model,
+            sampler,
+            sequences,
+        };
+        drafters.of(kind)?.propose(&mut ctx, &mut rows)?;
+        for (p, mut proposal) in plans.into_iter().zip(rows) {
+            proposal.draft.truncate(proposal.depth);
+            planned[p].draft = proposal.draft;
+            planned[p].catching_up = proposal.catching_up;
+        }
     }
     for plan in &mut planned {
         let seq = &mut sequences[plan.index];
@@ -500,6 +479,7 @@ pub fn run_rounds(
     for round in dispatched {
         settle_round(
             round,
+            drafters,
             sampler,
             controllers,
             sequences,
@@ -590,18 +570,26 @@ pub fn decide_depths(controllers: &mut Controllers, sequences: &mut [Sequence], 
 /// read with nothing dispatched behind it, whose wait measures no step (it read as 0 s, and
 /// those zeros pulled depth 0's cost down by a tenth each).
 pub fn plain_step(
+    drafters: &mut Drafters,
     controllers: &mut Controllers,
     seq: &mut Sequence,
     token: u32,
     batch: usize,
     cost: Option<Duration>,
-) {
+) -> Result<(), StepError> {
     // Counting the token being read.
     let room = seq.budget.saturating_sub(seq.stats.generated_tokens + 1);
+    let held = seq.tokens.len();
     let Some(spec) = seq.speculating.as_mut() else {
-        return;
+        return Ok(());
     };
-    spec.plain_token(token);
+    spec.stats.plain += 1;
+    let commit = Commit {
+        tokens: &[token],
+        held,
+        plain: true,
+    };
+    drafters.of(spec.kind)?.commit(seq.id, commit)?;
     if let Some(cost) = cost {
         controllers.observe(spec.kind, batch, 0, 0, cost);
     }
@@ -612,6 +600,7 @@ pub fn plain_step(
             spec.depth = Some(depth);
         }
     }
+    Ok(())
 }
 
 /// Verifies one evaluated round, rewinds its caches, streams what it committed and tells the
@@ -619,6 +608,7 @@ pub fn plain_step(
 #[allow(clippy::too_many_arguments)]
 fn settle_round(
     round: Dispatched,
+    drafters: &mut Drafters,
     sampler: &mut Sampler,
     controllers: &mut Controllers,
     sequences: &mut [Sequence],
@@ -670,9 +660,6 @@ fn settle_round(
     let keep = start + 1 + accepted;
     let captures = rollback::round_captures(&mut seq.caches);
     rollback::rewind_round(&mut seq.caches, &captures, keep)?;
-    if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
-        draft.rewind(keep)?;
-    }
     seq.tokens.extend_from_slice(&round.tokens[..1 + accepted]);
 
     let mut committed: Vec<u32> = round.draft.tokens[..accepted].to_vec();
@@ -681,9 +668,12 @@ fn settle_round(
         spec.stats.rounds += 1;
         spec.stats.drafted += round.draft.len();
         spec.stats.accepted += accepted;
-        if let Some(drafter) = spec.drafter.as_mut() {
-            drafter.commit(&committed);
-        }
+        let commit = Commit {
+            tokens: &committed,
+            held: keep,
+            plain: false,
+        };
+        drafters.of(spec.kind)?.commit(id, commit)?;
         spec.next = None;
         if !round.catching_up {
             controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
@@ -706,10 +696,8 @@ fn settle_round(
         if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
             // Nothing after this token was streamed: the caches end where it stands.
             let held = (start + 1 + position).min(keep);
+            // The drafter hears where it ends when the sequence retires.
             rollback::rewind_round(&mut seq.caches, &captures, held)?;
-            if let Some(draft) = seq.speculating.as_mut().and_then(|s| s.draft_caches_mut()) {
-                draft.rewind(held)?;
-            }
             seq.tokens.truncate(held);
             ending.add(id, outcome);
             return Ok(());
@@ -724,76 +712,6 @@ fn settle_round(
         ending.add(id, Outcome::Done(reason));
     } else if let Some(spec) = seq.speculating.as_mut() {
         spec.next = Some(next);
-    }
-    Ok(())
-}
-
-/// Drafts the planned rounds of layer-skip sequences (those whose draft is a placeholder of
-/// the chosen depth): from each round's first token, the first `k` layers, the final norm and
-/// the head propose the argmax, fed back for the next, the rows of one `k` and depth in one
-/// forward per draft position and the drafts read back once. Those layers' caches then rewind to where
-/// the round starts: the verification forward writes the same positions.
-fn draft_by_layer_skip(
-    model: &dyn Model,
-    sequences: &mut [Sequence],
-    planned: &mut [Planned],
-) -> Result<(), StepError> {
-    // Each row drafts exactly its depth: its caches may not be able to take back more.
-    let mut groups: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    for (p, plan) in planned.iter().enumerate() {
-        let kind = sequences[plan.index].speculating.as_ref().map(|s| s.kind);
-        if let Some(DrafterKind::SelfDraft(layers)) = kind
-            && !plan.draft.is_empty()
-        {
-            groups
-                .entry((layers, plan.draft.len()))
-                .or_default()
-                .push(p);
-        }
-    }
-    for ((layers, depth), mut group) in groups {
-        // Rows follow the order of `sequences`.
-        group.sort_by_key(|&p| planned[p].index);
-        let indices: Vec<usize> = group.iter().map(|&p| planned[p].index).collect();
-        let starts: Vec<usize> = indices.iter().map(|&i| sequences[i].tokens.len()).collect();
-        let saved = indices
-            .iter()
-            .map(|&i| rollback::save_recurrent(&sequences[i].caches, layers))
-            .collect::<Result<Vec<_>, StepError>>()?;
-        let firsts: Vec<i32> = group
-            .iter()
-            .map(|&p| i32::try_from(planned[p].tokens[0]).unwrap_or(i32::MAX))
-            .collect();
-        let mut tokens = Array::from_slice(&firsts, &[group.len() as i32, 1])?;
-        let mut drafted = Vec::with_capacity(depth);
-        for step in 0..depth {
-            let positions = starts.iter().map(|&s| s + step).collect();
-            let batch = Batch::from_device(&tokens, positions)?;
-            let batch = with_rope_deltas(batch, sequences, &indices)?;
-            let out = {
-                let mut caches = caches_of(sequences, &indices)?;
-                model.forward_rows_through(&batch, &mut caches, layers)?
-            };
-            tokens = model
-                .unembed(&out.hidden)?
-                .argmax(2, false)?
-                .astype(Dtype::I32)?;
-            drafted.push(tokens.clone());
-        }
-        let drafted = mlx::concatenate(&drafted, 1)?.to_vec::<i32>()?;
-        for (row, &p) in group.iter().enumerate() {
-            let plan = &mut planned[p];
-            let ids = drafted[row * depth..(row + 1) * depth]
-                .iter()
-                .map(|&t| u32::try_from(t).unwrap_or(0))
-                .collect();
-            plan.draft = Draft::one_hot(ids);
-            rollback::restore_recurrent(
-                &mut sequences[plan.index].caches,
-                &saved[row],
-                starts[row],
-            )?;
-        }
     }
     Ok(())
 }

@@ -1,0 +1,91 @@
+//! The drafters of a loaded model, one per kind its sequences ask for, each a
+//! [`speculate::Drafter`]: prompt lookup ([`speculate::NgramDrafter`] per sequence), the target's
+//! own first layers (`layer_skip`) and the draft model loaded beside it (`draft_model`). The
+//! rounds in `speculation` reach every kind through that one trait; this registry is the only
+//! place that knows which object serves which kind.
+
+use std::collections::BTreeMap;
+
+use nn::Model;
+use sampler::Sampler;
+use speculate::{Drafter, NgramConfig, NgramDrafter, PerSequence};
+
+use crate::engine::draft_model::DraftModel;
+use crate::engine::job::DrafterKind;
+use crate::engine::layer_skip::LayerSkip;
+use crate::engine::loaded::StepError;
+use crate::engine::sequence::{Sequence, SequenceId};
+
+/// What the engine lends a drafter to draft with: the target, the sampler (a drafter that
+/// draws its drafts applies the request's sampling chain) and the step's sequences, with their
+/// committed tokens and the target's caches.
+pub struct DraftContext<'a> {
+    /// The target model.
+    pub target: &'a dyn Model,
+    /// The loaded model's sampler, one slot per sequence.
+    pub sampler: &'a Sampler,
+    /// The step's sequences.
+    pub sequences: &'a mut [Sequence],
+}
+
+impl DraftContext<'_> {
+    /// The index of sequence `id` among [`DraftContext::sequences`].
+    pub fn index_of(&self, id: SequenceId) -> Result<usize, StepError> {
+        self.sequences
+            .iter()
+            .position(|seq| seq.id == id)
+            .ok_or_else(|| StepError::Invalid(format!("sequence {id} is not in this step")))
+    }
+}
+
+/// A drafter as the engine holds it: any kind, behind the one trait.
+pub type EngineDrafter = dyn for<'a> Drafter<DraftContext<'a>, StepError>;
+
+/// The drafters of a loaded model.
+pub struct Drafters {
+    ngram: PerSequence<NgramDrafter>,
+    /// One per number of layers asked for (`self:4`, `self:8`, ...).
+    layer_skip: BTreeMap<usize, LayerSkip>,
+    model: Option<DraftModel>,
+}
+
+impl Default for Drafters {
+    fn default() -> Drafters {
+        Drafters {
+            ngram: PerSequence::new(NgramDrafter::new(NgramConfig::default())),
+            layer_skip: BTreeMap::new(),
+            model: None,
+        }
+    }
+}
+
+impl Drafters {
+    /// Puts `model` beside the target as its draft model, replacing any other.
+    pub fn attach_model(&mut self, model: DraftModel) {
+        self.model = Some(model);
+    }
+
+    /// The draft model, when one is loaded.
+    pub fn model(&self) -> Option<&DraftModel> {
+        self.model.as_ref()
+    }
+
+    /// The drafter of `kind`; `None` for a draft model when none is loaded.
+    pub fn get(&mut self, kind: DrafterKind) -> Option<&mut EngineDrafter> {
+        match kind {
+            DrafterKind::Ngram => Some(&mut self.ngram),
+            DrafterKind::SelfDraft(layers) => Some(
+                self.layer_skip
+                    .entry(layers)
+                    .or_insert_with(|| LayerSkip::new(layers)),
+            ),
+            DrafterKind::Model => self.model.as_mut().map(|m| m as &mut EngineDrafter),
+        }
+    }
+
+    /// The drafter of `kind`, or an error saying it is not there.
+    pub fn of(&mut self, kind: DrafterKind) -> Result<&mut EngineDrafter, StepError> {
+        self.get(kind)
+            .ok_or_else(|| StepError::Invalid("this model was loaded without a draft model".into()))
+    }
+}
