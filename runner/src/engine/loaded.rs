@@ -904,7 +904,7 @@ impl LoadedModel {
             self.retire(id, outcome);
         }
         if clear_pool {
-            mlx::memory::clear_cache()?;
+            crate::engine::memory::release_pool()?;
         }
         Ok(())
     }

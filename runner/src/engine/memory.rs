@@ -8,6 +8,42 @@ pub const CLEAR_CACHE_EVERY: usize = 256;
 /// A prefill chunk at least this long releases the pool after it.
 pub const LONG_PREFILL: usize = 256;
 
+/// Releases MLX's buffer pool, and has the allocator return the pages it keeps after frees.
+///
+/// MLX frees its pooled buffers to `malloc`, which on Linux is jemalloc (see `main.rs`), and
+/// jemalloc keeps freed pages for ten seconds before returning them, to reuse them. At the
+/// points the pool is released (after a load, after a long prefill, every
+/// [`CLEAR_CACHE_EVERY`] generated tokens) those pages are what the transients of that work
+/// left behind, and nothing will reuse most of them soon. Elsewhere the system allocator's own
+/// trimming applies.
+pub fn release_pool() -> mlx::Result<()> {
+    mlx::memory::clear_cache()?;
+    return_freed_pages();
+    Ok(())
+}
+
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // jemalloc's controls are a C function taking raw pointers
+fn return_freed_pages() {
+    // `arena.<MALLCTL_ARENAS_ALL>.purge`: every arena's unused dirty pages go back at once.
+    let name = c"arena.4096.purge";
+    // SAFETY: the name is NUL-terminated, and this control takes no old or new value (null
+    // pointers and a zero length, as jemalloc's manual gives for void controls). Its result
+    // says only whether the control exists, which a return to the system does not depend on.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn return_freed_pages() {}
+
 /// Whether going from `before` to `after` generated tokens crosses a multiple of
 /// [`CLEAR_CACHE_EVERY`].
 pub fn crosses_clear_point(before: usize, after: usize) -> bool {

@@ -142,12 +142,12 @@ impl Engine {
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
-            let _ = mlx::memory::clear_cache();
+            let _ = memory::release_pool();
             let (mut loaded, info) =
                 loader::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
             loaded.keep_state_in(state);
             LOADED.with(|s| *s.borrow_mut() = Some(loaded));
-            let _ = mlx::memory::clear_cache();
+            let _ = memory::release_pool();
             Ok(info)
         });
         Ok(Arc::new(completion.await??))
@@ -158,7 +158,7 @@ impl Engine {
         self.worker
             .submit(|| {
                 LOADED.with(|s| s.borrow_mut().take());
-                let _ = mlx::memory::clear_cache();
+                let _ = memory::release_pool();
             })
             .await?;
         Ok(())
