@@ -80,6 +80,15 @@ impl Linear {
         }
     }
 
+    /// Computes every array of the layer now rather than with the rest of the model, so that
+    /// what it was made from can be freed as loading goes.
+    pub fn evaluated(self) -> Result<Linear> {
+        let mut arrays = Vec::new();
+        self.collect_arrays(&mut arrays);
+        mlx::eval(&arrays)?;
+        Ok(self)
+    }
+
     /// `x Wᵀ + b` over the last axis of `x`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let y = match (&self.packed, &self.weight) {

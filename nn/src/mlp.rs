@@ -49,12 +49,9 @@ impl Mlp {
             _ => None,
         };
         let (gate_up, hidden) = fuse_rows(gate.into_weight(), up.into_weight())?;
-        let gate_up = Linear::new(gate_up, None).with_packed(packed);
         // Fused now rather than with the rest of the model, so that the separate halves, which
         // loading has already evaluated, are freed one block at a time.
-        let mut arrays = Vec::new();
-        gate_up.collect_arrays(&mut arrays);
-        mlx::eval(&arrays)?;
+        let gate_up = Linear::new(gate_up, None).with_packed(packed).evaluated()?;
         Ok(Mlp {
             gate_up,
             down,

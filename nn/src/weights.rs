@@ -279,9 +279,7 @@ impl Weights {
     /// what was made of it until then, and the allocator kept the freed pages a while longer:
     /// evaluating each layer as it is built took SmolLM2 135M's peak RSS from 660 to 616 MB.
     fn settle(&mut self, name: &str, linear: Linear) -> Result<Linear> {
-        let mut arrays = Vec::new();
-        linear.collect_arrays(&mut arrays);
-        mlx::eval(&arrays)?;
+        let linear = linear.evaluated()?;
         self.tensors.remove(name);
         self.settled.insert(name.to_string());
         Ok(linear)

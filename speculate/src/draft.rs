@@ -133,6 +133,10 @@ pub struct Commit<'a> {
 /// sequences' caches), and `E` the engine's error: a host drafter ([`PerSequence`]) implements
 /// the trait for every `Ctx` and `E`, and a model drafter for its engine's.
 ///
+/// A drafter that keeps nothing per sequence (the target's own first layers, whose keys and
+/// values are the target's) implements only [`name`](Drafter::name) and [`propose`]: the
+/// others do nothing by default.
+///
 /// [`begin`]: Drafter::begin
 /// [`settle`]: Drafter::settle
 /// [`propose`]: Drafter::propose
@@ -149,23 +153,33 @@ pub trait Drafter<Ctx: ?Sized, E> {
         sequence: SequenceKey,
         prompt: &[u32],
         turn_starts: &[usize],
-    ) -> std::result::Result<(), E>;
+    ) -> std::result::Result<(), E> {
+        let _ = (sequence, prompt, turn_starts);
+        Ok(())
+    }
 
     /// The whole committed context of `sequence` (prompt and output), after its prompt is
     /// evaluated or whenever the engine's view and the drafter's may differ. Replaces what it
     /// knew of the sequence's text.
-    fn settle(&mut self, sequence: SequenceKey, context: &[u32]);
+    fn settle(&mut self, sequence: SequenceKey, context: &[u32]) {
+        let _ = (sequence, context);
+    }
 
     /// Fills each proposal's [`draft`](Proposal::draft) with at most its `depth` tokens and
     /// the distributions they were drawn from.
     fn propose(&mut self, ctx: &mut Ctx, proposals: &mut [Proposal]) -> std::result::Result<(), E>;
 
     /// `sequence` committed `commit.tokens` after the context the drafter knows.
-    fn commit(&mut self, sequence: SequenceKey, commit: Commit<'_>) -> std::result::Result<(), E>;
+    fn commit(&mut self, sequence: SequenceKey, commit: Commit<'_>) -> std::result::Result<(), E> {
+        let _ = (sequence, commit);
+        Ok(())
+    }
 
     /// `sequence` retired, its committed context `context`; `intact` is false after a failure,
     /// when its caches may be half-written and nothing of them may be kept.
-    fn end(&mut self, sequence: SequenceKey, context: &[u32], intact: bool);
+    fn end(&mut self, sequence: SequenceKey, context: &[u32], intact: bool) {
+        let _ = (sequence, context, intact);
+    }
 }
 
 /// A host drafter for one sequence, which needs nothing but that sequence's committed tokens:

@@ -194,6 +194,8 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for DraftModel {
         &self.name
     }
 
+    /// Its caches start from its own prefix trie. (It needs no `settle`: the draft is fed
+    /// lazily, when it drafts.)
     fn begin(
         &mut self,
         sequence: SequenceId,
@@ -206,9 +208,6 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for DraftModel {
         }
         Ok(())
     }
-
-    /// Nothing to do: the draft is fed lazily, when it drafts.
-    fn settle(&mut self, _sequence: SequenceId, _context: &[u32]) {}
 
     fn propose(
         &mut self,
@@ -319,12 +318,14 @@ fn draft_by_model(
     ctx: &mut DraftContext<'_>,
     proposals: &mut [Proposal],
 ) -> Result<(), StepError> {
-    let mut groups: HashMap<Work, Vec<usize>> = HashMap::new();
+    // Each group's proposals, with their sequences' indices in the step.
+    let mut groups: HashMap<Work, Vec<(usize, usize)>> = HashMap::new();
     for (p, proposal) in proposals.iter_mut().enumerate() {
         if proposal.depth == 0 {
             continue; // The draft stays behind until it drafts again.
         }
-        let seq = &ctx.sequences[ctx.index_of(proposal.sequence)?];
+        let index = ctx.index_of(proposal.sequence)?;
+        let seq = &ctx.sequences[index];
         let caches = draft
             .live
             .get_mut(&proposal.sequence)
@@ -347,31 +348,37 @@ fn draft_by_model(
                 depth: proposal.depth,
             }
         };
-        groups.entry(work).or_default().push(p);
+        groups.entry(work).or_default().push((index, p));
     }
     for (work, mut group) in groups {
-        // Rows follow the order of the step's sequences, whatever order the groups come in.
-        let mut keyed = Vec::with_capacity(group.len());
-        for &p in &group {
-            keyed.push((ctx.index_of(proposals[p].sequence)?, p));
-        }
-        keyed.sort_unstable();
-        group = keyed.into_iter().map(|(_, p)| p).collect();
-        let rows: Vec<(SequenceId, u32)> = group
+        // Rows follow the order of the step's sequences.
+        group.sort_unstable();
+        let rows: Vec<Row> = group
             .iter()
-            .map(|&p| (proposals[p].sequence, proposals[p].first))
+            .map(|&(index, p)| Row {
+                index,
+                id: proposals[p].sequence,
+                first: proposals[p].first,
+            })
             .collect();
         match work {
             Work::CatchUp(width) => catch_up(draft, ctx, &rows, width)?,
             Work::Draft { feed, depth } => {
                 let drafts = draft_rows(draft, ctx, &rows, feed, depth)?;
-                for (&p, drafted) in group.iter().zip(drafts) {
+                for (&(_, p), drafted) in group.iter().zip(drafts) {
                     proposals[p].draft = drafted;
                 }
             }
         }
     }
     Ok(())
+}
+
+/// A sequence drafting this round: its index in the step, its id and its round's first token.
+struct Row {
+    index: usize,
+    id: SequenceId,
+    first: u32,
 }
 
 /// Runs `f` over the draft caches of `ids`, in that order, lent out of `live` together for
@@ -408,15 +415,15 @@ fn layer_caches(lent: &mut [DraftCaches]) -> Vec<&mut [Option<LayerCache>]> {
 fn catch_up(
     draft: &mut DraftModel,
     ctx: &DraftContext<'_>,
-    rows: &[(SequenceId, u32)],
+    rows: &[Row],
     width: usize,
 ) -> Result<(), StepError> {
-    let ids: Vec<SequenceId> = rows.iter().map(|&(id, _)| id).collect();
+    let ids: Vec<SequenceId> = rows.iter().map(|row| row.id).collect();
     let model = draft.model.as_ref();
     with_caches(&mut draft.live, &ids, |lent| {
         let mut feeds = Vec::with_capacity(lent.len());
-        for (caches, &id) in lent.iter().zip(&ids) {
-            let seq = &ctx.sequences[ctx.index_of(id)?];
+        for (caches, row) in lent.iter().zip(rows) {
+            let seq = &ctx.sequences[row.index];
             let held = caches.held_within(seq.tokens.len())?;
             let tokens = seq.tokens.get(held..held + width).ok_or_else(|| {
                 StepError::Invalid("a draft model catches up past the target's tokens".into())
@@ -448,21 +455,21 @@ fn catch_up(
 fn draft_rows(
     draft: &mut DraftModel,
     ctx: &DraftContext<'_>,
-    rows: &[(SequenceId, u32)],
+    rows: &[Row],
     feed: usize,
     depth: usize,
 ) -> Result<Vec<Draft>, StepError> {
-    let ids: Vec<SequenceId> = rows.iter().map(|&(id, _)| id).collect();
+    let ids: Vec<SequenceId> = rows.iter().map(|row| row.id).collect();
     let model = draft.model.as_ref();
     let sampler = ctx.sampler;
     with_caches(&mut draft.live, &ids, |lent| {
         let mut feeds = Vec::with_capacity(rows.len());
         let mut drawers = Vec::with_capacity(rows.len());
-        for (caches, &(id, first)) in lent.iter().zip(rows) {
-            let seq = &ctx.sequences[ctx.index_of(id)?];
+        for (caches, row) in lent.iter().zip(rows) {
+            let seq = &ctx.sequences[row.index];
             let held = caches.held_within(seq.tokens.len())?;
             let mut tokens = seq.tokens[held..].to_vec();
-            tokens.push(first);
+            tokens.push(row.first);
             debug_assert_eq!(tokens.len(), feed);
             feeds.push((tokens, caches.position(held)?));
             drawers.push(draws_drafts(seq).then_some(seq.id));

@@ -6,12 +6,11 @@ use std::collections::HashMap;
 
 use mlx::{Array, Dtype};
 use nn::Batch;
-use speculate::{Commit, Draft, Drafter, Proposal};
+use speculate::{Draft, Drafter, Proposal};
 
 use crate::engine::drafters::DraftContext;
 use crate::engine::loaded::{StepError, caches_of, with_rope_deltas};
 use crate::engine::rollback;
-use crate::engine::sequence::SequenceId;
 
 /// Drafts through the target's first `layers` layers.
 pub struct LayerSkip {
@@ -33,12 +32,6 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for LayerSkip {
     fn name(&self) -> &str {
         &self.name
     }
-
-    fn begin(&mut self, _: SequenceId, _: &[u32], _: &[usize]) -> Result<(), StepError> {
-        Ok(())
-    }
-
-    fn settle(&mut self, _: SequenceId, _: &[u32]) {}
 
     /// From each round's first token, the first `layers` layers, the final norm and the head
     /// propose the argmax, fed back for the next: the rows of one depth in one forward per
@@ -70,12 +63,6 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for LayerSkip {
         }
         Ok(())
     }
-
-    fn commit(&mut self, _: SequenceId, _: Commit<'_>) -> Result<(), StepError> {
-        Ok(())
-    }
-
-    fn end(&mut self, _: SequenceId, _: &[u32], _: bool) {}
 }
 
 impl LayerSkip {
