@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use mlx::{Array, Dtype};
+use mlx::Array;
 use prefix_trie::{Coverage, LayerKind};
 
 use crate::error::{CacheKind, Error, Result};
@@ -12,6 +12,7 @@ use crate::kv_snapshot::KvSnapshot;
 use crate::mask::KvHistory;
 use crate::recurrent::{RecurrentCache, RecurrentSnapshot};
 use crate::rotating::{RotatingKvCache, RotatingSnapshot};
+use crate::storage::KvStorage;
 
 /// One layer slot's cache.
 #[derive(Debug)]
@@ -72,12 +73,13 @@ impl LayerCache {
         }
     }
 
-    /// Stores keys and values as `dtype` from now on (attention kinds; a recurrent state keeps
+    /// Stores keys and values as `storage` says from now on (attention kinds; a recurrent state keeps
     /// its own precision). Only before the first write.
-    pub fn set_kv_storage(&mut self, dtype: Dtype) -> Result<()> {
+    pub fn set_kv_storage(&mut self, storage: impl Into<KvStorage>) -> Result<()> {
+        let storage = storage.into();
         match self {
-            LayerCache::Kv(c) => c.set_storage(dtype),
-            LayerCache::Rotating(c) => c.set_storage(dtype),
+            LayerCache::Kv(c) => c.set_storage(storage),
+            LayerCache::Rotating(c) => c.set_storage(storage),
             LayerCache::Recurrent(_) => Ok(()),
         }
     }

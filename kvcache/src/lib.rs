@@ -11,8 +11,10 @@
 //! restrictions into the model's [`LogicalMask`] and keeps MLX's causal and no-mask fast paths
 //! whenever they are exact.
 //!
-//! An attention cache may store keys and values in a dtype of its own (`set_storage`: f16 halves
-//! a long context's memory and reads); writes and restored snapshots are converted to it.
+//! An attention cache may store keys and values in a form of its own ([`KvStorage`], set by
+//! `set_storage`: f16 halves a long context's memory and reads, 8-bit codes take 1.25 bytes an
+//! element); writes and restored snapshots are converted to it, and attention reads the history
+//! back as floats.
 //!
 //! KV snapshots are lazy views of the live buffer, copied out only when a write would clobber
 //! them; the other kinds snapshot whole states. [`LayerSnapshot`] implements the prefix trie's
@@ -46,6 +48,7 @@
 //! - `layer.rs`: [`LayerCache`] and [`LayerSnapshot`], the contract over the three kinds.
 //! - `mask.rs`: [`KvHistory`], [`MaskApplier`], [`LogicalMask`], [`AttentionMaskOwned`].
 //! - `schedule.rs`: scheduled captures.
+//! - `storage.rs`: [`KvStorage`], the float and 8-bit forms keys and values are stored in.
 //! - `tensor.rs`: array helpers, among them [`compact`].
 //! - `error.rs`: [`Error`] and [`CacheKind`].
 
@@ -59,6 +62,7 @@ mod mask;
 mod recurrent;
 mod rotating;
 mod schedule;
+mod storage;
 mod tensor;
 
 pub use error::{CacheKind, Error, Result};
@@ -68,4 +72,5 @@ pub use layer::{LayerCache, LayerSnapshot};
 pub use mask::{AttentionMaskOwned, KvHistory, LogicalMask, MaskApplier};
 pub use recurrent::{RecurrentCache, RecurrentConfig, RecurrentSnapshot};
 pub use rotating::{RotatingConfig, RotatingKvCache, RotatingSnapshot};
+pub use storage::{KvStorage, Q8_GROUP};
 pub use tensor::compact;

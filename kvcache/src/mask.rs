@@ -227,6 +227,11 @@ pub struct KvHistory {
     pub values: Array,
     /// Turns the model's logical mask into the mask for these columns.
     pub mask: MaskApplier,
+    /// The same keys and values as the cache stores them, when that is 8-bit rows
+    /// ([`crate::KvStorage::Q8`]; `keys` and `values` are then their lazy dequantization). A
+    /// kernel that reads the codes directly takes these, and the dequantization is never
+    /// evaluated.
+    pub stored: Option<(Array, Array)>,
 }
 
 #[cfg(test)]

@@ -15,12 +15,13 @@
 //! (`valid_from` onwards, never fewer than the window), and its snapshots and contents are that
 //! valid suffix. New writes push the stale slots out again.
 
-use mlx::{Array, Dtype, concatenate};
+use mlx::{Array, concatenate};
 
 use crate::error::{CacheKind, Error, Result};
 use crate::mask::{KeySpan, KvHistory, MaskApplier, StorageWindow};
 use crate::schedule::CaptureSchedule;
-use crate::tensor::{KvShape, TOKENS, check_storage, dim, gather, stored_as, write_tokens};
+use crate::storage::{KvStorage, check_storage, stored_as};
+use crate::tensor::{KvShape, TOKENS, dim, gather, write_tokens};
 
 /// The shape of a sliding window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +103,7 @@ pub struct RotatingKvCache {
     valid_from: usize,
     schedule: CaptureSchedule,
     captured: Vec<(usize, RotatingSnapshot)>,
-    storage: Option<Dtype>,
+    storage: Option<KvStorage>,
 }
 
 impl RotatingKvCache {
@@ -169,11 +170,12 @@ impl RotatingKvCache {
         }
     }
 
-    /// Stores keys and values as `dtype` (see [`crate::KvCache::set_storage`]). Only before
+    /// Stores keys and values as `storage` says (see [`crate::KvCache::set_storage`]). Only before
     /// the first write.
-    pub fn set_storage(&mut self, dtype: Dtype) -> Result<()> {
-        check_storage(dtype, self.shape.is_some(), "rotating")?;
-        self.storage = Some(dtype);
+    pub fn set_storage(&mut self, storage: impl Into<KvStorage>) -> Result<()> {
+        let storage = storage.into();
+        check_storage(storage, self.shape.is_some(), "rotating")?;
+        self.storage = Some(storage);
         Ok(())
     }
 
@@ -236,11 +238,11 @@ impl RotatingKvCache {
                 start: first_visible,
                 len: from + n - first_visible,
             }];
-            return Ok(KvHistory {
-                keys: full_k.slice_axis(TOKENS, skip, total)?,
-                values: full_v.slice_axis(TOKENS, skip, total)?,
-                mask: MaskApplier::new(self.offset, &spans, storage),
-            });
+            return KvHistory::from_stored(
+                full_k.slice_axis(TOKENS, skip, total)?,
+                full_v.slice_axis(TOKENS, skip, total)?,
+                MaskApplier::new(self.offset, &spans, storage),
+            );
         }
         let spans: Vec<KeySpan> = full_ranges
             .iter()
@@ -249,11 +251,11 @@ impl RotatingKvCache {
                 len: r.len(),
             })
             .collect();
-        Ok(KvHistory {
-            keys: full_k,
-            values: full_v,
-            mask: MaskApplier::new(self.offset, &spans, storage),
-        })
+        KvHistory::from_stored(
+            full_k,
+            full_v,
+            MaskApplier::new(self.offset, &spans, storage),
+        )
     }
 
     fn storage_window(&self) -> StorageWindow {
@@ -305,11 +307,11 @@ impl RotatingKvCache {
             )
         };
         let used = dim(used, "history length")?;
-        Ok(KvHistory {
-            keys: keys.slice_axis(TOKENS, 0, used)?,
-            values: values.slice_axis(TOKENS, 0, used)?,
-            mask: MaskApplier::new(offset, &spans, Some(self.storage_window())),
-        })
+        KvHistory::from_stored(
+            keys.slice_axis(TOKENS, 0, used)?,
+            values.slice_axis(TOKENS, 0, used)?,
+            MaskApplier::new(offset, &spans, Some(self.storage_window())),
+        )
     }
 
     /// The keys and values of `ranges` of held positions, in order, in fresh buffers.

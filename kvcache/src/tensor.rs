@@ -36,36 +36,6 @@ pub fn compact(array: &Array) -> Result<Array> {
     owned_range(array, 0, 0, rows)
 }
 
-/// `keys` and `values` in the dtype a cache stores them in: as given without a storage dtype.
-pub(crate) fn stored_as(
-    storage: Option<Dtype>,
-    keys: &Array,
-    values: &Array,
-) -> Result<(Array, Array)> {
-    match storage {
-        Some(dtype) if keys.dtype() != dtype || values.dtype() != dtype => {
-            Ok((keys.astype(dtype)?, values.astype(dtype)?))
-        }
-        _ => Ok((keys.clone(), values.clone())),
-    }
-}
-
-/// Checks that a cache may take a storage dtype now: only before its first write, so one
-/// buffer never holds two precisions.
-pub(crate) fn check_storage(dtype: Dtype, written: bool, kind: &str) -> Result<()> {
-    if written {
-        return Err(Error::Config(format!(
-            "the {kind} cache's storage dtype is set before its first write"
-        )));
-    }
-    if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16) {
-        return Err(Error::Config(format!(
-            "a {kind} cache stores keys and values as f32, f16 or bf16, not {dtype:?}"
-        )));
-    }
-    Ok(())
-}
-
 /// The shape of what a KV cache stores, fixed by its first write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KvShape {

@@ -131,7 +131,8 @@ pub fn scaled_dot_product_attention(
 }
 
 /// What one row of [`rows_attention`] attends: its keys and values `[1, kv_heads, len, head_dim]`
-/// and how its queries see them.
+/// (f32 or f16, or an 8-bit KV cache's byte rows `[1, kv_heads, len, 5 · head_dim / 4]`: codes,
+/// then an f32 scale and an f32 bias per 32 codes) and how its queries see them.
 #[derive(Debug, Clone, Copy)]
 pub struct RowHistory<'a> {
     /// The row's keys.

@@ -327,6 +327,87 @@ fn rows_attention_reads_f16_histories_exactly() {
     });
 }
 
+/// `[1, KV_HEADS, CAPACITY, head_dim]` values held as an 8-bit KV cache's byte rows (per token:
+/// `head_dim` codes, an f32 scale per 32 codes, an f32 bias per 32), cut to `len` tokens as a
+/// cache view is, and the same values as f32 (the same cut). Scales are powers of two and
+/// biases multiples of them, so `code · scale + bias` is exact in f32 however it is computed.
+fn q8_rows(len: usize, head_dim: usize, seed: u64) -> ((Array, Array), (Array, Array)) {
+    let groups = head_dim / 32;
+    let width = head_dim + 8 * groups;
+    let noise = common::values(2 * KV_HEADS * CAPACITY * (head_dim + 2 * groups), seed);
+    let mut noise = noise.iter().map(|x| (x + 1.0) / 2.0);
+    let mut tensor = || {
+        let (mut bytes, mut floats) = (Vec::new(), Vec::new());
+        for _ in 0..KV_HEADS * CAPACITY {
+            let codes: Vec<u8> = (0..head_dim)
+                .map(|_| (noise.next().unwrap() * 255.0) as u8)
+                .collect();
+            let params: Vec<(f32, f32)> = (0..groups)
+                .map(|_| {
+                    let scale = 2f32.powi(-3 - (noise.next().unwrap() * 6.0) as i32);
+                    let bias = -scale * (noise.next().unwrap() * 255.0).floor();
+                    (scale, bias)
+                })
+                .collect();
+            bytes.extend(&codes);
+            bytes.extend(params.iter().flat_map(|(s, _)| s.to_le_bytes()));
+            bytes.extend(params.iter().flat_map(|(_, b)| b.to_le_bytes()));
+            floats.extend(
+                codes
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &c)| c as f32 * params[d / 32].0 + params[d / 32].1),
+            );
+        }
+        let cut = |a: Array| a.slice_axis(2, 0, len as i32).unwrap();
+        let (kv, cap) = (KV_HEADS as i32, CAPACITY as i32);
+        (
+            cut(Array::from_slice(&bytes, &[1, kv, cap, width as i32]).unwrap()),
+            cut(Array::from_slice(&floats, &[1, kv, cap, head_dim as i32]).unwrap()),
+        )
+    };
+    let (key_bytes, key_floats) = tensor();
+    let (value_bytes, value_floats) = tensor();
+    ((key_bytes, value_bytes), (key_floats, value_floats))
+}
+
+/// An 8-bit history (`--kv-cache q8`) is dequantized exactly as it is read: attending its byte
+/// rows gives the same bits as attending f32 histories of the values they stand for, at every
+/// kernel level, for a decode step and causal chunks, rows of different lengths (and longer
+/// than a block of keys).
+#[test]
+fn rows_attention_reads_8_bit_rows_exactly() {
+    common::each_kernel_level(|level| {
+        for (head_dim, length, causal) in [(64usize, 1usize, false), (96, 5, true), (32, 3, true)] {
+            let lens = [300usize, 7, 19];
+            let (bytes, floats): (Vec<_>, Vec<_>) = lens
+                .iter()
+                .enumerate()
+                .map(|(r, &len)| q8_rows(len, head_dim, 90 + r as u64))
+                .unzip();
+            let (_, queries) = array(
+                &[
+                    lens.len() as i32,
+                    HEADS as i32,
+                    length as i32,
+                    head_dim as i32,
+                ],
+                91,
+            );
+            let run = |held: &[(Array, Array)]| {
+                attend_held(&queries, held, None, causal)
+                    .to_vec::<f32>()
+                    .unwrap()
+            };
+            assert_eq!(
+                run(&bytes),
+                run(&floats),
+                "head_dim {head_dim} at {level:?}"
+            );
+        }
+    });
+}
+
 /// Shapes the kernel does not take come back as `None`, for the caller to attend row by row.
 #[test]
 fn rows_attention_declines_what_it_does_not_take() {
@@ -350,6 +431,23 @@ fn rows_attention_declines_what_it_does_not_take() {
             .unwrap()
             .is_none()
     );
+    // Byte rows of heads not a multiple of 32 wide (no 8-bit cache stores them), or of a
+    // width that is not 5/4 of the queries'.
+    let bytes = Array::zeros(&[1, KV_HEADS as i32, 4, 50], mlx::Dtype::U8).unwrap();
+    let (_, forty) = array(&[1, HEADS as i32, 1, 40], 74);
+    let (_, thirty_two) = array(&[1, HEADS as i32, 1, 32], 75);
+    for queries in [&forty, &thirty_two] {
+        let history = RowHistory {
+            keys: &bytes,
+            values: &bytes,
+            causal: false,
+        };
+        assert!(
+            rows_attention(queries, &[history], 1.0, None)
+                .unwrap()
+                .is_none()
+        );
+    }
     // Heads that do not group.
     let (_, odd) = array(&[1, 5, 1, 8], 73);
     assert!(

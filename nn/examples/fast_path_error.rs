@@ -1,8 +1,9 @@
 //! What an optional fast path costs in accuracy on a real model: 8-bit activations in the
-//! packed decode kernel (`int8`), or a half-precision KV cache (`f16-kv`).
+//! packed decode kernel (`int8`), a half-precision KV cache (`f16-kv`) or an 8-bit one
+//! (`q8-kv`).
 //!
 //! ```sh
-//! cargo run --release -p mlxkit-nn --example fast_path_error -- MODEL.gguf int8|f16-kv [STEPS] [PROMPT]
+//! cargo run --release -p mlxkit-nn --example fast_path_error -- MODEL.gguf int8|f16-kv|q8-kv [STEPS] [PROMPT]
 //! ```
 //!
 //! Decodes `STEPS` greedy tokens after a fixed prompt of `PROMPT` tokens on the default path
@@ -11,11 +12,12 @@
 //! largest difference among the reference's top-5 log-probabilities, and whether the argmax
 //! changed.
 
+use kvcache::KvStorage;
 use mlx::quantized::{Activations, set_packed_activations};
 use mlx::{Array, Dtype};
 use nn::{Batch, Model};
 
-const USAGE: &str = "usage: fast_path_error MODEL.gguf int8|f16-kv [STEPS] [PROMPT]";
+const USAGE: &str = "usage: fast_path_error MODEL.gguf int8|f16-kv|q8-kv [STEPS] [PROMPT]";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -36,7 +38,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             set_packed_activations(Activations::Int8);
             decode(model, &prompt, steps, Some(&tokens), None)?
         }
-        "f16-kv" => decode(model, &prompt, steps, Some(&tokens), Some(Dtype::F16))?,
+        "f16-kv" => decode(
+            model,
+            &prompt,
+            steps,
+            Some(&tokens),
+            Some(Dtype::F16.into()),
+        )?,
+        "q8-kv" => decode(model, &prompt, steps, Some(&tokens), Some(KvStorage::Q8))?,
         _ => return Err(USAGE.into()),
     };
 
@@ -78,12 +87,12 @@ fn decode(
     prompt: &[u32],
     steps: usize,
     forced: Option<&[u32]>,
-    kv_storage: Option<Dtype>,
+    kv_storage: Option<KvStorage>,
 ) -> Result<(Vec<u32>, Vec<Vec<f32>>), Box<dyn std::error::Error>> {
     let mut caches = model.new_caches()?;
-    if let Some(dtype) = kv_storage {
+    if let Some(storage) = kv_storage {
         for cache in caches.iter_mut().flatten() {
-            cache.set_kv_storage(dtype)?;
+            cache.set_kv_storage(storage)?;
         }
     }
     let out = model.forward(&Batch::single(prompt, 0)?, &mut caches)?;

@@ -350,9 +350,15 @@ fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowH
         AttentionMaskOwned::Causal => true,
         AttentionMaskOwned::Array(_) => return None,
     };
+    // An 8-bit cache's rows go to the kernel as stored: it dequantizes them a block at a time,
+    // and the lazy dequantization of the whole history is never evaluated.
+    let (keys, values) = match &history.stored {
+        Some((keys, values)) => (keys, values),
+        None => (&history.keys, &history.values),
+    };
     Some(RowHistory {
-        keys: &history.keys,
-        values: &history.values,
+        keys,
+        values,
         causal,
     })
 }

@@ -1,6 +1,6 @@
 //! The model contract every architecture implements, and what a forward takes and gives.
 
-use kvcache::LayerCache;
+use kvcache::{KvStorage, LayerCache};
 use mlx::Array;
 
 use crate::{Error, Result};
@@ -61,6 +61,12 @@ impl ModelSpec {
 
     /// Bytes one sequence of `tokens` tokens holds in its caches (f32 keys and values).
     pub fn state_bytes(&self, tokens: usize) -> usize {
+        self.state_bytes_in(tokens, KvStorage::Float(mlx::Dtype::F32))
+    }
+
+    /// Bytes one sequence of `tokens` tokens holds in its caches, keys and values stored as
+    /// `storage`.
+    pub fn state_bytes_in(&self, tokens: usize, storage: KvStorage) -> usize {
         self.layers
             .iter()
             .map(|layer| match *layer {
@@ -70,7 +76,7 @@ impl ModelSpec {
                     window,
                 } => {
                     let held = window.map_or(tokens, |w| tokens.min(w));
-                    held.saturating_mul(2 * kv_heads * head_dim * 4)
+                    storage.bytes(held.saturating_mul(2 * kv_heads * head_dim))
                 }
                 LayerState::Recurrent { bytes } => bytes,
                 LayerState::Stateless => 0,

@@ -61,8 +61,9 @@ enum Command {
         #[arg(long, env = "MLXKIT_DRAFT", value_parser = parse_draft)]
         draft: Option<DraftArg>,
         /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
-        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
-        /// dtype the model computes in).
+        /// attention reads, at a rounding of about 3 significant digits), `q8` (8-bit codes
+        /// per group of 32: under a third of f32's memory, dequantized for each step's
+        /// attention), or `auto` (the dtype the model computes in).
         #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
         kv_cache: Option<KvCacheArg>,
     },
@@ -95,8 +96,9 @@ enum Command {
         #[arg(long, value_parser = parse_draft)]
         draft: Option<DraftArg>,
         /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
-        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
-        /// dtype the model computes in).
+        /// attention reads, at a rounding of about 3 significant digits), `q8` (8-bit codes
+        /// per group of 32: under a third of f32's memory, dequantized for each step's
+        /// attention), or `auto` (the dtype the model computes in).
         #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
         kv_cache: Option<KvCacheArg>,
     },
@@ -219,8 +221,9 @@ enum Command {
         #[arg(long, conflicts_with_all = ["draft", "concurrency"])]
         replay: Option<PathBuf>,
         /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
-        /// attention reads, at a rounding of about 3 significant digits), or `auto` (the
-        /// dtype the model computes in).
+        /// attention reads, at a rounding of about 3 significant digits), `q8` (8-bit codes
+        /// per group of 32: under a third of f32's memory, dequantized for each step's
+        /// attention), or `auto` (the dtype the model computes in).
         #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
         kv_cache: Option<KvCacheArg>,
     },
@@ -266,18 +269,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-/// A `--kv-cache` value: the dtype caches store keys and values in, `None` for `auto`.
+/// A `--kv-cache` value: how caches store keys and values, `None` for `auto`.
 #[derive(Debug, Clone, Copy)]
-struct KvCacheArg(Option<mlx::Dtype>);
+struct KvCacheArg(Option<kvcache::KvStorage>);
 
 fn parse_kv_cache(text: &str) -> std::result::Result<KvCacheArg, String> {
+    use kvcache::KvStorage;
     match text {
         "auto" => Ok(KvCacheArg(None)),
-        "f32" => Ok(KvCacheArg(Some(mlx::Dtype::F32))),
-        "f16" => Ok(KvCacheArg(Some(mlx::Dtype::F16))),
-        "q8" => Err("an 8-bit quantized KV cache is not implemented yet (use f16)".into()),
+        "f32" => Ok(KvCacheArg(Some(KvStorage::Float(mlx::Dtype::F32)))),
+        "f16" => Ok(KvCacheArg(Some(KvStorage::Float(mlx::Dtype::F16)))),
+        "q8" => Ok(KvCacheArg(Some(KvStorage::Q8))),
         other => Err(format!(
-            "unknown KV cache dtype `{other}` (known: auto, f32, f16)"
+            "unknown KV cache form `{other}` (known: auto, f32, f16, q8)"
         )),
     }
 }

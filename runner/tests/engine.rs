@@ -6,6 +6,7 @@ mod steps;
 
 use std::sync::atomic::Ordering;
 
+use kvcache::KvStorage;
 use proptest::prelude::*;
 use runner::engine::DoneReason;
 use steps::{CONTEXT, Handle, check_trie, cold, engine, ids, run, run_to_idle, run_turn, submit};
@@ -314,16 +315,25 @@ proptest! {
     }
 }
 
-/// With keys and values stored in f16 (`--kv-cache f16`), batching and the prefix trie still
-/// leave every answer what the request gets alone on a fresh engine with the same storage: the
-/// full-attention kernel, the sliding-window layers (MLX's attention over a mask, which takes
-/// the history widened) and a hybrid's attention layers alike.
+/// With keys and values stored in f16 or as 8-bit codes (`--kv-cache f16|q8`), batching and
+/// the prefix trie still leave every answer what the request gets alone on a fresh engine with
+/// the same storage: the full-attention kernel, the sliding-window layers (MLX's attention over
+/// a mask, which takes the history widened) and a hybrid's attention layers alike. 8-bit codes
+/// come in groups of 32, so the q8 runs take the fixtures whose heads are that wide (the
+/// sliding-window cache's 8-bit form is checked in the kvcache crate and on Gemma 3).
 #[test]
-fn an_f16_kv_cache_batches_and_reuses_like_a_request_alone() {
-    for name in ["llama", "gemma3", "qwen3_5"] {
-        let f16_engine = || {
+fn a_narrow_kv_cache_batches_and_reuses_like_a_request_alone() {
+    let runs = [
+        (KvStorage::Float(mlx::Dtype::F16), "llama"),
+        (KvStorage::Float(mlx::Dtype::F16), "gemma3"),
+        (KvStorage::Float(mlx::Dtype::F16), "qwen3_5"),
+        (KvStorage::Q8, "qwen3"),
+        (KvStorage::Q8, "qwen3_5"),
+    ];
+    for (storage, name) in runs {
+        let narrow_engine = || {
             let config = runner::engine::LoopConfig {
-                kv_storage: Some(mlx::Dtype::F16),
+                kv_storage: Some(storage),
                 ..steps::config(64 << 20)
             };
             runner::engine::LoadedModel::new(steps::model(name), CONTEXT, config).unwrap()
@@ -331,9 +341,9 @@ fn an_f16_kv_cache_batches_and_reuses_like_a_request_alone() {
         let prompts: Vec<Vec<u32>> = (0..4).map(|r| ids(r, 9 + 11 * r as usize)).collect();
         let alone: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| run(&mut f16_engine(), p, 16).tokens)
+            .map(|p| run(&mut narrow_engine(), p, 16).tokens)
             .collect();
-        let mut engine = f16_engine();
+        let mut engine = narrow_engine();
         let mut handles: Vec<Handle> = prompts.iter().map(|p| submit(&mut engine, p, 16)).collect();
         run_to_idle(&mut engine);
         for ((handle, expected), prompt) in handles.iter_mut().zip(&alone).zip(&prompts) {
@@ -341,7 +351,7 @@ fn an_f16_kv_cache_batches_and_reuses_like_a_request_alone() {
             assert_eq!(
                 &handle.tokens,
                 expected,
-                "{name}, batched, prompt of {}",
+                "{name} ({storage}), batched, prompt of {}",
                 prompt.len()
             );
         }
@@ -349,12 +359,32 @@ fn an_f16_kv_cache_batches_and_reuses_like_a_request_alone() {
         let mut longer = prompts[3].clone();
         longer.extend(ids(9, 6));
         let again = run(&mut engine, &longer, 8);
-        assert!(again.stats().cached_tokens > 0, "{name}: nothing reused");
+        assert!(
+            again.stats().cached_tokens > 0,
+            "{name} ({storage}): nothing reused"
+        );
         assert_eq!(
             again.tokens,
-            run(&mut f16_engine(), &longer, 8).tokens,
-            "{name}"
+            run(&mut narrow_engine(), &longer, 8).tokens,
+            "{name} ({storage})"
         );
         check_trie(&engine);
     }
+}
+
+/// A model whose heads an 8-bit cache cannot group is refused at load, naming the width.
+#[test]
+fn an_8_bit_kv_cache_refuses_heads_it_cannot_group() {
+    let config = runner::engine::LoopConfig {
+        kv_storage: Some(KvStorage::Q8),
+        ..steps::config(64 << 20)
+    };
+    let err = match runner::engine::LoadedModel::new(steps::model("llama"), CONTEXT, config) {
+        Ok(_) => panic!("16-value heads were accepted for 8-bit storage"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("groups of 32") && err.contains("16-value heads"),
+        "{err}"
+    );
 }

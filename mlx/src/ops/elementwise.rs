@@ -163,6 +163,12 @@ impl Array {
         Array::from_raw(ffi::astype(self.raw(), dtype.code())?)
     }
 
+    /// The same bytes read as `dtype` (a bitcast): the last axis scales by the ratio of the
+    /// two element sizes, so it must divide evenly when `dtype` is wider.
+    pub fn view_as(&self, dtype: Dtype) -> Result<Array> {
+        Array::from_raw(ffi::view_as(self.raw(), dtype.code())?)
+    }
+
     /// Picks from `x` where `self` is true, else from `y`, broadcasting all three.
     pub fn select(&self, x: impl Operand, y: impl Operand) -> Result<Array> {
         let x = x.to_operand(self)?;

@@ -12,7 +12,10 @@
 // evaluates `exp` one lane at a time.
 //
 // Keys and values are f32, or f16 from a half-precision cache (`--kv-cache f16`), widened
-// exactly as they are read: half the bytes a long history costs per step.
+// exactly as they are read: half the bytes a long history costs per step. From an 8-bit cache
+// (`--kv-cache q8`) they are byte rows of codes, scales and biases, dequantized a block of
+// tokens at a time into a scratch the block's queries share: 1.25 bytes an element from
+// memory, where dequantizing the whole history first wrote and read it again as f32.
 //
 // Each (row, head, query) runs the same operations in the same order whatever the other rows
 // are, so a row's result does not depend on the batch it is in.
@@ -22,6 +25,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,20 +49,101 @@ namespace {
 // of the attention to another thread costs more than it saves.
 constexpr int64_t kMinWorkPerPart = 1 << 16;
 
-// Element strides of a `[1 or rows, heads, tokens, head_dim]` view, head_dim contiguous, of
-// f32 or (an f16 cache) `Half` elements, which the kernels widen to f32 as they read them.
+// One kv head's keys or values of a `[1, heads, tokens, head_dim]` view, head_dim contiguous,
+// as the kernels read them: `run(t0, t1, scratch)` points at token t0 of the run `[t0, t1)`,
+// whose tokens then lie `stride()` elements apart.
+//
+// `Direct`: the cache's own f32 or (an f16 cache) `Half` elements, read where they lie and
+// widened to f32 by the kernels.
 template <typename T>
-struct View {
-  const T* data;
-  int64_t head;
+struct Direct {
+  using Element = T;
+  const T* head;
   int64_t token;
+
+  static Direct of(const mx::array& a, int kv_head) {
+    const auto& s = a.strides();
+    return Direct{a.data<T>() + kv_head * s[1], s[2]};
+  }
+  const T* run(int t0, int, std::vector<float>&) const {
+    return head + t0 * token;
+  }
+  int64_t stride() const {
+    return token;
+  }
 };
 
-template <typename T>
-View<T> view_of(const mx::array& a) {
-  const auto& s = a.strides();
-  return View<T>{a.data<T>(), s[1], s[2]};
+// Elements per scale and bias in an 8-bit cache's rows, and bytes of each scale or bias.
+constexpr int kQ8Group = 32;
+
+// `codes[d] · scale + bias` for the `n` elements of one 8-bit row, `n` a multiple of 32.
+void dequantize_row_portable(const uint8_t* row, int n, float* out) {
+  const int groups = n / kQ8Group;
+  for (int g = 0; g < groups; ++g) {
+    float scale, bias;
+    std::memcpy(&scale, row + n + 4 * g, sizeof scale);
+    std::memcpy(&bias, row + n + 4 * (groups + g), sizeof bias);
+    for (int d = g * kQ8Group; d < (g + 1) * kQ8Group; ++d) {
+      out[d] = static_cast<float>(row[d]) * scale + bias;
+    }
+  }
 }
+
+#if defined(__x86_64__)
+MLXKIT_AVX2 void dequantize_row_avx2(const uint8_t* row, int n, float* out) {
+  const int groups = n / kQ8Group;
+  for (int g = 0; g < groups; ++g) {
+    float scale, bias;
+    std::memcpy(&scale, row + n + 4 * g, sizeof scale);
+    std::memcpy(&bias, row + n + 4 * (groups + g), sizeof bias);
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    const __m256 bias8 = _mm256_set1_ps(bias);
+    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * g));
+    const __m128i lo = _mm256_castsi256_si128(codes);
+    const __m128i hi = _mm256_extracti128_si256(codes, 1);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+      _mm256_storeu_ps(out + 32 * g + 8 * j, _mm256_fmadd_ps(x, scale8, bias8));
+    }
+  }
+}
+#endif  // __x86_64__
+
+// An 8-bit cache's rows (kvcache's `KvStorage::Q8`): per token, `head_dim` codes, then an f32
+// scale per 32 codes, then an f32 bias per 32, as bytes. A run is dequantized into `scratch`.
+struct Dequantized {
+  using Element = float;
+  const uint8_t* head;
+  int64_t token;
+  int head_dim;
+  void (*dequantize_row)(const uint8_t*, int, float*);
+
+  static Dequantized of(const mx::array& a, int kv_head) {
+    const auto& s = a.strides();
+    const int head_dim = a.shape(3) * 4 / 5;
+#if defined(__x86_64__)
+    auto row = has_avx2() ? dequantize_row_avx2 : dequantize_row_portable;
+#else
+    auto row = dequantize_row_portable;
+#endif
+    return Dequantized{a.data<uint8_t>() + kv_head * s[1], s[2], head_dim, row};
+  }
+  const float* run(int t0, int t1, std::vector<float>& scratch) const {
+    const size_t need = static_cast<size_t>(t1 - t0) * head_dim;
+    if (scratch.size() < need) {
+      scratch.resize(need);
+    }
+    for (int t = t0; t < t1; ++t) {
+      dequantize_row(head + t * token, head_dim, scratch.data() + (t - t0) * head_dim);
+    }
+    return scratch.data();
+  }
+  int64_t stride() const {
+    return head_dim;
+  }
+};
 
 template <typename T>
 float dot_portable(const float* a, const T* b, int n) {
@@ -226,21 +311,24 @@ constexpr int kKeyBlock = 128;
 // Queries `q[i]` of one head, `i < count <= kQueryTile`: `out[i] = softmax(scale · K q[i]) V`
 // over the first `visible[i]` tokens. Keys and values are walked in blocks shared by the
 // tile, but each query's sums run in the same order as when it is attended alone (blocks of
-// eight keys from 0, values accumulated token after token), so its result is the same bits.
-template <typename T>
-void attend_tile(const Kernels<T>& k, const float* const* q, const int* visible, int count,
-                 View<T> keys, View<T> values, int kv_head, int head_dim, float scale,
-                 std::optional<float> softcap, std::vector<float>& scores, float* const* out) {
-  const T* kh = keys.data + kv_head * keys.head;
-  const T* vh = values.data + kv_head * values.head;
+// eight keys from each block's start, values accumulated token after token), so its result is
+// the same bits.
+template <typename Source>
+void attend_tile(const Kernels<typename Source::Element>& k, const float* const* q,
+                 const int* visible, int count, const Source& keys, const Source& values,
+                 int head_dim, float scale, std::optional<float> softcap,
+                 std::vector<float>& scores, std::vector<float>& scratch, float* const* out) {
   const int longest = *std::max_element(visible, visible + count);
   const size_t stride = static_cast<size_t>(longest);
   scores.resize(std::max(scores.size(), stride * count));
   for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
+    const int end = std::min(t0 + kKeyBlock, longest);
+    const auto* block = keys.run(t0, end, scratch);
     for (int i = 0; i < count; ++i) {
-      const int t1 = std::min(t0 + kKeyBlock, visible[i]);
+      const int t1 = std::min(end, visible[i]);
       if (t0 < t1) {
-        k.scores(q[i], keys.token, kh, t0, t1, head_dim, scale, scores.data() + i * stride);
+        k.scores(q[i], keys.stride(), block, 0, t1 - t0, head_dim, scale,
+                 scores.data() + i * stride + t0);
       }
     }
   }
@@ -261,10 +349,13 @@ void attend_tile(const Kernels<T>& k, const float* const* q, const int* visible,
     std::fill(out[i], out[i] + head_dim, 0.0f);
   }
   for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
+    const int end = std::min(t0 + kKeyBlock, longest);
+    const auto* block = values.run(t0, end, scratch);
     for (int i = 0; i < count; ++i) {
-      const int t1 = std::min(t0 + kKeyBlock, visible[i]);
+      const int t1 = std::min(end, visible[i]);
       if (t0 < t1) {
-        k.weighted_sum(scores.data() + i * stride, vh, values.token, t0, t1, head_dim, out[i]);
+        k.weighted_sum(scores.data() + i * stride + t0, block, values.stride(), 0, t1 - t0,
+                       head_dim, out[i]);
       }
     }
   }
@@ -275,11 +366,12 @@ void attend_tile(const Kernels<T>& k, const float* const* q, const int* visible,
   }
 }
 
-// Every (row, head) pair's queries over the row's keys and values, whose elements are `T`.
-template <typename T>
+// Every (row, head) pair's queries over the row's keys and values, read through `Source`.
+template <typename Source>
 void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int heads,
                  int length, int head_dim, float scale, std::optional<float> softcap,
                  const std::vector<bool>& causal) {
+  using T = typename Source::Element;
   const Kernels<T> k = kernels_for<T>(head_dim);
   const auto& queries = held[0];
   float* out = y.data<float>();
@@ -290,12 +382,14 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
   // tiles, so a decode step reads a long history once for the whole group of query heads
   // rather than once per head (three times on SmolLM2, four on Gemma 3). Queries go in order
   // of position, then head, so a prompt chunk's tiles see nearly the same keys.
-  auto attend_unit = [&](int unit, std::vector<float>& scores) {
+  auto attend_unit = [&](int unit, std::vector<float>& scores, std::vector<float>& scratch) {
     const int r = unit / kv_heads;
     const int kv = unit % kv_heads;
     const auto& keys = held[1 + 2 * r];
     const auto& values = held[2 + 2 * r];
     const int history = keys.shape(2);
+    const Source key_source = Source::of(keys, kv);
+    const Source value_source = Source::of(values, kv);
     const int total = group * length;
     for (int j0 = 0; j0 < total; j0 += kQueryTile) {
       const int count = std::min(kQueryTile, total - j0);
@@ -310,8 +404,8 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
         q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
         o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
       }
-      attend_tile(k, q, visible, count, view_of<T>(keys), view_of<T>(values), kv, head_dim,
-                  scale, softcap, scores, o);
+      attend_tile(k, q, visible, count, key_source, value_source, head_dim, scale, softcap,
+                  scores, scratch, o);
     }
   };
   // Units split over the pool's threads when there is enough work to pay for it.
@@ -323,16 +417,16 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
   const int parts = static_cast<int>(
       std::min<int64_t>({pool_threads() * 4LL, work / kMinWorkPerPart, units}));
   if (parts <= 1) {
-    std::vector<float> scores;
+    std::vector<float> scores, scratch;
     for (int unit = 0; unit < units; ++unit) {
-      attend_unit(unit, scores);
+      attend_unit(unit, scores, scratch);
     }
     return;
   }
   parallel_for(parts, [&](int p) {
-    std::vector<float> scores;
+    std::vector<float> scores, scratch;
     for (int unit = units * p / parts; unit < units * (p + 1) / parts; ++unit) {
-      attend_unit(unit, scores);
+      attend_unit(unit, scores, scratch);
     }
   });
 }
@@ -363,14 +457,19 @@ class RowsAttention : public mx::UnaryPrimitive {
       held.push_back(mx::array::unsafe_weak_copy(a));
     }
     encoder.set_output_array(y);
-    const bool half = inputs[1].dtype() == mx::float16;
+    const mx::Dtype stored = inputs[1].dtype();
     encoder.dispatch([held = std::move(held), y = mx::array::unsafe_weak_copy(y), rows, heads,
                       length, head_dim, scale = scale_, softcap = softcap_, causal = causal_,
-                      half]() mutable {
-      if (half) {
-        attend_rows<Half>(held, y, rows, heads, length, head_dim, scale, softcap, causal);
+                      stored]() mutable {
+      if (stored == mx::float16) {
+        attend_rows<Direct<Half>>(held, y, rows, heads, length, head_dim, scale, softcap,
+                                  causal);
+      } else if (stored == mx::uint8) {
+        attend_rows<Dequantized>(held, y, rows, heads, length, head_dim, scale, softcap,
+                                 causal);
       } else {
-        attend_rows<float>(held, y, rows, heads, length, head_dim, scale, softcap, causal);
+        attend_rows<Direct<float>>(held, y, rows, heads, length, head_dim, scale, softcap,
+                                   causal);
       }
     });
   }
@@ -419,13 +518,16 @@ std::optional<mx::array> rows_attention(const mx::array& queries,
   for (size_t r = 0; r < keys.size(); ++r) {
     const auto& k = keys[r];
     const auto& v = values[r];
-    // Keys and values are f32, or f16 (a half-precision cache) for every row alike.
+    // Keys and values are f32, f16 (a half-precision cache) or 8-bit rows of 5/4 bytes an
+    // element (groups of 32), for every row alike.
     const auto stored = keys[0].dtype();
+    const bool rows_of_codes = stored == mx::uint8 && head_dim % kQ8Group == 0;
+    const int row_width = rows_of_codes ? head_dim / 4 * 5 : head_dim;
     if (k.ndim() != 4 || k.shape() != v.shape() ||
-        (stored != mx::float32 && stored != mx::float16) || k.dtype() != stored ||
-        v.dtype() != stored || k.shape(0) != 1 || k.shape(1) == 0 ||
+        (stored != mx::float32 && stored != mx::float16 && !rows_of_codes) ||
+        k.dtype() != stored || v.dtype() != stored || k.shape(0) != 1 || k.shape(1) == 0 ||
         heads % k.shape(1) != 0 || k.shape(1) != keys[0].shape(1) || k.shape(2) == 0 ||
-        k.shape(3) != head_dim ||
+        k.shape(3) != row_width ||
         (causal[r] && k.shape(2) < length)) {
       return std::nullopt;
     }

@@ -314,6 +314,10 @@ std::unique_ptr<Array> astype(const Array& a, uint8_t dtype) {
   return own(mx::astype(a, dtype_from_code(dtype)));
 }
 
+std::unique_ptr<Array> view_as(const Array& a, uint8_t dtype) {
+  return own(mx::view(a, dtype_from_code(dtype)));
+}
+
 std::unique_ptr<Array> where_(const Array& cond, const Array& x, const Array& y) {
   return own(mx::where(cond, x, y));
 }

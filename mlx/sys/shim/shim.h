@@ -80,6 +80,7 @@ std::unique_ptr<Array> binary(BinaryOp op, const Array& a, const Array& b);
 std::unique_ptr<Array> reduce(ReduceOp op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
 std::unique_ptr<Array> argreduce(bool max, const Array& a, int32_t axis, bool keepdims);
 std::unique_ptr<Array> astype(const Array& a, uint8_t dtype);
+std::unique_ptr<Array> view_as(const Array& a, uint8_t dtype);
 std::unique_ptr<Array> where_(const Array& cond, const Array& x, const Array& y);
 std::unique_ptr<Array> clip(const Array& a, const Array& lo, const Array& hi);
 std::unique_ptr<Array> addmm(const Array& c, const Array& a, const Array& b, float alpha, float beta);

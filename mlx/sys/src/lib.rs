@@ -208,6 +208,7 @@ pub mod ffi {
         ) -> Result<UniquePtr<Array>>;
         fn argreduce(max: bool, a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
         fn astype(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn view_as(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
         fn where_(cond: &Array, x: &Array, y: &Array) -> Result<UniquePtr<Array>>;
         fn clip(a: &Array, lo: &Array, hi: &Array) -> Result<UniquePtr<Array>>;
         fn addmm(

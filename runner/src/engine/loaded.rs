@@ -22,6 +22,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+use kvcache::KvStorage;
 use mlx::{Array, Dtype};
 use nn::{Batch, ImageGrid, Model};
 use sampler::{Sampled, Sampler};
@@ -89,9 +90,9 @@ pub struct LoopConfig {
     pub memory: MemoryBudget,
     /// The drafter of requests that do not choose (`--draft`); `None`: plain decoding.
     pub draft: Option<DrafterKind>,
-    /// The dtype KV caches store keys and values in (`--kv-cache`); `None`: the dtype the
-    /// model computes them in.
-    pub kv_storage: Option<Dtype>,
+    /// How KV caches store keys and values (`--kv-cache`); `None`: in the dtype the model
+    /// computes them in.
+    pub kv_storage: Option<KvStorage>,
 }
 
 impl LoopConfig {
@@ -122,15 +123,35 @@ impl LoopConfig {
 /// values as `kv_storage` when given.
 fn fresh_caches(
     model: &dyn Model,
-    kv_storage: Option<Dtype>,
+    kv_storage: Option<KvStorage>,
 ) -> Result<Vec<Option<kvcache::LayerCache>>> {
     let mut caches = model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
-    if let Some(dtype) = kv_storage {
+    if let Some(storage) = kv_storage {
         for cache in caches.iter_mut().flatten() {
-            cache.set_kv_storage(dtype)?;
+            cache.set_kv_storage(storage)?;
         }
     }
     Ok(caches)
+}
+
+/// Checks at load that `model`'s attention layers can be stored as `kv_storage` says, rather
+/// than failing its first request: 8-bit codes come in groups of [`kvcache::Q8_GROUP`].
+fn check_kv_storage(model: &dyn Model, kv_storage: Option<KvStorage>) -> Result<()> {
+    if kv_storage != Some(KvStorage::Q8) {
+        return Ok(());
+    }
+    let group = kvcache::Q8_GROUP as usize;
+    for (layer, state) in model.spec().layers.iter().enumerate() {
+        if let nn::LayerState::Attention { head_dim, .. } = state
+            && head_dim % group != 0
+        {
+            return Err(StepError::Invalid(format!(
+                "an 8-bit KV cache stores heads in groups of {group} values, and layer {layer} \
+                 of this model has {head_dim}-value heads; use --kv-cache f16"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What the loop is doing, for `ps` and the stats endpoints.
@@ -215,6 +236,7 @@ impl LoadedModel {
         context_length: usize,
         config: LoopConfig,
     ) -> Result<LoadedModel> {
+        check_kv_storage(model.as_ref(), config.kv_storage)?;
         let prefix = PrefixCache::new(
             &fresh_caches(model.as_ref(), config.kv_storage)?,
             config.memory.cache_bytes,
@@ -402,7 +424,15 @@ impl LoadedModel {
             }
             _ => 0,
         };
-        self.model.spec().state_bytes(tokens).saturating_add(draft)
+        // The draft model's caches keep its compute dtype; the target's follow `--kv-cache`.
+        let storage = self
+            .config
+            .kv_storage
+            .unwrap_or(KvStorage::Float(Dtype::F32));
+        self.model
+            .spec()
+            .state_bytes_in(tokens, storage)
+            .saturating_add(draft)
     }
 
     /// The drafter `job` asks for (or the server's, when it leaves the choice to the server)
