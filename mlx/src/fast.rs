@@ -143,6 +143,10 @@ pub struct RowHistory<'a> {
     /// the history and query i of n sees columns up to `len - n + i` (as
     /// [`AttentionMask::Causal`]).
     pub causal: bool,
+    /// A boolean `[queries, len]` mask on top of that, true where query i may see column t (a
+    /// sliding window over a ring of slots, a chunked layer). A query that sees no column
+    /// gets zeros.
+    pub allowed: Option<&'a Array>,
 }
 
 /// Attention of each row's queries over the row's own history, in one op: `queries` is
@@ -163,11 +167,15 @@ pub fn rows_attention(
     let keys = to_list(history.iter().map(|h| h.keys))?;
     let values = to_list(history.iter().map(|h| h.values))?;
     let causal: Vec<bool> = history.iter().map(|h| h.causal).collect();
+    let masked: Vec<bool> = history.iter().map(|h| h.allowed.is_some()).collect();
+    let masks = to_list(history.iter().filter_map(|h| h.allowed))?;
     Array::from_raw_optional(ffi::rows_attention(
         queries.raw(),
         &keys,
         &values,
         &causal,
+        &masked,
+        &masks,
         scale,
         softcap.is_some(),
         softcap.unwrap_or(0.0),

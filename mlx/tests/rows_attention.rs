@@ -117,6 +117,7 @@ fn attend_held(
             keys,
             values,
             causal,
+            allowed: None,
         })
         .collect();
     rows_attention(queries, &history, 0.3, softcap)
@@ -200,6 +201,101 @@ fn rows_attention_matches_mlx_attention() {
                     1e-5,
                     &format!("row {r}, {length} queries"),
                 );
+            }
+        }
+    });
+}
+
+/// A boolean mask per row (a sliding window over a ring of slots, a chunked layer): the op
+/// agrees with attention spelled out in MLX ops under the same mask, for a decode step and a chunk, with rows
+/// of different lengths and soft-capped logits; a query that sees nothing gets zeros.
+#[test]
+fn rows_attention_applies_a_mask_per_row() {
+    common::each_kernel_level(|level| {
+        let head_dim = 64;
+        let lens = [150usize, 29];
+        let rows = rows(&lens, head_dim, 52);
+        for length in [1usize, 4] {
+            // Row r: query i sees column t when (t + i + r) % 3 != 0, and, in the chunk, its
+            // last query sees nothing.
+            let masks: Vec<Array> = lens
+                .iter()
+                .enumerate()
+                .map(|(r, &len)| {
+                    let bits: Vec<u8> = (0..length)
+                        .flat_map(|i| {
+                            (0..len).map(move |t| {
+                                u8::from((t + i + r) % 3 != 0 && !(length > 1 && i == length - 1))
+                            })
+                        })
+                        .collect();
+                    Array::from_slice(&bits, &[length as i32, len as i32])
+                        .unwrap()
+                        .astype(mlx::Dtype::Bool)
+                        .unwrap()
+                })
+                .collect();
+            let held: Vec<(Array, Array)> = rows.iter().map(|row| views(row, head_dim)).collect();
+            let history: Vec<RowHistory<'_>> = held
+                .iter()
+                .zip(&masks)
+                .map(|((keys, values), mask)| RowHistory {
+                    keys,
+                    values,
+                    causal: false,
+                    allowed: Some(mask),
+                })
+                .collect();
+            let (_, queries) = array(&[2, HEADS as i32, length as i32, head_dim as i32], 53);
+            let fused = rows_attention(&queries, &history, 0.3, Some(5.0))
+                .unwrap()
+                .expect("the kernel takes boolean masks")
+                .to_vec::<f32>()
+                .unwrap();
+            let n = HEADS * length * head_dim;
+            for (r, ((k, v), mask)) in held.iter().zip(&masks).enumerate() {
+                let q = queries.slice_axis(0, r as i32, r as i32 + 1).unwrap();
+                // MLX's soft cap is spelled out: scores, cap, mask, softmax, values.
+                let grouped = |a: &Array| {
+                    let (kv, group) = (KV_HEADS as i32, (HEADS / KV_HEADS) as i32);
+                    let (len, d) = (lens[r] as i32, head_dim as i32);
+                    a.expand_dims(&[2])
+                        .unwrap()
+                        .broadcast_to(&[1, kv, group, len, d])
+                        .unwrap()
+                        .reshape(&[1, kv * group, len, d])
+                        .unwrap()
+                };
+                let logits = q
+                    .multiply(0.3f32)
+                    .unwrap()
+                    .matmul(&grouped(k).swap_axes(-1, -2).unwrap())
+                    .unwrap()
+                    .divide(5.0f32)
+                    .unwrap()
+                    .tanh()
+                    .unwrap()
+                    .multiply(5.0f32)
+                    .unwrap();
+                let fused_row = &fused[r * n..][..n];
+                let masked_logits = mask.select(&logits, f32::NEG_INFINITY).unwrap();
+                let weights = masked_logits.softmax(&[-1], true).unwrap();
+                let reference = weights
+                    .matmul(&grouped(v))
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                for (j, (a, e)) in fused_row.iter().zip(&reference).enumerate() {
+                    let query = (j / head_dim) % length;
+                    if length > 1 && query == length - 1 {
+                        assert_eq!(*a, 0.0, "a query that sees nothing, at {level:?}");
+                    } else {
+                        assert!(
+                            (a - e).abs() <= 1e-5,
+                            "row {r}, element {j}: {a} against {e} at {level:?}"
+                        );
+                    }
+                }
             }
         }
     });
@@ -416,6 +512,7 @@ fn rows_attention_declines_what_it_does_not_take() {
         keys: &keys,
         values: &keys,
         causal,
+        allowed: None,
     };
     // More causal queries than the history holds.
     let (_, five) = array(&[1, HEADS as i32, 5, 8], 70);
@@ -441,6 +538,7 @@ fn rows_attention_declines_what_it_does_not_take() {
             keys: &bytes,
             values: &bytes,
             causal: false,
+            allowed: None,
         };
         assert!(
             rows_attention(queries, &[history], 1.0, None)

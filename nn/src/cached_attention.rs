@@ -305,10 +305,11 @@ pub fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
     }
 }
 
-/// Attention of every row's queries over its own history: one op for all rows whose mask is
-/// "every column" or causal (every decode step, and prompt chunks over full-attention caches),
-/// MLX's attention for a row that needs a mask array. Which path a row takes depends on that
-/// row alone, so its result does not depend on the batch.
+/// Attention of every row's queries over its own history: one op for all rows (every decode
+/// step and prompt chunk, masks and all), MLX's attention row by row where the kernel does not
+/// apply (a GPU, another dtype, sink columns). A batch the kernel declines is retried a row at
+/// a time, so which path a row takes depends on that row alone and its result does not depend
+/// on the batch.
 pub fn attend_histories(
     kernel: &ScaledDotProduct,
     queries: &Array,
@@ -316,22 +317,17 @@ pub fn attend_histories(
 ) -> Result<Array> {
     let histories = &histories.0;
     let rows = histories.len();
-    let all: Option<Vec<RowHistory<'_>>> = histories.iter().map(row_history).collect();
-    if let Some(all) = &all
-        && let Some(heads) = kernel.attend_rows(queries, all)?
-    {
+    let all: Vec<RowHistory<'_>> = histories.iter().map(row_history).collect();
+    if let Some(heads) = kernel.attend_rows(queries, &all)? {
         return Ok(heads);
     }
-    // When the kernel declined every row at once (a GPU, another dtype), it declines each too.
-    let kernel_declined = all.is_some();
     let mut heads = Vec::with_capacity(rows);
-    for (row, entry) in histories.iter().enumerate() {
+    for (row, ((history, mask), one)) in histories.iter().zip(&all).enumerate() {
         let q = pick_row(queries, row, rows)?;
-        let fused = match row_history(entry) {
-            Some(one) if !kernel_declined => kernel.attend_rows(&q, &[one])?,
-            _ => None,
+        let fused = match rows {
+            1 => None,
+            _ => kernel.attend_rows(&q, std::slice::from_ref(one))?,
         };
-        let (history, mask) = entry;
         heads.push(match fused {
             Some(h) => h,
             None => kernel.attend(&q, &history.keys, &history.values, mask.as_mask())?,
@@ -343,12 +339,12 @@ pub fn attend_histories(
     }
 }
 
-/// A row's history as [`ScaledDotProduct::attend_rows`] takes it, or `None` when it needs a mask array.
-fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowHistory<'_>> {
-    let causal = match mask {
-        AttentionMaskOwned::None => false,
-        AttentionMaskOwned::Causal => true,
-        AttentionMaskOwned::Array(_) => return None,
+/// A row's history as [`ScaledDotProduct::attend_rows`] takes it.
+fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> RowHistory<'_> {
+    let (causal, allowed) = match mask {
+        AttentionMaskOwned::None => (false, None),
+        AttentionMaskOwned::Causal => (true, None),
+        AttentionMaskOwned::Array(mask) => (false, Some(mask)),
     };
     // An 8-bit cache's rows go to the kernel as stored: it dequantizes them a block at a time,
     // and the lazy dequantization of the whole history is never evaluated.
@@ -356,9 +352,10 @@ fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> Option<RowH
         Some((keys, values)) => (keys, values),
         None => (&history.keys, &history.values),
     };
-    Some(RowHistory {
+    RowHistory {
         keys,
         values,
         causal,
-    })
+        allowed,
+    }
 }

@@ -17,6 +17,10 @@
 // tokens at a time into a scratch the block's queries share: 1.25 bytes an element from
 // memory, where dequantizing the whole history first wrote and read it again as f32.
 //
+// A row may bring a boolean mask `[queries, keys]` (a sliding window over a ring of slots, a
+// chunked layer, a prompt chunk over a window): its scores are computed as for every column
+// and the masked ones dropped before the softmax, as MLX's attention does with the same mask.
+//
 // Each (row, head, query) runs the same operations in the same order whatever the other rows
 // are, so a row's result does not depend on the batch it is in.
 
@@ -316,8 +320,9 @@ constexpr int kKeyBlock = 128;
 template <typename Source>
 void attend_tile(const Kernels<typename Source::Element>& k, const float* const* q,
                  const int* visible, int count, const Source& keys, const Source& values,
-                 int head_dim, float scale, std::optional<float> softcap,
-                 std::vector<float>& scores, std::vector<float>& scratch, float* const* out) {
+                 const bool* const* allowed, int64_t allowed_step, int head_dim, float scale,
+                 std::optional<float> softcap, std::vector<float>& scores,
+                 std::vector<float>& scratch, float* const* out) {
   const int longest = *std::max_element(visible, visible + count);
   const size_t stride = static_cast<size_t>(longest);
   scores.resize(std::max(scores.size(), stride * count));
@@ -341,11 +346,25 @@ void attend_tile(const Kernels<typename Source::Element>& k, const float* const*
         s[t] = *softcap * std::tanh(s[t] / *softcap);
       }
     }
+    // After the soft cap, which would turn -inf into -cap.
+    if (allowed[i] != nullptr) {
+      for (int t = 0; t < visible[i]; ++t) {
+        if (!allowed[i][t * allowed_step]) {
+          s[t] = -INFINITY;
+        }
+      }
+    }
     float max = -INFINITY;
     for (int t = 0; t < visible[i]; ++t) {
       max = std::max(max, s[t]);
     }
-    inverse[i] = 1.0f / k.exp_sum(s, visible[i], max);
+    if (max == -INFINITY) {
+      // A query that sees nothing: zero weights and zeros out, not NaN.
+      std::fill(s, s + visible[i], 0.0f);
+      inverse[i] = 0.0f;
+    } else {
+      inverse[i] = 1.0f / k.exp_sum(s, visible[i], max);
+    }
     std::fill(out[i], out[i] + head_dim, 0.0f);
   }
   for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
@@ -370,7 +389,7 @@ void attend_tile(const Kernels<typename Source::Element>& k, const float* const*
 template <typename Source>
 void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int heads,
                  int length, int head_dim, float scale, std::optional<float> softcap,
-                 const std::vector<bool>& causal) {
+                 const std::vector<bool>& causal, const std::vector<bool>& masked) {
   using T = typename Source::Element;
   const Kernels<T> k = kernels_for<T>(head_dim);
   const auto& queries = held[0];
@@ -378,11 +397,23 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
   const auto& qs = queries.strides();
   const int kv_heads = held[1].shape(1);
   const int group = heads / kv_heads;
-  // One unit of work: a row's key/value head and the queries of every head that shares it, in
-  // tiles, so a decode step reads a long history once for the whole group of query heads
-  // rather than once per head (three times on SmolLM2, four on Gemma 3). Queries go in order
-  // of position, then head, so a prompt chunk's tiles see nearly the same keys.
-  auto attend_unit = [&](int unit, std::vector<float>& scores, std::vector<float>& scratch) {
+  // Each masked row's mask follows the keys and values, in row order.
+  std::vector<const mx::array*> masks(rows, nullptr);
+  for (int r = 0, next = 1 + 2 * rows; r < rows; ++r) {
+    if (masked[r]) {
+      masks[r] = &held[next++];
+    }
+  }
+  // One unit: a row's key/value head and the queries of every head that shares it, in tiles,
+  // so a decode step reads a long history once for the whole group of query heads rather than
+  // once per head (three times on SmolLM2, four on Gemma 3). Queries go in order of position,
+  // then head, so a prompt chunk's tiles see nearly the same keys.
+  // One item of work: a tile of a unit's queries. Tiles of one unit are consecutive items, so a
+  // thread's range of items reads one history while it can; a prompt chunk of a model with a
+  // single kv head (Gemma 3) still spreads over every thread.
+  const int tiles = (group * length + kQueryTile - 1) / kQueryTile;
+  auto attend_item = [&](int item, std::vector<float>& scores, std::vector<float>& scratch) {
+    const int unit = item / tiles;
     const int r = unit / kv_heads;
     const int kv = unit % kv_heads;
     const auto& keys = held[1 + 2 * r];
@@ -390,43 +421,45 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
     const int history = keys.shape(2);
     const Source key_source = Source::of(keys, kv);
     const Source value_source = Source::of(values, kv);
-    const int total = group * length;
-    for (int j0 = 0; j0 < total; j0 += kQueryTile) {
-      const int count = std::min(kQueryTile, total - j0);
-      const float* q[kQueryTile];
-      float* o[kQueryTile];
-      int visible[kQueryTile];
-      for (int j = 0; j < count; ++j) {
-        const int i = (j0 + j) / group;
-        const int h = kv * group + (j0 + j) % group;
-        // Causal: query i of `length` sits at position history - length + i.
-        visible[j] = causal[r] ? history - length + i + 1 : history;
-        q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
-        o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
-      }
-      attend_tile(k, q, visible, count, key_source, value_source, head_dim, scale, softcap,
-                  scores, scratch, o);
+    const int j0 = item % tiles * kQueryTile;
+    const int count = std::min(kQueryTile, group * length - j0);
+    const float* q[kQueryTile];
+    float* o[kQueryTile];
+    int visible[kQueryTile];
+    const bool* allowed[kQueryTile];
+    for (int j = 0; j < count; ++j) {
+      const int i = (j0 + j) / group;
+      const int h = kv * group + (j0 + j) % group;
+      // Causal: query i of `length` sits at position history - length + i.
+      visible[j] = causal[r] ? history - length + i + 1 : history;
+      q[j] = queries.data<float>() + r * qs[0] + h * qs[1] + i * qs[2];
+      o[j] = out + ((static_cast<size_t>(r) * heads + h) * length + i) * head_dim;
+      allowed[j] = masks[r] == nullptr ? nullptr
+                                       : masks[r]->data<bool>() + i * masks[r]->strides()[0];
     }
+    const int64_t allowed_step = masks[r] == nullptr ? 0 : masks[r]->strides()[1];
+    attend_tile(k, q, visible, count, key_source, value_source, allowed, allowed_step, head_dim,
+                scale, softcap, scores, scratch, o);
   };
-  // Units split over the pool's threads when there is enough work to pay for it.
+  // Items split over the pool's threads when there is enough work to pay for it.
   int64_t work = 0;
   for (int r = 0; r < rows; ++r) {
     work += static_cast<int64_t>(heads) * length * held[1 + 2 * r].shape(2) * head_dim;
   }
-  const int units = rows * kv_heads;
+  const int items = rows * kv_heads * tiles;
   const int parts = static_cast<int>(
-      std::min<int64_t>({pool_threads() * 4LL, work / kMinWorkPerPart, units}));
+      std::min<int64_t>({pool_threads() * 4LL, work / kMinWorkPerPart, items}));
   if (parts <= 1) {
     std::vector<float> scores, scratch;
-    for (int unit = 0; unit < units; ++unit) {
-      attend_unit(unit, scores, scratch);
+    for (int item = 0; item < items; ++item) {
+      attend_item(item, scores, scratch);
     }
     return;
   }
   parallel_for(parts, [&](int p) {
     std::vector<float> scores, scratch;
-    for (int unit = units * p / parts; unit < units * (p + 1) / parts; ++unit) {
-      attend_unit(unit, scores, scratch);
+    for (int item = items * p / parts; item < items * (p + 1) / parts; ++item) {
+      attend_item(item, scores, scratch);
     }
   });
 }
@@ -434,8 +467,12 @@ void attend_rows(const std::vector<mx::array>& held, mx::array& y, int rows, int
 class RowsAttention : public mx::UnaryPrimitive {
  public:
   RowsAttention(mx::Stream stream, float scale, std::optional<float> softcap,
-                std::vector<bool> causal)
-      : mx::UnaryPrimitive(stream), scale_(scale), softcap_(softcap), causal_(std::move(causal)) {}
+                std::vector<bool> causal, std::vector<bool> masked)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale),
+        softcap_(softcap),
+        causal_(std::move(causal)),
+        masked_(std::move(masked)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
     const auto& queries = inputs[0];
@@ -443,8 +480,9 @@ class RowsAttention : public mx::UnaryPrimitive {
     const int heads = queries.shape(1);
     const int length = queries.shape(2);
     const int head_dim = queries.shape(3);
-    for (const auto& a : inputs) {
-      if (a.strides().back() != 1) {
+    // Queries, keys and values; masks are read through their strides.
+    for (int i = 0; i < 1 + 2 * rows; ++i) {
+      if (inputs[i].strides().back() != 1) {
         throw std::invalid_argument("rows attention: head_dim is not contiguous");
       }
     }
@@ -460,16 +498,16 @@ class RowsAttention : public mx::UnaryPrimitive {
     const mx::Dtype stored = inputs[1].dtype();
     encoder.dispatch([held = std::move(held), y = mx::array::unsafe_weak_copy(y), rows, heads,
                       length, head_dim, scale = scale_, softcap = softcap_, causal = causal_,
-                      stored]() mutable {
+                      masked = masked_, stored]() mutable {
       if (stored == mx::float16) {
         attend_rows<Direct<Half>>(held, y, rows, heads, length, head_dim, scale, softcap,
-                                  causal);
+                                  causal, masked);
       } else if (stored == mx::uint8) {
         attend_rows<Dequantized>(held, y, rows, heads, length, head_dim, scale, softcap,
-                                 causal);
+                                 causal, masked);
       } else {
         attend_rows<Direct<float>>(held, y, rows, heads, length, head_dim, scale, softcap,
-                                   causal);
+                                   causal, masked);
       }
     });
   }
@@ -485,13 +523,14 @@ class RowsAttention : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const RowsAttention*>(&other);
     return o != nullptr && scale_ == o->scale_ && softcap_ == o->softcap_ &&
-           causal_ == o->causal_;
+           causal_ == o->causal_ && masked_ == o->masked_;
   }
 
  private:
   float scale_;
   std::optional<float> softcap_;
   std::vector<bool> causal_;
+  std::vector<bool> masked_;
 };
 
 }  // namespace
@@ -499,8 +538,9 @@ class RowsAttention : public mx::UnaryPrimitive {
 std::optional<mx::array> rows_attention(const mx::array& queries,
                                         const std::vector<mx::array>& keys,
                                         const std::vector<mx::array>& values,
-                                        const std::vector<bool>& causal, float scale,
-                                        std::optional<float> softcap) {
+                                        const std::vector<bool>& causal,
+                                        const std::vector<std::optional<mx::array>>& masks,
+                                        float scale, std::optional<float> softcap) {
   if (mx::default_device() != mx::Device::cpu || queries.ndim() != 4 ||
       queries.dtype() != mx::float32) {
     return std::nullopt;
@@ -510,7 +550,8 @@ std::optional<mx::array> rows_attention(const mx::array& queries,
   const int length = queries.shape(2);
   const int head_dim = queries.shape(3);
   if (rows == 0 || length == 0 || head_dim == 0 || keys.size() != static_cast<size_t>(rows) ||
-      values.size() != keys.size() || causal.size() != keys.size()) {
+      values.size() != keys.size() || causal.size() != keys.size() ||
+      masks.size() != keys.size()) {
     return std::nullopt;
   }
   std::vector<mx::array> inputs{queries};
@@ -534,9 +575,22 @@ std::optional<mx::array> rows_attention(const mx::array& queries,
     inputs.push_back(k);
     inputs.push_back(v);
   }
+  std::vector<bool> masked;
+  for (size_t r = 0; r < keys.size(); ++r) {
+    const auto& mask = masks[r];
+    masked.push_back(mask.has_value());
+    if (!mask) {
+      continue;
+    }
+    if (mask->dtype() != mx::bool_ || mask->ndim() != 2 || mask->shape(0) != length ||
+        mask->shape(1) != keys[r].shape(2)) {
+      return std::nullopt;
+    }
+    inputs.push_back(*mask);
+  }
   const auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(queries.shape(), mx::float32,
-                   std::make_shared<RowsAttention>(stream, scale, softcap, causal),
+                   std::make_shared<RowsAttention>(stream, scale, softcap, causal, masked),
                    std::move(inputs));
 }
 

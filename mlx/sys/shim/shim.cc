@@ -630,12 +630,29 @@ std::unique_ptr<Array> rows_attention(
     const ArrayList& keys,
     const ArrayList& values,
     rust::Slice<const bool> causal,
+    rust::Slice<const bool> masked,
+    const ArrayList& masks,
     float scale,
     bool has_softcap,
     float softcap) {
+  // One optional mask per row: `masks` holds those of the rows `masked` marks, in order.
+  std::vector<std::optional<mx::array>> row_masks;
+  size_t next = 0;
+  for (bool has : masked) {
+    if (!has) {
+      row_masks.emplace_back(std::nullopt);
+    } else if (next < masks.items.size()) {
+      row_masks.emplace_back(masks.items[next++]);
+    } else {
+      break;
+    }
+  }
+  if (row_masks.size() != masked.size() || next != masks.items.size()) {
+    throw std::invalid_argument("rows attention: masks do not match the rows marked masked");
+  }
   return own_if(mlxkit::rows_attention(
-      queries, keys.items, values.items, std::vector<bool>(causal.begin(), causal.end()), scale,
-      has_softcap ? std::optional<float>(softcap) : std::nullopt));
+      queries, keys.items, values.items, std::vector<bool>(causal.begin(), causal.end()),
+      row_masks, scale, has_softcap ? std::optional<float>(softcap) : std::nullopt));
 }
 
 std::unique_ptr<Array> gather_qmm(

@@ -227,6 +227,8 @@ std::unique_ptr<Array> rows_attention(
     const ArrayList& keys,
     const ArrayList& values,
     rust::Slice<const bool> causal,
+    rust::Slice<const bool> masked,
+    const ArrayList& masks,
     float scale,
     bool has_softcap,
     float softcap);

@@ -393,6 +393,8 @@ pub mod ffi {
             keys: &ArrayList,
             values: &ArrayList,
             causal: &[bool],
+            masked: &[bool],
+            masks: &ArrayList,
             scale: f32,
             has_softcap: bool,
             softcap: f32,
