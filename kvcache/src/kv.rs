@@ -111,7 +111,11 @@ impl KvCache {
             start: 0,
             len: self.offset,
         }];
-        KvHistory::from_stored(keys, values, MaskApplier::new(self.offset, &spans, None))
+        Ok(KvHistory {
+            keys,
+            values,
+            mask: MaskApplier::new(self.offset, &spans, None),
+        })
     }
 
     /// Writes `n` tokens at `at`, growing the buffer and copying out lazy snapshots first.

@@ -221,17 +221,14 @@ impl MaskApplier {
 /// `[batch, kv_heads, keys, head_dim]` and how to mask them.
 #[derive(Clone, Debug)]
 pub struct KvHistory {
-    /// Keys, one column per [`MaskApplier::key_positions`] entry.
+    /// Keys, one column per [`MaskApplier::key_positions`] entry, as the cache stores them:
+    /// floats, or an 8-bit cache's byte rows ([`crate::KvStorage::Q8`]), which a kernel may
+    /// read directly. [`KvHistory::floats`] gives floats either way.
     pub keys: Array,
-    /// Values, in the same column order.
+    /// Values, in the same column order and form.
     pub values: Array,
     /// Turns the model's logical mask into the mask for these columns.
     pub mask: MaskApplier,
-    /// The same keys and values as the cache stores them, when that is 8-bit rows
-    /// ([`crate::KvStorage::Q8`]; `keys` and `values` are then their lazy dequantization). A
-    /// kernel that reads the codes directly takes these, and the dequantization is never
-    /// evaluated.
-    pub stored: Option<(Array, Array)>,
 }
 
 #[cfg(test)]

@@ -238,11 +238,11 @@ impl RotatingKvCache {
                 start: first_visible,
                 len: from + n - first_visible,
             }];
-            return KvHistory::from_stored(
-                full_k.slice_axis(TOKENS, skip, total)?,
-                full_v.slice_axis(TOKENS, skip, total)?,
-                MaskApplier::new(self.offset, &spans, storage),
-            );
+            return Ok(KvHistory {
+                keys: full_k.slice_axis(TOKENS, skip, total)?,
+                values: full_v.slice_axis(TOKENS, skip, total)?,
+                mask: MaskApplier::new(self.offset, &spans, storage),
+            });
         }
         let spans: Vec<KeySpan> = full_ranges
             .iter()
@@ -251,11 +251,11 @@ impl RotatingKvCache {
                 len: r.len(),
             })
             .collect();
-        KvHistory::from_stored(
-            full_k,
-            full_v,
-            MaskApplier::new(self.offset, &spans, storage),
-        )
+        Ok(KvHistory {
+            keys: full_k,
+            values: full_v,
+            mask: MaskApplier::new(self.offset, &spans, storage),
+        })
     }
 
     fn storage_window(&self) -> StorageWindow {
@@ -307,11 +307,11 @@ impl RotatingKvCache {
             )
         };
         let used = dim(used, "history length")?;
-        KvHistory::from_stored(
-            keys.slice_axis(TOKENS, 0, used)?,
-            values.slice_axis(TOKENS, 0, used)?,
-            MaskApplier::new(offset, &spans, Some(self.storage_window())),
-        )
+        Ok(KvHistory {
+            keys: keys.slice_axis(TOKENS, 0, used)?,
+            values: values.slice_axis(TOKENS, 0, used)?,
+            mask: MaskApplier::new(offset, &spans, Some(self.storage_window())),
+        })
     }
 
     /// The keys and values of `ranges` of held positions, in order, in fresh buffers.

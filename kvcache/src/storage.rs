@@ -5,12 +5,13 @@
 //! elements, then an f32 bias per group, all as bytes. One array per tensor, with the token
 //! axis where a float cache has it, means the buffers, lazy snapshots, rewinds, gathers and the
 //! prefix trie's merges and splits handle a quantized cache exactly as a float one: every one of
-//! them only cuts and joins along the token axis. Attention gets the history dequantized.
+//! them only cuts and joins along the token axis. Attention reads the rows (the CPU kernel) or
+//! their dequantization ([`KvHistory::floats`]).
 
 use mlx::{Array, Dtype, QuantSpec, concatenate};
 
 use crate::error::{Error, Result};
-use crate::mask::{KvHistory, MaskApplier};
+use crate::mask::KvHistory;
 
 /// Elements sharing one scale and bias in a quantized cache (llama.cpp's `q8_0` block size).
 pub const Q8_GROUP: i32 = 32;
@@ -108,18 +109,10 @@ pub(crate) fn stored_as(
 }
 
 impl KvHistory {
-    /// The history of stored `keys` and `values` (cache views) under `mask`: floats as they
-    /// are, 8-bit rows both as they are and dequantized.
-    pub(crate) fn from_stored(keys: Array, values: Array, mask: MaskApplier) -> Result<KvHistory> {
-        let stored =
-            (is_quantized(&keys) && is_quantized(&values)).then(|| (keys.clone(), values.clone()));
-        let (keys, values) = attendable(&keys, &values)?;
-        Ok(KvHistory {
-            keys,
-            values,
-            mask,
-            stored,
-        })
+    /// The keys and values as floats: an 8-bit cache's rows dequantized (as f32, lazily: only
+    /// a path that cannot read the rows builds this), float ones as they are.
+    pub fn floats(&self) -> Result<(Array, Array)> {
+        attendable(&self.keys, &self.values)
     }
 }
 

@@ -330,7 +330,10 @@ pub fn attend_histories(
         };
         heads.push(match fused {
             Some(h) => h,
-            None => kernel.attend(&q, &history.keys, &history.values, mask.as_mask())?,
+            None => {
+                let (keys, values) = history.floats()?;
+                kernel.attend(&q, &keys, &values, mask.as_mask())?
+            }
         });
     }
     match heads.len() {
@@ -346,15 +349,10 @@ fn row_history((history, mask): &(KvHistory, AttentionMaskOwned)) -> RowHistory<
         AttentionMaskOwned::Causal => (true, None),
         AttentionMaskOwned::Array(mask) => (false, Some(mask)),
     };
-    // An 8-bit cache's rows go to the kernel as stored: it dequantizes them a block at a time,
-    // and the lazy dequantization of the whole history is never evaluated.
-    let (keys, values) = match &history.stored {
-        Some((keys, values)) => (keys, values),
-        None => (&history.keys, &history.values),
-    };
+    // An 8-bit cache's rows go to the kernel as stored: it dequantizes them a block at a time.
     RowHistory {
-        keys,
-        values,
+        keys: &history.keys,
+        values: &history.values,
         causal,
         allowed,
     }
