@@ -5,7 +5,8 @@
 //! - [`detect`] names the format from the first bytes (PNG, JPEG, WebP, GIF, WAV); names and
 //!   declared MIME types are never trusted.
 //! - Images: [`decode_image`] reads the header, checks [`ImageLimits`] *before* any pixel buffer
-//!   exists, and decodes to RGB (first frame of a GIF, alpha over white, EXIF orientation
+//!   exists, and decodes to RGB (JPEG through libjpeg-turbo as Pillow does, first frame of a
+//!   GIF, alpha over white, EXIF orientation
 //!   applied). [`preprocess`] resizes (bilinear or bicubic, PIL-style antialiased when
 //!   shrinking), fits ([`Fit`]: stretch, center-crop, pad), rescales and normalizes per an
 //!   [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`], [`split_tiles`]
@@ -66,7 +67,7 @@ mod detect;
 mod error;
 // MediaId: SHA-256 of bytes and preprocessing shape.
 mod identity;
-// decode.rs (limits, header first, EXIF), preprocess.rs (fit, normalize), resize.rs, tiling.rs.
+// decode.rs (limits, header first, EXIF), jpeg.rs (libjpeg-turbo pixels), preprocess.rs (fit, normalize), resize.rs, tiling.rs.
 mod image;
 // Base64, data URLs, input_audio, capability check: what the runner's handlers call.
 mod intake;

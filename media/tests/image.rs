@@ -38,6 +38,53 @@ fn jpeg_decodes_close_to_the_source() {
 }
 
 #[test]
+fn a_jpeg_cut_inside_its_scan_is_refused_as_truncated() {
+    // Headers whole, entropy-coded data cut short: libjpeg would fill the rest with grey.
+    let bytes = support::jpeg(&support::pattern(64, 64), 95);
+    let cut = &bytes[..bytes.len() * 4 / 5];
+    let err = decode_image(cut, &ImageLimits::default()).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn a_jpeg_of_too_many_scans_is_refused_before_decoding() {
+    // A comment segment holding 501 start-of-scan pairs right after the start of image.
+    let good = support::jpeg(&support::pattern(16, 16), 90);
+    let payload: Vec<u8> = std::iter::repeat_n([0xFF, 0xDA], 501).flatten().collect();
+    let mut bytes = good[..2].to_vec();
+    bytes.extend_from_slice(&[0xFF, 0xFE]);
+    bytes.extend_from_slice(&((payload.len() + 2) as u16).to_be_bytes());
+    bytes.extend_from_slice(&payload);
+    bytes.extend_from_slice(&good[2..]);
+    let err = decode_image(&bytes, &ImageLimits::default()).unwrap_err();
+    assert!(err.to_string().contains("scans"), "{err}");
+}
+
+#[test]
+fn grey_and_cmyk_jpegs_become_rgb8() {
+    let mut grey = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut grey, 100)
+        .write_image(&[200; 64], 8, 8, image::ExtendedColorType::L8)
+        .unwrap();
+    let decoded = decode_image(&grey, &ImageLimits::default()).unwrap();
+    assert!(
+        decoded.pixels().all(|p| p.0 == [200, 200, 200]),
+        "{:?}",
+        decoded.get_pixel(0, 0)
+    );
+
+    // libjpeg does not convert CMYK to RGB: the `image` crate decodes those.
+    let mut cmyk = mozjpeg::Compress::new(mozjpeg::ColorSpace::JCS_CMYK);
+    cmyk.set_size(8, 8);
+    cmyk.set_quality(100.0);
+    let mut started = cmyk.start_compress(Vec::new()).unwrap();
+    started.write_scanlines(&[0u8; 8 * 8 * 4]).unwrap();
+    let bytes = started.finish().unwrap();
+    let decoded = decode_image(&bytes, &ImageLimits::default()).unwrap();
+    assert_eq!(decoded.dimensions(), (8, 8));
+}
+
+#[test]
 fn gif_uses_the_first_frame() {
     let bytes = support::gif(8, 8, &[[255, 0, 0], [0, 0, 255]]);
     let decoded = decode_image(&bytes, &ImageLimits::default()).unwrap();

@@ -6,6 +6,7 @@ use std::io::Cursor;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
 
+use super::jpeg;
 use crate::detect::{ImageFormat, MediaFormat, detect};
 use crate::error::{Error, Modality, Result};
 
@@ -35,7 +36,8 @@ impl Default for ImageLimits {
     }
 }
 
-/// Decodes an image (PNG, JPEG, WebP, first GIF frame) to 8-bit RGB.
+/// Decodes an image (PNG, JPEG, WebP, first GIF frame) to 8-bit RGB. JPEG pixels come from
+/// libjpeg-turbo, as in Pillow ([`jpeg`](super::jpeg)).
 ///
 /// Transparent pixels are composited onto white, so a logo with an alpha channel looks as it
 /// does in a browser rather than exposing whatever colour sits under alpha 0.
@@ -59,7 +61,15 @@ pub fn decode_image(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage> {
         .map_err(decode_err)?;
     // Unreadable metadata only costs the rotation; the pixels are still usable.
     let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
-    let decoded = DynamicImage::from_decoder(decoder).map_err(decode_err)?;
+    let (width, height) = decoder.dimensions();
+    let libjpeg = match format {
+        ImageFormat::Jpeg => jpeg::decode_rgb(bytes, width, height)?,
+        _ => None,
+    };
+    let decoded = match libjpeg {
+        Some(rgb) => DynamicImage::ImageRgb8(rgb),
+        None => DynamicImage::from_decoder(decoder).map_err(decode_err)?,
+    };
     let mut rgb = DynamicImage::ImageRgb8(into_rgb_on_white(decoded));
     rgb.apply_orientation(orientation);
     Ok(rgb.into_rgb8())

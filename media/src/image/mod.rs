@@ -3,6 +3,7 @@
 //! dynamic-resolution encoders ([`patches`]).
 
 pub(crate) mod decode;
+pub(crate) mod jpeg;
 pub(crate) mod patches;
 pub(crate) mod preprocess;
 pub(crate) mod resize;
