@@ -5,14 +5,13 @@
 //! - [`detect`] names the format from the first bytes (PNG, JPEG, WebP, GIF, WAV); names and
 //!   declared MIME types are never trusted.
 //! - Images: [`decode_image`] reads the header, checks [`ImageLimits`] *before* any pixel buffer
-//!   exists, and decodes to RGB (JPEG through libjpeg-turbo as Pillow does, first frame of a
-//!   GIF, alpha over white, EXIF orientation
-//!   applied). [`preprocess`] resizes (bilinear or bicubic, PIL-style antialiased when
-//!   shrinking), fits ([`Fit`]: stretch, center-crop, pad), rescales and normalizes per an
-//!   [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`], [`split_tiles`]
-//!   and [`smart_resize`] serve tiled and patch-aligned encoders; [`preprocess_patches`] cuts
-//!   an image into the flattened patches of a dynamic-resolution encoder (Qwen2-VL,
-//!   Qwen2.5-VL: [`PatchProcessorConfig`], [`PatchGrid`]).
+//!   exists, and decodes to RGB (JPEG through libjpeg-turbo as Pillow does, first frame of a GIF,
+//!   alpha over white, EXIF orientation applied). [`preprocess`] resizes (bilinear or bicubic,
+//!   PIL-style antialiased when shrinking), fits ([`Fit`]: stretch, center-crop, pad), rescales and
+//!   normalizes per an [`ImageProcessorConfig`] into channel-first [`PixelValues`]. [`tile_grid`],
+//!   [`split_tiles`] and [`smart_resize`] serve tiled and patch-aligned encoders;
+//!   [`preprocess_patches`] cuts an image into the flattened patches of a dynamic-resolution
+//!   encoder (Qwen2-VL, Qwen2.5-VL: [`PatchProcessorConfig`], [`PatchGrid`]).
 //! - Audio: [`decode_wav`] walks the RIFF chunks itself, bounds-checked, accepting PCM 8/16/24/32,
 //!   float 32/64 and `WAVE_FORMAT_EXTENSIBLE`, averages any channel count to mono, and refuses a
 //!   clip over [`AudioLimits::max_seconds`] from the header alone. [`resample`] is band-limited
@@ -67,7 +66,8 @@ mod detect;
 mod error;
 // MediaId: SHA-256 of bytes and preprocessing shape.
 mod identity;
-// decode.rs (limits, header first, EXIF), jpeg.rs (libjpeg-turbo pixels), preprocess.rs (fit, normalize), resize.rs, tiling.rs.
+// decode.rs (limits, header first, EXIF), jpeg.rs (libjpeg-turbo pixels), preprocess.rs (fit,
+// normalize), resize.rs, tiling.rs.
 mod image;
 // Base64, data URLs, input_audio, capability check: what the runner's handlers call.
 mod intake;
