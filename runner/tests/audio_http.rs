@@ -540,6 +540,16 @@ fn refusals_and_hostile_audio() {
             "{what}: {reply}"
         );
     }
+    // 30 s in 1 s windows: more audio tokens than the model's context of 256, refused from
+    // the segments' lengths before any features are computed.
+    let (status, reply) = complete(MODEL, &[audio_message(&wav(30.0, 16_000, 6), "hi")], 4);
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply
+            .to_string()
+            .contains("more than the model's context of 256"),
+        "{reply}"
+    );
     // A clip in a format the server does not decode.
     let (status, reply) = post(
         server(),

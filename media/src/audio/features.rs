@@ -73,6 +73,16 @@ impl LogMelConfig {
             .saturating_mul(self.sampling_rate as usize)
     }
 
+    /// The frames of the output that hold a clip of `samples` samples rather than padding
+    /// ([`LogMel::valid_frames`]): known before any features are computed, so a caller can
+    /// size a prompt first.
+    pub fn valid_frames(&self, samples: usize) -> usize {
+        samples
+            .min(self.n_samples())
+            .div_ceil(self.hop_length.max(1))
+            .min(self.frames())
+    }
+
     /// Frames in the output: `n_samples / hop_length` (3000 for Whisper).
     pub fn frames(&self) -> usize {
         // Frames of a centred STFT, less the last one the extractor drops.
@@ -328,7 +338,7 @@ pub fn log_mel(clip: &AudioClip, config: &LogMelConfig, limits: &AudioLimits) ->
         features,
         feature_size: mels,
         frames,
-        valid_frames: kept.div_ceil(hop).min(frames),
+        valid_frames: config.valid_frames(clip.samples.len()),
     })
 }
 

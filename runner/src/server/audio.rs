@@ -25,9 +25,14 @@ pub struct Segment {
 }
 
 /// The segments of the clip `bytes` under `prompt`, in order. Fails with a 400 naming the
-/// problem for audio `media` refuses (truncated, lying headers, too long, not finite) and for
-/// a segment too short to make one audio token.
-pub fn segments(prompt: &AudioPrompt, bytes: &[u8]) -> Result<Vec<Segment>, ApiError> {
+/// problem for audio `media` refuses (truncated, lying headers, too long, not finite), for
+/// a segment too short to make one audio token, and for a clip whose audio tokens alone pass
+/// `context` (counted from the segments' lengths, before any features are computed).
+pub fn segments(
+    prompt: &AudioPrompt,
+    bytes: &[u8],
+    context: usize,
+) -> Result<Vec<Segment>, ApiError> {
     let invalid = |e: media::Error| ApiError::bad_request(format!("invalid audio: {e}"));
     let limits = media::AudioLimits::default();
     let rate = prompt.features.sampling_rate;
@@ -38,23 +43,33 @@ pub fn segments(prompt: &AudioPrompt, bytes: &[u8]) -> Result<Vec<Segment>, ApiE
     } else {
         vec![clip.clip]
     };
+    let mut tokens = Vec::with_capacity(pieces.len());
+    for (k, piece) in pieces.iter().enumerate() {
+        let frames = prompt.features.valid_frames(piece.samples.len());
+        let n = prompt.tokens_for_frames.get(frames).copied().unwrap_or(0);
+        if n == 0 {
+            return Err(ApiError::bad_request(format!(
+                "invalid audio: segment {k} of {:.3} s is too short to encode",
+                piece.duration_seconds()
+            )));
+        }
+        tokens.push(n);
+    }
+    let total: usize = tokens.iter().sum();
+    if total > context {
+        return Err(ApiError::bad_request(format!(
+            "invalid audio: its {} segments take {total} audio tokens, more than the model's \
+             context of {context}",
+            pieces.len()
+        )));
+    }
     let count = pieces.len() as u64;
     pieces
         .iter()
+        .zip(tokens)
         .enumerate()
-        .map(|(k, piece)| {
+        .map(|(k, (piece, tokens))| {
             let mel = media::log_mel(piece, &prompt.features, &limits).map_err(invalid)?;
-            let tokens = prompt
-                .tokens_for_frames
-                .get(mel.valid_frames)
-                .copied()
-                .unwrap_or(0);
-            if tokens == 0 {
-                return Err(ApiError::bad_request(format!(
-                    "invalid audio: segment {k} of {:.3} s is too short to encode",
-                    piece.duration_seconds()
-                )));
-            }
             // Segment k of n of these bytes at this rate: the same clip sent again gets the
             // same ids, so its features and its cached prefix are found.
             let id = media::MediaId::new(

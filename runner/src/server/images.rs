@@ -138,7 +138,7 @@ fn item_layout(
         })?;
         let segments = match clips.remove(&index) {
             Some(segments) => segments,
-            None => audio::segments(prompt, bytes)?,
+            None => audio::segments(prompt, bytes, info.context_length)?,
         };
         let layout = ItemLayout {
             text: audio::layout(prompt, &segments),
