@@ -51,7 +51,7 @@ pub fn prepare_image(
     let rgb = decode_image(bytes, limits)?;
     let original_size = rgb.dimensions();
     let pixels = preprocess(&rgb, config)?;
-    let id = MediaId::new(Modality::Image, bytes, &config.shape_key());
+    let id = config.media_id(bytes);
     Ok(PreparedImage {
         pixels,
         id,
@@ -68,7 +68,7 @@ pub fn prepare_image_patches(
     let rgb = decode_image(bytes, limits)?;
     let original_size = rgb.dimensions();
     let patches = preprocess_patches(&rgb, config)?;
-    let id = MediaId::new(Modality::Image, bytes, &config.shape_key());
+    let id = config.media_id(bytes);
     Ok(PreparedPatches {
         patches,
         id,

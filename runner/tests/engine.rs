@@ -4,6 +4,7 @@
 
 mod steps;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvcache::KvStorage;
@@ -386,5 +387,75 @@ fn an_8_bit_kv_cache_refuses_heads_it_cannot_group() {
     assert!(
         err.contains("groups of 32") && err.contains("16-value heads"),
         "{err}"
+    );
+}
+
+/// An image the server left undecoded (its features were kept when the request was prepared)
+/// whose features are gone when its tokens come: the engine decodes it itself, and the answer
+/// is the one the decoded pixels give. Bytes that do not decode fail that job alone.
+#[test]
+fn an_undecoded_image_is_decoded_when_its_features_are_gone() {
+    use runner::engine::{EncoderInput, ImageProcessing, PromptMedia, UndecodedImage};
+
+    let png = {
+        let image =
+            image::RgbImage::from_fn(24, 16, |x, y| image::Rgb([x as u8 * 9, y as u8 * 13, 77]));
+        let mut bytes = Vec::new();
+        image
+            .write_to(
+                &mut std::io::Cursor::new(&mut bytes),
+                image::ImageFormat::Png,
+            )
+            .unwrap();
+        bytes
+    };
+    let config = media::ImageProcessorConfig::siglip(32);
+    let answer = |input: EncoderInput, id: media::MediaId| {
+        let mut engine = engine("gemma3_vision", 64 << 20);
+        let vision = engine.model().vision().unwrap().image_input();
+        let mut prompt = ids(2, 6);
+        let tokens = prompt.len()..prompt.len() + vision.tokens_per_image;
+        prompt.extend(std::iter::repeat_n(
+            vision.image_token,
+            vision.tokens_per_image,
+        ));
+        prompt.extend(ids(3, 5));
+        let mut handle = steps::submit_media(
+            &mut engine,
+            &prompt,
+            6,
+            vec![PromptMedia { tokens, id, input }],
+        );
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        // The loop goes on after a failed job.
+        assert_eq!(run(&mut engine, &ids(4, 8), 2).tokens.len(), 2);
+        handle
+    };
+
+    let decoded = media::prepare_image(&png, &media::ImageLimits::default(), &config).unwrap();
+    let direct = answer(EncoderInput::Pixels(Arc::new(decoded.pixels)), decoded.id);
+    let undecoded = UndecodedImage {
+        bytes: png.clone().into(),
+        processing: ImageProcessing::Fixed(config),
+    };
+    assert_eq!(undecoded.id(), decoded.id);
+    let late = answer(EncoderInput::Undecoded(Arc::new(undecoded)), decoded.id);
+    assert_eq!(late.tokens, direct.tokens);
+    assert_eq!(late.stats().images_encoded, 1);
+    assert_eq!(direct.tokens.len(), 6);
+
+    let broken = UndecodedImage {
+        bytes: png[..png.len() / 2].to_vec().into(),
+        processing: ImageProcessing::Fixed(config),
+    };
+    let failed = answer(EncoderInput::Undecoded(Arc::new(broken)), decoded.id);
+    assert!(
+        failed
+            .failed
+            .as_deref()
+            .is_some_and(|m| m.contains("invalid image")),
+        "{:?}",
+        failed.failed
     );
 }

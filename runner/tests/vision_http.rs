@@ -277,6 +277,18 @@ fn chat(messages: &[Value], tokens: usize) -> (String, Value) {
     (text, reply)
 }
 
+/// `mlxkit_images_decoded_total` now (the tests here run one at a time, so a difference is
+/// their own).
+fn images_decoded() -> u64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", server().base))
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("mlxkit_images_decoded_total "))
+        .map_or(0, |value| value.trim().parse::<f64>().unwrap() as u64)
+}
+
 fn count(reply: &Value, field: &str) -> usize {
     reply[field]
         .as_u64()
@@ -299,7 +311,9 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
     let b = png(20, 12, 2);
     let question = "What is in the picture?";
     let first = [user(question, &[&a])];
+    let decoded = images_decoded();
     let (reply, one) = chat(&first, 6);
+    assert_eq!(images_decoded() - decoded, 1);
     let prompt_one = count(&one, "prompt_eval_count") + count(&one, "prompt_cached_count");
     assert_eq!(prompt_one, ids(&one_turn_prompt(question)).len(), "{one}");
     assert_eq!(count(&one, "images_encoded"), 1, "{one}");
@@ -320,7 +334,10 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
         json!({ "role": "assistant", "content": reply }),
         user(follow_up, &[]),
     ];
+    let decoded = images_decoded();
     let (_, two) = chat(&second, 6);
+    // Its features are kept: the server leaves it undecoded.
+    assert_eq!(images_decoded() - decoded, 0);
     let new_turn = ids(&format!(
         "<end_of_turn>\n<start_of_turn>user\n{follow_up}<end_of_turn>\n<start_of_turn>model\n"
     ))
@@ -340,7 +357,9 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
     assert_eq!(count(&two, "prompt_eval_count"), new_turn + unfed, "{two}");
 
     // The same words about another image: encoded, and evaluated from the image on.
+    let decoded = images_decoded();
     let (_, other) = chat(&[user(question, &[&b])], 6);
+    assert_eq!(images_decoded() - decoded, 1);
     eprintln!(
         "another image: prompt {prompt_one}, evaluated {}, cached {}, encoded {}",
         count(&other, "prompt_eval_count"),
@@ -361,7 +380,9 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
         json!({ "role": "assistant", "content": reply }),
         user(again, &[&a]),
     ];
+    let decoded = images_decoded();
     let (_, three) = chat(&third, 6);
+    assert_eq!(images_decoded() - decoded, 0);
     let new_turn = ids(&format!(
         "<end_of_turn>\n<start_of_turn>user\n{}{again}<end_of_turn>\n<start_of_turn>model\n",
         image_layout()

@@ -100,6 +100,12 @@ impl ImageProcessorConfig {
         }
     }
 
+    /// The identity of the image `bytes` under this preprocessing: the content and
+    /// [`Self::shape_key`], known before decoding.
+    pub fn media_id(&self, bytes: &[u8]) -> crate::MediaId {
+        crate::MediaId::new(crate::Modality::Image, bytes, &self.shape_key())
+    }
+
     /// The numbers that identify this preprocessing for the cache key: the output shape,
     /// the filter and fit, and the normalization as raw bits.
     pub fn shape_key(&self) -> Vec<u64> {

@@ -5,8 +5,13 @@
 //!
 //! Least recently used entries go first once the byte budget is exceeded; the newest entry
 //! always stays, whatever its size, so a request never encodes its own image twice.
+//!
+//! Which ids are kept is mirrored in [`EncodedIds`], which request handlers read (through
+//! [`ModelInfo`](crate::engine::ModelInfo)) to leave an image undecoded when its features are
+//! already here.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use media::MediaId;
 use mlx::Array;
@@ -21,6 +26,32 @@ pub struct EncodedMedia {
     entries: VecDeque<(MediaId, Array)>,
     bytes: usize,
     budget: usize,
+    /// The ids of `entries`, for other threads.
+    ids: Arc<EncodedIds>,
+}
+
+/// The ids an [`EncodedMedia`] keeps, readable from any thread. A hit is a hint: the entry may
+/// be dropped before the request that saw it reaches the engine.
+#[derive(Debug, Default)]
+pub struct EncodedIds(Mutex<HashSet<MediaId>>);
+
+impl EncodedIds {
+    /// Whether `id`'s features were kept when asked.
+    pub fn contains(&self, id: &MediaId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id)
+    }
+
+    fn set(&self, id: MediaId, kept: bool) {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept {
+            ids.insert(id);
+        } else {
+            ids.remove(&id);
+        }
+    }
 }
 
 impl EncodedMedia {
@@ -30,7 +61,13 @@ impl EncodedMedia {
             entries: VecDeque::new(),
             bytes: 0,
             budget,
+            ids: Arc::default(),
         }
+    }
+
+    /// The ids kept, as other threads see them.
+    pub fn ids(&self) -> Arc<EncodedIds> {
+        self.ids.clone()
     }
 
     /// The features of `id`, when kept; a hit makes it the most recently used.
@@ -52,9 +89,11 @@ impl EncodedMedia {
         }
         self.bytes = self.bytes.saturating_add(features.nbytes());
         self.entries.push_back((id, features));
+        self.ids.set(id, true);
         while self.bytes > self.budget && self.entries.len() > 1 {
-            if let Some((_, old)) = self.entries.pop_front() {
+            if let Some((dropped, old)) = self.entries.pop_front() {
                 self.bytes = self.bytes.saturating_sub(old.nbytes());
+                self.ids.set(dropped, false);
             }
         }
     }
@@ -100,6 +139,9 @@ mod tests {
         assert!(cache.get(&id(2)).is_none());
         assert!(cache.get(&id(1)).is_some() && cache.get(&id(3)).is_some());
         assert_eq!(cache.bytes(), 32);
+        // Other threads see the same ids.
+        let ids = cache.ids();
+        assert!(ids.contains(&id(1)) && ids.contains(&id(3)) && !ids.contains(&id(2)));
         // Over budget alone: kept anyway, everything else goes.
         let mut small = EncodedMedia::new(8);
         small.insert(id(1), features());

@@ -88,6 +88,54 @@ pub enum EncoderInput {
     /// Log-mel features of one segment of a clip, at most the encoder's window long
     /// (Qwen2-Audio).
     Audio(Arc<media::LogMel>),
+    /// An image left undecoded because the engine held its features when the prompt was
+    /// prepared (a conversation sending it again); decoded on the worker only if they are
+    /// gone by the time its tokens are evaluated.
+    Undecoded(Arc<UndecodedImage>),
+}
+
+/// An image's bytes and how its model preprocesses them.
+#[derive(Debug)]
+pub struct UndecodedImage {
+    /// The image as sent.
+    pub bytes: Arc<[u8]>,
+    /// The model's preprocessing.
+    pub processing: ImageProcessing,
+}
+
+/// How a model's images are preprocessed.
+#[derive(Debug, Clone, Copy)]
+pub enum ImageProcessing {
+    /// To the encoder's one size.
+    Fixed(media::ImageProcessorConfig),
+    /// Into the patches of a dynamic-resolution encoder, whose grid (read from the image's
+    /// header) is known before decoding.
+    Patches(media::PatchProcessorConfig, media::PatchGrid),
+}
+
+impl UndecodedImage {
+    /// Its identity under the model's preprocessing (what decoding it would give).
+    pub fn id(&self) -> media::MediaId {
+        match &self.processing {
+            ImageProcessing::Fixed(config) => config.media_id(&self.bytes),
+            ImageProcessing::Patches(config, _) => config.media_id(&self.bytes),
+        }
+    }
+
+    /// Decodes it under the default [`media::ImageLimits`] and preprocesses it (counted in
+    /// `mlxkit_images_decoded_total`).
+    pub fn decode(&self) -> media::Result<EncoderInput> {
+        metrics::counter!("mlxkit_images_decoded_total").increment(1);
+        let limits = media::ImageLimits::default();
+        Ok(match &self.processing {
+            ImageProcessing::Fixed(config) => EncoderInput::Pixels(Arc::new(
+                media::prepare_image(&self.bytes, &limits, config)?.pixels,
+            )),
+            ImageProcessing::Patches(config, _) => EncoderInput::Patches(Arc::new(
+                media::prepare_image_patches(&self.bytes, &limits, config)?.patches,
+            )),
+        })
+    }
 }
 
 impl PromptMedia {
@@ -98,14 +146,19 @@ impl PromptMedia {
 
     /// Its grid, when its encoder takes patches: what places its tokens' rotary positions.
     pub fn grid(&self) -> Option<nn::ImageGrid> {
-        match &self.input {
-            EncoderInput::Pixels(_) | EncoderInput::Audio(_) => None,
-            EncoderInput::Patches(patches) => Some(nn::ImageGrid {
-                t: patches.grid.t as usize,
-                h: patches.grid.h as usize,
-                w: patches.grid.w as usize,
-            }),
-        }
+        let grid = match &self.input {
+            EncoderInput::Pixels(_) | EncoderInput::Audio(_) => return None,
+            EncoderInput::Patches(patches) => patches.grid,
+            EncoderInput::Undecoded(image) => match &image.processing {
+                ImageProcessing::Fixed(_) => return None,
+                ImageProcessing::Patches(_, grid) => *grid,
+            },
+        };
+        Some(nn::ImageGrid {
+            t: grid.t as usize,
+            h: grid.h as usize,
+            w: grid.w as usize,
+        })
     }
 
     /// The first 64 bits of its id, as the prefix trie takes a content hash.

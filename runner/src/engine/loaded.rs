@@ -20,6 +20,7 @@
 //! rewind, and the sampler hands out per-position distributions.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvcache::KvStorage;
@@ -29,7 +30,7 @@ use sampler::{Sampled, Sampler};
 
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::drafters::Drafters;
-use crate::engine::encoded_media::{self, EncodedMedia};
+use crate::engine::encoded_media::{self, EncodedIds, EncodedMedia};
 use crate::engine::job::{
     DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, Stats,
     TokenLogprobs,
@@ -769,13 +770,30 @@ impl LoadedModel {
         }
     }
 
+    /// The ids of the images and audio segments whose features it keeps, as request handlers
+    /// see them.
+    pub fn encoded_ids(&self) -> Arc<EncodedIds> {
+        self.encoded.ids()
+    }
+
     /// The features of `image` (or audio segment): kept from an earlier encode, or encoded now
     /// (counted in `encoded`).
     fn features_of(&mut self, image: &PromptMedia, encoded: &mut usize) -> Result<Array> {
         if let Some(features) = self.encoded.get(&image.id) {
             return Ok(features);
         }
-        if let EncoderInput::Audio(mel) = &image.input {
+        // Its features were kept when the request was prepared, and dropped since.
+        let decoded;
+        let input = match &image.input {
+            EncoderInput::Undecoded(undecoded) => {
+                decoded = undecoded
+                    .decode()
+                    .map_err(|e| StepError::Invalid(format!("invalid image: {e}")))?;
+                &decoded
+            }
+            input => input,
+        };
+        if let EncoderInput::Audio(mel) = input {
             let audio = self
                 .model
                 .audio()
@@ -795,7 +813,7 @@ impl LoadedModel {
         let Some(vision) = self.model.vision() else {
             return Err(StepError::Invalid("this model does not read images".into()));
         };
-        let features = match (&image.input, image.grid()) {
+        let features = match (input, image.grid()) {
             (EncoderInput::Patches(patches), Some(grid)) => {
                 let rows = i32::try_from(grid.patches()).unwrap_or(i32::MAX);
                 let len = i32::try_from(patches.patch_len).unwrap_or(i32::MAX);
@@ -816,6 +834,11 @@ impl LoadedModel {
             }
             (EncoderInput::Audio(_), _) => {
                 return Err(StepError::Invalid("audio where an image was due".into()));
+            }
+            (EncoderInput::Undecoded(_), _) => {
+                return Err(StepError::Invalid(
+                    "an image decoded to another undecoded".into(),
+                ));
             }
         };
         mlx::eval([&features])?;

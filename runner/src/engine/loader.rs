@@ -1,12 +1,13 @@
 //! Loading a stored model: weights onto the MLX worker, vocabulary and chat template beside.
 
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use grammar::GrammarCompiler;
 
 use tokenizer::{ChatTemplate, Family, Tokenizer};
 
+use crate::engine::encoded_media::EncodedIds;
 use crate::engine::loaded::{LoadedModel, LoopConfig, StepError};
 use crate::model_name::ModelName;
 use crate::store::{Format, Manifest};
@@ -92,6 +93,9 @@ pub struct ModelInfo {
     pub vision: Option<ImagePrompt>,
     /// How audio enters its prompts, when it reads audio.
     pub audio: Option<AudioPrompt>,
+    /// The images and audio segments whose encoded features the engine keeps: an image among
+    /// them is sent to the engine undecoded.
+    pub encoded: Arc<EncodedIds>,
 }
 
 /// How a model that reads audio takes a clip in a prompt: cut into segments of at most the
@@ -479,6 +483,7 @@ pub fn load(
             Err(e) => return Err(e),
         },
     };
+    let encoded = session.encoded_ids();
     Ok((
         session,
         ModelInfo {
@@ -494,6 +499,7 @@ pub fn load(
             draft,
             vision,
             audio,
+            encoded,
         },
     ))
 }

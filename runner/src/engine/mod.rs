@@ -48,8 +48,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use mlx_thread::{Completion, Worker};
 
 pub use job::{
-    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, SpeculationStats,
-    Stats, TokenLogprobs,
+    DoneReason, DrafterKind, EncoderInput, Event, ImageProcessing, Job, PromptMedia, Speculation,
+    SpeculationStats, Stats, TokenLogprobs, UndecodedImage,
 };
 pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
 pub use loader::{DraftSource, LoadError, ModelInfo};

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::engine::loader::{ImageLayout, ImagePrompt};
-use crate::engine::{EncoderInput, ModelInfo, PromptMedia};
+use crate::engine::{EncoderInput, ImageProcessing, ModelInfo, PromptMedia, UndecodedImage};
 use crate::server::audio;
 use crate::server::error::ApiError;
 use crate::server::prompt;
@@ -210,13 +210,13 @@ fn media_runs(tokens: &[u32], media_tokens: &[u32]) -> Vec<(Range<usize>, u32)> 
 }
 
 /// The images of `expanded` ready for the engine: each image sent decoded under the default
-/// [`media::ImageLimits`] and preprocessed once, however often the prompt shows it.
+/// [`media::ImageLimits`] and preprocessed once, however often the prompt shows it, unless the
+/// engine already holds its features ([`EncoderInput::Undecoded`]).
 pub fn prepare(
     info: &ModelInfo,
     expanded: &Expanded,
     images: &[Arc<[u8]>],
 ) -> Result<Vec<PromptMedia>, ApiError> {
-    let limits = media::ImageLimits::default();
     let mut prepared: HashMap<usize, (media::MediaId, EncoderInput)> = HashMap::new();
     let mut out = Vec::with_capacity(expanded.images.len());
     for (range, index, segment) in &expanded.images {
@@ -240,20 +240,28 @@ pub fn prepare(
                 })?;
                 let invalid =
                     |e: media::Error| ApiError::bad_request(format!("invalid image: {e}"));
-                let done = match &vision.layout {
-                    ImageLayout::Fixed { processor, .. } => {
-                        let image =
-                            media::prepare_image(bytes, &limits, processor).map_err(invalid)?;
-                        (image.id, EncoderInput::Pixels(Arc::new(image.pixels)))
-                    }
+                let processing = match &vision.layout {
+                    ImageLayout::Fixed { processor, .. } => ImageProcessing::Fixed(*processor),
                     ImageLayout::Patches { processor, .. } => {
-                        let image = media::prepare_image_patches(bytes, &limits, processor)
-                            .map_err(invalid)?;
-                        (image.id, EncoderInput::Patches(Arc::new(image.patches)))
+                        let (width, height) =
+                            media::upright_dimensions(bytes, &media::ImageLimits::default())
+                                .map_err(invalid)?;
+                        let grid = processor.grid(width, height).map_err(invalid)?;
+                        ImageProcessing::Patches(*processor, grid)
                     }
                 };
-                prepared.insert(*index, done.clone());
-                done
+                let image = UndecodedImage {
+                    bytes: bytes.clone(),
+                    processing,
+                };
+                let id = image.id();
+                let input = if info.encoded.contains(&id) {
+                    EncoderInput::Undecoded(Arc::new(image))
+                } else {
+                    image.decode().map_err(invalid)?
+                };
+                prepared.insert(*index, (id, input.clone()));
+                (id, input)
             }
         };
         out.push(PromptMedia {

@@ -2,7 +2,8 @@
 //! `metrics-exporter-prometheus`.
 //!
 //! Counted as they happen: requests by route, method and status; prompt tokens evaluated and
-//! served from the prefix cache; generated tokens; speculative tokens drafted and accepted.
+//! served from the prefix cache; generated tokens; images decoded; speculative tokens drafted
+//! and accepted.
 //! Timed: time to first token and the gap between tokens (histograms). Read at each scrape:
 //! queue depth, running and prefilling sequences, the prefix cache's bytes and nodes, MLX's
 //! active and peak memory.
@@ -65,6 +66,10 @@ fn describe() {
         "Prompt tokens served from the prefix cache"
     );
     describe_counter!("mlxkit_generated_tokens_total", "Tokens generated");
+    describe_counter!(
+        "mlxkit_images_decoded_total",
+        "Images decoded and preprocessed (not those whose encoded features were kept)"
+    );
     describe_counter!(
         "mlxkit_speculation_drafted_tokens_total",
         "Draft tokens verified by speculative decoding"

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use runner::engine::memory::MemoryBudget;
-use runner::engine::{DoneReason, Event, Job, LoadedModel, LoopConfig, Speculation, Stats};
+use runner::engine::{
+    DoneReason, Event, Job, LoadedModel, LoopConfig, PromptMedia, Speculation, Stats,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 pub const CONTEXT: usize = 256;
@@ -114,27 +116,63 @@ pub fn submit_job(
     turn_starts: Vec<usize>,
     speculation: Speculation,
 ) -> Handle {
+    let mut job = job(prompt, max_tokens, sampling, speculation);
+    job.0.stop_tokens = stop_tokens;
+    job.0.turn_starts = turn_starts;
+    submit_built(engine, job)
+}
+
+/// A job of `prompt` with no stop tokens, turn starts or images, and its receiving end.
+fn job(
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: sampler::Options,
+    speculation: Speculation,
+) -> (Job, Handle) {
     let (tx, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    engine.submit(Job {
+    let job = Job {
         prompt: prompt.to_vec(),
         sampling,
         max_tokens,
-        stop_tokens,
+        stop_tokens: Vec::new(),
         grammar: None,
-        turn_starts,
+        turn_starts: Vec::new(),
         images: Vec::new(),
         speculation,
         events: tx,
         cancel: Arc::clone(&cancel),
-    });
-    Handle {
+    };
+    let handle = Handle {
         events: rx,
         cancel,
         tokens: Vec::new(),
         done: None,
         failed: None,
-    }
+    };
+    (job, handle)
+}
+
+fn submit_built(engine: &mut LoadedModel, (job, handle): (Job, Handle)) -> Handle {
+    engine.submit(job);
+    handle
+}
+
+/// Submits a greedy job whose prompt holds `images`.
+pub fn submit_media(
+    engine: &mut LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    images: Vec<PromptMedia>,
+) -> Handle {
+    let mut job = job(
+        prompt,
+        max_tokens,
+        sampler::Options::greedy(),
+        Speculation::Off,
+    );
+    job.0.images = images;
+    submit_built(engine, job)
 }
 
 pub fn run_to_idle(engine: &mut LoadedModel) {
