@@ -67,7 +67,7 @@ mod error;
 // MediaId: SHA-256 of bytes and preprocessing shape.
 mod identity;
 // decode.rs (limits, header first, EXIF), jpeg.rs (libjpeg-turbo pixels), preprocess.rs (fit,
-// normalize), resize.rs, tiling.rs.
+// normalize), resize.rs, tiling.rs, pan_and_scan.rs (Gemma 3's crops of long images).
 mod image;
 // Base64, data URLs, input_audio, capability check: what the runner's handlers call.
 mod intake;
@@ -85,6 +85,7 @@ pub use crate::detect::{AudioFormat, ImageFormat, MediaFormat, detect};
 pub use crate::error::{Error, Modality, Result};
 pub use crate::identity::MediaId;
 pub use crate::image::decode::{ImageLimits, decode_image, image_dimensions, upright_dimensions};
+pub use crate::image::pan_and_scan::{CropRect, PanAndScan, crop};
 pub use crate::image::patches::{
     ImagePatches, PatchGrid, PatchProcessorConfig, patchify, preprocess_patches,
 };
