@@ -103,3 +103,5 @@ pub use crate::prepare::{
     prepare_image_patches,
 };
 pub use crate::prompt::{Segment, media_segment_count, split_prompt, validate_expansions};
+/// The decoded image type [`decode_image`] returns, from the `image` crate.
+pub use ::image::RgbImage;

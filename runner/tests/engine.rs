@@ -437,7 +437,7 @@ fn an_undecoded_image_is_decoded_when_its_features_are_gone() {
     let direct = answer(EncoderInput::Pixels(Arc::new(decoded.pixels)), decoded.id);
     let undecoded = UndecodedImage {
         bytes: png.clone().into(),
-        processing: ImageProcessing::Fixed(config),
+        processing: ImageProcessing::Fixed(config, None),
     };
     assert_eq!(undecoded.id(), decoded.id);
     let late = answer(EncoderInput::Undecoded(Arc::new(undecoded)), decoded.id);
@@ -447,7 +447,7 @@ fn an_undecoded_image_is_decoded_when_its_features_are_gone() {
 
     let broken = UndecodedImage {
         bytes: png[..png.len() / 2].to_vec().into(),
-        processing: ImageProcessing::Fixed(config),
+        processing: ImageProcessing::Fixed(config, None),
     };
     let failed = answer(EncoderInput::Undecoded(Arc::new(broken)), decoded.id);
     assert!(

@@ -28,6 +28,8 @@ use support::{Server, base64, get, png, post, start_server_with};
 
 const MODEL: &str = "tiny-gemma3-vision:test";
 const TEXT_MODEL: &str = "tiny-gemma3-text:test";
+/// The vision fixture with pan and scan on (crops of at least 8 pixels).
+const PAN_MODEL: &str = "tiny-gemma3-pan-and-scan:test";
 
 /// Gemma's turns, with the tokenizer's BOS first (no newline right after a block tag, which
 /// `trim_blocks` would eat).
@@ -85,6 +87,21 @@ fn server() -> &'static Server {
             start_server_with(&[], config, |store| {
                 import(store, MODEL, "gemma3_vision");
                 import(store, TEXT_MODEL, "gemma3");
+                let folder = tokenizer_folder("gemma3_vision");
+                let preprocessor = json!({
+                    "do_pan_and_scan": true,
+                    "pan_and_scan_min_crop_size": 8,
+                    "pan_and_scan_max_num_crops": 4,
+                    "pan_and_scan_min_ratio_to_activate": 1.2,
+                });
+                std::fs::write(
+                    folder.path().join("preprocessor_config.json"),
+                    preprocessor.to_string(),
+                )
+                .unwrap();
+                let name = ModelName::parse(PAN_MODEL).unwrap();
+                runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {})
+                    .unwrap();
             })
         })
         .as_ref()
@@ -124,6 +141,22 @@ fn image_layout() -> String {
     )
 }
 
+/// A 60 x 20 image: pan and scan cuts it into three 20-pixel squares.
+fn pan_png() -> Vec<u8> {
+    png(60, 20, 9)
+}
+
+/// The prompt of a user turn `[pan_png] text` with pan and scan, as transformers 5.24's
+/// `Gemma3Processor` lays out an image with three crops.
+fn pan_prompt(text: &str) -> String {
+    let image = image_layout();
+    format!(
+        "<bos><start_of_turn>user\nHere is the original image {image} and here are some crops \
+         to help you see better {image} {image} {image}{text}<end_of_turn>\n\
+         <start_of_turn>model\n"
+    )
+}
+
 /// The image the direct computation and its HTTP twins use.
 fn reference_png() -> Vec<u8> {
     png(48, 40, 200)
@@ -152,8 +185,9 @@ fn reference() -> &'static Reference {
 }
 
 /// The greedy replies the model computes directly for [`reference_images`] and
-/// [`REFERENCE_TEXT`]: `Gemma3Multimodal::forward_with_images` over the whole prompt, then
-/// one token at a time, stopping at the tokenizer's stop tokens.
+/// [`REFERENCE_TEXT`], then for [`pan_png`] with pan and scan ([`pan_prompt`]):
+/// `Gemma3Multimodal::forward_with_images` over the whole prompt, then one token at a time,
+/// stopping at the tokenizer's stop tokens.
 fn references() -> &'static [Reference] {
     static REFERENCES: OnceLock<Vec<Reference>> = OnceLock::new();
     REFERENCES.get_or_init(|| {
@@ -180,7 +214,7 @@ fn references() -> &'static [Reference] {
                 .unwrap(),
             prompt
         );
-        reference_images()
+        let mut references: Vec<Reference> = reference_images()
             .iter()
             .map(|png| {
                 let image = media::prepare_image(
@@ -193,7 +227,30 @@ fn references() -> &'static [Reference] {
                 let features = model.encode_images(&pixels).unwrap();
                 direct_reply(&model, &tokenizer, &prompt, &features)
             })
-            .collect()
+            .collect();
+        // Pan and scan: the whole image and its three 20-pixel crops, each encoded as an
+        // image, in the layout Gemma3Processor writes.
+        let config = media::ImageProcessorConfig::siglip(32);
+        let rgb = media::decode_image(&pan_png(), &media::ImageLimits::default()).unwrap();
+        let mut views = vec![rgb.clone()];
+        for x in [0, 20, 40] {
+            let rect = media::CropRect {
+                x,
+                y: 0,
+                width: 20,
+                height: 20,
+            };
+            views.push(media::crop(&rgb, rect));
+        }
+        let data: Vec<f32> = views
+            .iter()
+            .flat_map(|view| media::preprocess(view, &config).unwrap().data)
+            .collect();
+        let pixels = Array::from_slice(&data, &[4, 3, 32, 32]).unwrap();
+        let features = model.encode_images(&pixels).unwrap();
+        let prompt = ids(&pan_prompt(REFERENCE_TEXT));
+        references.push(direct_reply(&model, &tokenizer, &prompt, &features));
+        references
     })
 }
 
@@ -871,4 +928,98 @@ fn requests_with_images_at_once_answer_as_alone() {
             "{reply}"
         );
     }
+}
+
+/// Pan and scan (issue 21): a long image is shown whole and as crops, each encoded as an image
+/// and laid out as Gemma 3's processor does; the first token's top-5 logprobs and the answer
+/// are what the model computes from those four images directly, and asking again decodes and
+/// encodes none of them.
+#[test]
+fn a_long_image_is_shown_whole_and_as_crops() {
+    let _serial = serial();
+    let want = &references()[3];
+    let ask = || {
+        post(
+            server(),
+            "/api/generate",
+            json!({
+                "model": PAN_MODEL,
+                "prompt": REFERENCE_TEXT,
+                "images": [base64(&pan_png())],
+                "stream": false,
+                "logprobs": true,
+                "top_logprobs": 5,
+                "options": { "temperature": 0, "num_predict": REFERENCE_TOKENS },
+            }),
+        )
+    };
+    let decoded = images_decoded();
+    let (status, reply) = ask();
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        images_decoded() - decoded,
+        1,
+        "one decode for the image and its crops"
+    );
+    assert_eq!(count(&reply, "images_encoded"), 4, "{reply}");
+    assert_eq!(
+        count(&reply, "prompt_eval_count") + count(&reply, "prompt_cached_count"),
+        want.prompt.len(),
+        "{reply}"
+    );
+    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    let worst = served
+        .iter()
+        .zip(&want.first_logprobs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!(
+        "pan and scan, first token's top logprobs: served {served:?}, direct {:?}",
+        want.first_logprobs
+    );
+    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    let folder = tokenizer_folder("gemma3_vision");
+    let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();
+    let text = reply["response"].as_str().unwrap();
+    assert_eq!(
+        text,
+        tokenizer.decode(&want.reply, true).unwrap(),
+        "{reply}"
+    );
+
+    // Asked again: the image's views are neither decoded nor encoded.
+    let decoded = images_decoded();
+    let (status, again) = ask();
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(images_decoded() - decoded, 0);
+    assert_eq!(count(&again, "images_encoded"), 0, "{again}");
+
+    // The crops moved the answer: without them (the model without pan and scan, loaded in
+    // its place) the same image gives other logprobs.
+    let (status, whole) = post(
+        server(),
+        "/api/generate",
+        json!({
+            "model": MODEL,
+            "prompt": REFERENCE_TEXT,
+            "images": [base64(&pan_png())],
+            "stream": false,
+            "logprobs": true,
+            "top_logprobs": 5,
+            "options": { "temperature": 0, "num_predict": 1 },
+        }),
+    );
+    assert_eq!(status, 200, "{whole}");
+    let apart = (whole["logprobs"][0]["top_logprobs"][1]["logprob"]
+        .as_f64()
+        .unwrap() as f32
+        - want.first_logprobs[1])
+        .abs();
+    eprintln!("pan and scan against the whole image alone: second logprob {apart} apart");
+    assert!(apart > 1e-2, "{apart}");
 }

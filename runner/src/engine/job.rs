@@ -106,36 +106,55 @@ pub struct UndecodedImage {
 /// How a model's images are preprocessed.
 #[derive(Debug, Clone, Copy)]
 pub enum ImageProcessing {
-    /// To the encoder's one size.
-    Fixed(media::ImageProcessorConfig),
+    /// To the encoder's one size: the whole image, or one of its pan-and-scan crops.
+    Fixed(media::ImageProcessorConfig, Option<media::CropRect>),
     /// Into the patches of a dynamic-resolution encoder, whose grid (read from the image's
     /// header) is known before decoding.
     Patches(media::PatchProcessorConfig, media::PatchGrid),
 }
 
 impl UndecodedImage {
-    /// Its identity under the model's preprocessing (what decoding it would give).
+    /// Its identity under the model's preprocessing (what decoding it would give); a crop's
+    /// adds its rectangle.
     pub fn id(&self) -> media::MediaId {
         match &self.processing {
-            ImageProcessing::Fixed(config) => config.media_id(&self.bytes),
+            ImageProcessing::Fixed(config, None) => config.media_id(&self.bytes),
+            ImageProcessing::Fixed(config, Some(rect)) => {
+                let mut key = config.shape_key();
+                key.extend([rect.x, rect.y, rect.width, rect.height].map(u64::from));
+                media::MediaId::new(media::Modality::Image, &self.bytes, &key)
+            }
             ImageProcessing::Patches(config, _) => config.media_id(&self.bytes),
         }
     }
 
-    /// Decodes it under the default [`media::ImageLimits`] and preprocesses it (counted in
-    /// `mlxkit_images_decoded_total`).
+    /// Decodes it under the default [`media::ImageLimits`] and preprocesses it.
     pub fn decode(&self) -> media::Result<EncoderInput> {
-        metrics::counter!("mlxkit_images_decoded_total").increment(1);
-        let limits = media::ImageLimits::default();
+        self.preprocess(&decode_image(&self.bytes)?)
+    }
+
+    /// Preprocesses it from its decoded pixels (`decode_image` of its bytes).
+    pub fn preprocess(&self, rgb: &media::RgbImage) -> media::Result<EncoderInput> {
         Ok(match &self.processing {
-            ImageProcessing::Fixed(config) => EncoderInput::Pixels(Arc::new(
-                media::prepare_image(&self.bytes, &limits, config)?.pixels,
-            )),
-            ImageProcessing::Patches(config, _) => EncoderInput::Patches(Arc::new(
-                media::prepare_image_patches(&self.bytes, &limits, config)?.patches,
-            )),
+            ImageProcessing::Fixed(config, None) => {
+                EncoderInput::Pixels(Arc::new(media::preprocess(rgb, config)?))
+            }
+            ImageProcessing::Fixed(config, Some(rect)) => {
+                let crop = media::crop(rgb, *rect);
+                EncoderInput::Pixels(Arc::new(media::preprocess(&crop, config)?))
+            }
+            ImageProcessing::Patches(config, _) => {
+                EncoderInput::Patches(Arc::new(media::preprocess_patches(rgb, config)?))
+            }
         })
     }
+}
+
+/// An image's pixels under the default [`media::ImageLimits`] (counted in
+/// `mlxkit_images_decoded_total`).
+pub fn decode_image(bytes: &[u8]) -> media::Result<media::RgbImage> {
+    metrics::counter!("mlxkit_images_decoded_total").increment(1);
+    media::decode_image(bytes, &media::ImageLimits::default())
 }
 
 impl PromptMedia {
@@ -150,7 +169,7 @@ impl PromptMedia {
             EncoderInput::Pixels(_) | EncoderInput::Audio(_) => return None,
             EncoderInput::Patches(patches) => patches.grid,
             EncoderInput::Undecoded(image) => match &image.processing {
-                ImageProcessing::Fixed(_) => return None,
+                ImageProcessing::Fixed(..) => return None,
                 ImageProcessing::Patches(_, grid) => *grid,
             },
         };

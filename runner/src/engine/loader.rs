@@ -207,6 +207,10 @@ pub enum ImageLayout {
         /// without them it is the image tokens alone, as `LlavaProcessor` expands each
         /// `<image>`.
         expansion: String,
+        /// Gemma 3's pan and scan, when the checkpoint's `preprocessor_config.json` turns it
+        /// on (`do_pan_and_scan`): a long image also shows as crops, each laid out as a whole
+        /// image after the original ([`ImageLayout::with_crops`]).
+        pan_and_scan: Option<media::PanAndScan>,
     },
     /// An image takes as many tokens as its grid after the processor's resize (Qwen2.5-VL):
     /// `start`, that many `image`, `end`, as `Qwen2_5_VLProcessor` expands the
@@ -282,14 +286,99 @@ impl ImagePrompt {
                 });
             }
         };
+        // Only Gemma 3's processor cuts crops, around its start and end markers.
+        let pan_and_scan = match (&start, &end) {
+            (Some(_), Some(_)) => pan_and_scan(preprocessor)?,
+            _ => None,
+        };
         Ok(ImagePrompt {
             input,
             layout: ImageLayout::Fixed {
                 processor,
                 expansion,
+                pan_and_scan,
             },
         })
     }
+}
+
+impl ImageLayout {
+    /// The text of an image shown whole and as `crops` crops, `expansion` each, as
+    /// transformers 5.24's `Gemma3Processor` writes it (the image alone without crops).
+    pub fn with_crops(expansion: &str, crops: usize) -> String {
+        if crops == 0 {
+            return expansion.to_string();
+        }
+        format!(
+            "Here is the original image {expansion} and here are some crops to help you see \
+             better {}",
+            vec![expansion; crops].join(" ")
+        )
+    }
+}
+
+/// The most crops a checkpoint may ask an image to be cut into.
+const MAX_PAN_AND_SCAN_CROPS: u64 = 16;
+
+/// Gemma 3's pan-and-scan settings from `preprocessor_config.json`, when `do_pan_and_scan` is
+/// true (transformers' defaults for the `pan_and_scan_*` keys it leaves out or nulls).
+fn pan_and_scan(
+    preprocessor: Option<&serde_json::Value>,
+) -> Result<Option<media::PanAndScan>, String> {
+    let Some(config) = preprocessor else {
+        return Ok(None);
+    };
+    let key = |name: &str| config.get(name).filter(|v| !v.is_null());
+    match key("do_pan_and_scan") {
+        None | Some(serde_json::Value::Bool(false)) => return Ok(None),
+        Some(serde_json::Value::Bool(true)) => {}
+        Some(other) => {
+            return Err(format!(
+                "preprocessor_config.json: `do_pan_and_scan` = {other} is not a boolean"
+            ));
+        }
+    }
+    let defaults = media::PanAndScan::default();
+    let count = |name: &str, default: u32, range: std::ops::RangeInclusive<u64>| match key(name) {
+        None => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| range.contains(n))
+            .map(|n| n as u32)
+            .ok_or_else(|| {
+                format!(
+                    "preprocessor_config.json: `{name}` = {v} is not a whole number in \
+                         {}..={}",
+                    range.start(),
+                    range.end()
+                )
+            }),
+    };
+    let ratio = match key("pan_and_scan_min_ratio_to_activate") {
+        None => defaults.min_ratio_to_activate,
+        Some(v) => v
+            .as_f64()
+            .filter(|r| r.is_finite() && *r >= 1.0)
+            .ok_or_else(|| {
+                format!(
+                    "preprocessor_config.json: `pan_and_scan_min_ratio_to_activate` = {v} is not \
+                 a ratio of at least 1"
+                )
+            })?,
+    };
+    Ok(Some(media::PanAndScan {
+        min_crop_size: count(
+            "pan_and_scan_min_crop_size",
+            defaults.min_crop_size,
+            1..=u64::from(u32::MAX),
+        )?,
+        max_num_crops: count(
+            "pan_and_scan_max_num_crops",
+            defaults.max_num_crops,
+            1..=MAX_PAN_AND_SCAN_CROPS,
+        )?,
+        min_ratio_to_activate: ratio,
+    }))
 }
 
 /// Qwen2-VL's processor for an encoder of `patches`: its defaults, with the pixel budget and
@@ -555,4 +644,41 @@ fn attach_draft(
             target: target.to_string(),
             reason: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pan_and_scan;
+    use serde_json::json;
+
+    #[test]
+    fn pan_and_scan_is_read_from_the_preprocessor_config() {
+        assert_eq!(pan_and_scan(None), Ok(None));
+        assert_eq!(pan_and_scan(Some(&json!({}))), Ok(None));
+        assert_eq!(
+            pan_and_scan(Some(&json!({ "do_pan_and_scan": null }))),
+            Ok(None)
+        );
+        assert_eq!(
+            pan_and_scan(Some(&json!({ "do_pan_and_scan": false }))),
+            Ok(None)
+        );
+        // transformers' defaults for what the config leaves out or nulls.
+        assert_eq!(
+            pan_and_scan(Some(&json!({
+                "do_pan_and_scan": true,
+                "pan_and_scan_max_num_crops": null,
+            }))),
+            Ok(Some(media::PanAndScan::default()))
+        );
+        for bad in [
+            json!({ "do_pan_and_scan": "yes" }),
+            json!({ "do_pan_and_scan": true, "pan_and_scan_min_crop_size": 0 }),
+            json!({ "do_pan_and_scan": true, "pan_and_scan_max_num_crops": 1000 }),
+            json!({ "do_pan_and_scan": true, "pan_and_scan_min_ratio_to_activate": 0.5 }),
+        ] {
+            let err = pan_and_scan(Some(&bad)).unwrap_err();
+            assert!(err.starts_with("preprocessor_config.json: `"), "{err}");
+        }
+    }
 }

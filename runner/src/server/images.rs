@@ -4,13 +4,20 @@
 //! one piece as the model's processor does, and each run of image tokens is matched to its
 //! image, decoded under [`media::ImageLimits`] and preprocessed for the encoder.
 //!
-//! A tag's item may be an audio clip instead, for a model that reads audio: it becomes one run
-//! of audio tokens per segment of the clip ([`crate::server::audio`]), matched the same way.
+//! An image a model pans and scans (Gemma 3 with `do_pan_and_scan`) becomes one run for the
+//! whole image and one per crop. A tag's item may be an audio clip instead, for a model that
+//! reads audio: it becomes one run of audio tokens per segment of the clip
+//! ([`crate::server::audio`]), matched the same way.
+//!
+//! An image whose features the engine keeps is sent to it undecoded; every other is decoded
+//! once per request, whatever number of crops and places it has.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::engine::job::decode_image;
 use crate::engine::loader::{ImageLayout, ImagePrompt};
 use crate::engine::{EncoderInput, ImageProcessing, ModelInfo, PromptMedia, UndecodedImage};
 use crate::server::audio;
@@ -26,8 +33,9 @@ pub const MAX_IMAGES: usize = 32;
 pub struct Expanded {
     /// Prompt token ids.
     pub tokens: Vec<u32>,
-    /// Each image's (or audio segment's) token range, which of the request's media it is and,
-    /// for audio, which segment of the clip.
+    /// Each image's (or audio segment's) token range, which of the request's media it is and
+    /// which of its runs: for audio the segment of the clip, for an image 0 for the whole
+    /// image and k for its pan-and-scan crop k - 1.
     pub images: Vec<(Range<usize>, usize, usize)>,
     /// The segments of each audio clip the prompt shows, by media index: decoded once here,
     /// since their token counts decide the layout.
@@ -151,20 +159,32 @@ fn item_layout(
         return Ok(layout);
     }
     let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
-    let (text, count) = image_layout(vision, bytes)?;
+    let (text, counts) = image_layout(vision, bytes)?;
     Ok(ItemLayout {
         text,
-        runs: vec![(vision.input.image_token, count)],
+        runs: counts
+            .into_iter()
+            .map(|count| (vision.input.image_token, count))
+            .collect(),
     })
 }
 
-/// The text an image (`bytes`) becomes in the prompt and how many image tokens it holds: the
-/// model's one layout, or for a dynamic-resolution model as many tokens as the grid its size
-/// gives (read from the header, under the default [`media::ImageLimits`]).
-fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, usize), ApiError> {
+/// The text an image (`bytes`) becomes in the prompt and its runs of image tokens: the
+/// model's one layout (the whole image, then any pan-and-scan crops), or for a
+/// dynamic-resolution model as many tokens as the grid its size gives (sizes read from the
+/// header, under the default [`media::ImageLimits`]).
+fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, Vec<usize>), ApiError> {
     match &vision.layout {
-        ImageLayout::Fixed { expansion, .. } => {
-            Ok((expansion.clone(), vision.input.tokens_per_image))
+        ImageLayout::Fixed {
+            expansion,
+            pan_and_scan,
+            ..
+        } => {
+            let crops = crops_of(pan_and_scan.as_ref(), bytes)?.len();
+            Ok((
+                ImageLayout::with_crops(expansion, crops),
+                vec![vision.input.tokens_per_image; 1 + crops],
+            ))
         }
         ImageLayout::Patches {
             processor,
@@ -172,10 +192,8 @@ fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, usize), A
             image,
             end,
         } => {
-            let invalid = |e: media::Error| ApiError::bad_request(format!("invalid image: {e}"));
-            let (width, height) = media::upright_dimensions(bytes, &media::ImageLimits::default())
-                .map_err(invalid)?;
-            let grid = processor.grid(width, height).map_err(invalid)?;
+            let (width, height) = upright_size(bytes)?;
+            let grid = processor.grid(width, height).map_err(invalid_image)?;
             let count = grid.tokens(processor.merge_size);
             let mut text = String::with_capacity(start.len() + count * image.len() + end.len());
             text.push_str(start);
@@ -183,9 +201,32 @@ fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, usize), A
                 text.push_str(image);
             }
             text.push_str(end);
-            Ok((text, count))
+            Ok((text, vec![count]))
         }
     }
+}
+
+/// The pan-and-scan crops of the image `bytes` (none without pan and scan).
+fn crops_of(
+    pan_and_scan: Option<&media::PanAndScan>,
+    bytes: &[u8],
+) -> Result<Vec<media::CropRect>, ApiError> {
+    match pan_and_scan {
+        None => Ok(Vec::new()),
+        Some(pan) => {
+            let (width, height) = upright_size(bytes)?;
+            Ok(pan.crops(width, height))
+        }
+    }
+}
+
+/// The size the image `bytes` decodes to, from its header.
+fn upright_size(bytes: &[u8]) -> Result<(u32, u32), ApiError> {
+    media::upright_dimensions(bytes, &media::ImageLimits::default()).map_err(invalid_image)
+}
+
+fn invalid_image(e: media::Error) -> ApiError {
+    ApiError::bad_request(format!("invalid image: {e}"))
 }
 
 /// Each maximal run of one of `media_tokens` in `tokens`, with its token.
@@ -217,13 +258,16 @@ pub fn prepare(
     expanded: &Expanded,
     images: &[Arc<[u8]>],
 ) -> Result<Vec<PromptMedia>, ApiError> {
-    let mut prepared: HashMap<usize, (media::MediaId, EncoderInput)> = HashMap::new();
+    // By (media index, run): an image's whole view and each crop, prepared once however
+    // often the prompt shows them, from one decode of the image.
+    let mut prepared: HashMap<(usize, usize), (media::MediaId, EncoderInput)> = HashMap::new();
+    let mut decoded: HashMap<usize, media::RgbImage> = HashMap::new();
     let mut out = Vec::with_capacity(expanded.images.len());
-    for (range, index, segment) in &expanded.images {
+    for (range, index, run) in &expanded.images {
         if let Some(clip) = expanded.audio.get(index) {
-            let segment = clip.get(*segment).ok_or_else(|| {
-                ApiError::internal(format!("audio {index} has no segment {segment}"))
-            })?;
+            let segment = clip
+                .get(*run)
+                .ok_or_else(|| ApiError::internal(format!("audio {index} has no segment {run}")))?;
             out.push(PromptMedia {
                 tokens: range.clone(),
                 id: segment.id,
@@ -232,21 +276,32 @@ pub fn prepare(
             continue;
         }
         let vision = info.vision.as_ref().ok_or_else(|| not_supported(info))?;
-        let (id, input) = match prepared.get(index) {
+        let (id, input) = match prepared.get(&(*index, *run)) {
             Some(done) => done.clone(),
             None => {
                 let bytes = images.get(*index).ok_or_else(|| {
                     ApiError::internal(format!("image {index} was not kept with the request"))
                 })?;
-                let invalid =
-                    |e: media::Error| ApiError::bad_request(format!("invalid image: {e}"));
                 let processing = match &vision.layout {
-                    ImageLayout::Fixed { processor, .. } => ImageProcessing::Fixed(*processor),
+                    ImageLayout::Fixed {
+                        processor,
+                        pan_and_scan,
+                        ..
+                    } => {
+                        // Run 0 is the whole image, run k its crop k - 1.
+                        let crop = match run.checked_sub(1) {
+                            None => None,
+                            Some(k) => {
+                                Some(*crops_of(pan_and_scan.as_ref(), bytes)?.get(k).ok_or_else(
+                                    || ApiError::internal(format!("image {index} has no crop {k}")),
+                                )?)
+                            }
+                        };
+                        ImageProcessing::Fixed(*processor, crop)
+                    }
                     ImageLayout::Patches { processor, .. } => {
-                        let (width, height) =
-                            media::upright_dimensions(bytes, &media::ImageLimits::default())
-                                .map_err(invalid)?;
-                        let grid = processor.grid(width, height).map_err(invalid)?;
+                        let (width, height) = upright_size(bytes)?;
+                        let grid = processor.grid(width, height).map_err(invalid_image)?;
                         ImageProcessing::Patches(*processor, grid)
                     }
                 };
@@ -258,9 +313,15 @@ pub fn prepare(
                 let input = if info.encoded.contains(&id) {
                     EncoderInput::Undecoded(Arc::new(image))
                 } else {
-                    image.decode().map_err(invalid)?
+                    let rgb = match decoded.entry(*index) {
+                        Entry::Occupied(rgb) => rgb.into_mut(),
+                        Entry::Vacant(slot) => {
+                            slot.insert(decode_image(bytes).map_err(invalid_image)?)
+                        }
+                    };
+                    image.preprocess(rgb).map_err(invalid_image)?
                 };
-                prepared.insert(*index, (id, input.clone()));
+                prepared.insert((*index, *run), (id, input.clone()));
                 (id, input)
             }
         };
