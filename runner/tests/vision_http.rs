@@ -346,6 +346,24 @@ fn images_decoded() -> u64 {
         .map_or(0, |value| value.trim().parse::<f64>().unwrap() as u64)
 }
 
+/// Asserts that the first token's top-5 logprobs in `reply` (an `/api/generate` answer with
+/// `top_logprobs: 5`) are within 1e-4 of `direct`'s: the distribution, not only its argmax.
+fn assert_first_logprobs(reply: &Value, direct: &[f32]) {
+    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    let worst = served
+        .iter()
+        .zip(direct)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("first token's top logprobs: served {served:?}, direct {direct:?}");
+    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+}
+
 fn count(reply: &Value, field: &str) -> usize {
     reply[field]
         .as_u64()
@@ -500,19 +518,7 @@ fn the_answer_with_an_image_is_the_models_own() {
     assert_eq!(status, 200, "{reply}");
     // The first token's distribution, not only its argmax: the image reached the model as the
     // direct computation gives it.
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(&first_logprobs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!("first token's top logprobs: served {served:?}, direct {first_logprobs:?}");
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    assert_first_logprobs(&reply, &first_logprobs);
     assert_eq!(
         count(&reply, "prompt_eval_count") + count(&reply, "prompt_cached_count"),
         prompt.len(),
@@ -909,18 +915,7 @@ fn requests_with_images_at_once_answer_as_alone() {
         .fold(0f32, f32::max);
     assert!(apart > 1e-2, "{apart}");
     for (reply, want) in replies.iter().zip(&expected[1..]) {
-        let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["logprob"].as_f64().unwrap() as f32)
-            .collect();
-        let worst = served
-            .iter()
-            .zip(&want.first_logprobs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+        assert_first_logprobs(reply, &want.first_logprobs);
         assert_eq!(count(reply, "images_encoded"), 1, "{reply}");
         assert_eq!(
             reply["response"].as_str().unwrap(),
@@ -967,22 +962,7 @@ fn a_long_image_is_shown_whole_and_as_crops() {
         want.prompt.len(),
         "{reply}"
     );
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(&want.first_logprobs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!(
-        "pan and scan, first token's top logprobs: served {served:?}, direct {:?}",
-        want.first_logprobs
-    );
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    assert_first_logprobs(&reply, &want.first_logprobs);
     let folder = tokenizer_folder("gemma3_vision");
     let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();
     let text = reply["response"].as_str().unwrap();
