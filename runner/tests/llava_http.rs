@@ -274,7 +274,12 @@ fn an_image_sent_again_is_encoded_once_and_not_evaluated_again() {
         "{one}"
     );
     assert_eq!(count(&one, "images_encoded"), 1, "{one}");
-    assert_eq!(count(&one, "prompt_cached_count"), 0, "{one}");
+    // The other test may have left the text before the image cached (`<s>USER: `), never
+    // anything past it: the image is new.
+    assert!(
+        count(&one, "prompt_cached_count") <= VOCABULARY.ids("<s>USER: ").len(),
+        "{one}"
+    );
 
     // Turn 2 repeats turn 1 with its image, the reply, and a new question.
     let follow_up = "And the colours?";
