@@ -182,6 +182,14 @@ pub fn rows_attention(
     )?)
 }
 
+/// `softmax(x)` over the last axis on the CPU with a vectorized `exp` (MLX's CPU softmax
+/// evaluates `exp` one lane at a time), rows spread over the kernel threads. Relative error a
+/// few f32 ulps. `None` when the kernel does not apply (a GPU default device, a dtype other
+/// than f32, no elements); use [`Array::softmax`] then.
+pub fn softmax_last_axis(x: &Array) -> Result<Option<Array>> {
+    Array::from_raw_optional(ffi::softmax_last_axis(x.raw())?)
+}
+
 /// The nonlinearity of [`gated_activation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {

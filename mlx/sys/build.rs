@@ -59,6 +59,7 @@ fn main() {
         .file("shim/qmv8.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")
+        .file("shim/softmax.cc")
         .file("shim/norm.cc")
         .file("shim/rope.cc")
         .file("shim/delta.cc")

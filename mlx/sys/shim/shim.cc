@@ -10,6 +10,7 @@
 #include "delta.h"
 #include "ssd.h"
 #include "gated.h"
+#include "softmax.h"
 #include "norm.h"
 #include "rope.h"
 #include "pool.h"
@@ -604,6 +605,10 @@ std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const A
     throw std::invalid_argument("gated activation: unknown kind");
   }
   return own_if(mlxkit::gated_activation(kind == 0 ? Gate::Silu : Gate::GeluTanh, gate, up));
+}
+
+std::unique_ptr<Array> softmax_last_axis(const Array& x) {
+  return own_if(mlxkit::last_axis_softmax(x));
 }
 
 std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, const Array& v,

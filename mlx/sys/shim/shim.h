@@ -210,6 +210,7 @@ int32_t cpu_kernel_level();
 int32_t set_cpu_kernel_level(int32_t level);
 // `act(gate) · up` (0 SiLU, 1 GELU tanh); null when the CPU kernel does not apply (see gated.h).
 std::unique_ptr<Array> gated_activation(uint8_t kind, const Array& gate, const Array& up);
+std::unique_ptr<Array> softmax_last_axis(const Array& x);
 // Null when the rows attention kernel does not apply (see attend.h).
 // The gated delta rule's scan: a list of [outputs, final state]; null when the CPU kernel
 // does not apply (see delta.h).

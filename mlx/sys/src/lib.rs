@@ -13,8 +13,8 @@
 //! The shim also holds CPU fast paths MLX lacks: `shim/gemv.cc` sends single-row f32 matmuls to
 //! BLAS `sgemv` (when OpenBLAS is linked); `shim/qmv.cc` multiplies decode rows by packed 4- and
 //! 8-bit affine weights without dequantizing them; `shim/attend.cc` attends each row's queries
-//! over its own history in one op; `shim/gated.cc` computes gated activations with the
-//! vectorized `exp` of `shim/vexp.h`. The x86 kernels are chosen at run time (`shim/x86.h`),
+//! over its own history in one op; `shim/gated.cc` computes gated activations and
+//! `shim/softmax.cc` softmax with the vectorized `exp` of `shim/vexp.h`. The x86 kernels are chosen at run time (`shim/x86.h`),
 //! with portable fallbacks. The packed matvec and the rows attention split their work over
 //! `shim/pool.cc`'s helper threads, because MLX runs a CPU stream's ops on one thread.
 //!
@@ -368,6 +368,8 @@ pub mod ffi {
         fn set_cpu_kernel_level(level: i32) -> i32;
         /// Null when the CPU kernel does not apply.
         fn gated_activation(kind: u8, gate: &Array, up: &Array) -> Result<UniquePtr<Array>>;
+        /// Null when the CPU kernel does not apply.
+        fn softmax_last_axis(x: &Array) -> Result<UniquePtr<Array>>;
         /// `[outputs, final state]`; null when the CPU kernel does not apply.
         fn gated_delta_scan(
             q: &Array,
