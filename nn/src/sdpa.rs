@@ -43,6 +43,11 @@ impl ScaledDotProduct {
             );
             (&widened.0, &widened.1)
         };
+        if let AttentionMask::None = mask
+            && let Some(out) = self.attend_unmasked_blocked(queries, keys, values)?
+        {
+            return Ok(out);
+        }
         if self.logit_softcap.is_none() && self.sinks.is_none() {
             return Ok(mlx::fast::scaled_dot_product_attention(
                 queries, keys, values, self.scale, mask,
@@ -76,8 +81,9 @@ impl ScaledDotProduct {
     /// BLAS products around the vectorized softmax, a block of queries at a time so that the
     /// scores held at once stay near [`UNMASKED_BLOCK_BYTES`]. MLX's attention forms the whole
     /// score matrix (1 GiB a layer for Gemma 3's 4,096 patches and 16 heads) and exponentiates
-    /// one lane at a time. `None` where the softmax kernel does not apply (a GPU, other dtypes)
-    /// or the logits are soft-capped or sunk; use [`ScaledDotProduct::attend`] then.
+    /// one lane at a time. [`ScaledDotProduct::attend`] takes this path for every unmasked
+    /// call it can. `None` where the softmax kernel does not apply (a GPU, other dtypes) or the
+    /// logits are soft-capped or sunk.
     pub fn attend_unmasked_blocked(
         &self,
         queries: &Array,
@@ -202,7 +208,7 @@ mod tests {
         Array::from_slice(&data, shape).unwrap()
     }
 
-    /// The blocked path equals MLX's attention with no mask: grouped heads, two images, a
+    /// The blocked path equals MLX's own attention with no mask: grouped heads, two images, a
     /// query count no block divides (so the last block is short), blocks of one query and of
     /// all of them. The bound, 2e-6 on outputs of order 1, is f32 rounding of a 40-term softmax.
     #[test]
@@ -215,8 +221,7 @@ mod tests {
         let q = values(&[2, 4, 13, 8], 1);
         let k = values(&[2, 2, 40, 8], 2);
         let v = values(&[2, 2, 40, 8], 3);
-        let want = kernel
-            .attend(&q, &k, &v, AttentionMask::None)
+        let want = mlx::fast::scaled_dot_product_attention(&q, &k, &v, 0.3, AttentionMask::None)
             .unwrap()
             .to_vec::<f32>()
             .unwrap();

@@ -228,7 +228,12 @@ impl EncoderLayer {
     pub(crate) fn forward(&self, h: &Array) -> Result<Array> {
         let x = self.layer_norm1.forward(h)?;
         let projected = self.self_attn.project(&x, RopeOffset::Scalar(0))?;
-        let heads = self.attend(&projected.queries, &projected.keys, &projected.values)?;
+        let heads = self.self_attn.attend_heads(
+            &projected.queries,
+            &projected.keys,
+            &projected.values,
+            AttentionMask::None,
+        )?;
         let h = h.add(&self.self_attn.output(&heads, None)?)?;
         let ff = self.mlp.fc2.forward(
             &self
@@ -237,18 +242,6 @@ impl EncoderLayer {
                 .apply(&self.mlp.fc1.forward(&self.layer_norm2.forward(&h)?)?)?,
         )?;
         Ok(h.add(&ff)?)
-    }
-
-    /// Every token of each image over all of that image's tokens: on the CPU, blocked
-    /// products around a vectorized softmax
-    /// ([`ScaledDotProduct::attend_unmasked_blocked`](crate::sdpa::ScaledDotProduct)).
-    fn attend(&self, queries: &Array, keys: &Array, values: &Array) -> Result<Array> {
-        let kernel = self.self_attn.kernel();
-        if let Some(heads) = kernel.attend_unmasked_blocked(queries, keys, values)? {
-            return Ok(heads);
-        }
-        self.self_attn
-            .attend_heads(queries, keys, values, AttentionMask::None)
     }
 
     /// Its weight arrays.
