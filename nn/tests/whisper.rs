@@ -147,6 +147,18 @@ fn greedy_decoding_matches_transformers_generate() {
 }
 
 #[test]
+fn parameter_count_is_what_the_checkpoint_holds() {
+    let file = SafetensorsFile::open(&fixture().join("model.safetensors")).unwrap();
+    let stored: u64 = file
+        .entries()
+        .keys()
+        .map(|name| file.load(name).unwrap().size() as u64)
+        .sum();
+    let counted = nn::audio::whisper_model::parameter_count(&json("config.json")).unwrap();
+    assert_eq!(counted, stored);
+}
+
+#[test]
 fn hostile_configs_and_inputs_are_refused() {
     let mut config = json("config.json");
     config["decoder_attention_heads"] = 3.into();

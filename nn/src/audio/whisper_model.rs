@@ -28,6 +28,27 @@ pub fn is_whisper(config: &Value) -> bool {
     config.get("model_type").and_then(Value::as_str) == Some("whisper")
 }
 
+/// Parameters a Whisper checkpoint with `config` holds (the head tied), counted from its
+/// sizes; fails like [`Whisper::new`] on a config it would refuse.
+pub fn parameter_count(config: &Value) -> Result<u64> {
+    let e = whisper::Config::from_json(config)?;
+    let t = DecoderConfig::from_json(config)?;
+    let d = e.d_model as u64;
+    let norm = 2 * d;
+    // Four d×d projections, three of them biased.
+    let attention = 4 * d * d + 3 * d;
+    let mlp = |ffn: usize| 2 * d * ffn as u64 + ffn as u64 + d;
+    let encoder = (e.num_mel_bins as u64 * 3 + 1) * d
+        + (d * 3 + 1) * d
+        + e.max_source_positions as u64 * d
+        + e.encoder_layers as u64 * (2 * norm + attention + mlp(e.encoder_ffn_dim))
+        + norm;
+    let decoder = (t.vocab_size as u64 + t.max_target_positions as u64) * d
+        + t.decoder_layers as u64 * (3 * norm + 2 * attention + mlp(t.decoder_ffn_dim))
+        + norm;
+    Ok(encoder + decoder)
+}
+
 /// A Whisper model: encoder and decoder.
 pub struct Whisper {
     encoder: Encoder,
