@@ -145,6 +145,7 @@ impl Engine {
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
+            transcription::release();
             let _ = memory::release_pool();
             let (mut loaded, info) =
                 loader::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
@@ -161,6 +162,7 @@ impl Engine {
         self.worker
             .submit(|| {
                 LOADED.with(|s| s.borrow_mut().take());
+                transcription::release();
                 let _ = memory::release_pool();
             })
             .await?;

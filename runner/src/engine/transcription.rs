@@ -5,7 +5,8 @@
 //! A speech recognizer is no [`crate::engine::LoadedModel`]: it has no prompt cache, no step
 //! loop and no batch. Its job runs on the worker between step loops, as an embedding does, and
 //! the last Whisper used stays built there (keyed by its files' folder) so the next request
-//! does not read the checkpoint again. It sits beside whatever chat model is loaded.
+//! does not read the checkpoint again. It sits beside whatever chat model is loaded, and is
+//! let go whenever a model loads or unloads ([`release`]).
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,11 @@ pub enum TranscriptionError {
     /// The model failed while running.
     #[error("transcribing: {0}")]
     Run(String),
+}
+
+/// Drops the Whisper kept on this thread (the MLX worker), if any.
+pub fn release() {
+    WHISPER.with(|cell| cell.borrow_mut().take());
 }
 
 /// Runs `job` on this thread, which must be the MLX worker.
