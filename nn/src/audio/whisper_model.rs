@@ -57,8 +57,8 @@ pub struct Whisper {
 
 impl Whisper {
     /// Builds the model from `config` (a Whisper `config.json`) and transformers-named
-    /// `weights`. A config of another `model_type`, or one whose encoder and decoder widths
-    /// differ, is refused.
+    /// `weights`. A config of another `model_type` is refused, as is any size the encoder's or
+    /// the decoder's config refuses.
     pub fn new(config: &Value, weights: &mut Weights) -> Result<Whisper> {
         if !is_whisper(config) {
             return Err(Error::Config(format!(
