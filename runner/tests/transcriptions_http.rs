@@ -408,6 +408,69 @@ fn bad_requests_are_refused_and_the_server_keeps_serving() {
     assert_eq!(body["text"], direct().text);
 }
 
+/// The first second of the speech WAV alone: one window, the input the parity fixture's
+/// transformers reference was computed from.
+fn first_second() -> Vec<u8> {
+    let clip = speech();
+    // A 44-byte canonical header, then 16-bit mono samples at 16 kHz.
+    assert_eq!(&clip[36..40], b"data");
+    let data = 16_000 * 2;
+    let mut out = clip[..44].to_vec();
+    out[4..8].copy_from_slice(&(36 + data as u32).to_le_bytes());
+    out[40..44].copy_from_slice(&(data as u32).to_le_bytes());
+    out.extend_from_slice(&clip[44..44 + data]);
+    out
+}
+
+#[test]
+fn one_window_decodes_as_transformers_does() {
+    // transformers' greedy tokens for this second (`nn/tests/fixtures/whisper/golden.json`,
+    // at most 20 tokens there, 24 here), from its own features: media's are within 4e-5 of
+    // them, and the server's tokens must still be the same.
+    let golden: Value =
+        serde_json::from_slice(&std::fs::read(fixture("whisper").join("golden.json")).unwrap())
+            .unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        golden[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let (status, body) = transcribe_json(
+        &[
+            ("model", MODEL),
+            ("language", "en"),
+            ("response_format", "verbose_json"),
+        ],
+        Some(&first_second()),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tokens: Vec<u32> = body["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["tokens"].as_array().unwrap().clone())
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let special = &direct().special;
+    let expected: Vec<u32> = ids("greedy_timestamped_tokens")
+        .into_iter()
+        .filter(|t| !special.is_timestamp(*t))
+        .collect();
+    assert_eq!(tokens[..expected.len()], expected);
+    let starts: Vec<f64> = body["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["start"].as_f64().unwrap())
+        .collect();
+    let first_stamp =
+        ids("greedy_timestamped_tokens")[0] - golden["timestamp_begin"].as_u64().unwrap() as u32;
+    assert_eq!(starts[0], f64::from(first_stamp) * 0.02);
+}
+
 #[test]
 fn show_lists_transcription() {
     let (status, body) = post(server(), "/api/show", json!({ "model": MODEL }));
