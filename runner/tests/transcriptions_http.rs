@@ -7,8 +7,9 @@
 //! WAV of `media/tests/fixtures/whisper_features/` (1.31 s) cut at pauses into windows as the
 //! server cuts it, each window's log-mel features through `Whisper` and greedy decoding, the
 //! text decoded by the fixture's tokenizer with special tokens skipped. Tokens must be equal,
-//! not close: both sides run the same f32 kernels on the same features. (That the model's
-//! greedy tokens equal transformers' `generate` is `nn/tests/whisper.rs`'s check.)
+//! not close: both sides run the same f32 kernels on the same features. The clip's first
+//! second alone, the parity fixture's input, must also decode to transformers' greedy tokens
+//! (`golden.json`), media's features being within 4e-5 of transformers'.
 //!
 //! Also: hostile and malformed requests get a 400 naming the problem, an unknown model a 404,
 //! a chat model a 400 before anything loads, a Whisper model asked to chat a 400, and the
@@ -319,6 +320,27 @@ fn verbose_json_segments_equal_the_direct_decoding() {
         assert_eq!(s["id"], id);
         let avg = s["avg_logprob"].as_f64().unwrap();
         assert!(avg <= 0.0 && avg.is_finite(), "{s}");
+    }
+
+    // The same segments as SubRip and WebVTT cues.
+    for (format, head, separator) in [("srt", "1\n", ','), ("vtt", "WEBVTT\n\n", '.')] {
+        let (status, text) = transcribe(form(
+            &[
+                ("model", MODEL),
+                ("language", "en"),
+                ("response_format", format),
+            ],
+            Some(&speech()),
+        ));
+        assert_eq!(status, 200, "{text}");
+        assert!(text.starts_with(head), "{text}");
+        assert_eq!(text.matches(" --> ").count(), expected.len(), "{text}");
+        let (start, _, _, _) = &expected[0];
+        let cue = format!(
+            "00:00:00{separator}{:03} --> ",
+            (start * 1000.0).round() as u64
+        );
+        assert!(text.contains(&cue), "{cue} in {text}");
     }
 
     // Without a language, the first window's likeliest language token decides.
