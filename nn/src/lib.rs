@@ -37,7 +37,10 @@
 //!   (CLIP's tower through the layer a family reads), `qwen2_5_vl` (images of any size, window
 //!   attention, merged 2x2 patches); what ViT towers share (`vit`).
 //! - `placement`: media features put in place of a prompt's image or audio tokens.
-//! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames).
+//! - [`audio`]: audio encoders, one file each: `whisper` (features of log-mel frames); and
+//!   Whisper the speech recognizer: `whisper_decoder` (its text decoder, cross-attending to
+//!   the encoder), `whisper_model` (the encoder-decoder checkpoint), `whisper_decoding`
+//!   (special tokens, the forced prompt, greedy decoding with the timestamp rules).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
 //!   ([`registry::describe`], [`build_model`]); compute dtype per device.
 //! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.

@@ -9,6 +9,8 @@
 //! - `audio`: the checkpoint carries an audio encoder mlxkit builds (`audio_config` of an
 //!   architecture with an audio side, [`nn::registry::audio_input`]): OpenAI's `input_audio`
 //!   parts reach it (issue 21).
+//! - `transcription`: a Whisper checkpoint, which turns speech into text through
+//!   `/v1/audio/transcriptions` and does nothing else: it lists no `completion` (issue 21).
 //! - `tools`: the template renders a `tools` list.
 //! - `thinking`: the template opens or strips a reasoning block (`<think>`, `enable_thinking`,
 //!   `reasoning_content`).
@@ -20,6 +22,19 @@ pub const VISION: &str = "vision";
 
 /// The name of the audio capability, as recorded in a manifest and shown.
 pub const AUDIO: &str = "audio";
+
+/// The name of the speech-to-text capability, as recorded in a manifest and shown.
+pub const TRANSCRIPTION: &str = "transcription";
+
+/// The capabilities of a speech recognizer (a Whisper checkpoint): transcription only.
+pub fn of_transcriber() -> Vec<String> {
+    vec![TRANSCRIPTION.to_string()]
+}
+
+/// Whether a model with these recorded capabilities transcribes audio.
+pub fn transcribes(capabilities: &[String]) -> bool {
+    capabilities.iter().any(|c| c == TRANSCRIPTION)
+}
 
 /// What a checkpoint reads besides text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -78,6 +78,9 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         path: path.to_path_buf(),
         source,
     };
+    if nn::audio::whisper_model::is_whisper(checkpoint.config()) {
+        return describe_whisper(&checkpoint).map_err(model_err);
+    }
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
     let inputs = crate::capabilities::Inputs {
         vision: nn::registry::image_input(checkpoint.config())
@@ -121,6 +124,32 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
             quantization_level: quantization,
             context_length: spec.context_length,
             capabilities: crate::capabilities::of_model(template.as_deref(), inputs),
+        },
+    ))
+}
+
+/// A Whisper checkpoint: a speech recognizer, whose one capability is transcription; its
+/// context is the decoder's `max_target_positions`.
+fn describe_whisper(checkpoint: &quant::Checkpoint) -> Result<(Format, Details), nn::Error> {
+    let config = checkpoint.config();
+    let parameters = nn::audio::whisper_model::parameter_count(config)?;
+    let decoder = nn::audio::whisper_decoder::DecoderConfig::from_json(config)?;
+    let format = match checkpoint.format() {
+        quant::Format::Gguf => {
+            return Err(nn::Error::Config(
+                "a Whisper checkpoint is read from safetensors, not GGUF".into(),
+            ));
+        }
+        quant::Format::Safetensors => Format::Safetensors,
+    };
+    Ok((
+        format,
+        Details {
+            family: "whisper".into(),
+            parameter_size: human_count(parameters),
+            quantization_level: quantization_level(checkpoint),
+            context_length: decoder.max_target_positions,
+            capabilities: crate::capabilities::of_transcriber(),
         },
     ))
 }

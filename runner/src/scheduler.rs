@@ -28,6 +28,11 @@ pub enum ScheduleError {
     /// Loading failed.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The model does not generate text (a speech recognizer).
+    #[error(
+        "model `{0}` transcribes audio and does not generate text; use POST /v1/audio/transcriptions"
+    )]
+    NotGenerative(String),
 }
 
 struct Loaded {
@@ -167,6 +172,9 @@ impl Scheduler {
             return Ok(());
         }
         let entry = self.store.get(name)?;
+        if crate::capabilities::transcribes(&entry.manifest.details.capabilities) {
+            return Err(ScheduleError::NotGenerative(name.to_string()));
+        }
         let dir = self.materialize(&entry.manifest).await?;
         // Which draft, whether the model fails to load without it (the request's or the
         // Modelfile's must load; the server's default may not fit every target), and whether it

@@ -19,6 +19,8 @@
 //!   budget.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
+//! - `transcription`: a Whisper checkpoint transcribing a clip's windows, beside the loaded
+//!   model.
 //!
 //! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
@@ -37,6 +39,7 @@ pub mod prefix_cache;
 pub mod rollback;
 pub mod sequence;
 pub mod speculation;
+pub mod transcription;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -142,6 +145,7 @@ impl Engine {
         let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
             // Free the previous model first: two models need not fit in memory at once.
             LOADED.with(|s| s.borrow_mut().take());
+            transcription::release();
             let _ = memory::release_pool();
             let (mut loaded, info) =
                 loader::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
@@ -158,6 +162,7 @@ impl Engine {
         self.worker
             .submit(|| {
                 LOADED.with(|s| s.borrow_mut().take());
+                transcription::release();
                 let _ = memory::release_pool();
             })
             .await?;
@@ -196,6 +201,18 @@ impl Engine {
                 })
             })
             .await?
+    }
+
+    /// Transcribes `job`'s windows with the Whisper checkpoint it names. It runs on the worker
+    /// between step loops, as an embedding does.
+    pub async fn transcribe(
+        &self,
+        job: transcription::TranscriptionJob,
+    ) -> Result<
+        Result<transcription::TranscriptionResult, transcription::TranscriptionError>,
+        EngineError,
+    > {
+        Ok(self.worker.submit(move || transcription::run(&job)).await?)
     }
 
     /// Active and peak MLX memory: read on the worker when it is free, else as of the loop's

@@ -117,6 +117,7 @@ impl From<crate::scheduler::ScheduleError> for ApiError {
         let status = match &e {
             ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            ScheduleError::NotGenerative(_) => StatusCode::BAD_REQUEST,
             ScheduleError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
                 StatusCode::BAD_REQUEST
             }

@@ -5,6 +5,7 @@
 //! - `embeddings`: `/api/embed`, `/api/embeddings`, `/v1/embeddings`.
 //! - `anthropic`: `/v1/messages`, `/v1/messages/count_tokens`.
 //! - `responses`: `/v1/responses`, with the store `previous_response_id` reads.
+//! - `transcriptions`: `/v1/audio/transcriptions`, speech to text with a Whisper checkpoint.
 //! - `chat`: rendering, constraining and starting a conversation, for every chat-shaped API.
 //! - `generation`: the token stream → text pipeline every endpoint shares.
 //! - `operations`: `/health`, `/tokenize`, `/detokenize`; `metrics`: `/metrics` and what
@@ -40,6 +41,7 @@ pub mod request_log;
 pub mod responses;
 pub mod sse;
 pub mod structured;
+pub mod transcriptions;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -104,6 +106,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/embeddings", post(embeddings::openai_embeddings))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route(
+            "/v1/audio/transcriptions",
+            post(transcriptions::create).layer(transcriptions::body_limit()),
+        )
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/responses", post(responses::create))
