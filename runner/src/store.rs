@@ -462,8 +462,13 @@ impl Store {
             if fs::read_link(&link).ok().as_deref() == Some(blob.as_path()) {
                 continue;
             }
-            let _ = fs::remove_file(&link);
-            symlink(&blob, &link).map_err(io_err("linking", &link))?;
+            // Made beside it and renamed over it, so that a request reading the folder while
+            // another materializes it (transcriptions do, per request) never finds the file
+            // missing, as removing the old link first would leave it for a moment.
+            let staged = staging_path(&link);
+            let _ = fs::remove_file(&staged);
+            symlink(&blob, &staged).map_err(io_err("linking", &staged))?;
+            fs::rename(&staged, &link).map_err(io_err("linking", &link))?;
         }
         Ok(view)
     }
@@ -477,6 +482,16 @@ fn ollama_entry(model: OllamaModel) -> Entry {
         from_ollama: true,
         unusable: model.unusable,
     }
+}
+
+/// A name beside `link` no other materialization uses at the same time: the process and a
+/// counter.
+fn staging_path(link: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = link.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".staged-{}-{n}", std::process::id()));
+    link.with_file_name(name)
 }
 
 #[cfg(unix)]

@@ -575,3 +575,31 @@ fn every_target_stays_within_its_bound_on_real_weight_matrices() {
         }
     }
 }
+
+/// Requests may materialize a model's folder at the same time (transcriptions do, one per
+/// request): none may find a file missing while another links it. Before links were renamed
+/// into place, a second materialization removed the first one's link to remake it, and a
+/// transcription read the folder in that moment ("no .safetensors files").
+#[test]
+fn concurrent_materializations_never_hide_a_file() {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let name = ModelName::parse("tiny-whisper").unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/whisper");
+    runner::import::import_path(&store, &name, &fixture, "test", &mut |_, _, _| {}).unwrap();
+    let manifest = store.get(&name).unwrap().manifest;
+    for _ in 0..50 {
+        let view = store.materialize(&manifest).unwrap();
+        std::fs::remove_dir_all(&view).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let view = store.materialize(&manifest).unwrap();
+                    for layer in &manifest.layers {
+                        assert!(view.join(&layer.path).exists(), "{} missing", layer.path);
+                    }
+                });
+            }
+        });
+    }
+}
