@@ -65,6 +65,8 @@ pub struct AppState {
     pub scheduler: Arc<Scheduler>,
     /// Recent Responses-API conversations, for `previous_response_id`.
     pub responses: Arc<responses::ResponseStore>,
+    /// The Whisper model transcriptions last used, its files prepared.
+    pub transcription_models: Arc<transcriptions::PreparedModels>,
 }
 
 impl AppState {
@@ -74,6 +76,7 @@ impl AppState {
             store,
             scheduler,
             responses: Arc::default(),
+            transcription_models: Arc::default(),
         }
     }
 }

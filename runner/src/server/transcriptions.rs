@@ -14,6 +14,9 @@
 //! Not done: OpenAI's `prompt` (text that conditions the decoder) is refused rather than
 //! ignored, as are word timestamps and sampling at a temperature above 0.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use axum::Json;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::{DefaultBodyLimit, Multipart, State};
@@ -26,6 +29,7 @@ use crate::engine::transcription::{TranscriptionError, TranscriptionJob, Transcr
 use crate::model_name::ModelName;
 use crate::server::AppState;
 use crate::server::error::ApiError;
+use crate::store::{Manifest, Store};
 
 /// The largest form accepted: OpenAI's limit on the uploaded file.
 pub const MAX_FORM_BYTES: usize = 25 << 20;
@@ -205,6 +209,52 @@ struct Segment {
     seek: usize,
 }
 
+/// What a request needs of a Whisper model's files: where they are, its config and its
+/// tokenizer.
+pub struct PreparedModel {
+    dir: PathBuf,
+    config: Value,
+    tokenizer: tokenizer::Tokenizer,
+}
+
+/// The model transcriptions last used, prepared: materializing a model's folder hashes every
+/// blob (seconds for a large Whisper) and reading its tokenizer takes a moment, so requests
+/// for the same model (the same manifest) reuse them.
+#[derive(Default)]
+pub struct PreparedModels(Mutex<Option<(String, Arc<PreparedModel>)>>);
+
+impl PreparedModels {
+    fn get_or_prepare(
+        &self,
+        store: &Store,
+        manifest: &Manifest,
+    ) -> Result<Arc<PreparedModel>, ApiError> {
+        let digest = manifest.digest();
+        let mut last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((kept, model)) = last.as_ref()
+            && *kept == digest
+        {
+            return Ok(model.clone());
+        }
+        let dir = store
+            .materialize(manifest)
+            .map_err(|e| ApiError::from(e).openai())?;
+        let config: Value = std::fs::read(dir.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or_else(|| ApiError::internal("the model's config.json is unreadable"))?;
+        let tokenizer = tokenizer::Tokenizer::from_hf_dir(&dir)
+            .map_err(|e| ApiError::internal(format!("the model's tokenizer: {e}")))?;
+        let model = Arc::new(PreparedModel {
+            dir,
+            config,
+            tokenizer,
+        });
+        *last = Some((digest, model.clone()));
+        Ok(model)
+    }
+}
+
 /// `POST /v1/audio/transcriptions`.
 pub async fn create(
     State(state): State<AppState>,
@@ -230,25 +280,18 @@ pub async fn create(
     let file = form.file.ok_or_else(|| bad("the form has no `file`"))?;
     let store = state.store.clone();
     let manifest = entry.manifest.clone();
+    let models = state.transcription_models.clone();
     let prepared = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
-        let dir = store
-            .materialize(&manifest)
-            .map_err(|e| ApiError::from(e).openai())?;
-        let config: Value = std::fs::read(dir.join("config.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or_else(|| ApiError::internal("the model's config.json is unreadable"))?;
-        let tokenizer = tokenizer::Tokenizer::from_hf_dir(&dir)
-            .map_err(|e| ApiError::internal(format!("the model's tokenizer: {e}")))?;
-        let windows = windows(&config, &file)?;
-        Ok((dir, tokenizer, windows))
+        let model = models.get_or_prepare(&store, &manifest)?;
+        let windows = windows(&model.config, &file)?;
+        Ok((model, windows))
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the audio: {e}")))??;
-    let (dir, tokenizer, windows) = prepared;
+    let (model, windows) = prepared;
 
     let job = TranscriptionJob {
-        dir,
+        dir: model.dir.clone(),
         windows: windows.features.clone(),
         language: form.language,
         task: Task::Transcribe,
@@ -264,7 +307,7 @@ pub async fn create(
             TranscriptionError::Invalid(message) => bad(message),
             other => ApiError::internal(other.to_string()).openai(),
         })?;
-    respond(form.format, &tokenizer, &windows, &result)
+    respond(form.format, &model.tokenizer, &windows, &result)
 }
 
 fn respond(
