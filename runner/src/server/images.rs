@@ -262,6 +262,7 @@ pub fn prepare(
     // often the prompt shows them, from one decode of the image.
     let mut prepared: HashMap<(usize, usize), (media::MediaId, EncoderInput)> = HashMap::new();
     let mut decoded: HashMap<usize, media::RgbImage> = HashMap::new();
+    let mut crops: HashMap<usize, Vec<media::CropRect>> = HashMap::new();
     let mut out = Vec::with_capacity(expanded.images.len());
     for (range, index, run) in &expanded.images {
         if let Some(clip) = expanded.audio.get(index) {
@@ -292,9 +293,15 @@ pub fn prepare(
                         let crop = match run.checked_sub(1) {
                             None => None,
                             Some(k) => {
-                                Some(*crops_of(pan_and_scan.as_ref(), bytes)?.get(k).ok_or_else(
-                                    || ApiError::internal(format!("image {index} has no crop {k}")),
-                                )?)
+                                let rects = match crops.entry(*index) {
+                                    Entry::Occupied(rects) => rects.into_mut(),
+                                    Entry::Vacant(slot) => {
+                                        slot.insert(crops_of(pan_and_scan.as_ref(), bytes)?)
+                                    }
+                                };
+                                Some(*rects.get(k).ok_or_else(|| {
+                                    ApiError::internal(format!("image {index} has no crop {k}"))
+                                })?)
                             }
                         };
                         ImageProcessing::Fixed(*processor, crop)
