@@ -48,14 +48,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         Some(d) => d,
         None => default_dtype()?,
     };
-    let tensors = checkpoint
-        .names()
-        .into_iter()
-        .map(|name| {
-            let tensor = checkpoint.tensor(&name)?;
-            Ok((name, tensor))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let tensors = checkpoint_tensors(&checkpoint)?;
     let dense_bytes = spec.parameters.saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
     let dequantize = on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
@@ -85,4 +78,16 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         dtype,
         duration: start.elapsed(),
     })
+}
+
+/// Every tensor `checkpoint` holds, by name.
+pub(crate) fn checkpoint_tensors(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
+    checkpoint
+        .names()
+        .into_iter()
+        .map(|name| {
+            let tensor = checkpoint.tensor(&name)?;
+            Ok((name, tensor))
+        })
+        .collect()
 }

@@ -95,14 +95,7 @@ impl Whisper {
             Some(d) => d,
             None => default_dtype()?,
         };
-        let tensors = checkpoint
-            .names()
-            .into_iter()
-            .map(|name| {
-                let tensor = checkpoint.tensor(&name)?;
-                Ok((name, tensor))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let tensors = crate::load::checkpoint_tensors(&checkpoint)?;
         let mut weights = Weights::new(tensors, dtype).dequantized(true);
         let model = Whisper::new(&config, &mut weights)?;
         if let Some(unused) = weights.unused().first() {
