@@ -20,7 +20,9 @@ use quant::{SafetensorsFile, Tensor};
 use runner::engine::LoopConfig;
 use runner::model_name::ModelName;
 use serde_json::{Value, json};
-use support::{ByteVocabulary, Server, base64, png, post, start_server_with};
+use support::{
+    ByteVocabulary, Server, assert_first_logprobs, base64, png, post, start_server_with,
+};
 
 const MODEL: &str = "tiny-llava:test";
 
@@ -360,22 +362,7 @@ fn the_answer_with_an_image_is_the_models_own() {
         }),
     );
     assert_eq!(status, 200, "{reply}");
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(&first_logprobs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!(
-        "first token's top logprobs: served {served:?}, direct {first_logprobs:?}, {worst:e} \
-         apart"
-    );
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    assert_first_logprobs(&reply, &first_logprobs);
     assert_eq!(
         count(&reply, "prompt_eval_count") + count(&reply, "prompt_cached_count"),
         prompt.len(),

@@ -28,7 +28,9 @@ use quant::{SafetensorsFile, Tensor};
 use runner::engine::LoopConfig;
 use runner::model_name::ModelName;
 use serde_json::{Value, json};
-use support::{ByteVocabulary, Server, base64, png, post, start_server_with};
+use support::{
+    ByteVocabulary, Server, assert_first_logprobs, base64, png, post, start_server_with,
+};
 
 const MODEL: &str = "tiny-qwen2.5-vl:test";
 
@@ -412,22 +414,7 @@ fn decode(ids: &[u32]) -> String {
 /// The served `/api/generate` reply is `want`'s: the text, the first token's top-5 logprobs
 /// within 1e-4 (returned: how far apart), and the prompt's length.
 fn assert_matches(reply: &Value, want: &Reference) -> f32 {
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no logprobs: {reply}"))
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(&want.first_logprobs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!(
-        "first token's top logprobs: served {served:?}, direct {:?}, {worst:e} apart",
-        want.first_logprobs
-    );
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    let worst = assert_first_logprobs(reply, &want.first_logprobs);
     assert_eq!(
         reply["response"].as_str().unwrap(),
         decode(&want.reply),

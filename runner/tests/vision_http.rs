@@ -24,7 +24,7 @@ use runner::engine::LoopConfig;
 use runner::model_name::ModelName;
 use runner::store::Store;
 use serde_json::{Value, json};
-use support::{Server, base64, get, png, post, start_server_with};
+use support::{Server, assert_first_logprobs, base64, get, png, post, start_server_with};
 
 const MODEL: &str = "tiny-gemma3-vision:test";
 const TEXT_MODEL: &str = "tiny-gemma3-text:test";
@@ -344,24 +344,6 @@ fn images_decoded() -> u64 {
     text.lines()
         .find_map(|line| line.strip_prefix("mlxkit_images_decoded_total "))
         .map_or(0, |value| value.trim().parse::<f64>().unwrap() as u64)
-}
-
-/// Asserts that the first token's top-5 logprobs in `reply` (an `/api/generate` answer with
-/// `top_logprobs: 5`) are within 1e-4 of `direct`'s: the distribution, not only its argmax.
-fn assert_first_logprobs(reply: &Value, direct: &[f32]) {
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(direct)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!("first token's top logprobs: served {served:?}, direct {direct:?}");
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
 }
 
 fn count(reply: &Value, field: &str) -> usize {

@@ -452,3 +452,23 @@ pub fn base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// Asserts that the first token's top-5 logprobs in `reply` (an `/api/generate` answer with
+/// `top_logprobs: 5`) are within 1e-4 of `direct`'s: the distribution a model computed
+/// directly, not only its argmax. Returns how far apart they are.
+pub fn assert_first_logprobs(reply: &Value, direct: &[f32]) -> f32 {
+    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no logprobs: {reply}"))
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    let worst = served
+        .iter()
+        .zip(direct)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!("first token's top logprobs: served {served:?}, direct {direct:?}, {worst:e} apart");
+    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
+    worst
+}
