@@ -1,7 +1,7 @@
 //! `KvCache`: the full-attention cache, a preallocated buffer written in place.
 
 use std::ops::Range;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, MutexGuard, Weak};
 
 use mlx::{Array, concatenate};
 
@@ -86,13 +86,8 @@ impl KvCache {
     pub fn update(&mut self, keys: &Array, values: &Array) -> Result<KvHistory> {
         let (keys, values) = stored_as(self.storage, keys, values)?;
         let (shape, n) = KvShape::of(&keys, &values)?;
-        let from = self.offset;
-        self.write(from, &keys, &values, shape, n)?;
-        self.offset = from + n;
-        for (start, at) in self.schedule.crossed(from, self.offset) {
-            let snapshot = KvStore::lazy(&self.store, start..at);
-            self.captured.push((at, snapshot));
-        }
+        self.write(self.offset, &keys, &values, shape, n)?;
+        self.advance(n);
         self.history()
     }
 
@@ -107,15 +102,7 @@ impl KvCache {
 
     fn history(&self) -> Result<KvHistory> {
         let (keys, values) = lock_store(&self.store).read(0..self.offset)?;
-        let spans = [KeySpan {
-            start: 0,
-            len: self.offset,
-        }];
-        Ok(KvHistory {
-            keys,
-            values,
-            mask: MaskApplier::new(self.offset, &spans, None),
-        })
+        Ok(self.history_of(keys, values))
     }
 
     /// Writes `n` tokens at `at`, growing the buffer and copying out lazy snapshots first.
@@ -127,6 +114,40 @@ impl KvCache {
         shape: KvShape,
         n: usize,
     ) -> Result<()> {
+        let mut store = self.prepare_write(at, shape, n)?;
+        // Take the buffers out before updating so the store holds no second reference and MLX
+        // can write in place.
+        let (Some(k), Some(v)) = (store.keys.take(), store.values.take()) else {
+            return Err(Error::Config("KV buffer missing after allocation".into()));
+        };
+        let k = write_tokens(&k, keys, at);
+        let v = write_tokens(&v, values, at);
+        match (k, v) {
+            (Ok(k), Ok(v)) => {
+                store.keys = Some(k);
+                store.values = Some(v);
+                Ok(())
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                // The old buffers are gone with the failed update; the cache is empty now, and
+                // lazy snapshots must not read whatever buffer comes next.
+                store.lose_all(&e.to_string());
+                drop(store);
+                self.offset = 0;
+                self.capacity = 0;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the buffer ready for `n` tokens at `at`: grown to fit, and the lazy snapshots
+    /// over those slots copied out. The store stays locked for the caller's write.
+    pub(crate) fn prepare_write(
+        &mut self,
+        at: usize,
+        shape: KvShape,
+        n: usize,
+    ) -> Result<MutexGuard<'_, KvStore>> {
         match &self.shape {
             Some(stored) => stored.check_same(&shape, "keys and values")?,
             None => self.shape = Some(shape),
@@ -151,28 +172,36 @@ impl KvCache {
             self.capacity = capacity;
         }
         store.copy_out_overlapping(at..end)?;
-        let (Some(k), Some(v)) = (store.keys.take(), store.values.take()) else {
-            return Err(Error::Config("KV buffer missing after allocation".into()));
-        };
-        // Take the buffers out before updating so the store holds no second reference and MLX
-        // can write in place.
-        let k = write_tokens(&k, keys, at);
-        let v = write_tokens(&v, values, at);
-        match (k, v) {
-            (Ok(k), Ok(v)) => {
-                store.keys = Some(k);
-                store.values = Some(v);
-                Ok(())
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                // The old buffers are gone with the failed update; the cache is empty now, and
-                // lazy snapshots must not read whatever buffer comes next.
-                store.lose_all(&e.to_string());
-                self.offset = 0;
-                self.capacity = 0;
-                Err(e)
-            }
+        Ok(store)
+    }
+
+    /// Moves the offset past `n` tokens written at the offset, recording the scheduled
+    /// captures the write crossed.
+    pub(crate) fn advance(&mut self, n: usize) {
+        let from = self.offset;
+        self.offset = from + n;
+        for (start, at) in self.schedule.crossed(from, self.offset) {
+            let snapshot = KvStore::lazy(&self.store, start..at);
+            self.captured.push((at, snapshot));
         }
+    }
+
+    /// The history after a write the caller made, from views of the buffers it wrote.
+    pub(crate) fn history_of(&self, keys: Array, values: Array) -> KvHistory {
+        let spans = [KeySpan {
+            start: 0,
+            len: self.offset,
+        }];
+        KvHistory {
+            keys,
+            values,
+            mask: MaskApplier::new(self.offset, &spans, None),
+        }
+    }
+
+    /// How keys and values are stored, if set.
+    pub(crate) fn storage(&self) -> Option<KvStorage> {
+        self.storage
     }
 
     /// The arrays holding the cache's state, for the engine to evaluate after a forward.

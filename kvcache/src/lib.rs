@@ -46,6 +46,7 @@
 //! - `rotating.rs`: [`RotatingKvCache`], its [`RotatingConfig`] and [`RotatingSnapshot`].
 //! - `recurrent.rs`: [`RecurrentCache`], its [`RecurrentConfig`] and [`RecurrentSnapshot`].
 //! - `layer.rs`: [`LayerCache`] and [`LayerSnapshot`], the contract over the three kinds.
+//! - `rows.rs`: [`update_rows`], one layer's append for every row of a batch.
 //! - `mask.rs`: [`KvHistory`], [`MaskApplier`], [`LogicalMask`], [`AttentionMaskOwned`].
 //! - `schedule.rs`: scheduled captures.
 //! - `storage.rs`: [`KvStorage`], the float and 8-bit forms keys and values are stored in.
@@ -61,6 +62,7 @@ mod layer;
 mod mask;
 mod recurrent;
 mod rotating;
+mod rows;
 mod schedule;
 mod storage;
 mod tensor;
@@ -72,5 +74,6 @@ pub use layer::{LayerCache, LayerSnapshot};
 pub use mask::{AttentionMaskOwned, KvHistory, LogicalMask, MaskApplier};
 pub use recurrent::{RecurrentCache, RecurrentConfig, RecurrentSnapshot};
 pub use rotating::{RotatingConfig, RotatingKvCache, RotatingSnapshot};
+pub use rows::update_rows;
 pub use storage::{KvStorage, Q8_GROUP};
 pub use tensor::compact;

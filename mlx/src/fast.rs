@@ -182,6 +182,67 @@ pub fn rows_attention(
     )?)
 }
 
+/// What [`append_rows`] gives back, one entry per row in each list.
+#[derive(Debug, Clone)]
+pub struct AppendedRows {
+    /// Each row's key buffer after the write.
+    pub key_buffers: Vec<Array>,
+    /// Each row's value buffer after the write.
+    pub value_buffers: Vec<Array>,
+    /// Each row's keys so far, `[1, heads, offset + tokens, key_dim]`: a view of its buffer.
+    pub key_history: Vec<Array>,
+    /// Each row's values so far, a view of its buffer.
+    pub value_history: Vec<Array>,
+}
+
+/// Writes row r of `keys` `[rows, heads, tokens, key_dim]` and `values` `[.., value_dim]` into
+/// slots `offsets[r]..offsets[r] + tokens` of row r's buffers `[1, heads, capacity, dim]`, for
+/// every row in one graph node, and returns the buffers after the write with views of their
+/// first `offsets[r] + tokens` slots. Each buffer is written in place when nothing else holds
+/// it, as [`Array::slice_update`] would be. Buffers and new rows share a dtype, any dtype.
+///
+/// `None` when the kernel does not apply (a GPU default device, shapes or dtypes that do not
+/// match, a write past a buffer's end); write each row with slice updates then.
+pub fn append_rows(
+    keys: &Array,
+    values: &Array,
+    key_buffers: &[&Array],
+    value_buffers: &[&Array],
+    offsets: &[usize],
+) -> Result<Option<AppendedRows>> {
+    let rows = offsets.len();
+    let Ok(offsets) = offsets
+        .iter()
+        .map(|&o| i32::try_from(o))
+        .collect::<std::result::Result<Vec<i32>, _>>()
+    else {
+        return Ok(None);
+    };
+    let key_list = to_list(key_buffers.iter().copied())?;
+    let value_list = to_list(value_buffers.iter().copied())?;
+    let list = ffi::append_rows(keys.raw(), values.raw(), &key_list, &value_list, &offsets)?;
+    if list.is_null() {
+        return Ok(None);
+    }
+    let mut arrays = crate::list::from_owned_list(list)?;
+    if arrays.len() != 4 * rows {
+        return Err(crate::Error::Mlx(format!(
+            "append rows: expected {} arrays for {rows} rows, got {}",
+            4 * rows,
+            arrays.len()
+        )));
+    }
+    let value_history = arrays.split_off(3 * rows);
+    let key_history = arrays.split_off(2 * rows);
+    let value_buffers = arrays.split_off(rows);
+    Ok(Some(AppendedRows {
+        key_buffers: arrays,
+        value_buffers,
+        key_history,
+        value_history,
+    }))
+}
+
 /// `softmax(x)` over the last axis on the CPU with a vectorized `exp` (MLX's CPU softmax
 /// evaluates `exp` one lane at a time), rows spread over the kernel threads. Relative error a
 /// few f32 ulps. `None` when the kernel does not apply (a GPU default device, a dtype other

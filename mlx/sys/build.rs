@@ -57,6 +57,7 @@ fn main() {
         .file("shim/gemv.cc")
         .file("shim/qmv.cc")
         .file("shim/qmv8.cc")
+        .file("shim/append.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")
         .file("shim/softmax.cc")

@@ -276,8 +276,7 @@ pub fn append_to_caches(
     tokens: usize,
     logical: LogicalMask,
 ) -> Result<RowHistories> {
-    let rows = positions.len();
-    let mut histories = Vec::with_capacity(rows);
+    let mut row_caches = Vec::with_capacity(caches.len());
     for (row, set) in caches.iter_mut().enumerate() {
         let cache = set[layer]
             .as_mut()
@@ -289,10 +288,16 @@ pub fn append_to_caches(
                 cache.offset()
             )));
         }
-        let history = cache.update(&pick_row(keys, row, rows)?, &pick_row(values, row, rows)?)?;
-        let mask = history.mask.attention_mask(tokens, logical)?;
-        histories.push((history, mask));
+        row_caches.push(cache);
     }
+    // One node writes every row when the caches allow it (see kvcache's `update_rows`).
+    let histories = kvcache::update_rows(&mut row_caches, keys, values)?
+        .into_iter()
+        .map(|history| {
+            let mask = history.mask.attention_mask(tokens, logical)?;
+            Ok((history, mask))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(RowHistories(histories))
 }
 

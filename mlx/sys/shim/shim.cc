@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mlxkit-mlx-sys/src/lib.rs.h"
+#include "append.h"
 #include "attend.h"
 #include "delta.h"
 #include "ssd.h"
@@ -619,6 +620,23 @@ std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, cons
     return nullptr;
   }
   return own_list({std::move(scanned->first), std::move(scanned->second)});
+}
+
+std::unique_ptr<ArrayList> append_rows(const Array& keys, const Array& values,
+                                       const ArrayList& key_buffers,
+                                       const ArrayList& value_buffers,
+                                       rust::Slice<const int32_t> offsets) {
+  auto appended = mlxkit::append_rows(keys, values, key_buffers.items, value_buffers.items,
+                                      std::vector<int>(offsets.begin(), offsets.end()));
+  if (!appended) {
+    return nullptr;
+  }
+  std::vector<Array> all;
+  for (auto* list : {&appended->key_buffers, &appended->value_buffers,
+                     &appended->key_history, &appended->value_history}) {
+    all.insert(all.end(), list->begin(), list->end());
+  }
+  return own_list(std::move(all));
 }
 
 std::unique_ptr<ArrayList> ssd_scan(const Array& x, const Array& dt, const Array& a,

@@ -223,6 +223,14 @@ std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, cons
 std::unique_ptr<ArrayList> ssd_scan(const Array& x, const Array& dt, const Array& a,
                                     const Array& b, const Array& c, const Array& state);
 
+// Each row's new keys and values written into its own cache buffers, one node for the batch:
+// `[key buffers, value buffers, key histories, value histories]`, null when the CPU kernel does
+// not apply (see append.h).
+std::unique_ptr<ArrayList> append_rows(const Array& keys, const Array& values,
+                                       const ArrayList& key_buffers,
+                                       const ArrayList& value_buffers,
+                                       rust::Slice<const int32_t> offsets);
+
 std::unique_ptr<Array> rows_attention(
     const Array& queries,
     const ArrayList& keys,

@@ -388,6 +388,15 @@ pub mod ffi {
             c: &Array,
             state: &Array,
         ) -> Result<UniquePtr<ArrayList>>;
+        /// `[key buffers, value buffers, key histories, value histories]`, a row each; null
+        /// when the CPU kernel does not apply.
+        fn append_rows(
+            keys: &Array,
+            values: &Array,
+            key_buffers: &ArrayList,
+            value_buffers: &ArrayList,
+            offsets: &[i32],
+        ) -> Result<UniquePtr<ArrayList>>;
         /// Null when the rows attention kernel does not apply.
         #[allow(clippy::too_many_arguments)]
         fn rows_attention(

@@ -1,0 +1,140 @@
+//! `update_rows`: one layer's new keys and values for every row of a batch, each appended to
+//! that row's own cache.
+//!
+//! Row by row, an append is two slices picking the row out of the batch, two slice updates and
+//! two slices reading the history back: six graph nodes per row and layer, which at eight rows
+//! cost a decode step more than the copying they do. When every row's cache is a full-attention
+//! [`KvCache`] stored alike, the rows are written by one node ([`mlx::fast::append_rows`]) that
+//! also gives each row's history as a view of its buffer. Anything else (sliding windows, mixed
+//! storage, a GPU) goes row by row. Either way each row's cache ends up as its own `update`
+//! would leave it, bit for bit.
+
+use mlx::Array;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::kv_snapshot::KvStore;
+use crate::layer::LayerCache;
+use crate::mask::KvHistory;
+use crate::storage::stored_as;
+use crate::tensor::KvShape;
+
+/// Appends row r of `keys` `[rows, kv_heads, tokens, key_dim]` and `values` `[.., value_dim]`
+/// to `caches[r]` (attention kinds) at its offset and returns each row's history, as
+/// `caches[r].update` with that row would.
+pub fn update_rows(
+    caches: &mut [&mut LayerCache],
+    keys: &Array,
+    values: &Array,
+) -> Result<Vec<KvHistory>> {
+    let rows = caches.len();
+    let batch = keys.shape().first().copied().unwrap_or(0);
+    if usize::try_from(batch) != Ok(rows) || values.shape().first() != Some(&batch) {
+        return Err(Error::Shape {
+            what: "keys and values",
+            expected: format!("[{rows}, kv_heads, tokens, dim], a row per cache"),
+            found: keys.shape(),
+        });
+    }
+    if rows == 1 {
+        return Ok(vec![caches[0].update(keys, values)?]);
+    }
+    let mut kv: Vec<&mut KvCache> = Vec::with_capacity(rows);
+    for cache in caches.iter_mut() {
+        match &mut **cache {
+            LayerCache::Kv(c) => kv.push(c),
+            _ => break,
+        }
+    }
+    if kv.len() == rows
+        && let Some(histories) = append_kv_rows(&mut kv, keys, values)?
+    {
+        return Ok(histories);
+    }
+    caches
+        .iter_mut()
+        .enumerate()
+        .map(|(row, cache)| {
+            let r = row as i32;
+            cache.update(
+                &keys.slice_axis(0, r, r + 1)?,
+                &values.slice_axis(0, r, r + 1)?,
+            )
+        })
+        .collect()
+}
+
+/// The one-node path over full-attention caches; `None` when it does not apply (storage that
+/// differs between rows, or a kernel that declines), with every cache left as it was.
+fn append_kv_rows(
+    caches: &mut [&mut KvCache],
+    keys: &Array,
+    values: &Array,
+) -> Result<Option<Vec<KvHistory>>> {
+    let storage = caches[0].storage();
+    if caches.iter().any(|c| c.storage() != storage) {
+        return Ok(None);
+    }
+    let (keys, values) = stored_as(storage, keys, values)?;
+    let (shape, n) = KvShape::of(&keys, &values)?;
+    let row_shape = KvShape { batch: 1, ..shape };
+    let offsets: Vec<usize> = caches.iter().map(|c| c.offset()).collect();
+    let mut stores = Vec::with_capacity(caches.len());
+    for (cache, &at) in caches.iter_mut().zip(&offsets) {
+        stores.push(cache.prepare_write(at, row_shape, n)?);
+    }
+    let mut old = Vec::with_capacity(stores.len());
+    for store in &mut stores {
+        match (store.keys.take(), store.values.take()) {
+            (Some(k), Some(v)) => old.push((k, v)),
+            _ => {
+                put_back(&mut stores, old);
+                return Err(Error::Config("KV buffer missing after allocation".into()));
+            }
+        }
+    }
+    let key_buffers: Vec<&Array> = old.iter().map(|(k, _)| k).collect();
+    let value_buffers: Vec<&Array> = old.iter().map(|(_, v)| v).collect();
+    let appended =
+        match mlx::fast::append_rows(&keys, &values, &key_buffers, &value_buffers, &offsets) {
+            Ok(Some(appended)) => appended,
+            Ok(None) => {
+                put_back(&mut stores, old);
+                return Ok(None);
+            }
+            Err(e) => {
+                put_back(&mut stores, old);
+                return Err(e.into());
+            }
+        };
+    // The old buffers go before anything is evaluated, so that the write can take them over.
+    drop(old);
+    let mlx::fast::AppendedRows {
+        key_buffers,
+        value_buffers,
+        key_history,
+        value_history,
+    } = appended;
+    for ((store, k), v) in stores.iter_mut().zip(key_buffers).zip(value_buffers) {
+        store.keys = Some(k);
+        store.values = Some(v);
+    }
+    drop(stores);
+    let histories = caches
+        .iter_mut()
+        .zip(key_history.into_iter().zip(value_history))
+        .map(|(cache, (k, v))| {
+            cache.advance(n);
+            cache.history_of(k, v)
+        })
+        .collect();
+    Ok(Some(histories))
+}
+
+/// Returns the buffers taken out of locked stores, unwritten.
+fn put_back(stores: &mut [std::sync::MutexGuard<'_, KvStore>], old: Vec<(Array, Array)>) {
+    for (store, (k, v)) in stores.iter_mut().zip(old) {
+        store.keys = Some(k);
+        store.values = Some(v);
+    }
+}
