@@ -272,46 +272,99 @@ impl RotatingKvCache {
                 "rotating buffer missing after a write".into(),
             ));
         };
+        let used = dim(self.used_slots(), "history length")?;
+        Ok(self.history_of(
+            keys.slice_axis(TOKENS, 0, used)?,
+            values.slice_axis(TOKENS, 0, used)?,
+        ))
+    }
+
+    /// Slots holding a position after a one-token write, from slot 0 on.
+    fn used_slots(&self) -> usize {
+        self.offset.min(self.config.capacity())
+    }
+
+    /// The history after a one-token write from views of the buffer's used slots.
+    fn history_of(&self, keys: Array, values: Array) -> KvHistory {
         let offset = self.offset;
-        let capacity = self.config.capacity();
         let keep = self.config.keep;
         let ring = self.config.ring();
-        let (used, spans) = if offset <= capacity {
+        let spans = if offset <= self.config.capacity() {
             // Not wrapped yet: slot `p` holds position `p`.
-            (
-                offset,
-                vec![KeySpan {
-                    start: 0,
-                    len: offset,
-                }],
-            )
+            vec![KeySpan {
+                start: 0,
+                len: offset,
+            }]
         } else {
             let last = offset - 1;
             let j = (last - keep) % ring;
-            (
-                capacity,
-                vec![
-                    KeySpan {
-                        start: 0,
-                        len: keep,
-                    },
-                    KeySpan {
-                        start: last - j,
-                        len: j + 1,
-                    },
-                    KeySpan {
-                        start: offset - ring,
-                        len: ring - 1 - j,
-                    },
-                ],
-            )
+            vec![
+                KeySpan {
+                    start: 0,
+                    len: keep,
+                },
+                KeySpan {
+                    start: last - j,
+                    len: j + 1,
+                },
+                KeySpan {
+                    start: offset - ring,
+                    len: ring - 1 - j,
+                },
+            ]
         };
-        let used = dim(used, "history length")?;
-        Ok(KvHistory {
-            keys: keys.slice_axis(TOKENS, 0, used)?,
-            values: values.slice_axis(TOKENS, 0, used)?,
+        KvHistory {
+            keys,
+            values,
             mask: MaskApplier::new(offset, &spans, Some(self.storage_window())),
-        })
+        }
+    }
+
+    /// Readies a one-token write whose keys and values have `shape` (in the stored form) and
+    /// takes the buffers out for the caller to write: `(slot, used slots after the write,
+    /// keys, values)`. The caller hands them back with [`RotatingKvCache::finish_decode_write`]
+    /// or, unwritten, [`RotatingKvCache::put_buffers`].
+    pub(crate) fn take_for_decode_write(
+        &mut self,
+        shape: KvShape,
+    ) -> Result<(usize, usize, Array, Array)> {
+        self.check_shape(shape)?;
+        let from = self.offset;
+        dim(from + 1, "cache offset")?;
+        let (k, v) = self
+            .buffers
+            .take()
+            .ok_or_else(|| Error::Config("rotating buffer missing".into()))?;
+        let used = (from + 1).min(self.config.capacity());
+        Ok((self.config.slot(from), used, k, v))
+    }
+
+    /// Hands back buffers [`RotatingKvCache::take_for_decode_write`] took, unwritten.
+    pub(crate) fn put_buffers(&mut self, keys: Array, values: Array) {
+        self.buffers = Some((keys, values));
+    }
+
+    /// Takes back the buffers after the caller wrote the token, with views of their used
+    /// slots, and moves past it as `update` does: the captures it crossed, then the history.
+    pub(crate) fn finish_decode_write(
+        &mut self,
+        (keys, values): (Array, Array),
+        (key_history, value_history): (Array, Array),
+    ) -> Result<KvHistory> {
+        self.buffers = Some((keys, values));
+        let from = self.offset;
+        let crossed = self.schedule.crossed(from, from + 1);
+        self.offset = from + 1;
+        for (_, at) in crossed {
+            let snapshot = self.snapshot_now()?;
+            self.captured.push((at, snapshot));
+        }
+        Ok(self.history_of(key_history, value_history))
+    }
+
+    /// How keys and values are stored, if set.
+    pub(crate) fn storage(&self) -> Option<KvStorage> {
+        self.storage
     }
 
     /// The keys and values of `ranges` of held positions, in order, in fresh buffers.

@@ -4,10 +4,11 @@
 //! Row by row, an append is two slices picking the row out of the batch, two slice updates and
 //! two slices reading the history back: six graph nodes per row and layer, which at eight rows
 //! cost a decode step more than the copying they do. When every row's cache is a full-attention
-//! [`KvCache`] stored alike, the rows are written by one node ([`mlx::fast::append_rows`]) that
-//! also gives each row's history as a view of its buffer. Anything else (sliding windows, mixed
-//! storage, a GPU) goes row by row. Either way each row's cache ends up as its own `update`
-//! would leave it, bit for bit.
+//! [`KvCache`], or every row's a sliding-window [`RotatingKvCache`] taking one token (a decode
+//! step), all stored alike, the rows are written by one node ([`mlx::fast::append_rows`]) that
+//! also gives each row's history as a view of its buffer. Anything else (a prompt chunk into a
+//! window, mixed storage, a GPU) goes row by row. Either way each row's cache ends up as its
+//! own `update` would leave it, bit for bit.
 
 use mlx::Array;
 
@@ -16,6 +17,7 @@ use crate::kv::KvCache;
 use crate::kv_snapshot::KvStore;
 use crate::layer::LayerCache;
 use crate::mask::KvHistory;
+use crate::rotating::RotatingKvCache;
 use crate::storage::stored_as;
 use crate::tensor::KvShape;
 
@@ -39,16 +41,7 @@ pub fn update_rows(
     if rows == 1 {
         return Ok(vec![caches[0].update(keys, values)?]);
     }
-    let mut kv: Vec<&mut KvCache> = Vec::with_capacity(rows);
-    for cache in caches.iter_mut() {
-        match &mut **cache {
-            LayerCache::Kv(c) => kv.push(c),
-            _ => break,
-        }
-    }
-    if kv.len() == rows
-        && let Some(histories) = append_kv_rows(&mut kv, keys, values)?
-    {
+    if let Some(histories) = append_together(caches, keys, values)? {
         return Ok(histories);
     }
     caches
@@ -64,8 +57,32 @@ pub fn update_rows(
         .collect()
 }
 
-/// The one-node path over full-attention caches; `None` when it does not apply (storage that
-/// differs between rows, or a kernel that declines), with every cache left as it was.
+/// The one-node paths; `None` when they do not apply, with every cache left as it was.
+fn append_together(
+    caches: &mut [&mut LayerCache],
+    keys: &Array,
+    values: &Array,
+) -> Result<Option<Vec<KvHistory>>> {
+    let rows = caches.len();
+    let mut kv: Vec<&mut KvCache> = Vec::with_capacity(rows);
+    let mut rotating: Vec<&mut RotatingKvCache> = Vec::with_capacity(rows);
+    for cache in caches.iter_mut() {
+        match &mut **cache {
+            LayerCache::Kv(c) => kv.push(c),
+            LayerCache::Rotating(c) => rotating.push(c),
+            LayerCache::Recurrent(_) => return Ok(None),
+        }
+    }
+    if kv.len() == rows {
+        append_kv_rows(&mut kv, keys, values)
+    } else if rotating.len() == rows && keys.shape().get(2) == Some(&1) {
+        append_rotating_rows(&mut rotating, keys, values)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Full-attention caches: `None` when storage differs between rows or the kernel declines.
 fn append_kv_rows(
     caches: &mut [&mut KvCache],
     keys: &Array,
@@ -79,6 +96,7 @@ fn append_kv_rows(
     let (shape, n) = KvShape::of(&keys, &values)?;
     let row_shape = KvShape { batch: 1, ..shape };
     let offsets: Vec<usize> = caches.iter().map(|c| c.offset()).collect();
+    let lengths: Vec<usize> = offsets.iter().map(|o| o + n).collect();
     let mut stores = Vec::with_capacity(caches.len());
     for (cache, &at) in caches.iter_mut().zip(&offsets) {
         stores.push(cache.prepare_write(at, row_shape, n)?);
@@ -95,18 +113,24 @@ fn append_kv_rows(
     }
     let key_buffers: Vec<&Array> = old.iter().map(|(k, _)| k).collect();
     let value_buffers: Vec<&Array> = old.iter().map(|(_, v)| v).collect();
-    let appended =
-        match mlx::fast::append_rows(&keys, &values, &key_buffers, &value_buffers, &offsets) {
-            Ok(Some(appended)) => appended,
-            Ok(None) => {
-                put_back(&mut stores, old);
-                return Ok(None);
-            }
-            Err(e) => {
-                put_back(&mut stores, old);
-                return Err(e.into());
-            }
-        };
+    let appended = match mlx::fast::append_rows(
+        &keys,
+        &values,
+        &key_buffers,
+        &value_buffers,
+        &offsets,
+        &lengths,
+    ) {
+        Ok(Some(appended)) => appended,
+        Ok(None) => {
+            put_back(&mut stores, old);
+            return Ok(None);
+        }
+        Err(e) => {
+            put_back(&mut stores, old);
+            return Err(e.into());
+        }
+    };
     // The old buffers go before anything is evaluated, so that the write can take them over.
     drop(old);
     let mlx::fast::AppendedRows {
@@ -129,6 +153,75 @@ fn append_kv_rows(
         })
         .collect();
     Ok(Some(histories))
+}
+
+/// Sliding windows taking one token each: `None` when storage differs between rows or the
+/// kernel declines.
+fn append_rotating_rows(
+    caches: &mut [&mut RotatingKvCache],
+    keys: &Array,
+    values: &Array,
+) -> Result<Option<Vec<KvHistory>>> {
+    let storage = caches[0].storage();
+    if caches.iter().any(|c| c.storage() != storage) {
+        return Ok(None);
+    }
+    let (keys, values) = stored_as(storage, keys, values)?;
+    let (shape, _) = KvShape::of(&keys, &values)?;
+    let row_shape = KvShape { batch: 1, ..shape };
+    let (mut slots, mut lengths, mut old) = (Vec::new(), Vec::new(), Vec::new());
+    let mut taken = Vec::with_capacity(caches.len());
+    for cache in caches.iter_mut() {
+        match cache.take_for_decode_write(row_shape) {
+            Ok((slot, used, k, v)) => {
+                slots.push(slot);
+                lengths.push(used);
+                old.push((k, v));
+                taken.push(cache);
+            }
+            Err(e) => {
+                for (cache, (k, v)) in taken.into_iter().zip(old) {
+                    cache.put_buffers(k, v);
+                }
+                return Err(e);
+            }
+        }
+    }
+    let key_buffers: Vec<&Array> = old.iter().map(|(k, _)| k).collect();
+    let value_buffers: Vec<&Array> = old.iter().map(|(_, v)| v).collect();
+    let appended = mlx::fast::append_rows(
+        &keys,
+        &values,
+        &key_buffers,
+        &value_buffers,
+        &slots,
+        &lengths,
+    );
+    let appended = match appended {
+        Ok(Some(appended)) => appended,
+        declined_or_failed => {
+            for (cache, (k, v)) in taken.into_iter().zip(old) {
+                cache.put_buffers(k, v);
+            }
+            return declined_or_failed.map(|_| None).map_err(Error::from);
+        }
+    };
+    // The old buffers go before anything is evaluated, so that the write can take them over.
+    drop(old);
+    let mlx::fast::AppendedRows {
+        key_buffers,
+        value_buffers,
+        key_history,
+        value_history,
+    } = appended;
+    let written = key_buffers.into_iter().zip(value_buffers);
+    let views = key_history.into_iter().zip(value_history);
+    taken
+        .into_iter()
+        .zip(written.zip(views))
+        .map(|(cache, (buffers, views))| cache.finish_decode_write(buffers, views))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// Returns the buffers taken out of locked stores, unwritten.

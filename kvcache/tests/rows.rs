@@ -116,6 +116,41 @@ fn rows_written_together_equal_rows_written_alone() {
 }
 
 #[test]
+fn sliding_windows_written_together_equal_windows_written_alone() {
+    // Decode steps (one token, written together) past the window's wrap, between prompt
+    // chunks (row by row), with and without kept positions and rewind slack.
+    let writes = [5, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1];
+    for (window, keep, rewind_slack) in [(8, 0, 0), (6, 2, 0), (5, 0, 3)] {
+        let config = RotatingConfig {
+            window,
+            keep,
+            rewind_slack,
+        };
+        compare(
+            |_| LayerCache::Rotating(RotatingKvCache::new(config).unwrap()),
+            kv,
+            3,
+            &writes,
+        );
+    }
+    let config = RotatingConfig {
+        window: 8,
+        keep: 0,
+        rewind_slack: 0,
+    };
+    compare(
+        |_| {
+            let mut cache = RotatingKvCache::new(config).unwrap();
+            cache.set_storage(KvStorage::Q8).unwrap();
+            LayerCache::Rotating(cache)
+        },
+        wide_kv,
+        2,
+        &[3, 1, 1, 1, 1, 1, 1, 1, 1],
+    );
+}
+
+#[test]
 fn caches_of_other_kinds_go_row_by_row() {
     let config = RotatingConfig {
         window: 8,

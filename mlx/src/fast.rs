@@ -189,7 +189,7 @@ pub struct AppendedRows {
     pub key_buffers: Vec<Array>,
     /// Each row's value buffer after the write.
     pub value_buffers: Vec<Array>,
-    /// Each row's keys so far, `[1, heads, offset + tokens, key_dim]`: a view of its buffer.
+    /// Each row's keys so far, `[1, heads, length, key_dim]`: a view of its buffer.
     pub key_history: Vec<Array>,
     /// Each row's values so far, a view of its buffer.
     pub value_history: Vec<Array>,
@@ -198,7 +198,7 @@ pub struct AppendedRows {
 /// Writes row r of `keys` `[rows, heads, tokens, key_dim]` and `values` `[.., value_dim]` into
 /// slots `offsets[r]..offsets[r] + tokens` of row r's buffers `[1, heads, capacity, dim]`, for
 /// every row in one graph node, and returns the buffers after the write with views of their
-/// first `offsets[r] + tokens` slots. Each buffer is written in place when nothing else holds
+/// first `lengths[r]` slots (a full cache's `offset + tokens`, a ring's used slots). Each buffer is written in place when nothing else holds
 /// it, as [`Array::slice_update`] would be. Buffers and new rows share a dtype, any dtype.
 ///
 /// `None` when the kernel does not apply (a GPU default device, shapes or dtypes that do not
@@ -209,18 +209,25 @@ pub fn append_rows(
     key_buffers: &[&Array],
     value_buffers: &[&Array],
     offsets: &[usize],
+    lengths: &[usize],
 ) -> Result<Option<AppendedRows>> {
     let rows = offsets.len();
-    let Ok(offsets) = offsets
-        .iter()
-        .map(|&o| i32::try_from(o))
-        .collect::<std::result::Result<Vec<i32>, _>>()
-    else {
+    let as_i32 = |values: &[usize]| -> Option<Vec<i32>> {
+        values.iter().map(|&v| i32::try_from(v).ok()).collect()
+    };
+    let (Some(offsets), Some(lengths)) = (as_i32(offsets), as_i32(lengths)) else {
         return Ok(None);
     };
     let key_list = to_list(key_buffers.iter().copied())?;
     let value_list = to_list(value_buffers.iter().copied())?;
-    let list = ffi::append_rows(keys.raw(), values.raw(), &key_list, &value_list, &offsets)?;
+    let list = ffi::append_rows(
+        keys.raw(),
+        values.raw(),
+        &key_list,
+        &value_list,
+        &offsets,
+        &lengths,
+    )?;
     if list.is_null() {
         return Ok(None);
     }

@@ -65,6 +65,7 @@ fn rows_land_where_slice_updates_put_them() {
             &key_buffers.iter().collect::<Vec<_>>(),
             &value_buffers.iter().collect::<Vec<_>>(),
             &offsets,
+            &offsets.map(|o| o + tokens as usize),
         )
         .unwrap()
         .expect("the kernel takes f32 rows on the CPU");
@@ -123,6 +124,7 @@ fn unheld_buffers_are_written_in_place_and_histories_follow() {
             &keys_now.iter().collect::<Vec<_>>(),
             &values_now.iter().collect::<Vec<_>>(),
             &offsets,
+            &offsets.map(|o| o + 1),
         )
         .unwrap()
         .expect("applies");
@@ -175,6 +177,7 @@ fn byte_rows_are_copied_as_bytes() {
         &key_buffers.iter().collect::<Vec<_>>(),
         &value_buffers.iter().collect::<Vec<_>>(),
         &offsets,
+        &[2, 6],
     )
     .unwrap()
     .expect("applies to bytes");
@@ -197,12 +200,27 @@ fn byte_rows_are_copied_as_bytes() {
 }
 
 #[test]
+fn a_ring_views_every_slot_it_uses() {
+    // A sliding window that has wrapped writes slot 1 and attends all 4 slots.
+    let keys = common::array(&[1, 2, 1, 4], 1).1;
+    let buffer = common::array(&[1, 2, 4, 4], 2).1;
+    let expected = by_slice_updates(&keys, std::slice::from_ref(&buffer), &[1]);
+    let appended = append_rows(&keys, &keys, &[&buffer], &[&buffer], &[1], &[4])
+        .unwrap()
+        .expect("applies");
+    same(&appended.key_history[0], &expected[0], "the whole ring");
+}
+
+#[test]
 fn what_does_not_fit_is_declined() {
     let keys = common::array(&[2, 2, 1, 4], 1).1;
     let buffer = common::array(&[1, 2, 4, 4], 2).1;
     let two = [&buffer, &buffer];
     let declined = |keys: &Array, values: &Array, k: &[&Array], v: &[&Array], at: &[usize]| {
-        append_rows(keys, values, k, v, at).unwrap().is_none()
+        let lengths: Vec<usize> = at.iter().map(|a| a + 1).collect();
+        append_rows(keys, values, k, v, at, &lengths)
+            .unwrap()
+            .is_none()
     };
     assert!(declined(&keys, &keys, &two, &two, &[0, 4]), "past the end");
     assert!(declined(&keys, &keys, &two[..1], &two[..1], &[0]), "rows");
@@ -214,4 +232,12 @@ fn what_does_not_fit_is_declined() {
     let half = keys.astype(Dtype::F16).unwrap();
     assert!(declined(&half, &half, &two, &two, &[0, 0]), "dtype");
     assert!(declined(&keys, &half, &two, &two, &[0, 0]), "mixed dtypes");
+    for lengths in [[0, 1], [1, 5]] {
+        assert!(
+            append_rows(&keys, &keys, &two, &two, &[0, 0], &lengths)
+                .unwrap()
+                .is_none(),
+            "a history of {lengths:?} slots"
+        );
+    }
 }

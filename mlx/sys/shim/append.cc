@@ -7,7 +7,8 @@
 // machine, paid for copying a few kilobytes. This primitive does the same in one node per
 // layer: each output buffer takes over its input's memory when nothing else holds it (as a
 // slice update does) and gets the row's new tokens copied in, and each history is a view of
-// its buffer's first slots, with no node of its own.
+// its buffer's first slots (as many as the caller says: a ring's are not the last written),
+// with no node of its own.
 
 #include "append.h"
 
@@ -178,10 +179,11 @@ class AppendRows : public mx::Primitive {
 std::optional<AppendedRows> append_rows(const mx::array& keys, const mx::array& values,
                                         const std::vector<mx::array>& key_buffers,
                                         const std::vector<mx::array>& value_buffers,
-                                        const std::vector<int>& offsets) {
+                                        const std::vector<int>& offsets,
+                                        const std::vector<int>& lengths) {
   const size_t rows = offsets.size();
   if (mx::default_device() != mx::Device::cpu || rows == 0 || key_buffers.size() != rows ||
-      value_buffers.size() != rows || keys.ndim() != 4 || values.ndim() != 4 ||
+      value_buffers.size() != rows || lengths.size() != rows || keys.ndim() != 4 || values.ndim() != 4 ||
       keys.dtype() != values.dtype() || keys.shape(0) != static_cast<int>(rows) ||
       values.shape(0) != keys.shape(0) || values.shape(1) != keys.shape(1) ||
       values.shape(2) != keys.shape(2) || keys.shape(2) == 0) {
@@ -192,14 +194,14 @@ std::optional<AppendedRows> append_rows(const mx::array& keys, const mx::array& 
   std::vector<mx::Shape> shapes;
   std::vector<mx::Dtype> dtypes;
   std::vector<mx::array> inputs{keys, values};
-  const auto fits = [&](const mx::array& buffer, const mx::array& update, int offset) {
+  const auto fits = [&](const mx::array& buffer, const mx::array& update, size_t r) {
     return buffer.ndim() == 4 && buffer.shape(0) == 1 && buffer.shape(1) == heads &&
            buffer.shape(3) == update.shape(3) && buffer.dtype() == update.dtype() &&
-           offset >= 0 && static_cast<int64_t>(offset) + tokens <= buffer.shape(2);
+           offsets[r] >= 0 && static_cast<int64_t>(offsets[r]) + tokens <= buffer.shape(2) &&
+           lengths[r] >= 1 && lengths[r] <= buffer.shape(2);
   };
   for (size_t r = 0; r < rows; ++r) {
-    if (!fits(key_buffers[r], keys, offsets[r]) ||
-        !fits(value_buffers[r], values, offsets[r])) {
+    if (!fits(key_buffers[r], keys, r) || !fits(value_buffers[r], values, r)) {
       return std::nullopt;
     }
   }
@@ -213,7 +215,7 @@ std::optional<AppendedRows> append_rows(const mx::array& keys, const mx::array& 
   for (const auto* list : {&key_buffers, &value_buffers}) {
     for (size_t r = 0; r < rows; ++r) {
       const auto& buffer = (*list)[r];
-      shapes.push_back({1, heads, offsets[r] + tokens, buffer.shape(3)});
+      shapes.push_back({1, heads, lengths[r], buffer.shape(3)});
       dtypes.push_back(buffer.dtype());
     }
   }

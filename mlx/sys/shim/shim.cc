@@ -625,9 +625,11 @@ std::unique_ptr<ArrayList> gated_delta_scan(const Array& q, const Array& k, cons
 std::unique_ptr<ArrayList> append_rows(const Array& keys, const Array& values,
                                        const ArrayList& key_buffers,
                                        const ArrayList& value_buffers,
-                                       rust::Slice<const int32_t> offsets) {
+                                       rust::Slice<const int32_t> offsets,
+                                       rust::Slice<const int32_t> lengths) {
   auto appended = mlxkit::append_rows(keys, values, key_buffers.items, value_buffers.items,
-                                      std::vector<int>(offsets.begin(), offsets.end()));
+                                      std::vector<int>(offsets.begin(), offsets.end()),
+                                      std::vector<int>(lengths.begin(), lengths.end()));
   if (!appended) {
     return nullptr;
   }

@@ -229,7 +229,8 @@ std::unique_ptr<ArrayList> ssd_scan(const Array& x, const Array& dt, const Array
 std::unique_ptr<ArrayList> append_rows(const Array& keys, const Array& values,
                                        const ArrayList& key_buffers,
                                        const ArrayList& value_buffers,
-                                       rust::Slice<const int32_t> offsets);
+                                       rust::Slice<const int32_t> offsets,
+                                       rust::Slice<const int32_t> lengths);
 
 std::unique_ptr<Array> rows_attention(
     const Array& queries,

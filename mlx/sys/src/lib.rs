@@ -396,6 +396,7 @@ pub mod ffi {
             key_buffers: &ArrayList,
             value_buffers: &ArrayList,
             offsets: &[i32],
+            lengths: &[i32],
         ) -> Result<UniquePtr<ArrayList>>;
         /// Null when the rows attention kernel does not apply.
         #[allow(clippy::too_many_arguments)]
