@@ -47,6 +47,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use mlx_thread::{Completion, Worker};
 
@@ -232,12 +233,46 @@ impl Engine {
     }
 }
 
+/// How long the inbox must stay unchanged before an idle loop starts its first step.
+const BURST_QUIET: Duration = Duration::from_micros(500);
+/// The longest an idle loop waits for a burst to settle.
+const BURST_WINDOW: Duration = Duration::from_millis(5);
+
+/// Lets a burst of requests arriving together (an agent's parallel calls, a benchmark's
+/// streams) reach the inbox before an idle loop starts: the first step then prefills them all
+/// in one batched forward. Started on the first of them, the loop would prefill it alone, and
+/// every other one would wait that whole forward and then get a prompt chunk a step beside the
+/// first one's decoding (measured on SmolLM2, 8 streams of 128 tokens: first tokens from 0.5
+/// to 2.3 s, against 1.56 s for all when admitted together). Returns at once on an empty
+/// inbox; a lone request pays `BURST_QUIET` once.
+fn wait_for_burst(shared: &Shared) {
+    let start = Instant::now();
+    let mut seen = lock(&shared.inbox).len();
+    if seen == 0 {
+        return;
+    }
+    let mut quiet_since = start;
+    while start.elapsed() < BURST_WINDOW {
+        std::thread::sleep(Duration::from_micros(100));
+        let now = lock(&shared.inbox).len();
+        if now != seen {
+            seen = now;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= BURST_QUIET {
+            return;
+        }
+    }
+}
+
 /// The step loop: hands submitted jobs to the loaded model and steps until nothing runs or
 /// waits. A panic inside a step ends the sequences it concerned with an error, not the loop.
 fn run_loop(shared: &Shared) {
     LOADED.with(|cell| {
         let mut slot = cell.borrow_mut();
         loop {
+            if slot.as_ref().is_none_or(LoadedModel::is_idle) {
+                wait_for_burst(shared);
+            }
             let jobs: Vec<Job> = lock(&shared.inbox).drain(..).collect();
             match slot.as_mut() {
                 Some(loaded) => jobs.into_iter().for_each(|job| loaded.submit(job)),
