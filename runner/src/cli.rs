@@ -4,6 +4,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -1085,7 +1086,8 @@ struct StreamResult {
     ttft: Duration,
 }
 
-/// Runs one greedy generation of `prompt` and times it against `run_start`.
+/// Runs one greedy generation of `prompt` and times it against `run_start`; counts itself in
+/// `decoding` at its first token.
 async fn bench_stream(
     state: AppState,
     name: ModelName,
@@ -1093,6 +1095,7 @@ async fn bench_stream(
     length: BenchLength,
     load: Duration,
     run_start: Instant,
+    decoding: Arc<AtomicUsize>,
 ) -> Result<StreamResult> {
     let lease = state
         .scheduler
@@ -1125,7 +1128,10 @@ async fn bench_stream(
     let mut summary = None;
     while let Some(output) = outputs.recv().await {
         match output {
-            Output::Content(..) if first_token.is_none() => first_token = Some(Instant::now()),
+            Output::Content(..) if first_token.is_none() => {
+                first_token = Some(Instant::now());
+                decoding.fetch_add(1, Ordering::SeqCst);
+            }
             Output::Done(s) => summary = Some(s),
             Output::Error(e) => bail!(e),
             _ => {}
@@ -1197,6 +1203,7 @@ async fn bench(
         // the third token by their index too.
         let shift = ((runs - 1 - run) * (concurrency + 1)) as u32;
         let run_start = Instant::now();
+        let decoding = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::with_capacity(concurrency);
         for stream in 0..concurrency {
             let mut prompt = tokens.clone();
@@ -1215,13 +1222,16 @@ async fn bench(
                 length.clone(),
                 load,
                 run_start,
+                Arc::clone(&decoding),
             )));
         }
         let late = match streams.late_short {
             Some(short) => {
-                // Sent once every long stream has had time to start decoding.
-                while state.scheduler.engine().status().prefilling > 0
-                    || state.scheduler.engine().status().running < concurrency
+                // Sent once every long stream has its first token. (The engine's status is as
+                // of its last step, which at a run's start can still be the previous run's.)
+                // A stream that ended without one (an error) ends the wait too.
+                while decoding.load(Ordering::SeqCst) < concurrency
+                    && !tasks.iter().any(|task| task.is_finished())
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -1241,6 +1251,7 @@ async fn bench(
                         },
                         load,
                         run_start,
+                        Arc::new(AtomicUsize::new(0)),
                     )
                     .await?,
                 )
