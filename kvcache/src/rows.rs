@@ -18,7 +18,7 @@ use crate::kv_snapshot::KvStore;
 use crate::layer::LayerCache;
 use crate::mask::KvHistory;
 use crate::rotating::RotatingKvCache;
-use crate::storage::stored_as;
+use crate::storage::{KvStorage, stored_as};
 use crate::tensor::KvShape;
 
 /// Appends row r of `keys` `[rows, kv_heads, tokens, key_dim]` and `values` `[.., value_dim]`
@@ -88,13 +88,11 @@ fn append_kv_rows(
     keys: &Array,
     values: &Array,
 ) -> Result<Option<Vec<KvHistory>>> {
-    let storage = caches[0].storage();
-    if caches.iter().any(|c| c.storage() != storage) {
+    let Some((keys, values, row_shape, n)) =
+        stored_alike(caches.iter().map(|c| c.storage()), keys, values)?
+    else {
         return Ok(None);
-    }
-    let (keys, values) = stored_as(storage, keys, values)?;
-    let (shape, n) = KvShape::of(&keys, &values)?;
-    let row_shape = KvShape { batch: 1, ..shape };
+    };
     let offsets: Vec<usize> = caches.iter().map(|c| c.offset()).collect();
     let lengths: Vec<usize> = offsets.iter().map(|o| o + n).collect();
     let mut stores = Vec::with_capacity(caches.len());
@@ -111,16 +109,7 @@ fn append_kv_rows(
             }
         }
     }
-    let key_buffers: Vec<&Array> = old.iter().map(|(k, _)| k).collect();
-    let value_buffers: Vec<&Array> = old.iter().map(|(_, v)| v).collect();
-    let appended = match mlx::fast::append_rows(
-        &keys,
-        &values,
-        &key_buffers,
-        &value_buffers,
-        &offsets,
-        &lengths,
-    ) {
+    let appended = match write_rows(&keys, &values, &old, &offsets, &lengths) {
         Ok(Some(appended)) => appended,
         Ok(None) => {
             put_back(&mut stores, old);
@@ -162,13 +151,11 @@ fn append_rotating_rows(
     keys: &Array,
     values: &Array,
 ) -> Result<Option<Vec<KvHistory>>> {
-    let storage = caches[0].storage();
-    if caches.iter().any(|c| c.storage() != storage) {
+    let Some((keys, values, row_shape, _)) =
+        stored_alike(caches.iter().map(|c| c.storage()), keys, values)?
+    else {
         return Ok(None);
-    }
-    let (keys, values) = stored_as(storage, keys, values)?;
-    let (shape, _) = KvShape::of(&keys, &values)?;
-    let row_shape = KvShape { batch: 1, ..shape };
+    };
     let (mut slots, mut lengths, mut old) = (Vec::new(), Vec::new(), Vec::new());
     let mut taken = Vec::with_capacity(caches.len());
     for cache in caches.iter_mut() {
@@ -187,17 +174,7 @@ fn append_rotating_rows(
             }
         }
     }
-    let key_buffers: Vec<&Array> = old.iter().map(|(k, _)| k).collect();
-    let value_buffers: Vec<&Array> = old.iter().map(|(_, v)| v).collect();
-    let appended = mlx::fast::append_rows(
-        &keys,
-        &values,
-        &key_buffers,
-        &value_buffers,
-        &slots,
-        &lengths,
-    );
-    let appended = match appended {
+    let appended = match write_rows(&keys, &values, &old, &slots, &lengths) {
         Ok(Some(appended)) => appended,
         declined_or_failed => {
             for (cache, (k, v)) in taken.into_iter().zip(old) {
@@ -222,6 +199,35 @@ fn append_rotating_rows(
         .map(|(cache, (buffers, views))| cache.finish_decode_write(buffers, views))
         .collect::<Result<Vec<_>>>()
         .map(Some)
+}
+
+/// The batch's keys and values in the form every row's cache stores, with one row's shape and
+/// the tokens per row; `None` when the rows' caches store differently.
+fn stored_alike(
+    mut storages: impl Iterator<Item = Option<KvStorage>>,
+    keys: &Array,
+    values: &Array,
+) -> Result<Option<(Array, Array, KvShape, usize)>> {
+    let first = storages.next().flatten();
+    if storages.any(|storage| storage != first) {
+        return Ok(None);
+    }
+    let (keys, values) = stored_as(first, keys, values)?;
+    let (shape, n) = KvShape::of(&keys, &values)?;
+    Ok(Some((keys, values, KvShape { batch: 1, ..shape }, n)))
+}
+
+/// One node writing row r of `keys`/`values` at `slots[r]` of the rows' `buffers`.
+fn write_rows(
+    keys: &Array,
+    values: &Array,
+    buffers: &[(Array, Array)],
+    slots: &[usize],
+    lengths: &[usize],
+) -> mlx::Result<Option<mlx::fast::AppendedRows>> {
+    let key_buffers: Vec<&Array> = buffers.iter().map(|(k, _)| k).collect();
+    let value_buffers: Vec<&Array> = buffers.iter().map(|(_, v)| v).collect();
+    mlx::fast::append_rows(keys, values, &key_buffers, &value_buffers, slots, lengths)
 }
 
 /// Returns the buffers taken out of locked stores, unwritten.

@@ -4,7 +4,7 @@
 
 mod common;
 
-use mlx::fast::append_rows;
+use mlx::fast::{AppendedRows, append_rows};
 use mlx::{Array, Dtype, SliceSpec};
 
 /// Each row's buffer after writing its slice of `update` at `offsets[row]`, by slice updates.
@@ -40,6 +40,25 @@ fn same(a: &Array, b: &Array, what: &str) {
             .collect()
     };
     assert_eq!(bits(&a), bits(&b), "{what}");
+}
+
+/// Row `row`'s histories are the first `len` slots of its expected buffers.
+fn same_history(
+    appended: &AppendedRows,
+    row: usize,
+    (keys, values): (&[Array], &[Array]),
+    len: i32,
+) {
+    same(
+        &appended.key_history[row],
+        &keys[row].slice_axis(2, 0, len).unwrap(),
+        "key history",
+    );
+    same(
+        &appended.value_history[row],
+        &values[row].slice_axis(2, 0, len).unwrap(),
+        "value history",
+    );
 }
 
 #[test]
@@ -81,16 +100,7 @@ fn rows_land_where_slice_updates_put_them() {
                 &expected_values[row],
                 "value buffer",
             );
-            same(
-                &appended.key_history[row],
-                &expected_keys[row].slice_axis(2, 0, len).unwrap(),
-                "key history",
-            );
-            same(
-                &appended.value_history[row],
-                &expected_values[row].slice_axis(2, 0, len).unwrap(),
-                "value history",
-            );
+            same_history(&appended, row, (&expected_keys, &expected_values), len);
             // The buffers handed in are still held here, so they were copied, not written.
             same(
                 &key_buffers[row],
@@ -130,18 +140,9 @@ fn unheld_buffers_are_written_in_place_and_histories_follow() {
         .expect("applies");
         drop((keys_now, values_now));
         mlx::eval(appended.key_history.iter().chain(&appended.value_history)).unwrap();
-        for row in 0..2 {
-            let len = offsets[row] as i32 + 1;
-            same(
-                &appended.key_history[row],
-                &expected_keys[row].slice_axis(2, 0, len).unwrap(),
-                "key history",
-            );
-            same(
-                &appended.value_history[row],
-                &expected_values[row].slice_axis(2, 0, len).unwrap(),
-                "value history",
-            );
+        for (row, offset) in offsets.iter().enumerate() {
+            let len = *offset as i32 + 1;
+            same_history(&appended, row, (&expected_keys, &expected_values), len);
         }
         keys_now = appended.key_buffers;
         values_now = appended.value_buffers;
