@@ -361,22 +361,11 @@ fn cached(reply: &Value) -> usize {
 /// The served answer is `want`'s: the text, the first token's top-5 logprobs within 1e-4,
 /// the prompt's length and its segments.
 fn assert_matches(reply: &Value, want: &Reference) {
-    let served: Vec<f32> = reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no logprobs: {reply}"))
-        .iter()
-        .map(|t| t["logprob"].as_f64().unwrap() as f32)
-        .collect();
-    let worst = served
-        .iter()
-        .zip(&want.first_logprobs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    eprintln!(
-        "first token's top logprobs: served {served:?}, direct {:?}, {worst:e} apart",
-        want.first_logprobs
+    support::assert_top_logprobs(
+        &reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"],
+        &want.first_logprobs,
+        reply,
     );
-    assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
     assert_eq!(
         reply["choices"][0]["message"]["content"].as_str().unwrap(),
         decode(&want.reply),

@@ -457,7 +457,13 @@ pub fn base64(bytes: &[u8]) -> String {
 /// `top_logprobs: 5`) are within 1e-4 of `direct`'s: the distribution a model computed
 /// directly, not only its argmax. Returns how far apart they are.
 pub fn assert_first_logprobs(reply: &Value, direct: &[f32]) -> f32 {
-    let served: Vec<f32> = reply["logprobs"][0]["top_logprobs"]
+    assert_top_logprobs(&reply["logprobs"][0]["top_logprobs"], direct, reply)
+}
+
+/// Asserts that `top` (a served token's top-5 alternatives, each with a `logprob`) is within
+/// 1e-4 of `direct`; `reply` is shown on failure. Returns how far apart they are.
+pub fn assert_top_logprobs(top: &Value, direct: &[f32], reply: &Value) -> f32 {
+    let served: Vec<f32> = top
         .as_array()
         .unwrap_or_else(|| panic!("no logprobs: {reply}"))
         .iter()
