@@ -159,3 +159,47 @@ fn packed_8bit_head_576x49152_int8_one_thread(bencher: divan::Bencher, rows: i32
         Activations::Int8,
     );
 }
+
+/// Matrices of the MLP's shape, 96 distinct ones (64 MB with their scales and biases), each
+/// call taking the next: a decode step's products meet weights that come from memory, where
+/// the benches above read one matrix that stays in cache. Eight calls per sample.
+///
+/// 2026-12-04, one thread, AVX-512, fastest/median per sample of eight calls: 1 row
+/// 1.17/1.31 ms, 8 rows 1.95/2.24 ms. In the same run the cached matrix took 45/50 µs and
+/// 147/152 µs a call. So one row from memory reads about 4 GB/s (146 µs a call), and eight rows
+/// cost about that plus their compute (~245 µs), not the larger of the two. Other shapes did not
+/// change that:
+/// - bands of 8, 16 or 32 weight rows instead of 128, so that both passes of 4 rows find the
+///   band in L1;
+/// - prefetching the next band into L2;
+/// - one pass of 8 rows (8×2 tiles 2.16/2.33 ms, 8×3 2.05/2.22).
+///
+/// The loads that miss seem to hold the core's line-fill buffers: about 16 lines in flight at
+/// this VM's latency is ~4 GB/s, and the multiply-adds wait behind them instead of overlapping.
+#[divan::bench(args = [1, 8], sample_count = 50)]
+fn packed_4bit_576x1536_from_memory_one_thread(bencher: divan::Bencher, rows: i32) {
+    let (out, inp, bits) = MLP;
+    let matrices: Vec<_> = (0..96)
+        .map(|i| {
+            let w = random_matrix(out, inp, 100 + i);
+            let q = quantize(&w, QuantSpec::affine(32, bits)).expect("quantize");
+            mlx::eval([&q.weights, &q.scales]).expect("eval");
+            q
+        })
+        .collect();
+    let x = random_matrix(rows, inp, 6);
+    let before = (mlx::cpu_kernels(), mlx::cpu_threads());
+    mlx::set_cpu_kernels(mlx::CpuKernels::Avx512);
+    mlx::set_cpu_threads(1);
+    let mut next = 0;
+    bencher.bench_local(|| {
+        for _ in 0..8 {
+            let q = &matrices[next % matrices.len()];
+            let y = q.matmul_with(&x, true, Activations::F32).expect("qmm");
+            y.eval().expect("eval");
+            next += 1;
+        }
+    });
+    mlx::set_cpu_kernels(before.0);
+    mlx::set_cpu_threads(before.1);
+}
