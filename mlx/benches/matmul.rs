@@ -50,20 +50,43 @@ fn quantized_4bit_1x4096_by_4096x4096(bencher: divan::Bencher, activations: Dtyp
 #[allow(clippy::too_many_arguments)]
 fn packed_matvec(
     bencher: divan::Bencher,
-    (out, inp, bits): (i32, i32, i32),
+    shape: (i32, i32, i32),
     rows: i32,
     kernels: mlx::CpuKernels,
     threads: usize,
     activations: Activations,
 ) {
-    let w = random_matrix(out, inp, 5);
-    let q = quantize(&w, QuantSpec::affine(32, bits)).expect("quantize");
-    mlx::eval([&q.weights, &q.scales]).expect("eval");
+    packed_matvec_over(bencher, shape, 1, rows, kernels, threads, activations);
+}
+
+/// As [`packed_matvec`], each call on the next of `matrices` distinct matrices: with one, the
+/// weights stay in cache between calls; with enough, every call reads them from memory.
+#[allow(clippy::too_many_arguments)]
+fn packed_matvec_over(
+    bencher: divan::Bencher,
+    (out, inp, bits): (i32, i32, i32),
+    matrices: u64,
+    rows: i32,
+    kernels: mlx::CpuKernels,
+    threads: usize,
+    activations: Activations,
+) {
+    let matrices: Vec<_> = (0..matrices)
+        .map(|i| {
+            let w = random_matrix(out, inp, 5 + 100 * i);
+            let q = quantize(&w, QuantSpec::affine(32, bits)).expect("quantize");
+            mlx::eval([&q.weights, &q.scales]).expect("eval");
+            q
+        })
+        .collect();
     let x = random_matrix(rows, inp, 6);
     let before = (mlx::cpu_kernels(), mlx::cpu_threads());
     mlx::set_cpu_kernels(kernels);
     mlx::set_cpu_threads(threads);
+    let mut next = 0;
     bencher.bench_local(|| {
+        let q = &matrices[next % matrices.len()];
+        next += 1;
         let y = q.matmul_with(&x, true, activations).expect("qmm");
         y.eval().expect("eval");
     });
@@ -71,9 +94,10 @@ fn packed_matvec(
     mlx::set_cpu_threads(before.1);
 }
 
-/// SmolLM2's MLP up projection: 1.7 MB packed, in L2/L3 between calls.
+/// SmolLM2's MLP up projection: 0.66 MB with its scales and biases, in L2 between calls.
 const MLP: (i32, i32, i32) = (1536, 576, 4);
-/// SmolLM2's tied output head, 8-bit: 31 MB, streamed from memory every call.
+/// SmolLM2's tied output head, 8-bit: 35 MB with its scales and biases, streamed from memory
+/// every call.
 const HEAD: (i32, i32, i32) = (49152, 576, 8);
 
 #[divan::bench(args = [1, 8], sample_count = 200)]
@@ -160,46 +184,31 @@ fn packed_8bit_head_576x49152_int8_one_thread(bencher: divan::Bencher, rows: i32
     );
 }
 
-/// Matrices of the MLP's shape, 96 distinct ones (64 MB with their scales and biases), each
-/// call taking the next: a decode step's products meet weights that come from memory, where
-/// the benches above read one matrix that stays in cache. Eight calls per sample.
+/// The MLP's product over 96 distinct matrices of its shape (64 MB with their scales and
+/// biases), each call taking the next: a decode step's products meet weights that come from
+/// memory, where the benches above read one matrix that stays in cache.
 ///
-/// 2026-12-04, one thread, AVX-512, fastest/median per sample of eight calls: 1 row
-/// 1.17/1.31 ms, 8 rows 1.95/2.24 ms. In the same run the cached matrix took 45/50 µs and
-/// 147/152 µs a call. So one row from memory reads about 4 GB/s (146 µs a call), and eight rows
-/// cost about that plus their compute (~245 µs), not the larger of the two. Other shapes did not
-/// change that:
+/// 2026-12-04, one thread, AVX-512, fastest/median a call, two runs: 1 row 131-149/169-173 µs,
+/// 8 rows 220-240/279-283 µs; the cached matrix in the same runs 44/52-54 µs and
+/// 147-149/163-165 µs. One row from memory reads about 4-5 GB/s, and eight rows cost about that
+/// plus their compute, not the larger of the two. Other shapes of the kernel did not change
+/// that (measured with eight calls a sample):
 /// - bands of 8, 16 or 32 weight rows instead of 128, so that both passes of 4 rows find the
 ///   band in L1;
 /// - prefetching the next band into L2;
-/// - one pass of 8 rows (8×2 tiles 2.16/2.33 ms, 8×3 2.05/2.22).
+/// - one pass of 8 rows (8×2 or 8×3 tiles).
 ///
 /// The loads that miss seem to hold the core's line-fill buffers: about 16 lines in flight at
 /// this VM's latency is ~4 GB/s, and the multiply-adds wait behind them instead of overlapping.
-#[divan::bench(args = [1, 8], sample_count = 50)]
+#[divan::bench(args = [1, 8], sample_count = 400)]
 fn packed_4bit_576x1536_from_memory_one_thread(bencher: divan::Bencher, rows: i32) {
-    let (out, inp, bits) = MLP;
-    let matrices: Vec<_> = (0..96)
-        .map(|i| {
-            let w = random_matrix(out, inp, 100 + i);
-            let q = quantize(&w, QuantSpec::affine(32, bits)).expect("quantize");
-            mlx::eval([&q.weights, &q.scales]).expect("eval");
-            q
-        })
-        .collect();
-    let x = random_matrix(rows, inp, 6);
-    let before = (mlx::cpu_kernels(), mlx::cpu_threads());
-    mlx::set_cpu_kernels(mlx::CpuKernels::Avx512);
-    mlx::set_cpu_threads(1);
-    let mut next = 0;
-    bencher.bench_local(|| {
-        for _ in 0..8 {
-            let q = &matrices[next % matrices.len()];
-            let y = q.matmul_with(&x, true, Activations::F32).expect("qmm");
-            y.eval().expect("eval");
-            next += 1;
-        }
-    });
-    mlx::set_cpu_kernels(before.0);
-    mlx::set_cpu_threads(before.1);
+    packed_matvec_over(
+        bencher,
+        MLP,
+        96,
+        rows,
+        mlx::CpuKernels::Avx512,
+        1,
+        Activations::F32,
+    );
 }
