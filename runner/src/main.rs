@@ -11,14 +11,14 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read before `main` (its `malloc_conf`, a C string). `thp:always` asks
-/// the kernel for 2 MiB pages under every mapping jemalloc makes (`madvise(MADV_HUGEPAGE)`),
-/// where most kernels leave them to the programs that ask. A decode step streams every weight
-/// and the whole KV history each token: with 4 KiB pages SmolLM2's weights alone span ~25,000
-/// pages, each a TLB miss, and the hardware prefetchers stop at every page boundary. In
-/// alternating pairs of `mlxkit bench`, one stream decoded 5-18% faster on SmolLM2 and
-/// 10-16% on Gemma 3 270M, eight streams 0-8% and 3-5%; a 1,024-token prefill took as long,
-/// and the peak RSS grew from 0.74 to 0.81 GB (bench/RESULTS.md). A kernel without
-/// transparent huge pages ignores the option.
+/// the kernel for 2 MiB pages under every mapping jemalloc makes (`madvise(MADV_HUGEPAGE)`);
+/// a kernel set to `madvise`, as many are, gives them only to mappings that ask. A decode step
+/// walks every weight and the whole KV history each token. In alternating pairs of `mlxkit
+/// bench`, one stream decoded 5-18% faster on SmolLM2 and 10-16% on Gemma 3 270M, eight
+/// streams 0-8% and 3-5%; a 1,024-token prefill took as long, and the peak RSS grew from 0.74
+/// to 0.81 GB (bench/RESULTS.md). Where the time goes was not pinned down: huge pages under
+/// the weights alone gave one stream only 3-9%, and the packed matvec's from-memory bench ran
+/// no faster on them. A kernel without transparent huge pages ignores the option.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // jemalloc looks the options up by this exact, unmangled name
 #[unsafe(no_mangle)]
