@@ -198,8 +198,8 @@ fn packed_8bit_head_576x49152_int8_one_thread(bencher: divan::Bencher, rows: i32
 /// - prefetching the next band into L2;
 /// - one pass of 8 rows (8×2 or 8×3 tiles).
 ///
-/// The loads that miss seem to hold the core's line-fill buffers: about 16 lines in flight at
-/// this VM's latency is ~4 GB/s, and the multiply-adds wait behind them instead of overlapping.
+/// On that VM one core does not overlap streaming from memory with arithmetic even in a loop
+/// of nothing else (`scripts/perf/overlap.c`): memory time and multiply-adds add up there too.
 #[divan::bench(args = [1, 8], sample_count = 400)]
 fn packed_4bit_576x1536_from_memory_one_thread(bencher: divan::Bencher, rows: i32) {
     packed_matvec_over(

@@ -11,9 +11,9 @@
 // - `prefetch 4K` / `16K`: from memory, with software prefetches that far ahead.
 // Overlap means `stream` near max(memory alone, cached); no overlap means their sum. On the
 // 2-core Sapphire Rapids VM of issue 16 it was more than the sum (work 16: 45-50 ms, where
-// memory alone took 23 and the arithmetic 21), and prefetching 4 or 16 KB ahead (as the
-// packed matvec does, two tiles ahead) got it to 34-40 ms: about half the memory time stays
-// exposed however far ahead the prefetches run.
+// memory alone took 23 and the arithmetic 21), and prefetching 4 or 16 KB ahead got it to
+// 34-40 ms: about half the memory time stays exposed however far ahead the prefetches run.
+// (The packed matvec prefetches two tiles, about 2 KB, ahead.)
 //
 // Needs AVX-512 (x86-64); a measurement tool, not part of the build.
 
