@@ -111,6 +111,34 @@ pub fn set_cpu_threads(threads: usize) -> usize {
     usize::try_from(ffi::set_cpu_threads(n)).unwrap_or(1)
 }
 
+/// Whether the shim's custom CPU primitives (packed matvec, rows attention, fused norms,
+/// rope, softmax, scans) may run: true unless `MLXKIT_CPU_PRIMITIVES=off` was set at start or
+/// [`set_cpu_primitives`] turned them off. Off, every one of them declines and callers compose
+/// MLX's own ops instead, exactly as on Metal and CUDA, where the primitives never run: that
+/// is how the GPU's code path is run and tested on a CPU.
+pub fn cpu_primitives_enabled() -> bool {
+    ffi::cpu_primitives_enabled()
+}
+
+/// Lets the custom CPU primitives run (`true`) or sets them all aside (`false`) for graphs
+/// built from now on; returns the setting in effect.
+pub fn set_cpu_primitives(enabled: bool) -> bool {
+    ffi::set_cpu_primitives(enabled)
+}
+
+/// Each custom CPU primitive's name and what it runs on this machine now: which vector kernel,
+/// a compiled loop, or MLX's own op and why (a GPU device, the GPU's path asked for, or a
+/// kernel vectorised for x86-64 only on another CPU).
+pub fn cpu_primitive_paths() -> Vec<(String, String)> {
+    ffi::cpu_primitive_paths()
+        .into_iter()
+        .map(|line| match line.split_once('\t') {
+            Some((name, path)) => (name.to_string(), path.to_string()),
+            None => (line, String::new()),
+        })
+        .collect()
+}
+
 /// The instruction sets the shim's CPU kernels come in, from least to most capable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CpuKernels {

@@ -66,6 +66,7 @@ fn main() {
         .file("shim/delta.cc")
         .file("shim/ssd.cc")
         .file("shim/pool.cc")
+        .file("shim/primitives.cc")
         .file("shim/inputs.cc")
         .include(&include)
         .include("shim")
@@ -125,9 +126,16 @@ fn locate_mlx() -> Result<PathBuf, Vec<String>> {
         reasons.push("MLX_DIR is not set".to_string());
     }
 
-    match python_mlx() {
-        Ok(dir) => return Ok(dir),
-        Err(reason) => reasons.push(reason),
+    if cross_compiling() {
+        reasons.push(format!(
+            "Python's `mlx` was not tried: it is built for this machine, not {}",
+            target_triple()
+        ));
+    } else {
+        match python_mlx() {
+            Ok(dir) => return Ok(dir),
+            Err(reason) => reasons.push(reason),
+        }
     }
 
     match cached_wheel() {
@@ -165,6 +173,10 @@ fn library_file_name() -> &'static str {
 
 fn target_os() -> String {
     env::var("CARGO_CFG_TARGET_OS").unwrap_or_default()
+}
+
+fn target_triple() -> String {
+    env::var("TARGET").unwrap_or_default()
 }
 
 fn is_mlx_dir(dir: &Path) -> bool {
@@ -243,19 +255,50 @@ fn cache_root() -> Result<PathBuf, String> {
 /// The wheels that make up MLX for this target, and whether their dependencies are needed.
 fn wheel_requirements() -> (&'static str, Vec<String>, bool) {
     if target_os() == "macos" {
-        (
-            "metal",
-            vec![
-                format!("mlx=={MLX_VERSION}"),
-                format!("mlx-metal=={MLX_VERSION}"),
-            ],
-            false,
-        )
-    } else if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        // `mlx-metal` holds the library, its headers and `mlx.metallib`; the `mlx` wheel is
+        // only the Python binding, which nothing here needs.
+        ("metal", vec![format!("mlx-metal=={MLX_VERSION}")], false)
+    } else if let Some(cuda) = cuda_major() {
         // The CUDA wheel needs the NVIDIA runtime wheels it depends on, so pip resolves them.
-        ("cuda12", vec![format!("mlx-cuda-12=={MLX_VERSION}")], true)
+        let variant = if cuda == 13 { "cuda13" } else { "cuda12" };
+        (
+            variant,
+            vec![format!("mlx-cuda-{cuda}=={MLX_VERSION}")],
+            true,
+        )
     } else {
         ("cpu", vec![format!("mlx-cpu=={MLX_VERSION}")], false)
+    }
+}
+
+/// The CUDA major version to link (`cuda` feature: 12; `cuda13`: 13), or `None` for no CUDA.
+fn cuda_major() -> Option<u32> {
+    if env::var_os("CARGO_FEATURE_CUDA13").is_some() {
+        Some(13)
+    } else if env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        Some(12)
+    } else {
+        None
+    }
+}
+
+/// Whether this build's target differs from the machine running it: then a Python `mlx` or a
+/// system library found here is the wrong one, and wheels are fetched for the target.
+fn cross_compiling() -> bool {
+    env::var("HOST").ok() != env::var("TARGET").ok()
+}
+
+/// The platform tag pip installs wheels for when cross-compiling: the oldest tag the pinned
+/// wheels are published for, so pip accepts them.
+fn wheel_platform() -> Result<&'static str, String> {
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    match (target_os().as_str(), arch.as_str()) {
+        ("macos", "aarch64") => Ok("macosx_14_0_arm64"),
+        ("linux", "aarch64") => Ok("manylinux_2_35_aarch64"),
+        ("linux", "x86_64") => Ok("manylinux_2_35_x86_64"),
+        (os, arch) => Err(format!(
+            "MLX publishes no release wheel for {arch} {os}; set MLX_DIR to an MLX build"
+        )),
     }
 }
 
@@ -263,7 +306,7 @@ fn wheel_requirements() -> (&'static str, Vec<String>, bool) {
 fn cached_wheel() -> Result<PathBuf, String> {
     let (variant, requirements, with_deps) = wheel_requirements();
     let target = pip_install_cached(
-        &format!("mlx-{MLX_VERSION}-{variant}"),
+        &format!("mlx-{MLX_VERSION}-{variant}-{}", target_triple()),
         &requirements,
         with_deps,
         |dir| is_mlx_dir(&dir.join("mlx")),
@@ -300,6 +343,9 @@ fn pip_install_cached(
     ]);
     if !with_deps {
         pip.arg("--no-deps");
+    }
+    if cross_compiling() {
+        pip.args(["--only-binary", ":all:", "--platform", wheel_platform()?]);
     }
     pip.arg("--target").arg(&staging).args(requirements);
     println!(
@@ -407,7 +453,7 @@ impl Blas {
 /// `MLXKIT_BLAS` picks (`system`, `pypi`, `reference`); unset, the system's OpenBLAS is
 /// preferred, then the PyPI one, then the reference BLAS with a warning.
 fn choose_blas() -> Blas {
-    if target_os() != "linux" || env::var_os("CARGO_FEATURE_CUDA").is_some() {
+    if target_os() != "linux" || cuda_major().is_some() {
         return Blas::Native;
     }
     println!("cargo:rerun-if-env-changed=MLXKIT_BLAS");
@@ -421,7 +467,11 @@ fn choose_blas() -> Blas {
     let system = || system_openblas().map(|dir| Blas::System { dir });
     let pypi = || {
         pip_install_cached(
-            &format!("blas-{}", PYPI_OPENBLAS.replace("==", "-")),
+            &format!(
+                "blas-{}-{}",
+                PYPI_OPENBLAS.replace("==", "-"),
+                target_triple()
+            ),
             &[PYPI_OPENBLAS.to_string()],
             false,
             |dir| {
@@ -455,18 +505,17 @@ fn pypi_openblas_lib(dir: &Path) -> PathBuf {
     dir.join("scipy_openblas32/lib")
 }
 
-/// The folder holding a system `libopenblas.so.0`.
+/// The folder holding a system `libopenblas.so.0` built for the target.
 fn system_openblas() -> Option<PathBuf> {
-    let dirs = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/lib",
-    ];
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let mut dirs = vec![PathBuf::from(format!("/usr/lib/{arch}-linux-gnu"))];
+    // The unqualified folders hold the build machine's own libraries.
+    if !cross_compiling() {
+        dirs.extend(["/usr/lib64", "/usr/lib", "/usr/local/lib"].map(PathBuf::from));
+    }
     let found = dirs
         .iter()
-        .map(|dir| Path::new(dir).join("libopenblas.so.0"))
+        .map(|dir| dir.join("libopenblas.so.0"))
         .find(|path| path.exists())?;
     println!("cargo:rerun-if-changed={}", found.display());
     found.parent().map(Path::to_path_buf)

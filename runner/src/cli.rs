@@ -1397,6 +1397,12 @@ fn info() -> Result<()> {
         mlx::cpu_threads(),
         mlx::quantized::packed_activations()
     );
+    // Per primitive: its vector kernel, a compiled loop, or MLX's own op and why (on a GPU, on
+    // the GPU's path asked for by MLXKIT_CPU_PRIMITIVES=off, or with no kernel for this CPU).
+    println!("CPU primitives ({}):", std::env::consts::ARCH);
+    for (name, path) in mlx::cpu_primitive_paths() {
+        println!("  {name:<18} {path}");
+    }
     let dtype = if device == Device::Gpu {
         Dtype::Bf16
     } else {

@@ -11,6 +11,7 @@
 // with no node of its own.
 
 #include "append.h"
+#include "primitives.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -182,7 +183,7 @@ std::optional<AppendedRows> append_rows(const mx::array& keys, const mx::array& 
                                         const std::vector<int>& offsets,
                                         const std::vector<int>& lengths) {
   const size_t rows = offsets.size();
-  if (mx::default_device() != mx::Device::cpu || rows == 0 || key_buffers.size() != rows ||
+  if (!primitive_runs(Primitive::AppendRows) || rows == 0 || key_buffers.size() != rows ||
       value_buffers.size() != rows || lengths.size() != rows || keys.ndim() != 4 || values.ndim() != 4 ||
       keys.dtype() != values.dtype() || keys.shape(0) != static_cast<int>(rows) ||
       values.shape(0) != keys.shape(0) || values.shape(1) != keys.shape(1) ||

@@ -25,6 +25,7 @@
 // are, so a row's result does not depend on the batch it is in.
 
 #include "attend.h"
+#include "primitives.h"
 
 #include <cmath>
 #include <algorithm>
@@ -541,7 +542,7 @@ std::optional<mx::array> rows_attention(const mx::array& queries,
                                         const std::vector<bool>& causal,
                                         const std::vector<std::optional<mx::array>>& masks,
                                         float scale, std::optional<float> softcap) {
-  if (mx::default_device() != mx::Device::cpu || queries.ndim() != 4 ||
+  if (!primitive_runs(Primitive::RowsAttention) || queries.ndim() != 4 ||
       queries.dtype() != mx::float32) {
     return std::nullopt;
   }

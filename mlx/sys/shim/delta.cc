@@ -14,6 +14,7 @@
 // prompt evaluated in one piece or in chunks gives the same arithmetic, token by token.
 
 #include "delta.h"
+#include "primitives.h"
 
 #include <cmath>
 #include <cstring>
@@ -126,7 +127,7 @@ class GatedDeltaScan : public mx::Primitive {
 std::optional<std::pair<mx::array, mx::array>> scan_gated_delta(
     const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& g,
     const mx::array& beta, const mx::array& state) {
-  if (mx::default_device() != mx::Device::cpu) {
+  if (!primitive_runs(Primitive::GatedDeltaScan)) {
     return std::nullopt;
   }
   for (const auto* a : {&q, &k, &v, &g, &beta, &state}) {

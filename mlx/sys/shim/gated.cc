@@ -7,6 +7,7 @@
 // That form has no cancellation near zero and saturates cleanly at both ends.
 
 #include "gated.h"
+#include "primitives.h"
 
 #include <cmath>
 #include <cstdint>
@@ -111,7 +112,7 @@ class GatedActivation : public mx::UnaryPrimitive {
 
 std::optional<mx::array> gated_activation(Gate kind, const mx::array& gate,
                                           const mx::array& up) {
-  if (mx::default_device() != mx::Device::cpu || gate.dtype() != mx::float32 ||
+  if (!primitive_runs(Primitive::GatedActivation) || gate.dtype() != mx::float32 ||
       up.dtype() != mx::float32 || gate.shape() != up.shape()) {
     return std::nullopt;
   }

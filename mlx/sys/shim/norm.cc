@@ -12,6 +12,7 @@
 // Input rows are read through their strides.
 
 #include "norm.h"
+#include "primitives.h"
 
 #include <cmath>
 #include <cstdint>
@@ -108,7 +109,7 @@ class RmsNorm : public mx::UnaryPrimitive {
 
 std::optional<mx::array> rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
                                   float eps) {
-  if (mx::default_device() != mx::Device::cpu || x.dtype() != mx::float32 ||
+  if (!primitive_runs(Primitive::RmsNorm) || x.dtype() != mx::float32 ||
       (weight && weight->dtype() != mx::float32)) {
     return std::nullopt;
   }

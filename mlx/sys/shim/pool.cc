@@ -13,7 +13,12 @@
 
 #include "pool.h"
 
+#if defined(__linux__)
 #include <sched.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +52,26 @@ inline void relax() {
 #endif
 }
 
+// The cores worth spreading a kernel over: on Linux the CPUs this process may run on (a
+// container's or `taskset`'s limit included); on Apple silicon the performance cores, since a
+// kernel split evenly over performance and efficiency cores waits on the slow ones.
+int cores_available() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return CPU_COUNT(&set);
+  }
+#elif defined(__APPLE__)
+  int cores = 0;
+  size_t size = sizeof(cores);
+  if (sysctlbyname("hw.perflevel0.physicalcpu", &cores, &size, nullptr, 0) == 0 && cores > 0) {
+    return cores;
+  }
+#endif
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
 int threads_wanted() {
   if (const char* env = std::getenv("MLXKIT_THREADS")) {
     const int n = std::atoi(env);
@@ -54,16 +79,7 @@ int threads_wanted() {
       return std::min(n, kMaxSetThreads);
     }
   }
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cpus = 0;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    cpus = CPU_COUNT(&set);
-  }
-  if (cpus <= 0) {
-    cpus = static_cast<int>(std::thread::hardware_concurrency());
-  }
-  return std::clamp(cpus, 1, kMaxThreads);
+  return std::clamp(cores_available(), 1, kMaxThreads);
 }
 
 class Pool {

@@ -22,6 +22,7 @@
 // was a scalar chain per (row, weight row) pair, about a quarter of an 8-row product's time.)
 
 #include "qmv.h"
+#include "primitives.h"
 
 #include <algorithm>
 #include <atomic>
@@ -534,7 +535,7 @@ std::optional<mx::array> packed_matvec(const mx::array& x, const mx::array& w,
                                        const mx::array& scales,
                                        const std::optional<mx::array>& biases, int group,
                                        int bits, Activations activations) {
-  if (mx::default_device() != mx::Device::cpu || !packed_matvec_supports(group, bits) ||
+  if (!primitive_runs(Primitive::PackedMatvec) || !packed_matvec_supports(group, bits) ||
       !biases || x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32 ||
       x.dtype() != mx::float32 || scales.dtype() != mx::float32 ||
       biases->dtype() != mx::float32) {

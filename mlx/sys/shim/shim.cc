@@ -15,6 +15,7 @@
 #include "norm.h"
 #include "rope.h"
 #include "pool.h"
+#include "primitives.h"
 #include "qmv.h"
 #include "x86.h"
 
@@ -569,7 +570,7 @@ std::unique_ptr<Array> quantized_matmul(
 }
 
 bool packed_matvec_available(int32_t group_size, int32_t bits) {
-  return packed_matvec_supports(group_size, bits);
+  return primitive_runs(Primitive::PackedMatvec) && packed_matvec_supports(group_size, bits);
 }
 
 int32_t packed_matvec_rows() {
@@ -591,6 +592,16 @@ int32_t cpu_threads() {
 
 int32_t set_cpu_threads(int32_t threads) {
   return mlxkit::set_pool_threads(threads);
+}
+
+rust::Vec<rust::String> cpu_primitive_paths() {
+  rust::Vec<rust::String> lines;
+  for (int i = 0; i < kPrimitiveCount; ++i) {
+    const auto primitive = static_cast<Primitive>(i);
+    lines.push_back(rust::String(std::string(kPrimitives[i].name) + "\t" +
+                                 primitive_path(primitive)));
+  }
+  return lines;
 }
 
 int32_t cpu_kernel_level() {

@@ -206,6 +206,9 @@ int32_t packed_matvec_activations();
 void set_packed_matvec_activations(int32_t activations);
 int32_t cpu_threads();
 int32_t set_cpu_threads(int32_t threads);
+bool cpu_primitives_enabled();
+bool set_cpu_primitives(bool enabled);
+rust::Vec<rust::String> cpu_primitive_paths();
 int32_t cpu_kernel_level();
 int32_t set_cpu_kernel_level(int32_t level);
 // `act(gate) · up` (0 SiLU, 1 GELU tanh); null when the CPU kernel does not apply (see gated.h).

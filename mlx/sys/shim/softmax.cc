@@ -9,6 +9,7 @@
 // precise softmax does in f32.
 
 #include "softmax.h"
+#include "primitives.h"
 
 #include <algorithm>
 #include <cmath>
@@ -138,7 +139,7 @@ class SoftmaxLastAxis : public mx::UnaryPrimitive {
 }  // namespace
 
 std::optional<mx::array> last_axis_softmax(const mx::array& x) {
-  if (mx::default_device() != mx::Device::cpu || x.dtype() != mx::float32 || x.ndim() < 1 ||
+  if (!primitive_runs(Primitive::Softmax) || x.dtype() != mx::float32 || x.ndim() < 1 ||
       x.size() == 0 || x.shape(-1) == 0) {
     return std::nullopt;
   }

@@ -10,6 +10,7 @@
 // sequential form here also serves prefill, where on a CPU it does the fewest flops.
 
 #include "ssd.h"
+#include "primitives.h"
 
 #include <cmath>
 #include <cstring>
@@ -118,7 +119,7 @@ std::optional<std::pair<mx::array, mx::array>> scan_ssd(const mx::array& x, cons
                                                         const mx::array& a, const mx::array& b,
                                                         const mx::array& c,
                                                         const mx::array& state) {
-  if (mx::default_device() != mx::Device::cpu) {
+  if (!primitive_runs(Primitive::SsdScan)) {
     return std::nullopt;
   }
   for (const auto* t : {&x, &dt, &a, &b, &c, &state}) {

@@ -364,6 +364,10 @@ pub mod ffi {
         fn set_packed_matvec_activations(activations: i32);
         fn cpu_threads() -> i32;
         fn set_cpu_threads(threads: i32) -> i32;
+        fn cpu_primitives_enabled() -> bool;
+        fn set_cpu_primitives(enabled: bool) -> bool;
+        /// One line per custom CPU primitive: its name, a tab, what it runs on this machine.
+        fn cpu_primitive_paths() -> Vec<String>;
         fn cpu_kernel_level() -> i32;
         fn set_cpu_kernel_level(level: i32) -> i32;
         /// Null when the CPU kernel does not apply.

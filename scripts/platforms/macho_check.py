@@ -1,0 +1,121 @@
+"""Checks a cross-linked macOS binary the way the dynamic loader on a Mac would see it.
+
+Usage: macho_check.py BINARY
+
+It reads the binary's load commands (with LIEF) and fails, naming the problem, unless:
+- every library it loads is libmlx.dylib through @rpath, a system library under /usr/lib or a
+  system framework: nothing from the build machine, no second copy of anything;
+- the C++ runtime is the system's libc++.1.dylib, the one libmlx.dylib itself uses (C++
+  objects and exceptions cross between the two), and no libc++ was linked in statically;
+- an LC_RPATH entry resolves to a folder holding libmlx.dylib (and mlx.metallib beside it);
+- every imported symbol is bound to a named library (two-level namespace): none is left for a
+  flat lookup that would only fail when first called on the Mac.
+"""
+
+import os
+import sys
+
+import lief
+
+lief.logging.disable()
+
+SYSTEM_PREFIXES = ("/usr/lib/", "/System/Library/Frameworks/")
+LIBCXX = "/usr/lib/libc++.1.dylib"
+MLX = "@rpath/libmlx.dylib"
+
+
+def bound_library(binary, symbol):
+    """The install name of the library an imported symbol binds to, or None for a flat or
+    weak lookup (the ordinal in the bind information, 1-based into the load commands)."""
+    loaded = loaded_libraries(binary)
+    ordinal = symbol.library_ordinal
+    if 1 <= ordinal <= len(loaded):
+        return loaded[ordinal - 1]
+    return None
+
+
+def loaded_libraries(binary):
+    """The install names of the libraries the binary loads, in load-command order (LIEF's
+    `libraries` also lists a dylib's own LC_ID_DYLIB)."""
+    return [
+        command.name
+        for command in binary.commands
+        if isinstance(command, lief.MachO.DylibCommand)
+        and command.command != lief.MachO.LoadCommand.TYPE.ID_DYLIB
+    ]
+
+
+def fail(message):
+    print(f"macOS link check: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main(path):
+    binary = lief.MachO.parse(path)
+    if binary is None:
+        fail(f"{path} is not a Mach-O file")
+    binary = binary.at(0)
+    if binary.header.cpu_type != lief.MachO.Header.CPU_TYPE.ARM64:
+        fail(f"{path} is built for {binary.header.cpu_type}, not arm64")
+
+    libraries = loaded_libraries(binary)
+    foreign = [name for name in libraries if name != MLX and not name.startswith(SYSTEM_PREFIXES)]
+    if foreign:
+        fail(f"loads libraries a Mac does not have: {', '.join(foreign)}")
+    if MLX not in libraries:
+        fail("does not load @rpath/libmlx.dylib")
+    if LIBCXX not in libraries:
+        fail(f"does not load {LIBCXX}: the C++ runtime was linked some other way")
+
+    # A statically linked libc++ defines its own copies of the runtime's symbols.
+    own_runtime = sorted(
+        s.name
+        for s in binary.exported_symbols
+        if s.name.startswith(("__ZNSt3__1", "___cxa_throw", "___cxa_allocate_exception"))
+        and "basic_string" not in s.name  # inline template instances are fine
+    )
+    libcxx_defined = [n for n in own_runtime if n.startswith("___cxa")]
+    if libcxx_defined:
+        fail(f"defines the C++ runtime itself ({', '.join(libcxx_defined[:3])}): "
+             "libc++ was linked statically")
+
+    rpaths = [cmd.path for cmd in binary.commands if isinstance(cmd, lief.MachO.RPathCommand)]
+    here = os.path.dirname(os.path.abspath(path))
+    resolved = [
+        rpath for rpath in rpaths
+        if os.path.isfile(os.path.join(rpath.replace("@loader_path", here).replace(
+            "@executable_path", here), "libmlx.dylib"))
+    ]
+    if not resolved:
+        fail(f"no rpath holds libmlx.dylib (rpaths: {rpaths or 'none'})")
+    metallib = os.path.join(resolved[0].replace("@loader_path", here), "mlx.metallib")
+    if not os.path.isfile(metallib):
+        fail(f"{resolved[0]} has libmlx.dylib but no mlx.metallib beside it")
+
+    by_library = {}
+    unbound = []
+    for symbol in binary.imported_symbols:
+        if symbol.library_ordinal == 0:
+            continue  # bound to the binary itself
+        library = bound_library(binary, symbol)
+        if library is None:
+            unbound.append(symbol.name)
+        else:
+            by_library.setdefault(library, 0)
+            by_library[library] += 1
+    if unbound:
+        fail(f"{len(unbound)} imported symbols are bound to no library (flat lookup), "
+             f"e.g. {', '.join(sorted(unbound)[:5])}")
+    if by_library.get(LIBCXX, 0) == 0:
+        fail(f"imports nothing from {LIBCXX}")
+
+    print(f"macOS link check: {os.path.basename(path)}: arm64; loads {len(libraries)} libraries:")
+    for name in libraries:
+        print(f"  {name} ({by_library.get(name, 0)} symbols)")
+    print(f"  rpath {resolved[0]} holds libmlx.dylib and mlx.metallib")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        fail("usage: macho_check.py BINARY")
+    main(sys.argv[1])
