@@ -1,7 +1,7 @@
 //! `Moe`: a routed mixture of gated experts, run through MLX's gathered matmuls.
 
 use mlx::quantized::{Quantized, gather_mm};
-use mlx::{Array, Dtype};
+use mlx::{Array, Device, Dtype};
 
 use crate::activation::Activation;
 use crate::linear::{Linear, Tensor};
@@ -75,7 +75,7 @@ impl StackedExperts {
     /// `x: [tokens, 1, 1, in]` through expert `indices[t, j]` → `[tokens, k, 1, out]`.
     fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         Ok(match &self.weight {
-            Tensor::Dense(w) => gather_mm(x, &w.swap_axes(-1, -2)?, None, Some(indices), false)?,
+            Tensor::Dense(w) => gather_dense(x, &w.swap_axes(-1, -2)?, indices)?,
             Tensor::Quantized(q) => q.gather_matmul(x, None, Some(indices), true, false)?,
         })
     }
@@ -86,6 +86,25 @@ impl StackedExperts {
             Tensor::Quantized(q) => q.weights.dim(1)?,
         })
     }
+}
+
+/// `x @ w[indices]` for dense experts. MLX's CPU `gather_mm` takes only f32 (0.32.4), while its
+/// GPU kernels take bf16 and f16 too: on a CPU, other dtypes are multiplied in f32 and the
+/// product is rounded back, so a bf16 model runs there as well (the tests run the GPU's path
+/// in bf16 on a CPU that way).
+fn gather_dense(x: &Array, w: &Array, indices: &Array) -> Result<Array> {
+    let dtype = x.dtype();
+    if dtype == Dtype::F32 || Device::default_device()? != Device::Cpu {
+        return Ok(gather_mm(x, w, None, Some(indices), false)?);
+    }
+    let product = gather_mm(
+        &x.astype(Dtype::F32)?,
+        &w.astype(Dtype::F32)?,
+        None,
+        Some(indices),
+        false,
+    )?;
+    Ok(product.astype(dtype)?)
 }
 
 /// DeepSeek-V3's refinements of routing: a per-expert bias added to the scores only to choose

@@ -9,6 +9,8 @@
 //! transformers). 1e-4 leaves headroom for that while any real mistake (a wrong rope base, a
 //! missed norm offset, a misrouted expert) shows up as errors of 0.1 or more.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use mlx::{Array, Dtype};
@@ -97,15 +99,33 @@ fn golden(dir: &Path) -> Golden {
 }
 
 fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
+    load_in(dir, config_file, common::precision::test_dtype())
+}
+
+/// The fixture's model computing in `dtype`. Its f32 weights are first rounded to bf16 when the
+/// run is in bf16, so that [`bf16_reference`] can compute with the very same weights.
+fn load_in(dir: &Path, config_file: &str, dtype: Dtype) -> Box<dyn Model> {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join(config_file)).unwrap()).unwrap();
     let file = SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let round = common::precision::test_dtype() == Dtype::Bf16;
     let tensors = file
         .entries()
         .keys()
-        .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
+        .map(|name| {
+            let tensor = file.load(name).unwrap();
+            let tensor = match (round, tensor.dtype()) {
+                (true, Dtype::F32) => tensor
+                    .astype(Dtype::Bf16)
+                    .unwrap()
+                    .astype(Dtype::F32)
+                    .unwrap(),
+                _ => tensor,
+            };
+            (name.clone(), Tensor::Dense(tensor))
+        })
         .collect::<Vec<_>>();
-    let mut weights = Weights::new(tensors, Dtype::F32);
+    let mut weights = Weights::new(tensors, dtype);
     let model = build_model(&config, &mut weights).unwrap();
     assert_eq!(
         weights.unused(),
@@ -115,9 +135,35 @@ fn load(dir: &Path, config_file: &str) -> Box<dyn Model> {
     model
 }
 
+/// What a run compares against: transformers' logits in f32; in bf16, the logits of this same
+/// model computing in f32 with the same bf16-rounded weights (one-shot, on the path the run
+/// takes). Rounding these tiny random models' weights to bf16 alone moves their
+/// log-probabilities by up to 5.7 against transformers' f32 (the hybrids and mixtures most),
+/// as much as computing in bf16 does, so only the same weights isolate what the bf16
+/// arithmetic itself does; the f32 run on the rounded weights is this same code, which the f32
+/// suite checks against transformers.
+fn reference_for(name: &str, config_file: &str) -> Golden {
+    let dir = fixture(name);
+    let mut golden = golden(&dir).reference();
+    if common::precision::test_dtype() == Dtype::Bf16 {
+        let model = load_in(&dir, config_file, Dtype::F32);
+        let mut caches = model.new_caches().unwrap();
+        golden.logits = logits_of(model.as_ref(), &mut caches, &golden.prompt, 0)
+            .to_vec::<f32>()
+            .unwrap();
+    }
+    golden
+}
+
 fn compare(got: &Array, golden: &Golden, first_position: usize, what: &str) {
+    let computed_in = got.dtype();
     let got = got.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
     let expected = &golden.logits[first_position * golden.vocab..][..got.len()];
+    if computed_in == Dtype::Bf16 {
+        let worst = common::precision::assert_close_in_bf16(&got, expected, golden.vocab, what);
+        println!("{what}: bf16 worst log-probability error {worst:.3e}");
+        return;
+    }
     let (mut worst, mut at) = (0f32, 0);
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
         let err = (g - e).abs();
@@ -152,20 +198,20 @@ fn check_fixture(name: &str, config_file: &str) {
         name,
         config_file,
         load(&fixture(name), config_file).as_ref(),
+        &reference_for(name, config_file),
     );
 }
 
 /// The model's logits against the fixture's golden ones: one-shot prefill, prefill in chunks
 /// of 5, and token-by-token decode after a prefill of a third of the prompt.
-fn check_model(name: &str, config_file: &str, model: &dyn Model) {
-    let golden = golden(&fixture(name)).reference();
+fn check_model(name: &str, config_file: &str, model: &dyn Model, golden: &Golden) {
     let n = golden.prompt.len();
 
     let mut caches = model.new_caches().unwrap();
     let all = logits_of(model, &mut caches, &golden.prompt, 0);
     compare(
         &all,
-        &golden,
+        golden,
         0,
         &format!("{name}/{config_file}: one-shot prefill"),
     );
@@ -176,7 +222,7 @@ fn check_model(name: &str, config_file: &str, model: &dyn Model) {
         let logits = logits_of(model, &mut caches, chunk, position);
         compare(
             &logits,
-            &golden,
+            golden,
             position,
             &format!("{name}: chunked prefill at {position}"),
         );
@@ -188,11 +234,11 @@ fn check_model(name: &str, config_file: &str, model: &dyn Model) {
     let logits = logits_of(model, &mut caches, &golden.prompt[..prefix], 0);
     compare(
         &logits,
-        &golden,
+        golden,
         0,
         &format!("{name}: prefill before decode"),
     );
-    let decode = &golden;
+    let decode = golden;
     for position in prefix..n {
         let logits = logits_of(
             model,
@@ -250,7 +296,7 @@ fn qwen3_moe() {
 /// there) and a restore from that capture, continuing as a retry or a new turn does.
 fn check_capture_and_restore(name: &str) {
     let dir = fixture(name);
-    let golden = golden(&dir).reference();
+    let golden = reference_for(name, "config.json");
     let model = load(&dir, "config.json");
     let capture_at = 17;
     let mut caches = model.new_caches().unwrap();
@@ -533,7 +579,12 @@ fn qwen3_5_sets_aside_its_vision_tower_and_mtp_head_only() {
 fn check_gguf(name: &str) {
     let path = fixture(name).join("model.gguf");
     let loaded = nn::load::load(&path, Some(Dtype::F32)).unwrap();
-    check_model(name, "model.gguf", loaded.model.as_ref());
+    check_model(
+        name,
+        "model.gguf",
+        loaded.model.as_ref(),
+        &golden(&fixture(name)).reference(),
+    );
 }
 
 #[test]

@@ -174,11 +174,48 @@ fn check(name: &str, catalog_name: &str) {
     assert_eq!(reference.greedy_ids.len(), GREEDY_TOKENS);
 
     mlx::memory::reset_peak_memory().unwrap();
-    let loaded = nn::load::load(&gguf, Some(Dtype::F32)).unwrap();
+    let dtype = common::precision::test_dtype();
+    let loaded = nn::load::load(&gguf, Some(dtype)).unwrap();
     let model = loaded.model.as_ref();
     let load_peak = mlx::memory::peak_memory().unwrap();
 
     let (ids, decode_time) = greedy(model, &reference.greedy_prompt_ids, GREEDY_TOKENS);
+
+    let mut caches = model.new_caches().unwrap();
+    let got = last_logits(model, &mut caches, &reference.logits_prompt_ids, 0)
+        .astype(Dtype::F32)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(got.len(), reference.last_logits.len(), "{name}: vocab size");
+    if dtype == Dtype::Bf16 {
+        // Greedy ids agree only while transformers' f32 margin is wider than twice the bf16
+        // error measured on this model's logits (`common::precision`).
+        let worst = common::precision::assert_close_in_bf16(
+            &got,
+            &reference.last_logits,
+            got.len(),
+            &format!("{name}: last-position logits"),
+        );
+        let compared = reference
+            .greedy_top2_margins
+            .iter()
+            .position(|&m| (m as f32) < 2.0 * worst)
+            .unwrap_or(GREEDY_TOKENS);
+        assert_eq!(
+            ids[..compared],
+            reference.greedy_ids[..compared],
+            "{name} in bf16: greedy ids diverge within the first {compared} steps, where \
+             transformers' margins exceed twice the bf16 error ({worst})"
+        );
+        println!(
+            "{name} in bf16: worst last-position log-probability error {worst:.3e}; greedy \
+             ids equal over the first {compared} steps, up to the first margin below \
+             {:.3e}: {ids:?}",
+            2.0 * worst
+        );
+        return;
+    }
     if let Some(step) = ids
         .iter()
         .zip(&reference.greedy_ids)
@@ -191,13 +228,6 @@ fn check(name: &str, catalog_name: &str) {
         );
     }
 
-    let mut caches = model.new_caches().unwrap();
-    let got = last_logits(model, &mut caches, &reference.logits_prompt_ids, 0)
-        .astype(Dtype::F32)
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap();
-    assert_eq!(got.len(), reference.last_logits.len(), "{name}: vocab size");
     let (mut worst, mut at) = (0f32, 0);
     for (i, (g, e)) in got.iter().zip(&reference.last_logits).enumerate() {
         let err = (g - e).abs();

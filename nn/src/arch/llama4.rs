@@ -463,7 +463,11 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
     };
     // The weightless RMS norm of rotary layers (the reference's L2Norm).
     let qk_norm = (c.use_qk_norm && rope.is_some())
-        .then(|| Array::ones(&[head_dim], Dtype::F32).map(|w| RmsNorm::new(w, c.rms_norm_eps)))
+        .then(|| {
+            // In the compute dtype: an f32 weight would promote bf16 keys to f32, apart from
+            // their values.
+            Array::ones(&[head_dim], weights.dtype()).map(|w| RmsNorm::new(w, c.rms_norm_eps))
+        })
         .transpose()?;
     Ok(Attention::new(AttentionParts {
         q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
@@ -519,6 +523,9 @@ impl Model for Llama4 {
             _ => None,
         };
         let mut h = self.embed_tokens.forward(&batch.tokens)?;
+        // Computed in f32; queries keep the model's dtype (an f32 factor would promote bf16
+        // queries, and with them the attention output, to f32).
+        let temperature = temperature.map(|t| t.astype(h.dtype())).transpose()?;
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             let x = layer.input_layernorm.forward(&h)?;
             let mut projected = layer.self_attn.project(&x, positions.rope())?;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod precision;
+
 use kvcache::LayerCache;
 use mlx::{Array, Dtype};
 use nn::{Batch, Model};
