@@ -13,8 +13,8 @@ use speculate::{Drafter, NgramConfig, NgramDrafter, PerSequence};
 use crate::engine::draft_model::DraftModel;
 use crate::engine::job::DrafterKind;
 use crate::engine::layer_skip::LayerSkip;
-use crate::engine::loaded::StepError;
 use crate::engine::sequence::{Sequence, SequenceId};
+use crate::engine::step::StepError;
 
 /// What the engine lends a drafter to draft with: the target, the sampler (a drafter that
 /// draws its drafts applies the request's sampling chain) and the step's sequences, with their
@@ -34,7 +34,7 @@ impl DraftContext<'_> {
         self.sequences
             .iter()
             .position(|seq| seq.id == id)
-            .ok_or_else(|| StepError::Invalid(format!("sequence {id} is not in this step")))
+            .ok_or_else(|| StepError::Internal(format!("sequence {id} is not in this step")))
     }
 }
 
@@ -85,7 +85,6 @@ impl Drafters {
 
     /// The drafter of `kind`, or an error saying it is not there.
     pub fn of(&mut self, kind: DrafterKind) -> Result<&mut EngineDrafter, StepError> {
-        self.get(kind)
-            .ok_or_else(|| StepError::Invalid("this model was loaded without a draft model".into()))
+        self.get(kind).ok_or(StepError::NoDraftModel)
     }
 }

@@ -37,36 +37,12 @@ use crate::engine::job::{
 };
 use crate::engine::memory::{LONG_PREFILL, MemoryBudget};
 use crate::engine::prefix_cache::PrefixCache;
-use crate::engine::sequence::{Ending, Outcome, Phase, Sequence, SequenceId};
+use crate::engine::sequence::{Outcome, Phase, Sequence, SequenceId};
 use crate::engine::speculation::{self, Controllers, MAX_DRAFT_DEPTH, Speculating};
-
-/// What went wrong in a step.
-#[derive(Debug, thiserror::Error)]
-pub enum StepError {
-    /// The model failed.
-    #[error(transparent)]
-    Model(#[from] nn::Error),
-    /// MLX failed.
-    #[error(transparent)]
-    Mlx(#[from] mlx::Error),
-    /// The sampler refused the options or failed.
-    #[error(transparent)]
-    Sampler(#[from] sampler::Error),
-    /// The caches failed.
-    #[error(transparent)]
-    Cache(#[from] kvcache::Error),
-    /// The prefix cache failed.
-    #[error(transparent)]
-    Prefix(#[from] crate::engine::prefix_cache::PrefixError),
-    /// The output constraint failed (a matcher error; a sampled token is always allowed).
-    #[error("structured output: {0}")]
-    Grammar(#[from] grammar::Error),
-    /// The request cannot be run.
-    #[error("{0}")]
-    Invalid(String),
-}
-
-type Result<T> = std::result::Result<T, StepError>;
+use crate::engine::step::{
+    Pending, Result, Step, StepError, caches_of, equal_width_groups, exact_width_groups,
+    last_logits, with_rope_deltas,
+};
 
 /// Draft tokens per round when a request names no limit.
 const DEFAULT_DRAFT_DEPTH: usize = 8;
@@ -146,7 +122,7 @@ fn check_kv_storage(model: &dyn Model, kv_storage: Option<KvStorage>) -> Result<
         if let nn::LayerState::Attention { head_dim, .. } = state
             && head_dim % group != 0
         {
-            return Err(StepError::Invalid(format!(
+            return Err(StepError::Unsupported(format!(
                 "an 8-bit KV cache stores heads in groups of {group} values, and layer {layer} \
                  of this model has {head_dim}-value heads; use --kv-cache f16"
             )));
@@ -183,14 +159,6 @@ pub struct LoopStatus {
     /// The draft model's depth controller's current depth, once a request has drafted with
     /// the draft model loaded beside the model.
     pub draft_model_depth: Option<usize>,
-}
-
-/// The tokens the last step sampled, not yet read, and whose rows they are.
-struct Pending {
-    sampled: Sampled,
-    rows: Vec<SequenceId>,
-    /// When its forward was dispatched: the read a step later measures a step's cost.
-    dispatched: Instant,
 }
 
 /// What a decoding row of the batched forward is fed.
@@ -487,14 +455,14 @@ impl LoadedModel {
     fn start(&mut self, job: Job) -> Option<Sequence> {
         let prompt_len = job.prompt.len();
         if prompt_len == 0 {
-            return refuse(job, StepError::Invalid("the prompt is empty".into()));
+            return refuse(job, StepError::EmptyPrompt);
         }
         if prompt_len >= self.context_length {
-            let message = format!(
-                "the prompt is {prompt_len} tokens, the model's context is {}",
-                self.context_length
-            );
-            return refuse(job, StepError::Invalid(message));
+            let error = StepError::PromptTooLong {
+                prompt: prompt_len,
+                context: self.context_length,
+            };
+            return refuse(job, error);
         }
         if let Err(e) = self.check_images(&job) {
             return refuse(job, e);
@@ -610,7 +578,7 @@ impl LoadedModel {
             return Ok(0);
         };
         let tokens = job.prompt.get(..n).ok_or_else(|| {
-            StepError::Invalid(format!("{n} tokens of a {}-token prompt", job.prompt.len()))
+            StepError::Internal(format!("{n} tokens of a {}-token prompt", job.prompt.len()))
         })?;
         let grids: Vec<ImageGrid> = job
             .images
@@ -631,7 +599,7 @@ impl LoadedModel {
         if let DrafterKind::SelfDraft(k) = drafter
             && k >= layers
         {
-            return Err(StepError::Invalid(format!(
+            return Err(StepError::Request(format!(
                 "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
             )));
         }
@@ -699,7 +667,7 @@ impl LoadedModel {
             return self.check_audio(job);
         }
         let Some(vision) = self.model.vision() else {
-            return Err(StepError::Invalid("this model does not read images".into()));
+            return Err(StepError::Request("this model does not read images".into()));
         };
         let input = vision.image_input();
         // A dynamic-resolution model's image takes as many tokens as its grid says.
@@ -710,12 +678,12 @@ impl LoadedModel {
                 (None, None) => input.tokens_per_image,
                 (Some(grid), Some(merge)) => grid.tokens(merge),
                 (Some(_), None) => {
-                    return Err(StepError::Invalid(format!(
+                    return Err(StepError::Request(format!(
                         "image {n} comes as patches; this model takes whole images"
                     )));
                 }
                 (None, Some(_)) => {
-                    return Err(StepError::Invalid(format!(
+                    return Err(StepError::Request(format!(
                         "image {n} comes as whole pixels; this model takes patches"
                     )));
                 }
@@ -730,18 +698,18 @@ impl LoadedModel {
     /// ([`nn::Audio::audio_tokens`]), in order, and no other audio token in the prompt.
     fn check_audio(&self, job: &Job) -> Result<()> {
         let Some(audio) = self.model.audio() else {
-            return Err(StepError::Invalid("this model does not read audio".into()));
+            return Err(StepError::Request("this model does not read audio".into()));
         };
         let input = audio.audio_input();
         let mut runs = Vec::with_capacity(job.images.len());
         for (n, segment) in job.images.iter().enumerate() {
             let EncoderInput::Audio(mel) = &segment.input else {
-                return Err(StepError::Invalid(format!(
+                return Err(StepError::Request(format!(
                     "media item {n} is an image in a prompt with audio"
                 )));
             };
             if mel.feature_size != input.num_mel_bins || mel.frames != input.max_frames {
-                return Err(StepError::Invalid(format!(
+                return Err(StepError::Request(format!(
                     "audio segment {n} has {} bins by {} frames; the encoder takes {} by {}",
                     mel.feature_size, mel.frames, input.num_mel_bins, input.max_frames
                 )));
@@ -788,7 +756,7 @@ impl LoadedModel {
             EncoderInput::Undecoded(undecoded) => {
                 decoded = undecoded
                     .decode()
-                    .map_err(|e| StepError::Invalid(format!("invalid image: {e}")))?;
+                    .map_err(|e| StepError::Request(format!("invalid image: {e}")))?;
                 &decoded
             }
             input => input,
@@ -797,7 +765,7 @@ impl LoadedModel {
             let audio = self
                 .model
                 .audio()
-                .ok_or_else(|| StepError::Invalid("this model does not read audio".into()))?;
+                .ok_or_else(|| StepError::Request("this model does not read audio".into()))?;
             let shape = [
                 1,
                 i32::try_from(mel.feature_size).unwrap_or(i32::MAX),
@@ -811,7 +779,7 @@ impl LoadedModel {
             return Ok(features);
         }
         let Some(vision) = self.model.vision() else {
-            return Err(StepError::Invalid("this model does not read images".into()));
+            return Err(StepError::Request("this model does not read images".into()));
         };
         let features = match (input, image.grid()) {
             (EncoderInput::Patches(patches), Some(grid)) => {
@@ -830,13 +798,13 @@ impl LoadedModel {
                 vision.encode_images(&array)?
             }
             (EncoderInput::Patches(_), None) => {
-                return Err(StepError::Invalid("image patches without a grid".into()));
+                return Err(StepError::Internal("image patches without a grid".into()));
             }
             (EncoderInput::Audio(_), _) => {
-                return Err(StepError::Invalid("audio where an image was due".into()));
+                return Err(StepError::Internal("audio where an image was due".into()));
             }
             (EncoderInput::Undecoded(_), _) => {
-                return Err(StepError::Invalid(
+                return Err(StepError::Internal(
                     "an image decoded to another undecoded".into(),
                 ));
             }
@@ -858,17 +826,17 @@ impl LoadedModel {
 
     /// Steps 2–6 of the module docs.
     fn advance(&mut self) -> Result<()> {
-        let mut ending = Ending::default();
+        let mut step = Step::default();
         for seq in &self.sequences {
             if seq.cancelled() {
-                ending.add(seq.id, Outcome::Done(DoneReason::Cancelled));
+                step.ending
+                    .add(seq.id, Outcome::Done(DoneReason::Cancelled));
             }
         }
-        let mut clear_pool = false;
-        let seeds = self.prefill(&mut ending, &mut clear_pool);
+        let seeds = self.prefill(&mut step);
 
         // Speculating sequences whose drafting does not pay join the plain forward below.
-        speculation::decide_depths(&mut self.controllers, &mut self.sequences, &ending);
+        speculation::decide_depths(&mut self.controllers, &mut self.sequences, &step.ending);
 
         // The batched decode forward, fed with last step's unread tokens (and the first token
         // of each plain stretch that starts now).
@@ -879,7 +847,7 @@ impl LoadedModel {
             .collect();
         let mut fed: Vec<(SequenceId, Feed)> = Vec::new();
         for seq in &mut self.sequences {
-            if ending.contains(seq.id) || !seq.may_continue() {
+            if step.ending.contains(seq.id) || !seq.may_continue() {
                 continue;
             }
             match seq.speculating.as_mut() {
@@ -928,11 +896,11 @@ impl LoadedModel {
 
         // Read, stream and judge last step's tokens.
         if let Some(prev) = &previous {
-            self.read_tokens(prev, &fed, &mut ending, &mut clear_pool)?;
+            self.read_tokens(prev, &fed, &mut step)?;
         }
 
         if let (Some(logits), true) = (&logits, constrained) {
-            let masks = self.grammar_masks(&sample_ids, logits, &mut ending)?;
+            let masks = self.grammar_masks(&sample_ids, logits, &mut step.ending)?;
             let borrowed: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
             let s = self.sampler.sample_masked(&sample_ids, logits, &borrowed)?;
             mlx::async_eval([&s.tokens])?;
@@ -944,8 +912,7 @@ impl LoadedModel {
             &mut self.sampler,
             &mut self.controllers,
             &mut self.sequences,
-            &mut ending,
-            &mut clear_pool,
+            &mut step,
         )?;
         self.pending = sampled.map(|sampled| Pending {
             sampled,
@@ -953,10 +920,10 @@ impl LoadedModel {
             dispatched: Instant::now(),
         });
 
-        for (id, outcome) in ending.outcomes {
+        for (id, outcome) in step.ending.outcomes {
             self.retire(id, outcome);
         }
-        if clear_pool {
+        if step.clear_pool {
             crate::engine::memory::release_pool()?;
         }
         Ok(())
@@ -965,11 +932,11 @@ impl LoadedModel {
     /// Gives prefilling sequences their chunks under this step's token budget, batched into as
     /// few forwards as their chunk widths allow; returns the last-position logits `[1, V]` of
     /// each sequence whose prompt is now fully evaluated.
-    fn prefill(&mut self, ending: &mut Ending, clear_pool: &mut bool) -> Vec<(SequenceId, Array)> {
+    fn prefill(&mut self, step: &mut Step) -> Vec<(SequenceId, Array)> {
         let decoding = self
             .sequences
             .iter()
-            .any(|s| s.phase == Phase::Decoding && !ending.contains(s.id));
+            .any(|s| s.phase == Phase::Decoding && !step.ending.contains(s.id));
         let mut budget = if decoding {
             self.config.prefill_budget_while_decoding
         } else {
@@ -980,7 +947,7 @@ impl LoadedModel {
         let mut order: Vec<usize> = (0..self.sequences.len())
             .filter(|&i| {
                 let seq = &self.sequences[i];
-                seq.phase == Phase::Prefilling && !ending.contains(seq.id)
+                seq.phase == Phase::Prefilling && !step.ending.contains(seq.id)
             })
             .collect();
         order.sort_by_key(|&i| self.sequences[i].prompt_left());
@@ -1024,18 +991,18 @@ impl LoadedModel {
                                     .index_of(id)
                                     .is_some_and(|i| self.sequences[i].budget == 0) =>
                             {
-                                ending.add(id, Outcome::Done(DoneReason::Length));
+                                step.ending.add(id, Outcome::Done(DoneReason::Length));
                             }
                             Some(logits) => seeds.push((id, logits)),
                             None => {}
                         }
                     }
-                    *clear_pool |= width * group.len() >= LONG_PREFILL;
+                    step.clear_pool |= width * group.len() >= LONG_PREFILL;
                 }
                 // One forward wrote every row's caches: none of them can be trusted.
                 Err(e) => {
                     for id in ids {
-                        ending.add(id, Outcome::Failed(e.to_string()));
+                        step.ending.add(id, Outcome::Failed(e.to_string()));
                     }
                 }
             }
@@ -1071,7 +1038,7 @@ impl LoadedModel {
             let from = seq.tokens.len();
             let to = from + width;
             if to > seq.job.prompt.len() {
-                return Err(StepError::Invalid(
+                return Err(StepError::Internal(
                     "a prefill chunk overruns its prompt".into(),
                 ));
             }
@@ -1092,14 +1059,14 @@ impl LoadedModel {
                 }
                 Some((features, _)) if self.model.audio().is_some() => {
                     let audio = self.model.audio().ok_or_else(|| {
-                        StepError::Invalid("this model does not read audio".into())
+                        StepError::Request("this model does not read audio".into())
                     })?;
                     let mut caches = caches_of(&mut self.sequences, group)?;
                     audio.forward_rows_with_audio(&batch, Some(&features), &mut caches)?
                 }
                 Some((features, grids)) => {
                     let vision = self.model.vision().ok_or_else(|| {
-                        StepError::Invalid("this model does not read images".into())
+                        StepError::Request("this model does not read images".into())
                     })?;
                     let mut caches = caches_of(&mut self.sequences, group)?;
                     vision.forward_rows_with_image_grids(
@@ -1157,7 +1124,7 @@ impl LoadedModel {
             .job
             .prompt
             .get(from..to)
-            .ok_or_else(|| StepError::Invalid("a prefill chunk overruns its prompt".into()))?;
+            .ok_or_else(|| StepError::Internal("a prefill chunk overruns its prompt".into()))?;
         let grids: Vec<ImageGrid> = seq
             .job
             .images
@@ -1188,7 +1155,7 @@ impl LoadedModel {
                     continue;
                 }
                 if range.start < from || to < range.end {
-                    return Err(StepError::Invalid(format!(
+                    return Err(StepError::Internal(format!(
                         "a prefill chunk of tokens {from}..{to} splits the image at {range:?}"
                     )));
                 }
@@ -1283,8 +1250,7 @@ impl LoadedModel {
         &mut self,
         prev: &Pending,
         fed: &[(SequenceId, Feed)],
-        ending: &mut Ending,
-        clear_pool: &mut bool,
+        step: &mut Step,
     ) -> Result<()> {
         let tokens = prev.sampled.tokens.to_vec::<u32>()?;
         let logprobs = match &prev.sampled.logprobs {
@@ -1302,12 +1268,12 @@ impl LoadedModel {
             let Some(index) = self.index_of(id) else {
                 continue;
             };
-            if ending.contains(id) {
+            if step.ending.contains(id) {
                 continue; // Cancelled before its token was read: the token never happened.
             }
             let seq = &mut self.sequences[index];
             let Some(&token) = tokens.get(row) else {
-                ending.add(
+                step.ending.add(
                     id,
                     Outcome::Failed("the sampler returned too few rows".into()),
                 );
@@ -1339,8 +1305,8 @@ impl LoadedModel {
                 }
                 _ => None,
             };
-            if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
-                ending.add(id, outcome);
+            if let Some(outcome) = step.deliver(seq, token, entry, now) {
+                step.ending.add(id, outcome);
             } else if !was_fed {
                 if let Some(spec) = seq.speculating.as_mut()
                     && seq.stats.generated_tokens < seq.budget
@@ -1355,7 +1321,7 @@ impl LoadedModel {
                 } else {
                     DoneReason::Length
                 };
-                ending.add(id, Outcome::Done(reason));
+                step.ending.add(id, Outcome::Done(reason));
             }
         }
         Ok(())
@@ -1469,103 +1435,10 @@ fn copy_from_live(
     Ok(())
 }
 
-/// `batch`, whose rows are `sequences[i]` for each `i` of `indices`, carrying each one's rope
-/// delta; as it is when every delta is 0 (no row follows an image of an M-RoPE family).
-pub(crate) fn with_rope_deltas(
-    batch: Batch,
-    sequences: &[Sequence],
-    indices: &[usize],
-) -> Result<Batch> {
-    let deltas: Vec<i64> = indices.iter().map(|&i| sequences[i].rope_delta).collect();
-    if deltas.iter().all(|&d| d == 0) {
-        return Ok(batch);
-    }
-    Ok(batch.with_rope_deltas(deltas)?)
-}
-
-/// The caches of `sequences[i]` for each `i` of `indices` (ascending, as a batch's rows are
-/// ordered), borrowed together for one forward.
-pub(crate) fn caches_of<'a>(
-    sequences: &'a mut [Sequence],
-    indices: &[usize],
-) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
-    rows_of(sequences, indices, |seq| Some(seq.caches.as_mut_slice()))
-}
-
-/// The caches `pick` chooses of `sequences[i]` for each `i` of `indices` (ascending), borrowed
-/// together for one forward; an error when a row has none.
-pub(crate) fn rows_of<'a>(
-    sequences: &'a mut [Sequence],
-    indices: &[usize],
-    pick: impl Fn(&'a mut Sequence) -> Option<&'a mut [Option<kvcache::LayerCache>]>,
-) -> Result<Vec<&'a mut [Option<kvcache::LayerCache>]>> {
-    let mut wanted = indices.iter().copied().peekable();
-    let mut caches = Vec::with_capacity(indices.len());
-    for (i, seq) in sequences.iter_mut().enumerate() {
-        if wanted.peek() == Some(&i) {
-            wanted.next();
-            caches.extend(pick(seq));
-        }
-    }
-    if caches.len() != indices.len() {
-        return Err(StepError::Invalid(
-            "batch rows out of order or without caches".into(),
-        ));
-    }
-    Ok(caches)
-}
-
-/// Splits planned prefill chunks `(sequence index, tokens)` into forwards of one width each:
-/// repeatedly, the width that evaluates the most tokens (width × the chunks at least that long)
-/// takes every chunk at least that long, cut to it; the shorter ones form the next forwards.
-/// Each group's indices come out ascending.
-pub(crate) fn equal_width_groups(mut planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
-    let mut groups = Vec::new();
-    while !planned.is_empty() {
-        let covered = |width: usize| width * planned.iter().filter(|&&(_, n)| n >= width).count();
-        let Some(width) = planned
-            .iter()
-            .map(|&(_, n)| n)
-            .max_by_key(|&w| (covered(w), w))
-        else {
-            break;
-        };
-        let (mut taken, rest): (Vec<_>, Vec<_>) =
-            planned.into_iter().partition(|&(_, n)| n >= width);
-        taken.sort_unstable();
-        groups.push((width, taken.into_iter().map(|(i, _)| i).collect()));
-        planned = rest;
-    }
-    groups
-}
-
-/// Groups planned prefill chunks `(sequence index, tokens)` by their exact width, never cutting
-/// one; each group's indices ascending, widest group first.
-pub(crate) fn exact_width_groups(planned: Vec<(usize, usize)>) -> Vec<(usize, Vec<usize>)> {
-    let mut groups: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
-    for (i, n) in planned {
-        groups.entry(n).or_default().push(i);
-    }
-    groups
-        .into_iter()
-        .rev()
-        .map(|(width, mut group)| {
-            group.sort_unstable();
-            (width, group)
-        })
-        .collect()
-}
-
 /// Ends a job that cannot run with `error`.
 fn refuse(job: Job, error: StepError) -> Option<Sequence> {
     let _ = job.events.send(Event::Failed(error.to_string()));
     None
-}
-
-/// The f32 logits `[rows, V]` after the last position of `hidden` `[rows, tokens, H]`.
-fn last_logits(model: &dyn Model, hidden: &Array) -> Result<Array> {
-    let last = hidden.slice_axis(1, -1, hidden.dim(1)?)?;
-    Ok(model.unembed(&last)?.squeeze(&[1])?.astype(Dtype::F32)?)
 }
 
 /// Row `row` of a call's logprobs, keeping the `top` alternatives its request asked for.
@@ -1634,7 +1507,7 @@ fn check_media_runs(
             .get(range.clone())
             .is_some_and(|ids| ids.iter().all(|&id| id == token));
         if expected == 0 || range.start < previous_end || range.len() != expected || !holds {
-            return Err(StepError::Invalid(format!(
+            return Err(StepError::Request(format!(
                 "{} {n} at prompt tokens {range:?} is not {expected} {} tokens after the \
                  previous {}",
                 names.item, names.token, names.previous
@@ -1645,7 +1518,7 @@ fn check_media_runs(
     }
     let held = prompt.iter().filter(|&&id| id == token).count();
     if held != expected_total {
-        return Err(StepError::Invalid(format!(
+        return Err(StepError::Request(format!(
             "the prompt holds {held} {} tokens for {} {} of {expected_total} tokens",
             names.token,
             runs.len(),
@@ -1653,48 +1526,4 @@ fn check_media_runs(
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::equal_width_groups;
-    use proptest::prelude::*;
-
-    #[test]
-    fn prompts_that_arrive_together_share_one_forward() {
-        // Eight 127-token chunks and one 126: all take 126 now; the rest waits for the next step.
-        let mut planned: Vec<(usize, usize)> = (0..8).map(|i| (i, 127)).collect();
-        planned.push((8, 126));
-        assert_eq!(equal_width_groups(planned), vec![(126, (0..9).collect())]);
-        // A short chunk does not hold a long one back: two forwards.
-        assert_eq!(
-            equal_width_groups(vec![(3, 10), (1, 256)]),
-            vec![(256, vec![1]), (10, vec![3])]
-        );
-    }
-
-    proptest! {
-        /// Every planned chunk lands in exactly one group, cut to at most its length, each group
-        /// ascending; the first group evaluates the most tokens any single width could.
-        #[test]
-        fn groups_cover_every_chunk_once(lengths in proptest::collection::vec(1usize..300, 1..12)) {
-            let planned: Vec<(usize, usize)> = lengths.iter().copied().enumerate().collect();
-            let groups = equal_width_groups(planned.clone());
-            let mut seen: Vec<usize> = groups.iter().flat_map(|(_, g)| g.clone()).collect();
-            seen.sort_unstable();
-            prop_assert_eq!(seen, (0..lengths.len()).collect::<Vec<_>>());
-            for (width, group) in &groups {
-                prop_assert!(group.windows(2).all(|w| w[0] < w[1]));
-                for &i in group {
-                    prop_assert!(*width <= lengths[i]);
-                }
-            }
-            let best = lengths
-                .iter()
-                .map(|&w| w * lengths.iter().filter(|&&n| n >= w).count())
-                .max()
-                .unwrap_or(0);
-            prop_assert_eq!(groups[0].0 * groups[0].1.len(), best);
-        }
-    }
 }

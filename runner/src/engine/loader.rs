@@ -8,7 +8,8 @@ use grammar::GrammarCompiler;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
 
 use crate::engine::encoded_media::EncodedIds;
-use crate::engine::loaded::{LoadedModel, LoopConfig, StepError};
+use crate::engine::loaded::{LoadedModel, LoopConfig};
+use crate::engine::step::StepError;
 use crate::model_name::ModelName;
 use crate::store::{Format, Manifest};
 

@@ -39,6 +39,7 @@ pub mod prefix_cache;
 pub mod rollback;
 pub mod sequence;
 pub mod speculation;
+pub mod step;
 pub mod transcription;
 
 use std::cell::RefCell;
@@ -101,7 +102,7 @@ pub enum EngineError {
     NotLoaded,
     /// An embedding could not be computed.
     #[error("embedding: {0}")]
-    Embed(#[from] loaded::StepError),
+    Embed(#[from] step::StepError),
 }
 
 /// The MLX worker and the model it holds.

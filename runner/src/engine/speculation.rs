@@ -31,9 +31,11 @@ use speculate::{Commit, DepthController, Draft, DraftProbs, Proposal, Verdict};
 
 use crate::engine::drafters::{DraftContext, Drafters};
 use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
-use crate::engine::loaded::{StepError, caches_of, equal_width_groups, with_rope_deltas};
 use crate::engine::rollback;
-use crate::engine::sequence::{Ending, Outcome, Sequence};
+use crate::engine::sequence::{Outcome, Sequence};
+use crate::engine::step::{
+    Ending, Step, StepError, caches_of, equal_width_groups, with_rope_deltas,
+};
 
 /// The deepest round the engine runs. Sliding-window caches hold this many positions beyond
 /// their window, so a rejected draft rewinds without a snapshot.
@@ -306,14 +308,13 @@ pub fn run_rounds(
     sampler: &mut Sampler,
     controllers: &mut Controllers,
     sequences: &mut [Sequence],
-    ending: &mut Ending,
-    clear_pool: &mut bool,
+    step: &mut Step,
 ) -> Result<(), StepError> {
     let started = Instant::now();
     let ready: Vec<usize> = (0..sequences.len())
         .filter(|&i| {
             let seq = &sequences[i];
-            !ending.contains(seq.id)
+            !step.ending.contains(seq.id)
                 && seq
                     .speculating
                     .as_ref()
@@ -378,14 +379,15 @@ pub fn run_rounds(
             match masks_along(grammar, &mut plan.draft) {
                 Ok(masks) => plan.masks = Some(masks),
                 Err(e) => {
-                    ending.add(seq.id, Outcome::Failed(format!("structured output: {e}")));
+                    step.ending
+                        .add(seq.id, Outcome::Failed(format!("structured output: {e}")));
                     continue;
                 }
             }
         }
         plan.tokens.extend_from_slice(&plan.draft.tokens);
     }
-    planned.retain(|plan| !ending.contains(sequences[plan.index].id));
+    planned.retain(|plan| !step.ending.contains(sequences[plan.index].id));
 
     // One forward per width; drafts cut to the width of the forward they share.
     let widths: Vec<(usize, usize)> = planned
@@ -485,8 +487,7 @@ pub fn run_rounds(
             sequences,
             batch,
             cost,
-            ending,
-            clear_pool,
+            step,
         )?;
     }
     Ok(())
@@ -614,8 +615,7 @@ fn settle_round(
     sequences: &mut [Sequence],
     batch: usize,
     cost: Duration,
-    ending: &mut Ending,
-    clear_pool: &mut bool,
+    step: &mut Step,
 ) -> Result<(), StepError> {
     let seq = &mut sequences[round.index];
     let id = seq.id;
@@ -643,7 +643,7 @@ fn settle_round(
     let Verdict { accepted, next } = match verdict {
         Ok(verdict) => verdict,
         Err(e) => {
-            ending.add(
+            step.ending.add(
                 id,
                 Outcome::Failed(format!("speculative verification: {e}")),
             );
@@ -693,13 +693,13 @@ fn settle_round(
             }),
             _ => None,
         };
-        if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
+        if let Some(outcome) = step.deliver(seq, token, entry, now) {
             // Nothing after this token was streamed: the caches end where it stands.
             let held = (start + 1 + position).min(keep);
             // The drafter hears where it ends when the sequence retires.
             rollback::rewind_round(&mut seq.caches, &captures, held)?;
             seq.tokens.truncate(held);
-            ending.add(id, outcome);
+            step.ending.add(id, outcome);
             return Ok(());
         }
     }
@@ -709,7 +709,7 @@ fn settle_round(
         } else {
             crate::engine::job::DoneReason::Length
         };
-        ending.add(id, Outcome::Done(reason));
+        step.ending.add(id, Outcome::Done(reason));
     } else if let Some(spec) = seq.speculating.as_mut() {
         spec.next = Some(next);
     }
