@@ -26,6 +26,8 @@
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
+mod admission;
+mod decode;
 pub mod draft_model;
 pub mod drafters;
 pub mod embedding;
@@ -35,11 +37,14 @@ pub mod layer_skip;
 pub mod loaded;
 pub mod loader;
 pub mod memory;
+mod prefill;
 pub mod prefix_cache;
+mod retirement;
 pub mod rollback;
 pub mod sequence;
 pub mod speculation;
 pub mod step;
+mod step_loop;
 pub mod transcription;
 
 use std::cell::RefCell;
