@@ -16,7 +16,7 @@ use crate::engine::job::{
 };
 use crate::engine::loaded::{LoadedModel, fresh_caches};
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
-use crate::engine::speculation::Speculating;
+use crate::engine::speculating::Speculating;
 use crate::engine::step::{Result, StepError};
 
 /// Draft tokens per round when a request names no limit.

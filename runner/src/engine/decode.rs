@@ -15,7 +15,8 @@ use sampler::Sampled;
 use crate::engine::job::{DoneReason, TokenLogprobs};
 use crate::engine::loaded::LoadedModel;
 use crate::engine::sequence::{Outcome, SequenceId};
-use crate::engine::speculation::{self, Speculating};
+use crate::engine::speculating::Speculating;
+use crate::engine::speculation;
 use crate::engine::step::{
     Ending, Pending, Result, Step, caches_of, last_logits, with_rope_deltas,
 };

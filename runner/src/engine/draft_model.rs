@@ -41,10 +41,10 @@ use prefix_trie::SessionId;
 use sampler::Sampler;
 use speculate::{Commit, Draft, Drafter, Proposal};
 
-use crate::engine::drafters::DraftContext;
+use crate::engine::draft_context::DraftContext;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{self, Sequence, SequenceId};
-use crate::engine::speculation::MAX_DRAFT_DEPTH;
+use crate::engine::speculating::MAX_DRAFT_DEPTH;
 use crate::engine::step::StepError;
 
 /// The tokens a draft restarts from after a plain stretch left it further behind.

@@ -17,6 +17,7 @@ use kvcache::KvStorage;
 use nn::Model;
 use sampler::Sampler;
 
+use crate::engine::controllers::Controllers;
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::drafters::Drafters;
 use crate::engine::encoded_media::{self, EncodedIds, EncodedMedia};
@@ -24,7 +25,7 @@ use crate::engine::job::{DrafterKind, Job};
 use crate::engine::memory::MemoryBudget;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
-use crate::engine::speculation::{Controllers, MAX_DRAFT_DEPTH};
+use crate::engine::speculating::MAX_DRAFT_DEPTH;
 use crate::engine::step::{Pending, Result, StepError};
 
 /// How the step loop schedules work.

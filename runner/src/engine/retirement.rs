@@ -7,7 +7,7 @@
 use crate::engine::job::{DoneReason, Event};
 use crate::engine::loaded::LoadedModel;
 use crate::engine::sequence::{Outcome, Sequence, SequenceId};
-use crate::engine::speculation::Speculating;
+use crate::engine::speculating::Speculating;
 
 impl LoadedModel {
     pub(super) fn retire_cancelled(&mut self) {

@@ -7,7 +7,7 @@ use kvcache::{LayerCache, LayerSnapshot};
 use prefix_trie::{Capture, SessionId};
 
 use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
-use crate::engine::speculation::Speculating;
+use crate::engine::speculating::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
 pub type SequenceId = usize;
