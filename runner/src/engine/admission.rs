@@ -11,10 +11,9 @@ use kvcache::KvStorage;
 use mlx::Dtype;
 use nn::ImageGrid;
 
-use crate::engine::job::{
-    DoneReason, DrafterKind, EncoderInput, Event, Job, PromptMedia, Speculation, Stats,
-};
+use crate::engine::job::{DoneReason, DrafterKind, Event, Job, PromptMedia, Speculation, Stats};
 use crate::engine::loaded::{LoadedModel, fresh_caches};
+use crate::engine::prompt_media;
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
 use crate::engine::speculating::Speculating;
 use crate::engine::step::{Result, StepError};
@@ -127,7 +126,7 @@ impl LoadedModel {
             };
             return refuse(job, error);
         }
-        if let Err(e) = self.check_images(&job) {
+        if let Err(e) = prompt_media::check_media(self.model.as_ref(), &job) {
             return refuse(job, e);
         }
         let mut caches = match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
@@ -318,69 +317,6 @@ impl LoadedModel {
             })
             .max_by_key(|&(_, common)| common)
     }
-
-    /// Refuses a job whose images the model cannot take or whose prompt does not hold them as
-    /// the model lays them out: each image's range must be exactly its image tokens, in order,
-    /// and the prompt may hold no other image token.
-    fn check_images(&self, job: &Job) -> Result<()> {
-        if job.images.is_empty() {
-            return Ok(());
-        }
-        if job.images.iter().any(PromptMedia::is_audio) {
-            return self.check_audio(job);
-        }
-        let Some(vision) = self.model.vision() else {
-            return Err(StepError::Request("this model does not read images".into()));
-        };
-        let input = vision.image_input();
-        // A dynamic-resolution model's image takes as many tokens as its grid says.
-        let merge = vision.patch_input().map(|p| p.merge_size);
-        let mut runs = Vec::with_capacity(job.images.len());
-        for (n, image) in job.images.iter().enumerate() {
-            let expected = match (image.grid(), merge) {
-                (None, None) => input.tokens_per_image,
-                (Some(grid), Some(merge)) => grid.tokens(merge),
-                (Some(_), None) => {
-                    return Err(StepError::Request(format!(
-                        "image {n} comes as patches; this model takes whole images"
-                    )));
-                }
-                (None, Some(_)) => {
-                    return Err(StepError::Request(format!(
-                        "image {n} comes as whole pixels; this model takes patches"
-                    )));
-                }
-            };
-            runs.push((image.tokens.clone(), expected));
-        }
-        check_media_runs(&job.prompt, &runs, input.image_token, &IMAGE_RUNS)
-    }
-
-    /// [`Self::check_images`] for a prompt with audio: every media item must be an audio
-    /// segment, each range exactly the audio tokens its valid frames make
-    /// ([`nn::Audio::audio_tokens`]), in order, and no other audio token in the prompt.
-    fn check_audio(&self, job: &Job) -> Result<()> {
-        let Some(audio) = self.model.audio() else {
-            return Err(StepError::Request("this model does not read audio".into()));
-        };
-        let input = audio.audio_input();
-        let mut runs = Vec::with_capacity(job.images.len());
-        for (n, segment) in job.images.iter().enumerate() {
-            let EncoderInput::Audio(mel) = &segment.input else {
-                return Err(StepError::Request(format!(
-                    "media item {n} is an image in a prompt with audio"
-                )));
-            };
-            if mel.feature_size != input.num_mel_bins || mel.frames != input.max_frames {
-                return Err(StepError::Request(format!(
-                    "audio segment {n} has {} bins by {} frames; the encoder takes {} by {}",
-                    mel.feature_size, mel.frames, input.num_mel_bins, input.max_frames
-                )));
-            }
-            runs.push((segment.tokens.clone(), audio.audio_tokens(mel.valid_frames)));
-        }
-        check_media_runs(&job.prompt, &runs, input.audio_token, &AUDIO_RUNS)
-    }
 }
 
 /// Brings the fresh-or-restored `caches` to `common` tokens copied from a running sequence's
@@ -414,68 +350,4 @@ fn copy_from_live(
 fn refuse(job: Job, error: StepError) -> Option<Sequence> {
     let _ = job.events.send(Event::Failed(error.to_string()));
     None
-}
-
-/// How [`check_media_runs`] names one kind of media in its errors.
-struct MediaRunNames {
-    /// One item ("image", "audio segment").
-    item: &'static str,
-    /// Its tokens ("image", "audio").
-    token: &'static str,
-    /// The item before it ("image", "segment").
-    previous: &'static str,
-    /// Several items ("images", "segments").
-    items: &'static str,
-}
-
-const IMAGE_RUNS: MediaRunNames = MediaRunNames {
-    item: "image",
-    token: "image",
-    previous: "image",
-    items: "images",
-};
-
-const AUDIO_RUNS: MediaRunNames = MediaRunNames {
-    item: "audio segment",
-    token: "audio",
-    previous: "segment",
-    items: "segments",
-};
-
-/// Refuses a prompt whose media `runs` (each item's prompt range and the tokens its input
-/// makes) are not, in order, exactly that many `token`s each, or that holds `token` anywhere
-/// else. An item that makes no token is refused too.
-fn check_media_runs(
-    prompt: &[u32],
-    runs: &[(std::ops::Range<usize>, usize)],
-    token: u32,
-    names: &MediaRunNames,
-) -> Result<()> {
-    let mut previous_end = 0;
-    let mut expected_total = 0;
-    for (n, (range, expected)) in runs.iter().enumerate() {
-        let (range, expected) = (range.clone(), *expected);
-        let holds = prompt
-            .get(range.clone())
-            .is_some_and(|ids| ids.iter().all(|&id| id == token));
-        if expected == 0 || range.start < previous_end || range.len() != expected || !holds {
-            return Err(StepError::Request(format!(
-                "{} {n} at prompt tokens {range:?} is not {expected} {} tokens after the \
-                 previous {}",
-                names.item, names.token, names.previous
-            )));
-        }
-        previous_end = range.end;
-        expected_total += expected;
-    }
-    let held = prompt.iter().filter(|&&id| id == token).count();
-    if held != expected_total {
-        return Err(StepError::Request(format!(
-            "the prompt holds {held} {} tokens for {} {} of {expected_total} tokens",
-            names.token,
-            runs.len(),
-            names.items
-        )));
-    }
-    Ok(())
 }

@@ -15,6 +15,8 @@
 //!   `decode` (the batched forward, sampling, reading tokens), `speculation` (speculative
 //!   rounds: drafts, one verification forward, lossless acceptance, rewind) and `retirement`
 //!   (into the prefix trie); `step_loop` puts them in order.
+//! - `prompt_media`: how a model takes images and audio in a prompt, and the checks a job's
+//!   media pass at admission.
 //! - `rollback`: bringing a round's caches back to what was accepted (attention rewinds,
 //!   recurrent states restore captures taken inside the round).
 //! - `controllers`: the depth controllers, one per drafter kind, kept across restarts.
@@ -54,6 +56,7 @@ pub mod loader;
 pub mod memory;
 mod prefill;
 pub mod prefix_cache;
+pub mod prompt_media;
 mod retirement;
 pub mod rollback;
 pub mod sequence;
