@@ -41,11 +41,11 @@ use prefix_trie::SessionId;
 use sampler::Sampler;
 use speculate::{Commit, Draft, Drafter, Proposal};
 
-use crate::engine::drafters::DraftContext;
-use crate::engine::loaded::StepError;
-use crate::engine::prefix_cache::{self, PrefixCache};
-use crate::engine::sequence::{Sequence, SequenceId};
-use crate::engine::speculation::MAX_DRAFT_DEPTH;
+use crate::engine::draft_context::DraftContext;
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::sequence::{self, Sequence, SequenceId};
+use crate::engine::speculating::MAX_DRAFT_DEPTH;
+use crate::engine::step::StepError;
 
 /// The tokens a draft restarts from after a plain stretch left it further behind.
 pub const PROBE_WINDOW: usize = 32;
@@ -86,7 +86,7 @@ impl DraftModel {
     ) -> Result<DraftModel, StepError> {
         let (ours, theirs) = (model.spec().vocab_size, target.spec().vocab_size);
         if ours != theirs {
-            return Err(StepError::Invalid(format!(
+            return Err(StepError::Unsupported(format!(
                 "draft model `{name}` scores {ours} tokens and the target {theirs}: \
                  a draft model needs the target's vocabulary"
             )));
@@ -162,7 +162,7 @@ impl DraftModel {
             .rewind(held)
             .map_err(|e| e.to_string())
             .and_then(|()| {
-                let captures = prefix_cache::take_captures(&mut caches.caches);
+                let captures = sequence::take_captures(&mut caches.caches);
                 self.prefix
                     .close_caches(session, &tokens[..held], &[], captures, &caches.caches)
                     .map_err(|e| e.to_string())
@@ -239,7 +239,7 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for DraftModel {
 }
 
 fn no_caches() -> StepError {
-    StepError::Invalid("a sequence drafting with the draft model has no draft caches".into())
+    StepError::Internal("a sequence drafting with the draft model has no draft caches".into())
 }
 
 /// Fresh caches of `model` for one sequence, refused for layers that cannot roll back.
@@ -250,7 +250,7 @@ fn fresh_caches(name: &str, model: &dyn Model) -> Result<Vec<Option<LayerCache>>
         .flatten()
         .any(|c| matches!(c, LayerCache::Recurrent(_)))
     {
-        return Err(StepError::Invalid(format!(
+        return Err(StepError::Unsupported(format!(
             "draft model `{name}` has recurrent layers, which cannot roll a rejected draft \
              back yet"
         )));
@@ -287,13 +287,13 @@ impl DraftCaches {
     /// The draft's position of the sequence's token `at`, one the caches do not precede.
     fn position(&self, at: usize) -> Result<usize, StepError> {
         at.checked_sub(self.start)
-            .ok_or_else(|| StepError::Invalid("a draft-model row starts before its window".into()))
+            .ok_or_else(|| StepError::Internal("a draft-model row starts before its window".into()))
     }
 
     /// Tokens the caches hold, checked against the `held` tokens of the target's.
     fn held_within(&self, target_held: usize) -> Result<usize, StepError> {
         if self.held > target_held {
-            return Err(StepError::Invalid(
+            return Err(StepError::Internal(
                 "a draft model's caches ran ahead of the target's".into(),
             ));
         }
@@ -426,7 +426,7 @@ fn catch_up(
             let seq = &ctx.sequences[row.index];
             let held = caches.held_within(seq.tokens.len())?;
             let tokens = seq.tokens.get(held..held + width).ok_or_else(|| {
-                StepError::Invalid("a draft model catches up past the target's tokens".into())
+                StepError::Internal("a draft model catches up past the target's tokens".into())
             })?;
             feeds.push((tokens.to_vec(), caches.position(held)?));
         }

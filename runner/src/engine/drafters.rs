@@ -6,40 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use nn::Model;
-use sampler::Sampler;
-use speculate::{Drafter, NgramConfig, NgramDrafter, PerSequence};
+use speculate::{NgramConfig, NgramDrafter, PerSequence};
 
+use crate::engine::draft_context::EngineDrafter;
 use crate::engine::draft_model::DraftModel;
 use crate::engine::job::DrafterKind;
 use crate::engine::layer_skip::LayerSkip;
-use crate::engine::loaded::StepError;
-use crate::engine::sequence::{Sequence, SequenceId};
-
-/// What the engine lends a drafter to draft with: the target, the sampler (a drafter that
-/// draws its drafts applies the request's sampling chain) and the step's sequences, with their
-/// committed tokens and the target's caches.
-pub struct DraftContext<'a> {
-    /// The target model.
-    pub target: &'a dyn Model,
-    /// The loaded model's sampler, one slot per sequence.
-    pub sampler: &'a Sampler,
-    /// The step's sequences.
-    pub sequences: &'a mut [Sequence],
-}
-
-impl DraftContext<'_> {
-    /// The index of sequence `id` among [`DraftContext::sequences`].
-    pub fn index_of(&self, id: SequenceId) -> Result<usize, StepError> {
-        self.sequences
-            .iter()
-            .position(|seq| seq.id == id)
-            .ok_or_else(|| StepError::Invalid(format!("sequence {id} is not in this step")))
-    }
-}
-
-/// A drafter as the engine holds it: any kind, behind the one trait.
-pub type EngineDrafter = dyn for<'a> Drafter<DraftContext<'a>, StepError>;
+use crate::engine::step::StepError;
 
 /// The drafters of a loaded model.
 pub struct Drafters {
@@ -85,7 +58,6 @@ impl Drafters {
 
     /// The drafter of `kind`, or an error saying it is not there.
     pub fn of(&mut self, kind: DrafterKind) -> Result<&mut EngineDrafter, StepError> {
-        self.get(kind)
-            .ok_or_else(|| StepError::Invalid("this model was loaded without a draft model".into()))
+        self.get(kind).ok_or(StepError::NoDraftModel)
     }
 }

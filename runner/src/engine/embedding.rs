@@ -7,14 +7,12 @@
 use mlx::Dtype;
 use nn::model::{Batch, Model};
 
-use crate::engine::loaded::StepError;
-
-type Result<T> = std::result::Result<T, StepError>;
+use crate::engine::step::{Result, StepError};
 
 /// The embedding of `tokens` (not normalized), evaluated `chunk` tokens per forward.
 pub fn embed(model: &dyn Model, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
     if tokens.is_empty() {
-        return Err(StepError::Invalid(
+        return Err(StepError::Request(
             "nothing to embed: the input is empty".into(),
         ));
     }
@@ -24,7 +22,7 @@ pub fn embed(model: &dyn Model, tokens: &[u32], chunk: usize) -> Result<Vec<f32>
         let batch = Batch::single(piece, i * chunk.max(1))?;
         hidden = Some(model.forward(&batch, &mut caches)?.hidden);
     }
-    let hidden = hidden.ok_or_else(|| StepError::Invalid("nothing was evaluated".into()))?;
+    let hidden = hidden.ok_or_else(|| StepError::Internal("nothing was evaluated".into()))?;
     let last = hidden
         .slice_axis(1, -1, hidden.dim(1)?)?
         .astype(Dtype::F32)?;

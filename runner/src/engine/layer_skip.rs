@@ -8,9 +8,9 @@ use mlx::{Array, Dtype};
 use nn::Batch;
 use speculate::{Draft, Drafter, Proposal};
 
-use crate::engine::drafters::DraftContext;
-use crate::engine::loaded::{StepError, caches_of, with_rope_deltas};
+use crate::engine::draft_context::DraftContext;
 use crate::engine::rollback;
+use crate::engine::step::{StepError, caches_of, with_rope_deltas};
 
 /// Drafts through the target's first `layers` layers.
 pub struct LayerSkip {

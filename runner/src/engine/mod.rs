@@ -3,13 +3,25 @@
 //!
 //! - `job`: what a generation asks for and what it streams back.
 //! - `sequence`: one request's state inside the loop.
-//! - `loaded`: [`LoadedModel`], the loaded model and its step loop (batching, admission,
-//!   cancellation, retirement).
+//! - `speculating`: a speculating sequence's round state, and the deepest round.
 //! - `prefix_cache`: the prefix trie behind every request.
-//! - `speculation`: speculative rounds (drafts, one verification forward, lossless acceptance,
-//!   rewind) for sequences that speculate.
+//! - `step`: what every phase of a step shares — the step's error and state ([`step::Step`]:
+//!   who ends in it, whether the pool is released after it), the tokens left in flight, the
+//!   batch-row helpers. The bottom of the step loop.
+//! - `loaded`: [`LoadedModel`], what a loaded model holds to serve many sequences at once,
+//!   its configuration and status.
+//! - The step's rooms, each a file over that state: `admission` (the queue, KV reservations,
+//!   restoring a new sequence's caches), `prefill` (prompt chunks, image and audio encoding),
+//!   `decode` (the batched forward, sampling, reading tokens), `speculation` (speculative
+//!   rounds: drafts, one verification forward, lossless acceptance, rewind) and `retirement`
+//!   (into the prefix trie); `step_loop` puts them in order.
+//! - `prompt_media`: how a model takes images and audio in a prompt, and the checks a job's
+//!   media pass at admission.
 //! - `rollback`: bringing a round's caches back to what was accepted (attention rewinds,
 //!   recurrent states restore captures taken inside the round).
+//! - `controllers`: the depth controllers, one per drafter kind, kept across restarts.
+//! - `draft_context`: what the engine lends a drafter, and the one trait drafters are reached
+//!   through.
 //! - `drafters`: a loaded model's drafters, one per kind, each a [`speculate::Drafter`].
 //! - `layer_skip`: the target's first layers drafting for it.
 //! - `draft_model`: a smaller model with the target's vocabulary drafting beside it, with
@@ -22,10 +34,17 @@
 //! - `transcription`: a Whisper checkpoint transcribing a clip's windows, beside the loaded
 //!   model.
 //!
+//! Files import only what lies below them: `step` and the types it builds on at the bottom,
+//! `loaded` above the drafters, the rooms above `loaded`, `step_loop` on top.
+//!
 //! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 
+mod admission;
+pub mod controllers;
+mod decode;
+pub mod draft_context;
 pub mod draft_model;
 pub mod drafters;
 pub mod embedding;
@@ -35,10 +54,16 @@ pub mod layer_skip;
 pub mod loaded;
 pub mod loader;
 pub mod memory;
+mod prefill;
 pub mod prefix_cache;
+pub mod prompt_media;
+mod retirement;
 pub mod rollback;
 pub mod sequence;
+pub mod speculating;
 pub mod speculation;
+pub mod step;
+mod step_loop;
 pub mod transcription;
 
 use std::cell::RefCell;
@@ -101,7 +126,7 @@ pub enum EngineError {
     NotLoaded,
     /// An embedding could not be computed.
     #[error("embedding: {0}")]
-    Embed(#[from] loaded::StepError),
+    Embed(#[from] step::StepError),
 }
 
 /// The MLX worker and the model it holds.

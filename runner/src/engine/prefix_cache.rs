@@ -204,16 +204,3 @@ impl PrefixCache {
         Ok(self.trie.evict(self.budget)?)
     }
 }
-
-/// The captures `caches` recorded since their schedule was set, each with its layer.
-pub fn take_captures(caches: &mut [Option<LayerCache>]) -> Vec<Capture<LayerSnapshot>> {
-    let mut captures = Vec::new();
-    for (layer, cache) in caches.iter_mut().enumerate() {
-        if let Some(cache) = cache {
-            for (_, snapshot) in cache.take_captures() {
-                captures.push(Capture { layer, snapshot });
-            }
-        }
-    }
-    captures
-}

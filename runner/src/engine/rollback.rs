@@ -11,7 +11,7 @@
 
 use kvcache::{LayerCache, LayerSnapshot};
 
-use crate::engine::loaded::StepError;
+use crate::engine::step::StepError;
 
 /// What each layer's recurrent cache captured during a round, by layer (empty for the others).
 pub struct RoundCaptures(Vec<Vec<(usize, LayerSnapshot)>>);
@@ -67,7 +67,7 @@ pub fn rewind_round(
             .and_then(|taken| taken.iter().find(|(at, _)| *at == to))
             .map(|(_, snapshot)| snapshot)
             .ok_or_else(|| {
-                StepError::Invalid(format!(
+                StepError::Internal(format!(
                     "layer {layer} captured no state at position {to} to roll back to"
                 ))
             })?;

@@ -3,13 +3,11 @@
 
 use std::time::Instant;
 
-use kvcache::LayerCache;
+use kvcache::{LayerCache, LayerSnapshot};
 use prefix_trie::{Capture, SessionId};
 
 use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
-use crate::engine::memory;
-use crate::engine::prefix_cache;
-use crate::engine::speculation::Speculating;
+use crate::engine::speculating::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
 pub type SequenceId = usize;
@@ -47,7 +45,7 @@ pub struct Sequence {
     /// When its first token was read.
     pub first_token: Option<Instant>,
     /// Captures taken from its caches so far, for the trie at retirement.
-    pub captures: Vec<Capture<kvcache::LayerSnapshot>>,
+    pub captures: Vec<Capture<LayerSnapshot>>,
     /// Its drafter and round state, when it decodes speculatively.
     pub speculating: Option<Speculating>,
     /// How far the rotary position of its next token is from its cache position
@@ -85,14 +83,12 @@ impl Sequence {
     }
 
     /// Hands a generated token over, read at `now`: a stop token ends the sequence unstreamed;
-    /// otherwise the grammar consumes it, it is counted and streamed. Sets `clear_pool` when
-    /// the count crosses a point where MLX's buffer pool is released.
+    /// otherwise the grammar consumes it, it is counted and streamed.
     pub fn deliver(
         &mut self,
         token: u32,
         logprobs: Option<TokenLogprobs>,
         now: Instant,
-        clear_pool: &mut bool,
     ) -> Option<Outcome> {
         if self.first_token.is_none() {
             self.first_token = Some(now);
@@ -106,9 +102,7 @@ impl Sequence {
         {
             return Some(Outcome::Failed(format!("structured output: {e}")));
         }
-        let before = self.stats.generated_tokens;
         self.stats.generated_tokens += 1;
-        *clear_pool |= memory::crosses_clear_point(before, self.stats.generated_tokens);
         let sent = self.job.events.send(Event::Token {
             id: token,
             logprobs,
@@ -119,7 +113,7 @@ impl Sequence {
 
     /// Moves the captures its caches recorded since the schedule was set into `captures`.
     pub fn collect_captures(&mut self) {
-        let taken = prefix_cache::take_captures(&mut self.caches);
+        let taken = take_captures(&mut self.caches);
         self.captures.extend(taken);
     }
 }
@@ -132,23 +126,15 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// The sequences ending in this step, first outcome wins.
-#[derive(Default)]
-pub struct Ending {
-    /// Each with how it ends, in the order they were noticed.
-    pub outcomes: Vec<(SequenceId, Outcome)>,
-}
-
-impl Ending {
-    /// Records that `id` ends with `outcome`, unless it already ends.
-    pub fn add(&mut self, id: SequenceId, outcome: Outcome) {
-        if !self.contains(id) {
-            self.outcomes.push((id, outcome));
+/// The captures `caches` recorded since their schedule was set, each with its layer.
+pub fn take_captures(caches: &mut [Option<LayerCache>]) -> Vec<Capture<LayerSnapshot>> {
+    let mut captures = Vec::new();
+    for (layer, cache) in caches.iter_mut().enumerate() {
+        if let Some(cache) = cache {
+            for (_, snapshot) in cache.take_captures() {
+                captures.push(Capture { layer, snapshot });
+            }
         }
     }
-
-    /// Whether `id` ends in this step.
-    pub fn contains(&self, id: SequenceId) -> bool {
-        self.outcomes.iter().any(|(f, _)| *f == id)
-    }
+    captures
 }

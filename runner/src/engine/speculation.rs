@@ -19,7 +19,6 @@
 //! back through captures taken inside the round (`rollback`).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mlx::{Array, Dtype};
@@ -27,245 +26,18 @@ use nn::{Batch, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sampler::Sampler;
-use speculate::{Commit, DepthController, Draft, DraftProbs, Proposal, Verdict};
+use speculate::{Commit, Draft, DraftProbs, Proposal, Verdict};
 
-use crate::engine::drafters::{DraftContext, Drafters};
-use crate::engine::job::{DrafterKind, SpeculationStats, TokenLogprobs};
-use crate::engine::loaded::{StepError, caches_of, equal_width_groups, with_rope_deltas};
+use crate::engine::controllers::Controllers;
+use crate::engine::draft_context::DraftContext;
+use crate::engine::drafters::Drafters;
+use crate::engine::job::{DrafterKind, TokenLogprobs};
 use crate::engine::rollback;
-use crate::engine::sequence::{Ending, Outcome, Sequence};
-
-/// The deepest round the engine runs. Sliding-window caches hold this many positions beyond
-/// their window, so a rejected draft rewinds without a snapshot.
-pub const MAX_DRAFT_DEPTH: usize = 16;
-
-/// A speculating sequence's round state; its drafter (of `kind`, among the loaded model's
-/// [`Drafters`]) keeps what it needs of the sequence.
-pub struct Speculating {
-    kind: DrafterKind,
-    /// Whether the drafter has been told the context since the prompt was evaluated.
-    settled: bool,
-    /// The last committed token, not yet in the caches: the first token of the next round.
-    next: Option<u32>,
-    max_depth: usize,
-    /// Keys the random numbers of each output position: a seeded request's text then does not
-    /// depend on how deep its rounds drafted (see [`speculate::verify_positional`]).
-    key: u64,
-    /// Whether it may leave rounds for plain decoding: a greedy request decodes the same either
-    /// way, an unseeded one promises no particular draw; a seeded sampled one stays in rounds,
-    /// whose draws are keyed by position, so its text does not depend on the depths chosen.
-    may_decode_plainly: bool,
-    /// Whether it decodes in the plain forward, its controller having chosen depth 0.
-    plain: bool,
-    /// The depth decided for its next round by [`decide_depths`].
-    depth: Option<usize>,
-    stats: SpeculationStats,
-}
-
-impl Speculating {
-    /// A sequence's speculation with `kind` drafts of at most `max_depth` tokens; seeded
-    /// requests draw reproducibly. The drafter of `kind` has been told the sequence begins.
-    pub fn new(kind: DrafterKind, max_depth: usize, sampling: &sampler::Options) -> Speculating {
-        let seed = sampling.seed;
-        let key = match seed {
-            // A different stream from the sampler's for the same seed.
-            Some(seed) => seed ^ 0x5eed_5bec_u64,
-            None => rand::random(),
-        };
-        Speculating {
-            kind,
-            settled: false,
-            next: None,
-            max_depth: max_depth.min(MAX_DRAFT_DEPTH),
-            key,
-            may_decode_plainly: sampling.is_greedy() || seed.is_none(),
-            plain: false,
-            depth: None,
-            stats: SpeculationStats {
-                drafter: kind,
-                rounds: 0,
-                drafted: 0,
-                accepted: 0,
-                plain: 0,
-            },
-        }
-    }
-
-    /// The next round starts from `token`, sampled by the ordinary sampler call: the first
-    /// token after prefill, or the last of a plain stretch.
-    pub fn resume_from(&mut self, token: u32) {
-        self.plain = false;
-        self.next = Some(token);
-    }
-
-    /// Whether it decodes in the plain forward now, rather than in rounds.
-    pub fn decodes_plainly(&self) -> bool {
-        self.plain
-    }
-
-    /// The round's first token, to feed the plain forward as the stretch starts.
-    pub fn take_next(&mut self) -> Option<u32> {
-        self.next.take()
-    }
-
-    /// Whether its rounds have started: a token the plain forward samples after that belongs
-    /// to a plain stretch (before, it is the first token after prefill).
-    pub fn rounds_started(&self) -> bool {
-        self.settled
-    }
-
-    /// What the rounds did so far.
-    pub fn stats(&self) -> SpeculationStats {
-        self.stats
-    }
-
-    /// The kind of drafter it drafts with.
-    pub fn kind(&self) -> DrafterKind {
-        self.kind
-    }
-}
-
-/// One depth controller per drafter kind, shared by the sequences of a loaded model. When it
-/// has a folder, each controller is read from `<folder>/<drafter>.json` at once and written
-/// back every [`SAVE_EVERY`] rounds and when the model is unloaded, so a restarted
-/// server starts at the depth it had learned; its recent decisions go to
-/// `<folder>/<drafter>.log.json` for `mlxkit bench --replay`. A draft model's controller is
-/// kept per draft model (`draft-<name>.json`): another draft has other acceptance and costs.
-#[derive(Default)]
-pub struct Controllers {
-    by_drafter: HashMap<DrafterKind, DepthController>,
-    dir: Option<PathBuf>,
-    /// The loaded draft model's name, which names its controller's files.
-    draft_model: Option<String>,
-    unsaved: usize,
-}
-
-/// Rounds between two writes of the controllers.
-const SAVE_EVERY: usize = 256;
-
-impl Controllers {
-    /// Controllers kept in `dir`, with what it holds already read; `draft_model` names the
-    /// draft model loaded beside the target, if any.
-    pub fn persisted(dir: PathBuf, draft_model: Option<&str>) -> Controllers {
-        let mut controllers = Controllers {
-            by_drafter: HashMap::new(),
-            dir: Some(dir),
-            draft_model: draft_model.map(str::to_string),
-            unsaved: 0,
-        };
-        let model_stem = controllers.file_stem(DrafterKind::Model);
-        let kinds: Vec<DrafterKind> = controllers
-            .dir
-            .as_ref()
-            .and_then(|dir| std::fs::read_dir(dir).ok())
-            .into_iter()
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.ok()?.file_name().into_string().ok()?;
-                let stem = name.strip_suffix(".json")?;
-                if stem == model_stem && draft_model.is_some() {
-                    return Some(DrafterKind::Model);
-                }
-                DrafterKind::parse(&stem.replace('-', ":"))
-            })
-            .collect();
-        for kind in kinds {
-            if let Some(saved) = controllers.path(kind).filter(|p| p.exists()).and_then(|p| {
-                DepthController::load(&p)
-                    .map_err(|e| tracing::warn!("ignoring {}: {e}", p.display()))
-                    .ok()
-            }) {
-                controllers.by_drafter.insert(kind, saved);
-            }
-        }
-        controllers
-    }
-
-    /// The name of `kind`'s controller files (`ngram`, `self-4`, `draft-smollm2-135m`).
-    fn file_stem(&self, kind: DrafterKind) -> String {
-        match (kind, &self.draft_model) {
-            (DrafterKind::Model, Some(name)) => {
-                let safe: String = name
-                    .chars()
-                    .map(|c| {
-                        if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
-                            c
-                        } else {
-                            '-'
-                        }
-                    })
-                    .collect();
-                format!("draft-{safe}")
-            }
-            _ => kind.name().replace(':', "-"),
-        }
-    }
-
-    fn path(&self, kind: DrafterKind) -> Option<PathBuf> {
-        self.dir
-            .as_ref()
-            .map(|dir| dir.join(format!("{}.json", self.file_stem(kind))))
-    }
-
-    fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
-        self.by_drafter
-            .entry(kind)
-            .or_insert_with(|| DepthController::new(MAX_DRAFT_DEPTH))
-    }
-
-    /// Records a finished round with `kind`'s controller.
-    fn observe(
-        &mut self,
-        kind: DrafterKind,
-        batch: usize,
-        depth: usize,
-        accepted: usize,
-        cost: Duration,
-    ) {
-        self.get(kind).observe(batch, depth, accepted, cost);
-        self.unsaved += 1;
-        if self.unsaved >= SAVE_EVERY {
-            self.save();
-        }
-    }
-
-    /// Writes every controller to the folder (failures are logged: serving goes on).
-    pub fn save(&mut self) {
-        self.unsaved = 0;
-        let Some(dir) = &self.dir else {
-            return;
-        };
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            tracing::warn!("cannot keep depth controllers in {}: {e}", dir.display());
-            return;
-        }
-        for (kind, controller) in &self.by_drafter {
-            let stem = self.file_stem(*kind);
-            let path = dir.join(format!("{stem}.json"));
-            if let Err(e) = controller.save(&path) {
-                tracing::warn!("saving {}: {e}", path.display());
-            }
-            // Its recent decisions, for `mlxkit bench --replay`.
-            let log = dir.join(format!("{stem}.log.json"));
-            if let Err(e) = std::fs::write(&log, controller.log().to_json()) {
-                tracing::warn!("saving {}: {e}", log.display());
-            }
-        }
-    }
-
-    /// The depth the controller of `kind` would pick now for a lone sequence (for `ps`).
-    pub fn current_depth(&self, kind: DrafterKind) -> Option<usize> {
-        self.by_drafter.get(&kind).map(|c| c.best(1))
-    }
-}
-
-impl Drop for Controllers {
-    fn drop(&mut self) {
-        if !self.by_drafter.is_empty() {
-            self.save();
-        }
-    }
-}
+use crate::engine::sequence::{Outcome, Sequence};
+use crate::engine::speculating::Speculating;
+use crate::engine::step::{
+    Ending, Step, StepError, caches_of, equal_width_groups, with_rope_deltas,
+};
 
 /// A planned round: the sequence, its first token and its drafts, and under a grammar the
 /// mask before each draft and after the last.
@@ -306,14 +78,13 @@ pub fn run_rounds(
     sampler: &mut Sampler,
     controllers: &mut Controllers,
     sequences: &mut [Sequence],
-    ending: &mut Ending,
-    clear_pool: &mut bool,
+    step: &mut Step,
 ) -> Result<(), StepError> {
     let started = Instant::now();
     let ready: Vec<usize> = (0..sequences.len())
         .filter(|&i| {
             let seq = &sequences[i];
-            !ending.contains(seq.id)
+            !step.ending.contains(seq.id)
                 && seq
                     .speculating
                     .as_ref()
@@ -378,14 +149,15 @@ pub fn run_rounds(
             match masks_along(grammar, &mut plan.draft) {
                 Ok(masks) => plan.masks = Some(masks),
                 Err(e) => {
-                    ending.add(seq.id, Outcome::Failed(format!("structured output: {e}")));
+                    step.ending
+                        .add(seq.id, Outcome::Failed(format!("structured output: {e}")));
                     continue;
                 }
             }
         }
         plan.tokens.extend_from_slice(&plan.draft.tokens);
     }
-    planned.retain(|plan| !ending.contains(sequences[plan.index].id));
+    planned.retain(|plan| !step.ending.contains(sequences[plan.index].id));
 
     // One forward per width; drafts cut to the width of the forward they share.
     let widths: Vec<(usize, usize)> = planned
@@ -485,8 +257,7 @@ pub fn run_rounds(
             sequences,
             batch,
             cost,
-            ending,
-            clear_pool,
+            step,
         )?;
     }
     Ok(())
@@ -614,8 +385,7 @@ fn settle_round(
     sequences: &mut [Sequence],
     batch: usize,
     cost: Duration,
-    ending: &mut Ending,
-    clear_pool: &mut bool,
+    step: &mut Step,
 ) -> Result<(), StepError> {
     let seq = &mut sequences[round.index];
     let id = seq.id;
@@ -643,7 +413,7 @@ fn settle_round(
     let Verdict { accepted, next } = match verdict {
         Ok(verdict) => verdict,
         Err(e) => {
-            ending.add(
+            step.ending.add(
                 id,
                 Outcome::Failed(format!("speculative verification: {e}")),
             );
@@ -693,13 +463,13 @@ fn settle_round(
             }),
             _ => None,
         };
-        if let Some(outcome) = seq.deliver(token, entry, now, clear_pool) {
+        if let Some(outcome) = step.deliver(seq, token, entry, now) {
             // Nothing after this token was streamed: the caches end where it stands.
             let held = (start + 1 + position).min(keep);
             // The drafter hears where it ends when the sequence retires.
             rollback::rewind_round(&mut seq.caches, &captures, held)?;
             seq.tokens.truncate(held);
-            ending.add(id, outcome);
+            step.ending.add(id, outcome);
             return Ok(());
         }
     }
@@ -709,7 +479,7 @@ fn settle_round(
         } else {
             crate::engine::job::DoneReason::Length
         };
-        ending.add(id, Outcome::Done(reason));
+        step.ending.add(id, Outcome::Done(reason));
     } else if let Some(spec) = seq.speculating.as_mut() {
         spec.next = Some(next);
     }

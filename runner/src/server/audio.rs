@@ -2,11 +2,11 @@
 //! decoded under [`media::AudioLimits`], resampled to the extractor's rate, cut at pauses into
 //! segments no longer than the encoder's window ([`media::split`]), and each segment becomes
 //! log-mel features and its own run of audio tokens between the family's markers
-//! ([`crate::engine::loader::AudioPrompt`]).
+//! ([`crate::engine::prompt_media::AudioPrompt`]).
 
 use std::sync::Arc;
 
-use crate::engine::loader::AudioPrompt;
+use crate::engine::prompt_media::AudioPrompt;
 use crate::server::error::ApiError;
 
 /// The most audio clips one request may carry: each is decoded and turned into features

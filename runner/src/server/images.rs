@@ -1,6 +1,6 @@
 //! Images in a prompt, for a model that reads them: the `[img-N]` tags the request's messages
 //! carry (put where each image was sent, see `prompt`) become the model's image layout in the
-//! rendered text ([`crate::engine::loader::ImagePrompt::expansion`]), the text is tokenized in
+//! rendered text ([`crate::engine::prompt_media::ImagePrompt::expansion`]), the text is tokenized in
 //! one piece as the model's processor does, and each run of image tokens is matched to its
 //! image, decoded under [`media::ImageLimits`] and preprocessed for the encoder.
 //!
@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::engine::job::decode_image;
-use crate::engine::loader::{ImageLayout, ImagePrompt};
+use crate::engine::prompt_media::{ImageLayout, ImagePrompt};
 use crate::engine::{EncoderInput, ImageProcessing, ModelInfo, PromptMedia, UndecodedImage};
 use crate::server::audio;
 use crate::server::error::ApiError;

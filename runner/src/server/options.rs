@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use crate::engine::speculation::MAX_DRAFT_DEPTH;
+use crate::engine::speculating::MAX_DRAFT_DEPTH;
 use crate::engine::{DrafterKind, Speculation};
 use crate::model_name::ModelName;
 use crate::server::error::ApiError;

@@ -1,0 +1,353 @@
+//! Admission: the queue's jobs become running sequences. Cancelled jobs leave the queue; a
+//! waiting job is admitted while its KV reservation fits the budget, refused with the error
+//! that keeps it from running (an empty or too long prompt, media the model cannot take as
+//! laid out, a drafter it cannot draft with), or started with its caches restored to the
+//! longest prefix the trie (or a running sequence) holds.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use kvcache::KvStorage;
+use mlx::Dtype;
+use nn::ImageGrid;
+
+use crate::engine::job::{DoneReason, DrafterKind, Event, Job, PromptMedia, Speculation, Stats};
+use crate::engine::loaded::{LoadedModel, fresh_caches};
+use crate::engine::prompt_media;
+use crate::engine::sequence::{Phase, Sequence, SequenceId};
+use crate::engine::speculating::Speculating;
+use crate::engine::step::{Result, StepError};
+
+/// Draft tokens per round when a request names no limit.
+const DEFAULT_DRAFT_DEPTH: usize = 8;
+
+impl LoadedModel {
+    pub(super) fn drop_cancelled_queued(&mut self) {
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for job in self.queue.drain(..) {
+            if job.cancelled() {
+                let stats = Stats {
+                    prompt_tokens: job.prompt.len(),
+                    ..Stats::default()
+                };
+                let _ = job.events.send(Event::Done {
+                    reason: DoneReason::Cancelled,
+                    stats,
+                });
+            } else {
+                kept.push_back(job);
+            }
+        }
+        self.queue = kept;
+    }
+
+    /// KV bytes a job reserves: its prompt plus its whole budget, held to the context, in the
+    /// target and, when it drafts with one, in the draft model.
+    fn reservation(&self, job: &Job) -> usize {
+        let tokens = job
+            .prompt
+            .len()
+            .saturating_add(job.max_tokens)
+            .min(self.context_length);
+        let draft = match (self.drafters.model(), self.drafter_of(job)) {
+            (Some(draft), Some((DrafterKind::Model, _))) => {
+                draft.model().spec().state_bytes(tokens)
+            }
+            _ => 0,
+        };
+        // The draft model's caches keep its compute dtype; the target's follow `--kv-cache`.
+        let storage = self
+            .config
+            .kv_storage
+            .unwrap_or(KvStorage::Float(Dtype::F32));
+        self.model
+            .spec()
+            .state_bytes_in(tokens, storage)
+            .saturating_add(draft)
+    }
+
+    /// The drafter `job` asks for (or the server's, when it leaves the choice to the server)
+    /// and its deepest round, if it speculates.
+    fn drafter_of(&self, job: &Job) -> Option<(DrafterKind, Option<usize>)> {
+        // A draft model the model's Modelfile names drafts unless a request says otherwise.
+        let default = match (self.drafters.model(), self.config.draft) {
+            (Some(_), _) if self.draft_by_default => Some(DrafterKind::Model),
+            // A server-wide draft model only drafts for targets it could be loaded beside.
+            (None, Some(DrafterKind::Model)) => None,
+            (_, default) => default,
+        };
+        match (job.speculation, default) {
+            (Speculation::Off, _) | (Speculation::ServerDefault { .. }, None) => None,
+            (Speculation::ServerDefault { max_depth }, Some(drafter)) => Some((drafter, max_depth)),
+            (Speculation::On { drafter, max_depth }, _) => Some((drafter, max_depth)),
+        }
+    }
+
+    pub(super) fn admit(&mut self) {
+        let mut reserved: usize = self
+            .sequences
+            .iter()
+            .map(|s| self.reservation(&s.job))
+            .sum();
+        while self.sequences.len() < self.config.max_sequences {
+            let Some(job) = self.queue.front() else {
+                return;
+            };
+            let need = self.reservation(job);
+            if !self.sequences.is_empty()
+                && reserved.saturating_add(need) > self.config.memory.kv_bytes
+            {
+                return; // Waits until running sequences retire.
+            }
+            let Some(job) = self.queue.pop_front() else {
+                return;
+            };
+            if self.sequences.is_empty() {
+                let _ = mlx::memory::reset_peak_memory();
+            }
+            if let Some(seq) = self.start(job) {
+                reserved = reserved.saturating_add(need);
+                self.sequences.push(seq);
+            }
+        }
+    }
+
+    /// Turns `job` into a sequence whose caches hold its longest cached prefix, or ends it
+    /// with the error that keeps it from running.
+    fn start(&mut self, job: Job) -> Option<Sequence> {
+        let prompt_len = job.prompt.len();
+        if prompt_len == 0 {
+            return refuse(job, StepError::EmptyPrompt);
+        }
+        if prompt_len >= self.context_length {
+            let error = StepError::PromptTooLong {
+                prompt: prompt_len,
+                context: self.context_length,
+            };
+            return refuse(job, error);
+        }
+        if let Err(e) = prompt_media::check_media(self.model.as_ref(), &job) {
+            return refuse(job, e);
+        }
+        let mut caches = match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
+            Ok(caches) => caches,
+            Err(e) => return refuse(job, e),
+        };
+        let media = job.media_items(prompt_len);
+        let (mut session, mut restore_at, capture_at) =
+            match self
+                .prefix
+                .begin(&job.prompt, &media, &job.turn_starts, &mut caches)
+            {
+                Ok(restored) => (
+                    Some(restored.session),
+                    restored.restore_at,
+                    restored.capture_at,
+                ),
+                Err(e) => {
+                    tracing::warn!("prefix cache not used for a request: {e}");
+                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
+                        Ok(fresh) => caches = fresh,
+                        Err(e) => return refuse(job, e),
+                    }
+                    (None, 0, Vec::new())
+                }
+            };
+        if let Some((from, common)) = self.live_share(&job, restore_at) {
+            match copy_from_live(
+                &self.sequences[from].caches,
+                &mut caches,
+                common,
+                &capture_at,
+            ) {
+                Ok(()) => restore_at = common,
+                Err(e) => {
+                    tracing::warn!("copying a prefix from a running request failed: {e}");
+                    if let Some(session) = session.take() {
+                        self.prefix.abandon_session(session);
+                    }
+                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
+                        Ok(fresh) => caches = fresh,
+                        Err(e) => return refuse(job, e),
+                    }
+                    restore_at = 0;
+                }
+            }
+        }
+        // The restored prefix's images place the rotary positions of what follows.
+        let rope_delta = match self.rope_delta_of(&job, restore_at) {
+            Ok(delta) => delta,
+            Err(e) => {
+                if let Some(session) = session {
+                    self.prefix.abandon_session(session);
+                }
+                return refuse(job, e);
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Err(e) = self.sampler.add(id, job.sampling.clone(), &job.prompt) {
+            if let Some(session) = session {
+                self.prefix.abandon_session(session);
+            }
+            return refuse(job, e.into());
+        }
+        let budget = job.max_tokens.min(self.context_length - prompt_len);
+        let speculating = match self.speculation_for(&job, id) {
+            Ok(speculating) => speculating,
+            Err(e) => {
+                if let Some(session) = session {
+                    self.prefix.abandon_session(session);
+                }
+                let _ = self.sampler.remove(id);
+                return refuse(job, e);
+            }
+        };
+        let tokens = job.prompt[..restore_at].to_vec();
+        tracing::debug!(
+            sequence = id,
+            prompt = prompt_len,
+            restored = restore_at,
+            "admitted"
+        );
+        Some(Sequence {
+            id,
+            caches,
+            tokens,
+            trie_session: session,
+            phase: Phase::Prefilling,
+            budget,
+            stats: Stats {
+                prompt_tokens: prompt_len,
+                cached_tokens: restore_at,
+                images: job.images.iter().filter(|m| !m.is_audio()).count(),
+                audio: job.images.iter().filter(|m| m.is_audio()).count(),
+                ..Stats::default()
+            },
+            admitted: Instant::now(),
+            first_token: None,
+            captures: Vec::new(),
+            speculating,
+            rope_delta,
+            job,
+        })
+    }
+
+    /// The rope delta after the first `n` prompt tokens of `job` and the images wholly among
+    /// them (`nn::Vision::rope_delta`): 0 for a model whose tokens each take one position.
+    fn rope_delta_of(&self, job: &Job, n: usize) -> Result<i64> {
+        let Some(vision) = self.model.vision() else {
+            return Ok(0);
+        };
+        let tokens = job.prompt.get(..n).ok_or_else(|| {
+            StepError::Internal(format!("{n} tokens of a {}-token prompt", job.prompt.len()))
+        })?;
+        let grids: Vec<ImageGrid> = job
+            .images
+            .iter()
+            .filter(|image| image.tokens.end <= n)
+            .filter_map(PromptMedia::grid)
+            .collect();
+        Ok(vision.rope_delta(tokens, &grids)?)
+    }
+
+    /// How `job` decodes: speculatively when it or the server asks for it (recurrent layers
+    /// roll a round back through captures, see `rollback`).
+    fn speculation_for(&mut self, job: &Job, id: SequenceId) -> Result<Option<Speculating>> {
+        let Some((drafter, max_depth)) = self.drafter_of(job) else {
+            return Ok(None);
+        };
+        let layers = self.model.spec().num_layers();
+        if let DrafterKind::SelfDraft(k) = drafter
+            && k >= layers
+        {
+            return Err(StepError::Request(format!(
+                "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
+            )));
+        }
+        self.drafters
+            .of(drafter)?
+            .begin(id, &job.prompt, &job.turn_starts)?;
+        Ok(Some(Speculating::new(
+            drafter,
+            max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
+            &job.sampling,
+        )))
+    }
+
+    /// The running sequence whose caches hold a longer prefix of `prompt` than `restored`
+    /// (the trie's), and that prefix's length: a request that shares a system prompt with one
+    /// still prefilling, or a retry that arrives before its cancelled attempt is noticed.
+    /// Whole-state layers (sliding windows, recurrent) can only be copied at the running
+    /// sequence's current offset.
+    /// Image tokens match only where both hold the same image, and a shared prefix never ends
+    /// inside an image (its tokens attend both ways: they are evaluated together).
+    fn live_share(&self, job: &Job, restored: usize) -> Option<(usize, usize)> {
+        let prompt = &job.prompt;
+        let limit = prompt.len() - 1;
+        self.sequences
+            .iter()
+            .enumerate()
+            .filter_map(|(i, seq)| {
+                let mut common = seq
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .enumerate()
+                    .take_while(|&(at, (a, b))| {
+                        a == b
+                            && ((job.images.is_empty() && seq.job.images.is_empty())
+                                || job.image_at(at).map(|m| m.id)
+                                    == seq.job.image_at(at).map(|m| m.id))
+                    })
+                    .count()
+                    .min(limit);
+                if let Some(image) = job.image_at(common)
+                    && image.tokens.start < common
+                {
+                    common = image.tokens.start;
+                }
+                let exact = common == seq.tokens.len();
+                let copyable = seq
+                    .caches
+                    .iter()
+                    .flatten()
+                    .all(|c| exact || c.layer_kind() == prefix_trie::LayerKind::Range);
+                (copyable && common > restored).then_some((i, common))
+            })
+            .max_by_key(|&(_, common)| common)
+    }
+}
+
+/// Brings the fresh-or-restored `caches` to `common` tokens copied from a running sequence's
+/// caches, and schedules the captures past that point.
+fn copy_from_live(
+    source: &[Option<kvcache::LayerCache>],
+    caches: &mut [Option<kvcache::LayerCache>],
+    common: usize,
+    capture_at: &[usize],
+) -> std::result::Result<(), kvcache::Error> {
+    let later: Vec<usize> = capture_at
+        .iter()
+        .copied()
+        .filter(|&at| at > common)
+        .collect();
+    for (from, to) in source.iter().zip(caches.iter_mut()) {
+        let (Some(from), Some(to)) = (from, to.as_mut()) else {
+            continue;
+        };
+        let snapshot = match from.layer_kind() {
+            prefix_trie::LayerKind::Range => from.snapshot(0..common)?,
+            _ => from.snapshot(common..common)?,
+        };
+        to.restore(&snapshot)?;
+        to.schedule_captures(&later)?;
+    }
+    Ok(())
+}
+
+/// Ends a job that cannot run with `error`.
+fn refuse(job: Job, error: StepError) -> Option<Sequence> {
+    let _ = job.events.send(Event::Failed(error.to_string()));
+    None
+}
