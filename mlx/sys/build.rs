@@ -288,14 +288,24 @@ fn cross_compiling() -> bool {
     env::var("HOST").ok() != env::var("TARGET").ok()
 }
 
-/// The platform tag pip installs wheels for when cross-compiling: the oldest tag the pinned
-/// wheels are published for, so pip accepts them.
-fn wheel_platform() -> Result<&'static str, String> {
+/// The platform tags pip may install wheels for when cross-compiling. pip takes a tag it is
+/// given literally (a wheel tagged `manylinux_2_28` does not match `manylinux_2_35`), so every
+/// glibc the target's MLX wheel allows is named, from the newest the wheels need down.
+fn wheel_platforms() -> Result<Vec<String>, String> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     match (target_os().as_str(), arch.as_str()) {
-        ("macos", "aarch64") => Ok("macosx_14_0_arm64"),
-        ("linux", "aarch64") => Ok("manylinux_2_35_aarch64"),
-        ("linux", "x86_64") => Ok("manylinux_2_35_x86_64"),
+        ("macos", "aarch64") => Ok((14..=26)
+            .rev()
+            .map(|major| format!("macosx_{major}_0_arm64"))
+            .collect()),
+        ("linux", "aarch64" | "x86_64") => {
+            let mut tags: Vec<String> = (17..=35)
+                .rev()
+                .map(|minor| format!("manylinux_2_{minor}_{arch}"))
+                .collect();
+            tags.push(format!("manylinux2014_{arch}"));
+            Ok(tags)
+        }
         (os, arch) => Err(format!(
             "MLX publishes no release wheel for {arch} {os}; set MLX_DIR to an MLX build"
         )),
@@ -345,7 +355,10 @@ fn pip_install_cached(
         pip.arg("--no-deps");
     }
     if cross_compiling() {
-        pip.args(["--only-binary", ":all:", "--platform", wheel_platform()?]);
+        pip.args(["--only-binary", ":all:"]);
+        for tag in wheel_platforms()? {
+            pip.args(["--platform", &tag]);
+        }
     }
     pip.arg("--target").arg(&staging).args(requirements);
     println!(

@@ -50,8 +50,13 @@ const GREEDY_TOKENS: usize = 16;
 /// The tests share one MLX device and the peak-memory counter; run them one at a time.
 static DEVICE: Mutex<()> = Mutex::new(());
 
+/// The references, beside this file; `MLXKIT_REAL_FIXTURES` points a test binary carried to
+/// another machine (`scripts/device/`) at its copy.
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real")
+    match std::env::var_os("MLXKIT_REAL_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real"),
+    }
 }
 
 /// The model's GGUF in the cache, fetched if needed; `None` (after a notice) when it cannot be

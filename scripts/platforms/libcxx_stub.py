@@ -9,6 +9,8 @@ link against a stub instead: it lists the symbols Apple's libc++ is known to exp
 every symbol the macOS build of libmlx.dylib imports from it, plus EXTRA_SYMBOLS (one per
 line, `#` comments), each checked by hand to be exported by the libc++ of macOS 14 and later.
 A symbol in neither list fails the link by name rather than failing on a Mac at run time.
+Never list a symbol our own objects define (an inline function's out-of-line copy, say): zig
+then binds their references to the stub and fails with an unexplained "Overflow".
 """
 
 import sys
