@@ -76,6 +76,8 @@ fn main() {
         .opt_level(2)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
+        // clang (a macOS build, zig) flags MLX's own bf16 header for an implicit copy.
+        .flag_if_supported("-Wno-deprecated-copy")
         // GCC 12's AVX-512 intrinsics start from `_mm512_undefined_*`, which it then reports
         // as maybe uninitialized wherever they are inlined (a known false positive).
         .flag_if_supported("-Wno-maybe-uninitialized")

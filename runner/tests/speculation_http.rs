@@ -15,7 +15,7 @@ use runner::export::{ExportOptions, export};
 use runner::model_name::ModelName;
 use runner::store::Store;
 use serde_json::{Value, json};
-use support::{MODEL, Server, get, post, serial, start_server_with};
+use support::{MODEL, Server, get, post, ps_when_idle, serial, start_server_with};
 
 const GEMMA: &str = "gemma3:270m";
 
@@ -295,7 +295,7 @@ fn a_modelfile_draft_drafts_by_default() {
     let (status, drafted) = generate(json!({"temperature": 0, "num_predict": 24}));
     assert_eq!(status, 200, "{drafted}");
     assert_eq!(drafted["speculation"]["drafter"], draft, "{drafted}");
-    let (_, ps) = get(s, "/api/ps");
+    let ps = ps_when_idle(s);
     assert_eq!(ps["models"][0]["draft_model"], draft, "{ps}");
     assert!(ps["models"][0]["draft_depth"][draft].is_u64(), "{ps}");
     assert!(

@@ -5,9 +5,10 @@ Usage: macho_check.py BINARY
 It reads the binary's load commands (with LIEF) and fails, naming the problem, unless:
 - every library it loads is libmlx.dylib through @rpath, a system library under /usr/lib or a
   system framework: nothing from the build machine, no second copy of anything;
-- the C++ runtime is the system's libc++.1.dylib, the one libmlx.dylib itself uses (C++
-  objects and exceptions cross between the two), and no libc++ was linked in statically;
-- an LC_RPATH entry resolves to a folder holding libmlx.dylib (and mlx.metallib beside it);
+- no libc++ was linked in statically, and a binary that loads libmlx.dylib takes the system's
+  libc++.1.dylib, the one libmlx.dylib itself uses (C++ objects and exceptions cross between
+  the two), and has an LC_RPATH entry that resolves to a folder holding libmlx.dylib (and
+  mlx.metallib beside it); binaries of the crates that need no MLX load neither;
 - every imported symbol is bound to a named library (two-level namespace): none is left for a
   flat lookup that would only fail when first called on the Mac.
 """
@@ -50,6 +51,23 @@ def fail(message):
     sys.exit(1)
 
 
+def check_rpath(binary, path):
+    """The first LC_RPATH entry that holds libmlx.dylib with mlx.metallib beside it."""
+    rpaths = [cmd.path for cmd in binary.commands if isinstance(cmd, lief.MachO.RPathCommand)]
+    here = os.path.dirname(os.path.abspath(path))
+    resolved = [
+        rpath for rpath in rpaths
+        if os.path.isfile(os.path.join(rpath.replace("@loader_path", here).replace(
+            "@executable_path", here), "libmlx.dylib"))
+    ]
+    if not resolved:
+        fail(f"no rpath holds libmlx.dylib (rpaths: {rpaths or 'none'})")
+    metallib = os.path.join(resolved[0].replace("@loader_path", here), "mlx.metallib")
+    if not os.path.isfile(metallib):
+        fail(f"{resolved[0]} has libmlx.dylib but no mlx.metallib beside it")
+    return resolved[0]
+
+
 def main(path):
     binary = lief.MachO.parse(path)
     if binary is None:
@@ -62,9 +80,8 @@ def main(path):
     foreign = [name for name in libraries if name != MLX and not name.startswith(SYSTEM_PREFIXES)]
     if foreign:
         fail(f"loads libraries a Mac does not have: {', '.join(foreign)}")
-    if MLX not in libraries:
-        fail("does not load @rpath/libmlx.dylib")
-    if LIBCXX not in libraries:
+    uses_mlx = MLX in libraries
+    if uses_mlx and LIBCXX not in libraries:
         fail(f"does not load {LIBCXX}: the C++ runtime was linked some other way")
 
     # A statically linked libc++ defines its own copies of the runtime's symbols.
@@ -79,18 +96,7 @@ def main(path):
         fail(f"defines the C++ runtime itself ({', '.join(libcxx_defined[:3])}): "
              "libc++ was linked statically")
 
-    rpaths = [cmd.path for cmd in binary.commands if isinstance(cmd, lief.MachO.RPathCommand)]
-    here = os.path.dirname(os.path.abspath(path))
-    resolved = [
-        rpath for rpath in rpaths
-        if os.path.isfile(os.path.join(rpath.replace("@loader_path", here).replace(
-            "@executable_path", here), "libmlx.dylib"))
-    ]
-    if not resolved:
-        fail(f"no rpath holds libmlx.dylib (rpaths: {rpaths or 'none'})")
-    metallib = os.path.join(resolved[0].replace("@loader_path", here), "mlx.metallib")
-    if not os.path.isfile(metallib):
-        fail(f"{resolved[0]} has libmlx.dylib but no mlx.metallib beside it")
+    resolved = check_rpath(binary, path) if uses_mlx else None
 
     by_library = {}
     unbound = []
@@ -106,13 +112,16 @@ def main(path):
     if unbound:
         fail(f"{len(unbound)} imported symbols are bound to no library (flat lookup), "
              f"e.g. {', '.join(sorted(unbound)[:5])}")
-    if by_library.get(LIBCXX, 0) == 0:
+    if uses_mlx and by_library.get(LIBCXX, 0) == 0:
         fail(f"imports nothing from {LIBCXX}")
 
-    print(f"macOS link check: {os.path.basename(path)}: arm64; loads {len(libraries)} libraries:")
+    what = "" if uses_mlx else " (no MLX)"
+    print(f"macOS link check: {os.path.basename(path)}: arm64{what}; loads {len(libraries)} "
+          "libraries:")
     for name in libraries:
         print(f"  {name} ({by_library.get(name, 0)} symbols)")
-    print(f"  rpath {resolved[0]} holds libmlx.dylib and mlx.metallib")
+    if resolved:
+        print(f"  rpath {resolved} holds libmlx.dylib and mlx.metallib")
 
 
 if __name__ == "__main__":

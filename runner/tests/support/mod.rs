@@ -181,6 +181,22 @@ pub fn get(s: &Server, path: &str) -> (u16, Value) {
     (status, r.json().unwrap_or(Value::Null))
 }
 
+/// `/api/ps` once the loaded model runs no sequence. The engine publishes its status after
+/// the step in which a request ended, while the request's answer leaves inside that step, so
+/// a client reading `/api/ps` at once may still see the request running; this waits (at most
+/// about ten seconds) for the step to finish.
+pub fn ps_when_idle(s: &Server) -> Value {
+    let mut ps = Value::Null;
+    for _ in 0..400 {
+        ps = get(s, "/api/ps").1;
+        if ps["models"][0]["running_sequences"].as_u64() == Some(0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    ps
+}
+
 /// Posts `body` and checks for a 200 before the body is read.
 fn post_ok(s: &Server, path: &str, body: Value) -> reqwest::blocking::Response {
     let r = client()
