@@ -228,8 +228,12 @@ enum Command {
         #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
         kv_cache: Option<KvCacheArg>,
     },
-    /// Report the MLX version, the device and a matmul timing.
-    Info,
+    /// Report the MLX version, the device, each CPU primitive's path and a matmul timing.
+    Info {
+        /// Leave out the matmul timing (seconds of work natively, minutes under emulation).
+        #[arg(long)]
+        no_timing: bool,
+    },
 }
 
 /// The dtypes `export` writes.
@@ -639,7 +643,7 @@ fn run(command: Command) -> Result<()> {
                 .await
             })
         }
-        Command::Info => info(),
+        Command::Info { no_timing } => info(!no_timing),
     }
 }
 
@@ -1373,7 +1377,7 @@ async fn bench(
 }
 
 /// The system report: MLX version, device, the CPU kernel path and a matmul timing.
-fn info() -> Result<()> {
+fn info(timing: bool) -> Result<()> {
     use mlx::{Device, Dtype, random};
     let version = mlx::version()?;
     let device = Device::best_available()?;
@@ -1402,6 +1406,9 @@ fn info() -> Result<()> {
     println!("CPU primitives ({}):", std::env::consts::ARCH);
     for (name, path) in mlx::cpu_primitive_paths() {
         println!("  {name:<18} {path}");
+    }
+    if !timing {
+        return Ok(());
     }
     let dtype = if device == Device::Gpu {
         Dtype::Bf16
