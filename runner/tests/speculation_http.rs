@@ -15,7 +15,7 @@ use runner::export::{ExportOptions, export};
 use runner::model_name::ModelName;
 use runner::store::Store;
 use serde_json::{Value, json};
-use support::{MODEL, Server, get, post, ps_when_idle, serial, start_server_with};
+use support::{MODEL, Server, post, ps_when_idle, serial, start_server_with};
 
 const GEMMA: &str = "gemma3:270m";
 
