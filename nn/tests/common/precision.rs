@@ -23,7 +23,7 @@ pub fn test_dtype() -> Dtype {
 /// bf16's unit roundoff is 2^-9 ≈ 2e-3 relative: a logit of magnitude 10-25 (what these models
 /// produce) is carried to within 2e-2 to 5e-2 by its last rounding alone, and every layer's
 /// products, norms and residual sums round again. Measured on the GPU's code path (every
-/// custom CPU primitive set aside), worst over every position and vocabulary entry: 0.15-0.64
+/// custom CPU primitive set aside), worst over every position and vocabulary entry: at most 0.64
 /// on the tiny fixtures against the same model in f32 with the same bf16-rounded weights
 /// (gpt-oss the largest), and 0.24 (SmolLM2) and 0.36 (Gemma 3) at the real models' last
 /// position against transformers in f32. The bound sits above those, while what a bf16 mistake
