@@ -30,6 +30,8 @@
 //! - `encoded_media`: the vision and audio encoders' outputs kept by content, under a byte
 //!   budget.
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
+//! - `prefill_pace`: how long prefill forwards take, and so how many prompt tokens a step may
+//!   take to stay near its time target.
 //! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
 //! - `transcription`: a Whisper checkpoint transcribing a clip's windows, beside the loaded
 //!   model.
@@ -40,6 +42,12 @@
 //! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
+//!
+//! Work that needs the worker but is no sequence — one text's embedding, one clip's
+//! transcription — goes into a second queue that the loop serves between its steps, one piece
+//! per step: under generation load such work waits for the pieces queued before it, each
+//! after about one step, rather than for the generations to end; and the generations pause for
+//! at most one piece (bounded by the context length, or one clip) per step.
 
 mod admission;
 pub mod controllers;
@@ -55,6 +63,7 @@ pub mod loaded;
 pub mod loader;
 pub mod memory;
 mod prefill;
+pub mod prefill_pace;
 pub mod prefix_cache;
 pub mod prompt_media;
 mod retirement;
@@ -97,6 +106,8 @@ thread_local! {
 struct Shared {
     /// Jobs submitted and not yet handed to the loop.
     inbox: Mutex<VecDeque<Job>>,
+    /// Work the loop runs between its steps, one piece per step (see the module docs).
+    aside: Mutex<VecDeque<Aside>>,
     /// Whether the loop is queued or running on the worker.
     running: AtomicBool,
     /// The loop's last status.
@@ -104,6 +115,9 @@ struct Shared {
     /// The running loop's completion, kept so the queued loop is not cancelled.
     loop_completion: Mutex<Option<Completion<()>>>,
 }
+
+/// A piece of work the loop runs on the worker between two steps, given the loaded model.
+type Aside = Box<dyn FnOnce(Option<&LoadedModel>) + Send>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -127,6 +141,10 @@ pub enum EngineError {
     /// An embedding could not be computed.
     #[error("embedding: {0}")]
     Embed(#[from] step::StepError),
+    /// Work queued beside the step loop ended without an answer (it panicked, or the worker
+    /// stopped).
+    #[error("the MLX worker dropped the work without an answer")]
+    AsideDropped,
 }
 
 /// The MLX worker and the model it holds.
@@ -199,11 +217,30 @@ impl Engine {
     /// ending with `Done` or `Failed`.
     pub fn submit(&self, job: Job) {
         lock(&self.shared.inbox).push_back(job);
+        self.wake_loop();
+    }
+
+    /// Queues the loop on the worker unless it is queued or running already.
+    fn wake_loop(&self) {
         if !self.shared.running.swap(true, Ordering::SeqCst) {
             let shared = Arc::clone(&self.shared);
             let completion = self.worker.submit(move || run_loop(&shared));
             *lock(&self.shared.loop_completion) = Some(completion);
         }
+    }
+
+    /// Runs `work` on the worker between two steps of the loop (see the module docs), given
+    /// the loaded model, and returns what it returns.
+    async fn run_aside<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(Option<&LoadedModel>) -> T + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        lock(&self.shared.aside).push_back(Box::new(move |loaded| {
+            let _ = answer.send(work(loaded));
+        }));
+        self.wake_loop();
+        answered.await.map_err(|_| EngineError::AsideDropped)
     }
 
     /// What the step loop is doing (as of its last step).
@@ -213,24 +250,25 @@ impl Engine {
         status
     }
 
-    /// Embeddings of `inputs` with the loaded model, in order (not normalized). They run on the
-    /// worker between step loops: a request waits for the generations running when it came.
+    /// Embeddings of `inputs` with the loaded model, in order (not normalized). Each input is
+    /// one piece of work between two steps of the loop, so generations running meanwhile
+    /// neither wait for the whole batch nor make it wait for them.
     pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.worker
-            .submit(move || {
-                LOADED.with(|cell| match cell.borrow().as_ref() {
-                    Some(loaded) => inputs
-                        .iter()
-                        .map(|tokens| loaded.embed(tokens).map_err(EngineError::from))
-                        .collect(),
+        let mut vectors = Vec::with_capacity(inputs.len());
+        for tokens in inputs {
+            let vector = self
+                .run_aside(move |loaded| match loaded {
+                    Some(loaded) => loaded.embed(&tokens).map_err(EngineError::from),
                     None => Err(EngineError::NotLoaded),
                 })
-            })
-            .await?
+                .await??;
+            vectors.push(vector);
+        }
+        Ok(vectors)
     }
 
-    /// Transcribes `job`'s windows with the Whisper checkpoint it names. It runs on the worker
-    /// between step loops, as an embedding does.
+    /// Transcribes `job`'s windows with the Whisper checkpoint it names: one piece of work
+    /// between two steps of the loop, as an embedding is.
     pub async fn transcribe(
         &self,
         job: transcription::TranscriptionJob,
@@ -238,7 +276,7 @@ impl Engine {
         Result<transcription::TranscriptionResult, transcription::TranscriptionError>,
         EngineError,
     > {
-        Ok(self.worker.submit(move || transcription::run(&job)).await?)
+        self.run_aside(move |_| transcription::run(&job)).await
     }
 
     /// Active and peak MLX memory: read on the worker when it is free, else as of the loop's
@@ -289,8 +327,9 @@ fn wait_for_burst(shared: &Shared) {
     }
 }
 
-/// The step loop: hands submitted jobs to the loaded model and steps until nothing runs or
-/// waits. A panic inside a step ends the sequences it concerned with an error, not the loop.
+/// The step loop: hands submitted jobs to the loaded model, runs one piece of aside work per
+/// turn, and steps until nothing runs or waits. A panic inside a step ends the sequences it
+/// concerned with an error, not the loop; one inside aside work drops that work's answer.
 fn run_loop(shared: &Shared) {
     LOADED.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -308,6 +347,16 @@ fn run_loop(shared: &Shared) {
                     }
                 }
             }
+            let aside = lock(&shared.aside).pop_front();
+            if let Some(work) = aside
+                && let Err(panic) =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| work(slot.as_ref())))
+            {
+                tracing::error!(
+                    "work beside the step loop panicked: {}",
+                    panic_message(&*panic)
+                );
+            }
             let idle = slot.as_ref().is_none_or(LoadedModel::is_idle);
             if idle {
                 if let Some(loaded) = slot.as_ref() {
@@ -316,7 +365,8 @@ fn run_loop(shared: &Shared) {
                 shared.running.store(false, Ordering::SeqCst);
                 // A job submitted after the drain above saw the loop running and queued no
                 // new one: take it over unless a new loop was queued meanwhile.
-                if lock(&shared.inbox).is_empty() || shared.running.swap(true, Ordering::SeqCst) {
+                let nothing_left = lock(&shared.inbox).is_empty() && lock(&shared.aside).is_empty();
+                if nothing_left || shared.running.swap(true, Ordering::SeqCst) {
                     return;
                 }
                 continue;
@@ -325,15 +375,20 @@ fn run_loop(shared: &Shared) {
                 continue;
             };
             if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step())) {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
+                let message = panic_message(&*panic);
                 tracing::error!("the engine step panicked: {message}");
                 loaded.fail_all(&format!("internal error in the engine: {message}"));
             }
             *lock(&shared.status) = loaded.status();
         }
     })
+}
+
+/// The message a panic carried, when it carried one.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
