@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvcache::KvStorage;
 use nn::Model;
@@ -23,10 +24,16 @@ use crate::engine::drafters::Drafters;
 use crate::engine::encoded_media::{self, EncodedIds, EncodedMedia};
 use crate::engine::job::{DrafterKind, Job};
 use crate::engine::memory::MemoryBudget;
+use crate::engine::prefill_pace::PrefillPace;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
 use crate::engine::speculating::MAX_DRAFT_DEPTH;
 use crate::engine::step::{Pending, Result, StepError};
+
+/// The default [`LoopConfig::prefill_step_target`]: a cancelled or new request waits about
+/// half a second for the prefill step in flight, while a forward that long still amortizes
+/// reading the weights on the machines prefill is slowest on.
+pub const DEFAULT_PREFILL_STEP_TARGET: Duration = Duration::from_millis(500);
 
 /// How the step loop schedules work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +47,10 @@ pub struct LoopConfig {
     /// Prompt tokens per step while nothing decodes: prompts that arrive together are
     /// evaluated in one batched forward, up to this many tokens.
     pub prefill_budget_idle: usize,
+    /// The time a step's prefill aims at: budgets shrink to what the model's measured pace
+    /// fits in it (see [`crate::engine::prefill_pace`]), so a cancellation or a new request
+    /// waits about this long, not a whole chunk of a large model. `None`: token budgets only.
+    pub prefill_step_target: Option<Duration>,
     /// Sequences running at once; more wait in the queue.
     pub max_sequences: usize,
     /// Prefix-cache capture interval while prefilling.
@@ -55,7 +66,7 @@ pub struct LoopConfig {
 
 impl LoopConfig {
     /// Defaults, overridable by `MLXKIT_MAX_SEQUENCES`, `MLXKIT_CACHE_BYTES`,
-    /// `MLXKIT_KV_BYTES`, `MLXKIT_DRAFT`.
+    /// `MLXKIT_KV_BYTES`, `MLXKIT_DRAFT` and `MLXKIT_PREFILL_STEP_MS` (0: no pacing).
     pub fn from_env() -> LoopConfig {
         let max_sequences = std::env::var("MLXKIT_MAX_SEQUENCES")
             .ok()
@@ -66,6 +77,14 @@ impl LoopConfig {
             prefill_chunk: 256,
             prefill_budget_while_decoding: 128,
             prefill_budget_idle: 1024,
+            prefill_step_target: match std::env::var("MLXKIT_PREFILL_STEP_MS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                Some(0) => None,
+                Some(ms) => Some(Duration::from_millis(ms)),
+                None => Some(DEFAULT_PREFILL_STEP_TARGET),
+            },
             max_sequences,
             capture_interval: crate::engine::prefix_cache::CAPTURE_INTERVAL,
             memory: MemoryBudget::from_env(),
@@ -162,6 +181,8 @@ pub struct LoadedModel {
     pub(super) draft_by_default: bool,
     /// The vision encoder's outputs by image content, for a model that reads images.
     pub(super) encoded: EncodedMedia,
+    /// How long prefill forwards take, to keep a step's prefill near its time target.
+    pub(super) pace: PrefillPace,
 }
 
 impl LoadedModel {
@@ -197,6 +218,7 @@ impl LoadedModel {
             drafters: Drafters::default(),
             draft_by_default: false,
             encoded: EncodedMedia::new(encoded_media::DEFAULT_BUDGET),
+            pace: PrefillPace::new(config.prefill_step_target),
         })
     }
 

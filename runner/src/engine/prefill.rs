@@ -6,13 +6,15 @@
 //! found among the kept encodings; a sequence whose prompt is done hands back its last logits,
 //! which seed its decoding.
 
+use std::time::Instant;
+
 use mlx::Array;
 use nn::{Batch, ImageGrid};
 
 use crate::engine::job::{DoneReason, EncoderInput, PromptMedia};
 use crate::engine::loaded::LoadedModel;
 use crate::engine::memory::LONG_PREFILL;
-use crate::engine::sequence::{Outcome, Phase, SequenceId};
+use crate::engine::sequence::{Outcome, Phase, Sequence, SequenceId};
 use crate::engine::step::{
     Result, Step, StepError, caches_of, equal_width_groups, exact_width_groups, last_logits,
     with_rope_deltas,
@@ -27,11 +29,11 @@ impl LoadedModel {
             .sequences
             .iter()
             .any(|s| s.phase == Phase::Decoding && !step.ending.contains(s.id));
-        let mut budget = if decoding {
+        let mut budget = self.pace.cap(if decoding {
             self.config.prefill_budget_while_decoding
         } else {
             self.config.prefill_budget_idle
-        };
+        });
         // Shortest remaining prompt first: a short request is never queued behind a long
         // prompt's chunks.
         let mut order: Vec<usize> = (0..self.sequences.len())
@@ -57,20 +59,25 @@ impl LoadedModel {
         }
         // Chunks holding image tokens are never cut to another's width (that could split an
         // image): they share a forward only with chunks of their exact width.
-        let (with_images, text): (Vec<_>, Vec<_>) = planned.into_iter().partition(|&(i, n)| {
-            let seq = &self.sequences[i];
-            let from = seq.tokens.len();
-            seq.job
-                .images
-                .iter()
-                .any(|image| image.tokens.start < from + n && from < image.tokens.end)
-        });
+        let (with_images, text): (Vec<_>, Vec<_>) = planned
+            .into_iter()
+            .partition(|&(i, n)| chunk_has_images(&self.sequences[i], n));
         let mut groups = equal_width_groups(text);
         groups.extend(exact_width_groups(with_images));
         let mut seeds = Vec::new();
         for (width, group) in groups {
             let ids: Vec<SequenceId> = group.iter().map(|&i| self.sequences[i].id).collect();
-            match self.prefill_rows(&group, width) {
+            // An image's encoder runs inside its chunk's forward: its time says nothing of
+            // the pace of prompt tokens.
+            let paced = !group
+                .iter()
+                .any(|&i| chunk_has_images(&self.sequences[i], width));
+            let started = Instant::now();
+            let forward = self.prefill_rows(&group, width);
+            if forward.is_ok() && paced {
+                self.pace.record(width * group.len(), started.elapsed());
+            }
+            match forward {
                 Ok(ends) => {
                     for (id, logits) in ids.into_iter().zip(ends) {
                         match logits {
@@ -360,4 +367,13 @@ impl LoadedModel {
         self.encoded.insert(image.id, features.clone());
         Ok(features)
     }
+}
+
+/// Whether `seq`'s next `n` prompt tokens hold any of an image's tokens.
+fn chunk_has_images(seq: &Sequence, n: usize) -> bool {
+    let from = seq.tokens.len();
+    seq.job
+        .images
+        .iter()
+        .any(|image| image.tokens.start < from + n && from < image.tokens.end)
 }

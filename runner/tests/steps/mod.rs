@@ -28,6 +28,8 @@ pub fn config(cache_bytes: usize) -> LoopConfig {
         prefill_chunk: 16,
         prefill_budget_while_decoding: 8,
         prefill_budget_idle: 32,
+        // Chunks of the sizes above, however fast this machine runs: the tests count them.
+        prefill_step_target: None,
         max_sequences: 8,
         capture_interval: 32,
         memory: MemoryBudget {
