@@ -535,6 +535,57 @@ fn bf16_open_fixtures_move_beyond_the_bf16_bound_from_rounding_their_weights_alo
     }
 }
 
+/// The fixtures set aside from the bf16 bound still run in bf16, on whichever path this run
+/// takes (`MLXKIT_CPU_PRIMITIVES=off`: the GPU's), in one shot, in chunks and token by token:
+/// every forward stays in bf16 (nothing promotes it to f32) and gives finite logits. What a
+/// bf16 mistake costs (an op that takes only f32, an f32 factor, an overflow) shows here even
+/// where their distance from f32 cannot be bounded.
+#[test]
+fn bf16_open_fixtures_still_run_in_bf16() {
+    for name in [
+        "glm4_moe_lite_llama_cpp",
+        "nemotron_h_moe",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
+        "qwen3_next_llama_cpp",
+    ] {
+        let dir = fixture(name);
+        let model = load_with_weights(&dir, "config.json", Dtype::Bf16, true);
+        let prompt = golden(&dir).prompt;
+        let check = |logits: Array, what: &str| {
+            assert_eq!(
+                logits.dtype(),
+                Dtype::Bf16,
+                "{name}: {what}: computed in f32"
+            );
+            let values = logits.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+            assert!(
+                values.iter().all(|v| v.is_finite()),
+                "{name}: {what}: a logit is not finite"
+            );
+        };
+        let mut caches = model.new_caches().unwrap();
+        check(
+            logits_of(model.as_ref(), &mut caches, &prompt, 0),
+            "one-shot prefill",
+        );
+        let mut caches = model.new_caches().unwrap();
+        for (i, chunk) in prompt.chunks(5).enumerate() {
+            let logits = logits_of(model.as_ref(), &mut caches, chunk, 5 * i);
+            check(logits, &format!("chunked prefill at {}", 5 * i));
+        }
+        let mut caches = model.new_caches().unwrap();
+        let prefix = prompt.len() / 3;
+        logits_of(model.as_ref(), &mut caches, &prompt[..prefix], 0);
+        for position in prefix..prompt.len() {
+            let token = &prompt[position..position + 1];
+            let logits = logits_of(model.as_ref(), &mut caches, token, position);
+            check(logits, &format!("decode at {position}"));
+        }
+    }
+}
+
 #[test]
 fn a_config_without_its_rope_base_is_refused_by_name() {
     let dir = fixture("llama");
