@@ -28,8 +28,14 @@ pub fn test_dtype() -> Dtype {
 /// (gpt-oss the largest), and 0.24 (SmolLM2) and 0.36 (Gemma 3) at the real models' last
 /// position against transformers in f32. The bound sits above those, while what a bf16 mistake
 /// costs (an f32-only kernel fed bf16, an f32 factor promoting half a layer, an overflow in a
-/// norm) is whole units or NaN. Five tiny hybrid and mixture fixtures exceed it (1.2 to 19.5 at
-/// single positions, see `scripts/test`); they are not run in bf16 until that is explained.
+/// norm) is whole units or NaN. Five tests' fixtures exceed it (2.6 to 19.5 at single positions)
+/// and are not held to it (`scripts/test` gives each one's measurements): an expert choice
+/// whose f32 margin is below bf16's rounding of the router scores flips (with the f32 choices
+/// forced, nemotron_h_moe and glm4_moe_lite's llama.cpp copy land at 0.61 and 0.45), or a gated
+/// delta net head magnifies the rounding of its small output. Four of them move by 1.5 to 13.5
+/// in f32 alone when only their weights are rounded to bf16, where every fixture held to the
+/// bound moves by at most 0.53, and mlx-lm in bf16 is as far from itself in f32 on them. They
+/// still run in bf16, checked only to stay in bf16 with finite logits.
 pub const BF16_LOGPROB_TOLERANCE: f32 = 1.0;
 
 /// `log_softmax` of one row, in f64 for the reference's sake.
@@ -63,6 +69,27 @@ pub fn top2_margin(row: &[f32]) -> f32 {
     first - second
 }
 
+/// The largest difference of a log-probability between two rows of logits, and its token.
+fn row_logprob_error(got: &[f32], expected: &[f32]) -> (f32, usize) {
+    let (lg, le) = (log_softmax(got), log_softmax(expected));
+    lg.iter()
+        .zip(&le)
+        .map(|(a, b)| (a - b).abs() as f32)
+        .enumerate()
+        .fold(
+            (0f32, 0),
+            |(w, at), (i, d)| if d > w { (d, i) } else { (w, at) },
+        )
+}
+
+/// The largest difference of any log-probability between rows of logits (rows of `vocab`).
+pub fn worst_logprob_error(got: &[f32], expected: &[f32], vocab: usize) -> f32 {
+    got.chunks(vocab)
+        .zip(expected.chunks(vocab))
+        .map(|(g, e)| row_logprob_error(g, e).0)
+        .fold(0f32, f32::max)
+}
+
 /// Checks rows of bf16 logits (`got`, rows of `vocab`) against f32 reference rows: every
 /// log-probability within [`BF16_LOGPROB_TOLERANCE`], and the same argmax at every row up to the
 /// first whose reference top-2 margin is below twice the worst error seen so far (two logits'
@@ -77,16 +104,7 @@ pub fn assert_close_in_bf16(got: &[f32], expected: &[f32], vocab: usize, what: &
             g.iter().all(|v| v.is_finite()),
             "{what}: row {row} is not finite"
         );
-        let (lg, le) = (log_softmax(g), log_softmax(e));
-        let (err, at) = lg
-            .iter()
-            .zip(&le)
-            .map(|(a, b)| (a - b).abs() as f32)
-            .enumerate()
-            .fold(
-                (0f32, 0),
-                |(w, at), (i, d)| if d > w { (d, i) } else { (w, at) },
-            );
+        let (err, at) = row_logprob_error(g, e);
         assert!(
             err <= BF16_LOGPROB_TOLERANCE,
             "{what}: row {row}: a log-probability is {err} from the f32 reference at token {at} \
