@@ -605,14 +605,25 @@ fn raise_own_file_limit() -> u64 {
 struct Binary {
     child: Child,
     address: SocketAddr,
+    /// What it wrote to stderr so far.
+    output: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Binary {
-    #[allow(unsafe_code)] // the file limit is set in the child between fork and exec
     fn start(home: &std::path::Path, env: &[(&str, &str)], file_limit: Option<u64>) -> Binary {
+        Binary::start_on("127.0.0.1:0", home, env, file_limit)
+    }
+
+    #[allow(unsafe_code)] // the file limit is set in the child between fork and exec
+    fn start_on(
+        host: &str,
+        home: &std::path::Path,
+        env: &[(&str, &str)],
+        file_limit: Option<u64>,
+    ) -> Binary {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mlxkit"));
         command
-            .args(["serve", "--host", "127.0.0.1:0"])
+            .args(["serve", "--host", host])
             .env("MLXKIT_HOME", home)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -637,13 +648,16 @@ impl Binary {
         let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (found, address) = std::sync::mpsc::channel();
-        // The address from "listening on ADDR"; the rest of its output is passed on.
+        let output = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = Arc::clone(&output);
+        // The address from "listening on ADDR"; every line is kept and passed on.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some((_, address)) = line.split_once("listening on ") {
                     let _ = found.send(address.trim().to_string());
                 }
                 eprintln!("[mlxkit serve] {line}");
+                kept.lock().unwrap().push(line);
             }
         });
         let address = address
@@ -651,7 +665,11 @@ impl Binary {
             .expect("mlxkit serve said where it listens")
             .parse()
             .unwrap();
-        Binary { child, address }
+        Binary {
+            child,
+            address,
+            output,
+        }
     }
 
     /// Sends `signal` to the server.
@@ -857,4 +875,26 @@ fn the_cli_asks_a_keyed_server_with_its_key() {
         "{}",
         String::from_utf8_lossy(&keyless.stderr)
     );
+}
+
+#[test]
+fn serving_beyond_loopback_without_a_key_says_the_api_is_open() {
+    let _serial = serial();
+    let home = tempfile::tempdir().unwrap();
+    let open = Binary::start_on("0.0.0.0:0", home.path(), &[], None);
+    let keyed = Binary::start_on("0.0.0.0:0", home.path(), &[("MLXKIT_API_KEY", "k")], None);
+    let local = Binary::start(home.path(), &[], None);
+    // The warning comes right after the address; give the reader a moment to pass it on.
+    std::thread::sleep(Duration::from_millis(500));
+    let warned = |server: &Binary| {
+        server
+            .output
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| line.contains("unauthenticated"))
+    };
+    assert!(warned(&open), "{:?}", open.output.lock().unwrap());
+    assert!(!warned(&keyed));
+    assert!(!warned(&local));
 }
