@@ -256,6 +256,7 @@ fn errors_come_in_anthropics_shape() {
     // Malformed JSON is refused in the same shape.
     let r = client()
         .post(format!("{}/v1/messages", s.base))
+        .header("content-type", "application/json")
         .body("{oops")
         .send()
         .unwrap();

@@ -63,6 +63,18 @@ impl ApiError {
         self
     }
 
+    /// The same error in the shape of the API `path` belongs to: Anthropic's under
+    /// `/v1/messages`, OpenAI's under the rest of `/v1/`, Ollama's elsewhere.
+    pub fn in_dialect_of(self, path: &str) -> ApiError {
+        if path.starts_with("/v1/messages") {
+            self.anthropic()
+        } else if path.starts_with("/v1/") {
+            self.openai()
+        } else {
+            self
+        }
+    }
+
     /// Anthropic's name for the kind of error a status means.
     pub fn anthropic_type(status: StatusCode) -> &'static str {
         match status.as_u16() {

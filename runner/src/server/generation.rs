@@ -16,6 +16,7 @@ use crate::scheduler::Lease;
 use crate::server::error::ApiError;
 use crate::server::metrics;
 use crate::server::options::GenerationOptions;
+use crate::server::stopping;
 
 /// One alternative in a logprobs entry.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -202,12 +203,22 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
     let mut stopped_by_text: Option<String> = None;
     let mut client_gone = false;
     let mut ended = false;
+    let stopping = stopping::generations_ended();
+    tokio::pin!(stopping);
     loop {
         // A client that goes away is noticed at once, not at the next token: a long prefill
         // stops at its next chunk.
         let event = tokio::select! {
             event = events.recv() => event,
             () = out.closed(), if !client_gone => {
+                client_gone = true;
+                cancel.store(true, Ordering::Relaxed);
+                continue;
+            }
+            // The server is stopping and its grace is over: the client hears why its answer
+            // ends here; the engine's last events are drained as for a client gone.
+            () = &mut stopping, if !client_gone => {
+                let _ = out.send(Output::Error(stopping::STOPPED_MESSAGE.to_string())).await;
                 client_gone = true;
                 cancel.store(true, Ordering::Relaxed);
                 continue;

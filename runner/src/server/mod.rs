@@ -16,19 +16,31 @@
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
-//! - `listen`: accepting connections, with header time limits; `cors`: which browser origins
-//!   may call the API.
+//! - `listen`: accepting connections and serving them within `limits` (header, idle and body
+//!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
+//!   `body_deadline` bounding a request body's arrival.
+//! - `access`: who may call, as the operator set it; `guard`: the Host, Origin and
+//!   Content-Type rules that keep web pages from driving the server (`hosts`, `origins`);
+//!   `cors`: which pages may read answers; `api_key`: the optional key.
+//! - `stopping`: the process-wide stop that ends generations still running after the drain.
 //! - `error`: errors before a stream starts (JSON with a status); after it starts, errors are
 //!   sent inside the stream.
 
+pub mod access;
 pub mod anthropic;
+pub mod api_key;
 pub mod audio;
+pub mod body_deadline;
 pub mod chat;
+pub mod connections;
 pub mod cors;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
+pub mod guard;
+pub mod hosts;
 pub mod images;
+pub mod limits;
 pub mod listen;
 pub mod metrics;
 pub mod models;
@@ -36,10 +48,12 @@ pub mod ollama;
 pub mod openai;
 pub mod operations;
 pub mod options;
+pub mod origins;
 pub mod prompt;
 pub mod request_log;
 pub mod responses;
 pub mod sse;
+pub mod stopping;
 pub mod structured;
 pub mod transcriptions;
 
@@ -84,8 +98,13 @@ impl AppState {
 /// The largest request body accepted (images inline as base64 make bodies large).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// The routes of both APIs.
+/// The routes of every API, open to this machine only (no key, no extra origins or hosts).
 pub fn router(state: AppState) -> Router {
+    router_with(state, access::Access::default())
+}
+
+/// The routes of every API, open to whom `access` lets in.
+pub fn router_with(state: AppState, access: access::Access) -> Router {
     // Installed before the first request, so every request is counted.
     metrics::handle();
     Router::new()
@@ -136,15 +155,27 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Inside CORS: a page allowed to call may read why its key was refused, and
+        // preflights (which carry no key) are answered before they get here.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(access.api_key.clone()),
+            api_key::require,
+        ))
+        .layer(cors::layer(access.origins.clone()))
+        // Outside CORS: a page that may not call gets a 403, its preflight included.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(access),
+            guard::check,
+        ))
         .layer(axum::middleware::from_fn(metrics::count_requests))
         .layer(axum::middleware::from_fn(request_log::log_requests))
-        .layer(cors::layer())
         .with_state(state)
 }
 
 /// A JSON body whose rejection (malformed JSON, a missing field) is a 400 with a JSON error
-/// naming the problem, like every other error. The content type is not checked: Ollama's own
-/// examples post JSON with `curl -d`, which labels it as a form.
+/// naming the problem, like every other error. The content type is checked before routing
+/// (`guard`): clients that are not browsers may label JSON as a form, as `curl -d` does in
+/// Ollama's own examples.
 pub struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
@@ -155,13 +186,8 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let path = req.uri().path();
-        let (anthropic, openai) = (path.starts_with("/v1/messages"), path.starts_with("/v1/"));
-        let dialect = |e: ApiError| match (anthropic, openai) {
-            (true, _) => e.anthropic(),
-            (false, true) => e.openai(),
-            _ => e,
-        };
+        let path = req.uri().path().to_string();
+        let dialect = |e: ApiError| e.in_dialect_of(&path);
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             dialect(ApiError::new(rejection.status(), rejection.body_text()))
         })?;
