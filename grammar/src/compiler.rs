@@ -11,6 +11,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory, TokenParser};
 use serde_json::{Value, json};
 
+use crate::compile_thread::run_with_deadline;
+use crate::error::compiler_message;
 use crate::grammar::Grammar;
 use crate::spec::{GrammarSpec, Limits};
 use crate::{Error, Result, token_env};
@@ -63,55 +65,42 @@ impl GrammarCompiler {
         &self.shared.ends
     }
 
-    /// Compiles `spec` into a fresh matcher at the start of the output.
+    /// Compiles `spec` into a fresh matcher at the start of the output, within
+    /// [`Limits::max_compile_time`].
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar> {
         spec.check(&self.limits)?;
         let key = cache_key(spec)?;
-        let cached = lock(&self.shared.compiled).get(&key);
-        let parser = match cached {
-            Some(parser) => parser,
-            None => {
-                let parser = on_compile_stack(|| {
-                    let grammar = top_level(spec, &self.shared)?;
-                    self.shared
-                        .factory
-                        .create_parser(grammar)
-                        .map_err(|e| compile_error(spec, e.to_string()))
-                })?;
-                lock(&self.shared.compiled).insert(key, parser.clone());
-                parser
-            }
-        };
-        let matcher = Matcher::new(Ok(parser));
-        if let Some(message) = matcher.get_error() {
-            return Err(compile_error(spec, message));
-        }
-        Ok(Grammar::new(
-            matcher,
-            self.shared.vocab_size,
-            self.shared.ends.clone(),
-        ))
+        let shared = Arc::clone(&self.shared);
+        let spec = spec.clone();
+        run_with_deadline(self.limits.max_compile_time, move || {
+            start(&shared, &spec, key)
+        })
     }
 }
 
-/// The stack a compile runs on. llguidance's schema compiler recurses through nesting and
-/// `$ref` chains; the caps in [`Limits`] keep that shallow, and this keeps a schema within them
-/// from overflowing whatever small stack the caller's thread has (an overflow aborts the whole
-/// process). Only the pages a compile touches are ever committed.
-const COMPILE_STACK_BYTES: usize = 256 << 20;
-
-/// Runs `compile` on a thread of its own with [`COMPILE_STACK_BYTES`] of stack.
-fn on_compile_stack<T: Send>(compile: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new()
-            .name("grammar-compile".into())
-            .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(scope, compile)
-            .map_err(|e| Error::Matcher(format!("cannot start the compile thread: {e}")))?;
-        thread
-            .join()
-            .map_err(|_| Error::Matcher("the grammar compiler panicked".to_string()))?
-    })
+/// The compiled form of `spec` (from the cache under `key`, else compiled and cached), and
+/// a matcher at its start with the first mask computed: the costliest one (the lexer starts
+/// cold), kept off the step loop, and where a grammar with no complete sentence shows itself.
+fn start(shared: &Shared, spec: &GrammarSpec, key: String) -> Result<Grammar> {
+    let cached = lock(&shared.compiled).get(&key);
+    let parser = match cached {
+        Some(parser) => parser,
+        None => {
+            let grammar = top_level(spec, shared)?;
+            let parser = shared
+                .factory
+                .create_parser(grammar)
+                .map_err(|e| compile_error(spec, &e.to_string()))?;
+            lock(&shared.compiled).insert(key, parser.clone());
+            parser
+        }
+    };
+    let matcher = Matcher::new(Ok(parser));
+    if let Some(message) = matcher.get_error() {
+        return Err(compile_error(spec, &message));
+    }
+    Grammar::start(matcher, shared.vocab_size, shared.ends.clone())
+        .map_err(|e| first_mask_error(spec, e))
 }
 
 /// The llguidance form of a spec.
@@ -294,8 +283,9 @@ fn with_json_options(mut schema: Value) -> Value {
 }
 
 /// Sorts a compiler message into "unsupported" (the input is valid but uses a feature the
-/// compiler lacks, such as `oneOf`) and "invalid".
-fn compile_error(spec: &GrammarSpec, message: String) -> Error {
+/// compiler lacks, such as `oneOf`) and "invalid", keeping only its part meant for people.
+fn compile_error(spec: &GrammarSpec, raw: &str) -> Error {
+    let message = compiler_message(raw);
     let lower = message.to_ascii_lowercase();
     if lower.contains("not supported")
         || lower.contains("unsupported")
@@ -306,6 +296,26 @@ fn compile_error(spec: &GrammarSpec, message: String) -> Error {
         Error::Invalid {
             kind: spec.kind(),
             message,
+        }
+    }
+}
+
+/// Why the first mask of a fresh grammar could not be computed: no token can start it (the
+/// grammar has no complete sentence), or it needs more work than the parser's limits allow.
+fn first_mask_error(spec: &GrammarSpec, error: Error) -> Error {
+    let message = match error {
+        Error::Matcher(message) => message,
+        other => return other,
+    };
+    if message.starts_with("NoExtension") {
+        Error::Unsatisfiable {
+            kind: spec.kind(),
+            reason: "no token can begin a valid output".to_string(),
+        }
+    } else {
+        Error::Invalid {
+            kind: spec.kind(),
+            message: format!("its first token cannot be computed: {message}"),
         }
     }
 }
@@ -405,6 +415,9 @@ fn shared_for(tokenizer: &tokenizer::Tokenizer) -> Result<Arc<Shared>> {
     let mut factory = ParserFactory::new_simple(&env)
         .map_err(|e| Error::Vocabulary(format!("grammar factory: {e}")))?;
     factory.quiet();
+    // Verbose errors append the parser's state and the whole grammar to every message; those
+    // messages reach clients.
+    factory.limits_mut().verbose_errors = false;
     let trie = env.tok_trie();
     let shared = Arc::new(Shared {
         ends: trie.eos_tokens().into(),

@@ -24,6 +24,36 @@ pub enum Error {
         /// The cap.
         limit: usize,
     },
+    /// The schema or grammar admits no complete output: every way through it leads back into
+    /// itself (`{"$ref": "#"}`, definitions naming each other, an object requiring a
+    /// property of its own type) or nowhere at all.
+    #[error("{kind} admits no complete output: {reason}")]
+    Unsatisfiable {
+        /// "JSON schema", "regular expression", "Lark grammar" or "tool-call schema".
+        kind: &'static str,
+        /// Where and why, such as "`#/$defs/a` can only hold a value that contains itself".
+        reason: String,
+    },
+    /// Compiling took longer than [`crate::Limits::max_compile_time`]; the compile was left
+    /// to finish on its own thread.
+    #[error(
+        "the schema or grammar took longer than {} s to compile; simplify it",
+        limit.as_secs_f64()
+    )]
+    CompileTimeout {
+        /// The deadline that passed.
+        limit: std::time::Duration,
+    },
+    /// Too many compiles that overran their deadline are still running; new ones wait until
+    /// they finish.
+    #[error(
+        "the grammar compiler is busy finishing {overdue} compiles that ran past their time \
+         limit; try again shortly"
+    )]
+    Busy {
+        /// How many overdue compiles are running.
+        overdue: usize,
+    },
     /// The grammar compiler rejected the schema or grammar; carries its message.
     #[error("invalid {kind}: {message}")]
     Invalid {
@@ -53,5 +83,45 @@ pub enum Error {
     Matcher(String),
 }
 
+/// The most of a compiler message a client is shown.
+const MAX_MESSAGE_CHARS: usize = 1_000;
+
+/// The part of an llguidance message meant for people: its first paragraph, without the
+/// parser-state dump or the `<non-verbose/>` marker it appends, shortened to
+/// [`MAX_MESSAGE_CHARS`] (its messages quote pieces of the schema, which can be large).
+pub(crate) fn compiler_message(raw: &str) -> String {
+    let end = ["\n<state>", "\n<non-verbose/>", "<non-verbose/>"]
+        .iter()
+        .filter_map(|marker| raw.find(marker))
+        .min()
+        .unwrap_or(raw.len());
+    let text = raw[..end].trim();
+    match text.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiler_messages_lose_the_state_dump_and_stay_short() {
+        let verbose =
+            "NoExtensionBias\n<state>\nTokens: ⟦⟧\nParser: {}\n</state><grammar>\n\n</grammar>";
+        assert_eq!(compiler_message(verbose), "NoExtensionBias");
+        assert_eq!(
+            compiler_message("lexer too complex\n<non-verbose/>"),
+            "lexer too complex"
+        );
+        assert_eq!(compiler_message("  plain  "), "plain");
+        let long = "é".repeat(MAX_MESSAGE_CHARS + 5);
+        let short = compiler_message(&long);
+        assert_eq!(short.chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert!(short.ends_with('…'));
+    }
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use llguidance::Matcher;
 
+use crate::error::compiler_message;
 use crate::{Error, Result};
 
 /// A compiled grammar positioned somewhere in the output.
@@ -19,25 +20,37 @@ pub struct Grammar {
     /// End tokens consumed after the matcher had already stopped; llguidance does not record
     /// those, so rollback must undo them here first.
     ends_after_stop: usize,
+    /// The mask at the start of the output, computed when compiling; dropped on the first
+    /// [`Grammar::mask`] or any move.
+    start_mask: Option<Vec<u32>>,
 }
 
 impl Grammar {
-    pub(crate) fn new(matcher: Matcher, vocab_size: usize, ends: Arc<[u32]>) -> Self {
-        Self {
+    /// A grammar at the start of the output, with its first mask computed now (by the
+    /// compiling thread, so that the step loop does not pay for the cold lexer) and kept for
+    /// the first [`Grammar::mask`]. Fails when no token can start the output.
+    pub(crate) fn start(matcher: Matcher, vocab_size: usize, ends: Arc<[u32]>) -> Result<Self> {
+        let mut grammar = Self {
             matcher,
             vocab_size,
             ends,
             ends_after_stop: 0,
-        }
+            start_mask: None,
+        };
+        grammar.start_mask = Some(grammar.mask()?);
+        Ok(grammar)
     }
 
     /// The tokens allowed next, `vocab_size().div_ceil(32)` words. Once the grammar is
     /// finished only the end tokens are allowed.
     pub fn mask(&mut self) -> Result<Vec<u32>> {
+        if let Some(words) = self.start_mask.take() {
+            return Ok(words);
+        }
         let vob = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| Error::Matcher(e.to_string()))?;
+            .map_err(|e| Error::Matcher(compiler_message(&e.to_string())))?;
         let mut words = vob.as_slice().to_vec();
         words.resize(self.vocab_size.div_ceil(32), 0);
         Ok(words)
@@ -46,6 +59,7 @@ impl Grammar {
     /// Advances past `token`. A token the grammar does not allow is an error that leaves the
     /// state unchanged.
     pub fn consume(&mut self, token: u32) -> Result<()> {
+        self.start_mask = None;
         let rejected = |message: &str| Error::TokenRejected {
             token,
             message: message.to_string(),
@@ -57,7 +71,7 @@ impl Grammar {
             )));
         }
         if let Some(message) = self.matcher.get_error() {
-            return Err(Error::Matcher(message));
+            return Err(Error::Matcher(compiler_message(&message)));
         }
         if self.matcher.is_stopped() {
             return if self.ends.contains(&token) {
@@ -74,23 +88,24 @@ impl Grammar {
         let valid = self
             .matcher
             .validate_tokens(&[token])
-            .map_err(|e| Error::Matcher(e.to_string()))?;
+            .map_err(|e| Error::Matcher(compiler_message(&e.to_string())))?;
         if valid == 0 {
             return Err(rejected("not allowed here"));
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| rejected(&e.to_string()))
+            .map_err(|e| rejected(&compiler_message(&e.to_string())))
     }
 
     /// Undoes the last `n` consumed tokens, restoring exactly the earlier state.
     pub fn rollback(&mut self, n: usize) -> Result<()> {
+        self.start_mask = None;
         let from_ends = n.min(self.ends_after_stop);
         self.matcher
             .rollback(n - from_ends)
             .map_err(|e| Error::Rollback {
                 requested: n,
-                message: e.to_string(),
+                message: compiler_message(&e.to_string()),
             })?;
         self.ends_after_stop -= from_ends;
         Ok(())
@@ -110,7 +125,7 @@ impl Grammar {
         }
         self.matcher
             .validate_tokens(draft)
-            .map_err(|e| Error::Matcher(e.to_string()))
+            .map_err(|e| Error::Matcher(compiler_message(&e.to_string())))
     }
 
     /// Whether the output so far is complete, so that an end token is allowed now.
@@ -140,6 +155,7 @@ impl Grammar {
             vocab_size: self.vocab_size,
             ends: self.ends.clone(),
             ends_after_stop: self.ends_after_stop,
+            start_mask: self.start_mask.clone(),
         }
     }
 }

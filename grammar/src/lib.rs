@@ -13,15 +13,19 @@
 //!   `response_format`, and the caps on schema size and nesting.
 //! - `schema_shape`: measures of a schema that bound its compile cost (nesting, `$ref` chains,
 //!   breadth), and rebasing local `$ref`s when a schema is embedded in another.
+//! - `schema_progress`: whether a schema's `$ref` cycles let a value ever be finished.
 //! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
 //!   treated.
+//! - `compile_thread`: the thread a compile runs on, its stack and its deadline.
 //! - `compiler`: compiling specs, with the per-tokenizer factory and compiled-grammar caches.
 //! - `grammar`: stepping one compiled grammar.
 //! - `error`: the crate's error type.
 
+mod compile_thread;
 mod compiler;
 mod error;
 mod grammar;
+mod schema_progress;
 mod schema_shape;
 mod spec;
 mod token_env;

@@ -9,12 +9,14 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-/// The widest point of a schema: the most properties one object declares, and the most
-/// alternatives one `anyOf`/`oneOf`/`allOf`/`enum` lists.
+/// The widest point of a schema: the most properties one object declares, the most
+/// alternatives one `anyOf`/`oneOf`/`allOf`/`enum` lists, and the pairs of
+/// `patternProperties` the compiler must compare, summed over every object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Breadth {
     pub properties: usize,
     pub alternatives: usize,
+    pub pattern_pairs: usize,
 }
 
 /// Depth of nested arrays and objects; a scalar is 0.
@@ -42,6 +44,12 @@ pub(crate) fn breadth(schema: &Value) -> Breadth {
             Value::Object(map) => {
                 if let Some(Value::Object(properties)) = map.get("properties") {
                     widest.properties = widest.properties.max(properties.len());
+                }
+                if let Some(Value::Object(patterns)) = map.get("patternProperties") {
+                    let n = patterns.len();
+                    widest.pattern_pairs = widest
+                        .pattern_pairs
+                        .saturating_add(n.saturating_mul(n.saturating_sub(1)) / 2);
                 }
                 for key in ["anyOf", "oneOf", "allOf", "enum"] {
                     if let Some(Value::Array(items)) = map.get(key) {
@@ -207,13 +215,16 @@ mod tests {
     fn breadth_finds_the_widest_object_and_choice() {
         let schema = json!({"type": "object", "properties": {
             "a": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "integer"}]},
-            "b": {"enum": [1, 2]}
+            "b": {"enum": [1, 2]},
+            "c": {"type": "object", "patternProperties": {"^x": {}, "^y": {}, "^z": {}}},
+            "d": {"type": "object", "patternProperties": {"^x": {}, "^y": {}}}
         }});
         assert_eq!(
             breadth(&schema),
             Breadth {
-                properties: 2,
-                alternatives: 3
+                properties: 4,
+                alternatives: 3,
+                pattern_pairs: 3 + 1
             }
         );
     }

@@ -1,8 +1,11 @@
 //! What a request asks for: the grammar kinds, how API request fields map onto them, and the
 //! caps that keep a hostile schema from costing unbounded compile time.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
+use crate::schema_progress::unfinishable_references;
 use crate::schema_shape::{breadth, nesting_depth, reference_depth};
 use crate::{Error, Result};
 
@@ -113,11 +116,14 @@ impl GrammarSpec {
         }
     }
 
-    /// Checks the caps before the compiler sees the input.
+    /// Checks the caps before the compiler sees the input, and that a schema's references
+    /// let a value be finished. Nesting is measured first, by a walk that never recurses:
+    /// serializing the schema and the finishability check recurse through it.
     pub(crate) fn check(&self, limits: &Limits) -> Result<()> {
-        let schema = match self {
+        let calls_array;
+        let (schema, roots): (&Value, Vec<&Value>) = match self {
             Self::JsonObject => return Ok(()),
-            Self::JsonSchema(schema) => schema.clone(),
+            Self::JsonSchema(schema) => (schema, vec![schema]),
             Self::Regex(text) | Self::Lark(text) => {
                 return check_size(text.len(), limits);
             }
@@ -142,18 +148,20 @@ impl GrammarSpec {
                 if calls.len() > limits.max_alternatives {
                     return Err(over("tools offered", calls.len(), limits.max_alternatives));
                 }
-                Value::Array(calls.clone())
+                calls_array = Value::Array(calls.clone());
+                // Each call is a root of its own for its references.
+                (&calls_array, calls.iter().collect())
             }
         };
-        check_size(
-            serde_json::to_string(&schema).map_or(usize::MAX, |s| s.len()),
-            limits,
-        )?;
-        let depth = nesting_depth(&schema);
+        let depth = nesting_depth(schema);
         if depth > limits.max_schema_depth {
             return Err(over("schema nesting depth", depth, limits.max_schema_depth));
         }
-        let references = reference_depth(&schema, limits.max_reference_depth);
+        check_size(
+            serde_json::to_string(schema).map_or(usize::MAX, |s| s.len()),
+            limits,
+        )?;
+        let references = reference_depth(schema, limits.max_reference_depth);
         if references > limits.max_reference_depth {
             return Err(over(
                 "chain of `$ref` references",
@@ -161,7 +169,7 @@ impl GrammarSpec {
                 limits.max_reference_depth,
             ));
         }
-        let wide = breadth(&schema);
+        let wide = breadth(schema);
         if wide.properties > limits.max_properties {
             return Err(over(
                 "properties of one object",
@@ -176,8 +184,50 @@ impl GrammarSpec {
                 limits.max_alternatives,
             ));
         }
+        if wide.pattern_pairs > limits.max_pattern_pairs {
+            return Err(over(
+                "pairs of patternProperties to compare",
+                wide.pattern_pairs,
+                limits.max_pattern_pairs,
+            ));
+        }
+        for root in roots {
+            let stuck = unfinishable_references(root);
+            if !stuck.is_empty() {
+                return Err(Error::Unsatisfiable {
+                    kind: self.kind(),
+                    reason: describe_stuck(&stuck),
+                });
+            }
+        }
         Ok(())
     }
+}
+
+/// "`#/$defs/a` and `#/$defs/b` can only hold …", naming at most a few.
+fn describe_stuck(stuck: &[String]) -> String {
+    const NAMED: usize = 3;
+    let mut names: Vec<String> = stuck
+        .iter()
+        .take(NAMED)
+        .map(|pointer| format!("`#{pointer}`"))
+        .collect();
+    if stuck.len() > NAMED {
+        names.push(format!("{} more", stuck.len() - NAMED));
+    }
+    let (list, verb) = match names.len() {
+        1 => (names.remove(0), "refers back to itself"),
+        _ => {
+            let last = names.pop().unwrap_or_default();
+            let list = format!("{} and {last}", names.join(", "));
+            (list, "refer back to one another")
+        }
+    };
+    format!(
+        "{list} {verb} with no way out (a `$ref` cycle every value must follow \
+         forever); make a property on the cycle optional, allow an empty array, or add an \
+         `anyOf` branch without the reference"
+    )
 }
 
 fn over(what: &'static str, actual: usize, limit: usize) -> Error {
@@ -210,12 +260,20 @@ pub struct Limits {
     pub max_properties: usize,
     /// Entries of one `anyOf`/`oneOf`/`allOf`/`enum`, and tools offered at once.
     pub max_alternatives: usize,
+    /// Pairs of `patternProperties` the compiler proves disjoint, summed over the schema's
+    /// objects: it compares every pair of one object's patterns (≈0.1 ms a pair), so 200
+    /// patterns on one object cost seconds.
+    pub max_pattern_pairs: usize,
+    /// How long a caller waits for one compile (including its first mask). llguidance's own
+    /// fuel and size limits bound the work; this bounds the wait whatever the machine's load.
+    pub max_compile_time: Duration,
 }
 
 impl Default for Limits {
-    /// 256 KiB, 64 levels of nesting, 64 references deep, 256 properties and 1,024
-    /// alternatives: far beyond real tool schemas, far below what would stall a request
-    /// thread or overflow llguidance's limits.
+    /// 256 KiB, 64 levels of nesting, 64 references deep, 256 properties, 1,024
+    /// alternatives and 1,024 pattern pairs (45 patterns on one object): far beyond real
+    /// tool schemas, far below what would stall a request thread or overflow llguidance's
+    /// limits. Compiles within them take well under a second; 10 s of waiting is a backstop.
     fn default() -> Self {
         Self {
             max_bytes: 256 * 1024,
@@ -223,6 +281,8 @@ impl Default for Limits {
             max_reference_depth: 64,
             max_properties: 256,
             max_alternatives: 1024,
+            max_pattern_pairs: 1024,
+            max_compile_time: Duration::from_secs(10),
         }
     }
 }
@@ -336,6 +396,52 @@ mod tests {
             |n: usize| GrammarSpec::JsonSchema(json!({"enum": (0..n).collect::<Vec<_>>()}));
         assert!(choices(limits.max_alternatives).check(&limits).is_ok());
         assert!(choices(limits.max_alternatives + 1).check(&limits).is_err());
+    }
+
+    #[test]
+    fn each_tool_call_is_checked_as_a_root_of_its_own() {
+        let call = |parameters: Value| {
+            json!({"type": "object", "required": ["name", "arguments"],
+                   "properties": {"name": {"const": "f"}, "arguments": parameters}})
+        };
+        let mut looping = json!({"$ref": "#"});
+        crate::rebase_refs(&mut looping, "/properties/arguments");
+        let tools = |calls| GrammarSpec::ToolCalls {
+            open: "<call>".into(),
+            close: "</call>".into(),
+            calls,
+            required: false,
+            parallel: true,
+        };
+        let fine = call(json!({"type": "object"}));
+        assert!(tools(vec![fine.clone()]).check(&Limits::default()).is_ok());
+        match tools(vec![fine, call(looping)]).check(&Limits::default()) {
+            Err(Error::Unsatisfiable { kind, reason }) => {
+                assert_eq!(kind, "tool-call schema");
+                assert!(reason.starts_with("`#/properties/arguments` refers back to itself"));
+            }
+            other => panic!("expected Unsatisfiable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn caps_reject_many_pattern_properties() {
+        let patterns = |n: usize| {
+            let map: serde_json::Map<_, _> =
+                (0..n).map(|i| (format!("^p{i}"), json!({}))).collect();
+            GrammarSpec::JsonSchema(json!({"type": "object", "patternProperties": map}))
+        };
+        let limits = Limits::default();
+        // 46 patterns make 1,035 pairs, 45 make 990.
+        assert!(patterns(45).check(&limits).is_ok());
+        assert!(matches!(
+            patterns(46).check(&limits),
+            Err(Error::TooLarge {
+                what: "pairs of patternProperties to compare",
+                actual: 1035,
+                ..
+            })
+        ));
     }
 
     #[test]

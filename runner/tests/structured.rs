@@ -463,3 +463,188 @@ fn bad_constraints_are_clear_errors_and_the_server_stays_healthy() {
         assert_eq!(get(s, "/api/version").0, 200);
     }
 }
+
+/// The error message of a 400 in any API's shape.
+fn error_message(reply: &Value) -> String {
+    reply["error"]
+        .as_str()
+        .or_else(|| reply["error"]["message"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn schemas_the_compiler_cannot_use_are_400s_naming_the_problem() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                       "$ref": "#/$defs/a"});
+    let requires_itself =
+        json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
+    let openai_schema = |schema: &Value| {
+        json!({ "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}} })
+    };
+    let cases = [
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "x", "format": {"$ref": "#"}, "stream": false }),
+            "`#` refers back to itself",
+        ),
+        (
+            "/api/chat",
+            json!({ "model": MODEL, "messages": [{"role": "user", "content": "x"}], "format": cycle,
+                    "stream": false }),
+            "`#/$defs/a` and `#/$defs/b` refer back to one another",
+        ),
+        (
+            "/v1/chat/completions",
+            openai_schema(&requires_itself),
+            "`#` refers back to itself",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({ "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}],
+                    "tool_choice": "required" }),
+            "tool-call schema admits no complete output",
+        ),
+        (
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "x", "stream": false,
+                    "format": {"enum": (0..5000).collect::<Vec<_>>()} }),
+            "alternatives of one anyOf/oneOf/allOf/enum is too large: 5000",
+        ),
+    ];
+    for (path, body, needle) in cases {
+        let (status, reply) = post(s, path, body.clone());
+        assert_eq!(status, 400, "{path}: {reply}");
+        let message = error_message(&reply);
+        assert!(
+            message.contains(needle),
+            "{path}: {message:?} should say {needle:?}"
+        );
+        for leak in [
+            "<state>",
+            "<grammar>",
+            "non-verbose",
+            "Tokens:",
+            "/work/",
+            "/root/",
+        ] {
+            assert!(
+                !message.contains(leak),
+                "{path}: {message:?} leaks {leak:?}"
+            );
+        }
+        assert_eq!(get(s, "/api/version").0, 200);
+    }
+
+    // 10,000 levels, written as text: serializing such a value would recurse that deep here.
+    let depth = 10_000;
+    let schema = format!(
+        "{}{{\"type\":\"string\"}}{}",
+        "{\"type\":\"object\",\"properties\":{\"a\":".repeat(depth),
+        "}}".repeat(depth)
+    );
+    let body = format!(r#"{{"model":"{MODEL}","prompt":"x","stream":false,"format":{schema}}}"#);
+    let reply = support::client()
+        .post(format!("{}/api/generate", s.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 400);
+    let message = error_message(&reply.json::<Value>().unwrap());
+    assert!(message.contains("recursion limit"), "{message:?}");
+    assert_eq!(get(s, "/api/version").0, 200);
+}
+
+#[test]
+fn a_recursive_schema_that_can_end_still_constrains_the_answer() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let tree = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}}
+        },
+        "required": ["name", "children"],
+        "additionalProperties": false
+    });
+    let validator = jsonschema::validator_for(&tree).expect("the test's schema is valid");
+    // A 135M model likes to nest such a tree until its budget runs out; an answer cut off
+    // that way is checked as far as it goes: only the schema's keys, names within 8 chars.
+    for seed in 0..3 {
+        let (status, r) = post(
+            s,
+            "/api/generate",
+            json!({ "model": MODEL, "prompt": "Describe a small family tree in JSON.",
+                    "format": tree, "stream": false,
+                    "options": {"temperature": 1.0, "seed": seed, "num_predict": MAX_TOKENS} }),
+        );
+        assert_eq!(status, 200, "{r}");
+        let text = r["response"].as_str().unwrap_or_default();
+        assert!(text.trim_start().starts_with('{'), "seed {seed}: {text:?}");
+        if r["done_reason"] == "stop" {
+            let value: Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {text:?}"));
+            let errors: Vec<String> = validator
+                .iter_errors(&value)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "seed {seed}: {errors:?} in {text}");
+        }
+        let strings = json_strings(text);
+        assert!(strings.len() >= 2, "seed {seed}: {text:?}");
+        for (i, (string, is_key)) in strings.iter().enumerate() {
+            if !is_key {
+                continue;
+            }
+            assert!(
+                string == "name" || string == "children",
+                "seed {seed}: key {string:?} in {text:?}"
+            );
+            if let Some((name, false)) = strings.get(i + 1).filter(|_| string == "name") {
+                assert!(name.chars().count() <= 8, "seed {seed}: name {name:?}");
+            }
+        }
+    }
+}
+
+/// The complete JSON strings in `text`, in order, each with whether it is an object key
+/// (followed by a colon). A string cut off at the end is left out.
+fn json_strings(text: &str) -> Vec<(String, bool)> {
+    let mut found = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut raw = String::from('"');
+        let mut closed = false;
+        while let Some(c) = chars.next() {
+            raw.push(c);
+            match c {
+                '\\' => raw.extend(chars.next()),
+                '"' => {
+                    closed = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if !closed {
+            break;
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let is_key = chars.peek() == Some(&':');
+        if let Ok(Value::String(s)) = serde_json::from_str(&raw) {
+            found.push((s, is_key));
+        }
+    }
+    found
+}

@@ -42,6 +42,13 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
+    /// A 500 for a blocking task that panicked: the panic's message, which may quote
+    /// internals (a `Debug` dump, a source path), goes to the log, not to the client.
+    pub fn task_failed(what: &str, e: &tokio::task::JoinError) -> ApiError {
+        tracing::error!("{what}: {e}");
+        ApiError::internal(format!("{what} failed unexpectedly"))
+    }
+
     /// An error with any status.
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {

@@ -464,7 +464,7 @@ pub async fn off_runtime<T: Send + 'static>(
         .map_err(|_| ApiError::internal("the prompt pool is closed"))?;
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| ApiError::internal(format!("preparing the prompt: {e}")))?
+        .map_err(|e| ApiError::task_failed("preparing the prompt", &e))?
 }
 
 /// Refuses a prompt that leaves no room to generate within the context.

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use axum::http::StatusCode;
 use grammar::{Grammar, GrammarCompiler, GrammarSpec};
 use serde_json::{Value, json};
 use tokenizer::{ParserConfig, ToolCallFormat};
@@ -234,7 +235,12 @@ pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar
         compiler.compile(&spec).map_err(|e| match e {
             grammar::Error::Unsupported(_)
             | grammar::Error::Invalid { .. }
-            | grammar::Error::TooLarge { .. } => ApiError::bad_request(e.to_string()),
+            | grammar::Error::TooLarge { .. }
+            | grammar::Error::Unsatisfiable { .. }
+            | grammar::Error::CompileTimeout { .. } => ApiError::bad_request(e.to_string()),
+            grammar::Error::Busy { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
             other => ApiError::bad_request(format!(
                 "structured output is not available for `{}`: {other}",
                 info.name
@@ -242,7 +248,7 @@ pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar
         })
     })
     .await
-    .map_err(|e| ApiError::internal(format!("compiling the output constraint: {e}")))?
+    .map_err(|e| ApiError::task_failed("compiling the output constraint", &e))?
 }
 
 /// The compiled constraint for `requested`, if it asks for one.

@@ -287,7 +287,7 @@ pub async fn create(
         Ok((model, windows))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("preparing the audio: {e}")))??;
+    .map_err(|e| ApiError::task_failed("preparing the audio", &e))??;
     let (model, windows) = prepared;
 
     let job = TranscriptionJob {
