@@ -6,7 +6,7 @@
 use std::fmt;
 use std::io::Read;
 
-use crate::error::{Error, Problem};
+use crate::error::{Counted, Error, Problem};
 
 /// The part of the file being read, for error messages.
 #[derive(Debug, Clone, Copy)]
@@ -126,17 +126,15 @@ impl<R: Read> Cursor<R> {
         count: u64,
         min_size: u64,
         context: Context<'_>,
-        (count_name, table): (&'static str, &'static str),
+        counted: Counted,
     ) -> Parsed<()> {
         match count.checked_mul(min_size) {
             Some(need) if need <= self.remaining() => Ok(()),
             _ => Err(self.malformed(
                 context,
                 Problem::CountTooLarge {
-                    count_name,
-                    table,
+                    counted,
                     count,
-                    unit: if min_size == 1 { "bytes" } else { "entries" },
                     remaining: self.remaining(),
                 },
             )),
@@ -146,7 +144,7 @@ impl<R: Read> Cursor<R> {
     /// A length-prefixed UTF-8 string.
     pub(crate) fn string(&mut self, context: Context<'_>) -> Parsed<String> {
         let len = self.u64(context)?;
-        self.ensure_fits(len, 1, context, ("string length", "string"))?;
+        self.ensure_fits(len, 1, context, Counted::StringBytes)?;
         let start = self.offset;
         // `len` fits in what remains of the file; a file that size fits in this address space
         // only if it fits in `usize`, so failing here means a file too large for the machine.
@@ -154,10 +152,8 @@ impl<R: Read> Cursor<R> {
             return Err(self.malformed(
                 context,
                 Problem::CountTooLarge {
-                    count_name: "string length",
-                    table: "string",
+                    counted: Counted::StringBytes,
                     count: len,
-                    unit: "bytes",
                     remaining: self.remaining(),
                 },
             ));

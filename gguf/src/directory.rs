@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use crate::cursor::{Context, Cursor, Parsed};
-use crate::error::Problem;
+use crate::error::{Counted, Problem};
 use crate::ggml_type::GgmlType;
 use crate::value::Metadata;
 
@@ -65,7 +65,7 @@ pub(crate) fn read_directory<R: Read>(
         tensor_count,
         MIN_ENTRY_BYTES,
         Context::Header,
-        ("tensor count", "tensor table"),
+        Counted::TensorEntries,
     )?;
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
@@ -133,8 +133,9 @@ pub(crate) fn read_directory<R: Read>(
         by_name.insert(info.name.clone(), tensors.len());
         tensors.push(info);
     }
-    if let Some(problem) = first_overlap(&tensors) {
-        return Err(cursor.malformed(Context::Directory, problem));
+    if let Some((first, second)) = first_overlap(&tensors) {
+        let problem = Problem::Overlap(first.name.clone());
+        return Err(cursor.malformed(Context::Tensor(&second.name), problem));
     }
     Ok(Directory {
         alignment,
@@ -212,13 +213,12 @@ fn locate(
     })
 }
 
-/// The first pair of tensors whose bytes overlap, if any.
-fn first_overlap(tensors: &[TensorInfo]) -> Option<Problem> {
+/// The first pair of tensors whose bytes overlap, if any, in file offset order.
+fn first_overlap(tensors: &[TensorInfo]) -> Option<(&TensorInfo, &TensorInfo)> {
     let mut spans: Vec<&TensorInfo> = tensors.iter().filter(|t| t.size > 0).collect();
     spans.sort_by_key(|t| (t.offset, t.size));
     spans.windows(2).find_map(|pair| {
         // Both extents were checked to end inside the file, so the sum cannot overflow.
-        (pair[1].offset < pair[0].offset + pair[0].size)
-            .then(|| Problem::Overlap(pair[0].name.clone(), pair[1].name.clone()))
+        (pair[1].offset < pair[0].offset + pair[0].size).then(|| (pair[0], pair[1]))
     })
 }

@@ -52,18 +52,14 @@ pub enum Problem {
     },
     /// A count or length claims more than the rest of the file could hold.
     #[error(
-        "{count_name} {count} is impossible: the {table} claims {count} {unit} but only \
-         {remaining} bytes remain"
+        "{} {count} is impossible: the {} claims {count} {} but only {remaining} bytes remain",
+        counted.field(), counted.table(), counted.unit()
     )]
     CountTooLarge {
-        /// The field: `string length`, `array length`, `metadata count`, `tensor count`.
-        count_name: &'static str,
-        /// What it counts the entries of: `string`, `array`, `metadata table`, `tensor table`.
-        table: &'static str,
+        /// What the count counts.
+        counted: Counted,
         /// The count the file states.
         count: u64,
-        /// What is counted: `bytes` or `entries`.
-        unit: &'static str,
         /// Bytes left in the file.
         remaining: u64,
     },
@@ -141,9 +137,54 @@ pub enum Problem {
         /// Bytes in the file.
         file_len: u64,
     },
-    /// Two tensors share bytes.
-    #[error("tensors {0:?} and {1:?} overlap")]
-    Overlap(String, String),
+    /// The tensor's bytes overlap those of the tensor named here (the error's context names
+    /// the other).
+    #[error("its data overlaps tensor {0:?}")]
+    Overlap(String),
+}
+
+/// What a count or length in the file counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Counted {
+    /// A string's length in bytes.
+    StringBytes,
+    /// An array's elements.
+    ArrayElements,
+    /// The metadata pairs.
+    MetadataPairs,
+    /// The tensor directory's entries.
+    TensorEntries,
+}
+
+impl Counted {
+    /// The field that states the count.
+    pub fn field(self) -> &'static str {
+        match self {
+            Counted::StringBytes => "string length",
+            Counted::ArrayElements => "array length",
+            Counted::MetadataPairs => "metadata count",
+            Counted::TensorEntries => "tensor count",
+        }
+    }
+
+    /// What the counted entries make up.
+    pub fn table(self) -> &'static str {
+        match self {
+            Counted::StringBytes => "string",
+            Counted::ArrayElements => "array",
+            Counted::MetadataPairs => "metadata table",
+            Counted::TensorEntries => "tensor table",
+        }
+    }
+
+    /// What one entry is.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Counted::StringBytes => "bytes",
+            _ => "entries",
+        }
+    }
 }
 
 /// Bytes as hex pairs, `47 47 55 46`: a magic is bytes, not text or a Rust array.

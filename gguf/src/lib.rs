@@ -62,7 +62,7 @@ mod value;
 mod writer;
 
 pub use directory::{DEFAULT_ALIGNMENT, MAX_DIMENSION, MAX_DIMS, TensorInfo};
-pub use error::{Error, Problem, Result};
+pub use error::{Counted, Error, Problem, Result};
 pub use file::{Gguf, parse_metadata, read_metadata};
 pub use ggml_type::GgmlType;
 pub use magic::{MAGIC, is_gguf, is_gguf_file};

@@ -3,7 +3,7 @@
 use std::io::Read;
 
 use crate::cursor::{Context, Cursor, Parsed};
-use crate::error::Problem;
+use crate::error::{Counted, Problem};
 use crate::magic::MAGIC;
 use crate::value::{MetaValue, Metadata, min_encoded_size};
 
@@ -33,12 +33,7 @@ pub(crate) fn read_head<R: Read>(cursor: &mut Cursor<R>) -> Parsed<Head> {
     let tensor_count = cursor.u64(Context::Header)?;
     let kv_count = cursor.u64(Context::Header)?;
     // The smallest pair: an empty key (8), the value type (4) and a one-byte value.
-    cursor.ensure_fits(
-        kv_count,
-        8 + 4 + 1,
-        Context::Header,
-        ("metadata count", "metadata table"),
-    )?;
+    cursor.ensure_fits(kv_count, 8 + 4 + 1, Context::Header, Counted::MetadataPairs)?;
     let mut metadata = Metadata::new();
     for index in 0..kv_count {
         let key_at = cursor.offset();
@@ -91,7 +86,7 @@ fn read_value<R: Read>(
                 return Err(cursor.malformed(context, Problem::UnknownValueType(element_type)));
             };
             let count = cursor.u64(context)?;
-            cursor.ensure_fits(count, min_size, context, ("array length", "array"))?;
+            cursor.ensure_fits(count, min_size, context, Counted::ArrayElements)?;
             // `count` elements fit in the rest of the file, so this reserves at most
             // `size_of::<MetaValue>()` bytes per byte of file, once, and never grows.
             let mut items = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
