@@ -9,7 +9,7 @@
 
 use half::f16;
 
-use crate::ggml_type::GgmlType;
+use crate::GgmlType;
 use crate::kquants;
 
 /// The affine map of one group: `w = scale · (q − zero) + min`.

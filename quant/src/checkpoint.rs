@@ -6,7 +6,7 @@ use mlx::Dtype;
 use mlx::quantized::Quantized;
 use serde_json::Value;
 
-use crate::gguf::GgufFile;
+use crate::GgufFile;
 use crate::gguf_checkpoint::GgufCheckpoint;
 use crate::safetensors_dir::{SafetensorsDir, read_json};
 use crate::tensor::Tensor;
@@ -44,7 +44,7 @@ impl Checkpoint {
     pub fn open(path: &Path) -> Result<Checkpoint> {
         let source = if path.is_dir() {
             Source::Safetensors(SafetensorsDir::open(path)?)
-        } else if has_extension(path, "gguf") || starts_with_gguf_magic(path) {
+        } else if has_extension(path, "gguf") || gguf::is_gguf_file(path) {
             Source::Gguf(GgufCheckpoint::open(path)?)
         } else if has_extension(path, "safetensors") {
             let dir = path.parent().unwrap_or(Path::new("."));
@@ -176,14 +176,4 @@ impl Checkpoint {
 fn has_extension(path: &Path, extension: &str) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case(extension))
-}
-
-/// Whether the file at `path` begins with GGUF's magic, `GGUF`.
-fn starts_with_gguf_magic(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut file| file.read_exact(&mut magic))
-        .is_ok()
-        && &magic == b"GGUF"
 }

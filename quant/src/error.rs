@@ -24,6 +24,14 @@ pub enum Error {
         /// What is wrong, naming the tensor or key.
         what: String,
     },
+    /// A GGUF file is not well formed; the `gguf` crate's error says what and where.
+    #[error("{path}: {source}")]
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// What the reader found wrong.
+        source: gguf::Error,
+    },
     /// A JSON file (config, index) could not be parsed.
     #[error("{path}: invalid JSON: {source}")]
     Json {

@@ -14,7 +14,6 @@ use serde_json::Value;
 use mlx::Array;
 use mlx::quantized::Quantized;
 
-use crate::gguf::{GgufFile, GgufTensorInfo, MetaValue};
 use crate::gguf_config::{gguf_family, hf_config};
 use crate::gguf_delta_net::{DeltaNetHeads, undo_delta_net};
 use crate::gguf_names::hf_tensor_name;
@@ -22,6 +21,7 @@ use crate::gguf_tensor::{gguf_packed_16, gguf_tensor};
 use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
+use crate::{GgufFile, GgufTensorInfo, MetaValue};
 
 /// A GGUF file with HF names.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::gguf::{GgufTensorInfo, MetaValue};
+use crate::{GgufTensorInfo, MetaValue};
 
 /// llama.cpp's fixed sliding-window pattern for Gemma 3 (five local layers, then one global).
 /// More layers than any published model has (the largest have about 128); a `block_count`

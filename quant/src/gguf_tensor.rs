@@ -10,8 +10,8 @@
 use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
+use crate::GgmlType;
 use crate::block_formats::{BlockShape, Group, block_shape, decode_block};
-use crate::ggml_type::GgmlType;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 

@@ -27,8 +27,8 @@
 //! - [`create`]: the create pipeline (read, classify, plan, write) and its quantization policy.
 //! - `fp8`: FP8 (E4M3) and NVFP4 weights in other quantizers' layouts, decoded to f32.
 //! - `mlx_quantization`: mlx-lm's `quantization` config with per-module overrides.
-//! - `gguf`: GGUF v2/v3 parsing: metadata, tensor infos, alignment, bounds.
-//! - `ggml_type`: GGML tensor types and block sizes.
+//! - `gguf_file`: [`GgufFile`], a mapped GGUF file; the `gguf` crate reads its header,
+//!   metadata and tensor directory, and checks their bounds (and owns [`GgmlType`]).
 //! - `block_formats`: GGUF blocks decoded to integers plus a per-group affine map.
 //! - `kquants`: the Q2_K … Q6_K block decoders.
 //! - `gguf_tensor`: GGUF data to MLX (pass-through, affine repack, or Rust dequantization).
@@ -48,11 +48,10 @@ mod checkpoint;
 pub mod create;
 mod error;
 mod fp8;
-mod ggml_type;
-mod gguf;
 mod gguf_checkpoint;
 mod gguf_config;
 mod gguf_delta_net;
+mod gguf_file;
 mod gguf_names;
 mod gguf_tensor;
 mod kquants;
@@ -69,10 +68,10 @@ mod widen;
 pub use checkpoint::{Checkpoint, Format};
 pub use error::{Error, Result};
 pub use fp8::{Fp8Scales, Nvfp4Global, dequantize_fp8, dequantize_nvfp4, e2m1_to_f32, e4m3_to_f32};
-pub use ggml_type::GgmlType;
-pub use gguf::{GgufFile, GgufTensorInfo, MetaValue};
+pub use gguf::{GgmlType, MetaValue, TensorInfo as GgufTensorInfo};
 pub use gguf_checkpoint::GgufCheckpoint;
 pub use gguf_config::hf_config;
+pub use gguf_file::GgufFile;
 pub use gguf_names::hf_tensor_name;
 pub use gguf_tensor::{
     PACKED_16, dequantize, dequantize_packed_16, gguf_packed_16, gguf_tensor, maps_to_mlx_affine,

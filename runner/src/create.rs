@@ -92,13 +92,7 @@ pub fn default_target(from: &Path) -> Option<Target> {
 
 /// Whether `path` is a GGUF file (by its magic), which `create` converts rather than copies.
 pub fn is_gguf_file(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    path.is_file()
-        && std::fs::File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok()
-        && &magic == b"GGUF"
+    gguf::is_gguf_file(path)
 }
 
 /// The plan for quantizing `from` to `target`, or for writing it as it loads (`None`), without

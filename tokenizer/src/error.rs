@@ -16,14 +16,10 @@ pub enum Error {
         /// What the operating system said.
         source: std::io::Error,
     },
-    /// A GGUF file is malformed, truncated or lies about its sizes.
-    #[error("invalid GGUF metadata at byte {offset}: {reason}")]
-    Gguf {
-        /// Byte offset in the file where the problem was found.
-        offset: u64,
-        /// What was wrong.
-        reason: String,
-    },
+    /// A GGUF file could not be read, or is malformed, truncated or lies about its sizes; the
+    /// `gguf` crate's error names the file or the byte.
+    #[error(transparent)]
+    Gguf(#[from] gguf::Error),
     /// A GGUF metadata key the vocabulary needs is missing.
     #[error("GGUF metadata lacks required key `{0}`")]
     MissingKey(String),

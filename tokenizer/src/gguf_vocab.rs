@@ -30,9 +30,9 @@ use tokenizers::{
 };
 
 use crate::error::{Error, Result};
-use crate::gguf_meta::{GgufMetadata, MetaValue};
 use crate::pre_tokenizer::PreTokenizerSpec;
 use crate::special_tokens::SpecialTokens;
+use crate::{GgufMetadata, MetaValue};
 
 /// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -456,9 +456,56 @@ fn token_types(meta: &GgufMetadata, count: usize) -> Result<Vec<TokenType>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf_meta::parse_gguf_metadata;
-    use crate::gguf_meta::tests::GgufWriter;
+    use crate::parse_gguf_metadata;
     use crate::vocab::Tokenizer;
+
+    /// `gguf::Writer` with one method per kind of pair these tests write.
+    struct GgufWriter(gguf::Writer);
+
+    impl GgufWriter {
+        fn new() -> Self {
+            GgufWriter(gguf::Writer::default())
+        }
+
+        fn pair(self, key: &str, value: MetaValue) -> Self {
+            GgufWriter(self.0.meta(key, value))
+        }
+
+        fn string(self, key: &str, v: &str) -> Self {
+            self.pair(key, MetaValue::String(v.into()))
+        }
+
+        fn u32(self, key: &str, v: u32) -> Self {
+            self.pair(key, MetaValue::U32(v))
+        }
+
+        fn bool(self, key: &str, v: bool) -> Self {
+            self.pair(key, MetaValue::Bool(v))
+        }
+
+        fn strings(self, key: &str, v: &[&str]) -> Self {
+            let items = v.iter().map(|s| MetaValue::String(s.to_string()));
+            self.pair(key, MetaValue::Array(items.collect()))
+        }
+
+        fn f32s(self, key: &str, v: &[f32]) -> Self {
+            self.pair(
+                key,
+                MetaValue::Array(v.iter().copied().map(MetaValue::F32).collect()),
+            )
+        }
+
+        fn i32s(self, key: &str, v: &[i32]) -> Self {
+            self.pair(
+                key,
+                MetaValue::Array(v.iter().copied().map(MetaValue::I32).collect()),
+            )
+        }
+
+        fn finish(self) -> Vec<u8> {
+            self.0.build()
+        }
+    }
 
     fn spm(scores: &[f32]) -> GgufWriter {
         GgufWriter::new()

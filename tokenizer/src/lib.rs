@@ -1,7 +1,7 @@
 //! Everything between text and token ids.
 //!
 //! - [`Tokenizer`] (`vocab.rs`): one vocabulary from a Hugging Face `tokenizer.json`
-//!   (`hf_config.rs` reads its side files) or from GGUF metadata (`gguf_meta.rs` reads the
+//!   (`hf_config.rs` reads its side files) or from GGUF metadata (the `gguf` crate reads the
 //!   metadata, `gguf_vocab.rs` turns it into an HF tokenizer, `pre_tokenizer.rs` knows the split
 //!   regex of each `tokenizer.ggml.pre`). BOS, EOS and stop tokens from every source are merged
 //!   in `special_tokens.rs`.
@@ -54,7 +54,6 @@ mod detokenizer;
 mod error;
 mod family;
 mod fill_in_middle;
-mod gguf_meta;
 mod gguf_vocab;
 mod hf_config;
 mod parser;
@@ -70,7 +69,12 @@ pub use detokenizer::Detokenizer;
 pub use error::{Error, Result};
 pub use family::Family;
 pub use fill_in_middle::FillInMiddle;
-pub use gguf_meta::{GgufMetadata, MetaValue, parse_gguf_metadata, read_gguf_metadata};
+// GGUF metadata is read by the `gguf` crate; these are its names as this crate has always
+// spelt them.
+pub use gguf::{
+    MetaValue, Metadata as GgufMetadata, parse_metadata as parse_gguf_metadata,
+    read_metadata as read_gguf_metadata,
+};
 pub use hf_config::HfSideFiles;
 pub use parser::{OutputParser, ParserConfig, ParserEvent, ThinkingTags, ToolCall, ToolCallFormat};
 pub use special_tokens::SpecialTokens;

@@ -4,10 +4,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::gguf_meta::{GgufMetadata, read_gguf_metadata};
 use crate::gguf_vocab::build_gguf_vocab;
 use crate::hf_config::{HfSideFiles, read_hf_config};
 use crate::special_tokens::SpecialTokens;
+use crate::{GgufMetadata, read_gguf_metadata};
 
 /// Where a vocabulary was read from; decides who adds BOS/EOS when encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,7 +41,7 @@ pub enum GgmlType {
     F64,
     /// Brain floating point.
     Bf16,
-    /// A type GGML knows that this crate does not read (the id is kept for the message).
+    /// A type GGML knows that this crate cannot size (the id is kept for the message).
     Other(u32),
 }
 
@@ -98,7 +98,7 @@ impl GgmlType {
         }
     }
 
-    /// `(elements per block, bytes per block)`, or `None` for types this crate does not read.
+    /// `(elements per block, bytes per block)`, or `None` for types this crate cannot size.
     pub fn block_layout(self) -> Option<(u64, u64)> {
         use GgmlType::*;
         Some(match self {
