@@ -80,8 +80,15 @@ fn pick_operation(
 ) -> (Vec<String>, &'static str) {
     let slot = rng.random_range(0..4);
     let any = |rng: &mut dyn rand::RngCore| models[rng.random_range(0..models.len())].clone();
-    match rng.random_range(0..if can_pull { 6 } else { 5 }) {
-        0 => {
+    let mut kinds = vec!["create", "create"];
+    if !models.is_empty() {
+        kinds.extend(["derive", "copy", "rm"]);
+    }
+    if can_pull {
+        kinds.push("pull");
+    }
+    match kinds[rng.random_range(0..kinds.len())] {
+        "create" => {
             let modelfile = home.join(format!("cfg-{slot}.Modelfile"));
             fs::write(
                 &modelfile,
@@ -106,7 +113,7 @@ fn pick_operation(
                 "create",
             )
         }
-        1 if !models.is_empty() => {
+        "derive" => {
             let modelfile = home.join(format!("derived-{slot}.Modelfile"));
             fs::write(
                 &modelfile,
@@ -123,7 +130,7 @@ fn pick_operation(
                 "derive",
             )
         }
-        2 if !models.is_empty() => {
+        "copy" => {
             let to = match slot {
                 0 => "copy:a".to_string(),
                 1 => "copy/a:b".to_string(),
@@ -132,9 +139,8 @@ fn pick_operation(
             };
             (vec!["cp".into(), any(rng), to], "copy")
         }
-        3 | 4 if !models.is_empty() => (vec!["rm".into(), any(rng)], "rm"),
-        5 => (vec!["pull".into(), "smollm2:135m".into()], "pull"),
-        _ => (vec!["rm".into(), "nothing-here".into()], "rm"),
+        "rm" => (vec!["rm".into(), any(rng)], "rm"),
+        _ => (vec!["pull".into(), "smollm2:135m".into()], "pull"),
     }
 }
 
