@@ -56,7 +56,7 @@ mod tests {
     fn finds_every_digest_in_any_file() {
         let dir = tempfile::tempdir().unwrap();
         let a = format!("sha256:{}", "a".repeat(64));
-        let b = format!("sha256:{}", "0123456789".repeat(7)[..64].to_string());
+        let b = format!("sha256:{}", &"0123456789".repeat(7)[..64]);
         fs::create_dir_all(dir.path().join("x%2Fy")).unwrap();
         fs::write(
             dir.path().join("x%2Fy/v1"),
