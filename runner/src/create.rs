@@ -1,16 +1,18 @@
 //! `create --quantize`, and `create` from a GGUF file: a model rewritten through `quant`'s
 //! pipeline (read, classify, plan, write) into a scratch folder under the store, given its
-//! vocabulary, then stored like any imported folder. Nothing reaches the store's manifests until the folder is complete, and the
-//! scratch folder goes whether or not it succeeds, so a failure leaves no half-written model.
+//! vocabulary, then its files stored as blobs. No manifest is written here (the caller writes
+//! one, complete, once every check has passed), and the scratch folder goes whether or not it
+//! succeeds; a crash leaves it to the next start's tidy.
 
 use std::path::{Path, PathBuf};
 
 use quant::create::{Plan, Source, Target, write_folder};
 
 use crate::engine::loader::weights_path;
-use crate::model_name::ModelName;
+use crate::fault::{self, Point};
+use crate::model_source::{ModelSource, UnusableSource};
 use crate::pull::PullProgress;
-use crate::store::{Manifest, Store};
+use crate::store::{Manifest, Store, StoreWriter};
 
 /// What a create quantizes: the model's weights, and its draft's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,9 +26,9 @@ pub struct Quantization {
 /// What a quantizing create failed on.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
-    /// `FROM` names neither a file, a folder nor a stored model.
-    #[error("FROM `{0}` is neither a file, a folder nor a model name")]
-    UnknownSource(String),
+    /// `FROM` names nothing this server can read.
+    #[error(transparent)]
+    UnknownSource(#[from] UnusableSource),
     /// The store refused.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -56,18 +58,19 @@ struct Located {
     vocabulary: PathBuf,
 }
 
-/// Opens `from` as a path (a GGUF file, a transformers / mlx-lm folder or one of its
-/// safetensors files) or a stored model.
-fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, CreateError> {
-    let weights = if from.exists() {
-        from.to_path_buf()
-    } else {
-        let name = ModelName::parse(from_text)
-            .map_err(|_| CreateError::UnknownSource(from_text.to_string()))?;
-        let entry = store.get(&name)?;
-        let view = store.materialize(&entry.manifest)?;
-        weights_path(&view, &entry.manifest)
-            .ok_or_else(|| CreateError::UnknownSource(from_text.to_string()))?
+/// Opens `from` (a GGUF file, a transformers / mlx-lm folder or one of its safetensors files,
+/// or a stored model).
+fn locate(store: &Store, from: &ModelSource) -> Result<Located, CreateError> {
+    let weights = match from {
+        ModelSource::Gguf(path) | ModelSource::Safetensors(path) => path.clone(),
+        ModelSource::Stored(name) => {
+            let entry = store.get(name)?;
+            let view = store.materialize(&entry.manifest)?;
+            weights_path(&view, &entry.manifest).ok_or_else(|| UnusableSource {
+                keyword: "FROM",
+                text: name.to_string(),
+            })?
+        }
     };
     let checkpoint = quant::Checkpoint::open(&weights)?;
     let vocabulary = match checkpoint.format() {
@@ -82,28 +85,23 @@ fn locate(store: &Store, from: &Path, from_text: &str) -> Result<Located, Create
     })
 }
 
-/// The quantization a create without `--quantize` still applies to the checkpoint at `from`
-/// (FP8 sources become mxfp8, NVFP4 ones nvfp4); `None` for every other source, and for
-/// sources that cannot be read, which the import then refuses with its own message.
-pub fn default_target(from: &Path) -> Option<Target> {
-    let checkpoint = quant::Checkpoint::open(from).ok()?;
+/// The quantization a create without `--quantize` still applies to the checkpoint `from`
+/// (FP8 sources become mxfp8, NVFP4 ones nvfp4); `None` for every other source (stored models
+/// included), and for sources that cannot be read, which the import then refuses with its own
+/// message.
+pub fn default_target(from: &ModelSource) -> Option<Target> {
+    let checkpoint = quant::Checkpoint::open(from.path()?).ok()?;
     Source::read(&checkpoint).ok()?.default_target()
-}
-
-/// Whether `path` is a GGUF file (by its magic), which `create` converts rather than copies.
-pub fn is_gguf_file(path: &Path) -> bool {
-    gguf::is_gguf_file(path)
 }
 
 /// The plan for quantizing `from` to `target`, or for writing it as it loads (`None`), without
 /// writing anything (`--dry-run`).
 pub fn plan(
     store: &Store,
-    from: &Path,
-    from_text: &str,
+    from: &ModelSource,
     target: Option<Target>,
 ) -> Result<Plan, CreateError> {
-    let located = locate(store, from, from_text)?;
+    let located = locate(store, from)?;
     let source = Source::read(&located.checkpoint)?;
     Ok(match target {
         Some(target) => Plan::new(&source, target),
@@ -112,12 +110,12 @@ pub fn plan(
 }
 
 /// Rewrites `from` into MLX's layouts, quantized to `target` or (`None`, for a GGUF file) as
-/// it loads, and stores it as `name`; returns the stored manifest (which the caller completes
-/// with the Modelfile's settings).
-pub fn convert_into_store(
-    store: &Store,
-    name: &ModelName,
-    from: &Path,
+/// it loads, and stores its files as blobs; returns the manifest, not yet written (the caller
+/// completes it with the Modelfile's settings and writes it). `from_text` is recorded as its
+/// source.
+pub fn convert(
+    writer: &StoreWriter<'_>,
+    from: &ModelSource,
     from_text: &str,
     target: Option<Target>,
     progress: &mut dyn FnMut(PullProgress),
@@ -125,7 +123,7 @@ pub fn convert_into_store(
     let Located {
         checkpoint,
         vocabulary,
-    } = locate(store, from, from_text)?;
+    } = locate(writer, from)?;
     let source = Source::read(&checkpoint)?;
     let (plan, verb) = match target {
         Some(target) => (Plan::new(&source, target), "quantizing"),
@@ -137,7 +135,7 @@ pub fn convert_into_store(
         target.map_or("MLX layouts", Target::name),
         plan.written_bytes() as f64 / 1e6
     )));
-    let scratch = scratch(store)?;
+    let scratch = scratch(writer)?;
     // The vocabulary first: a GGUF file without one fails before its weights are written.
     match checkpoint.format() {
         quant::Format::Gguf => {
@@ -152,18 +150,19 @@ pub fn convert_into_store(
             total: total as u64,
         })
     })?;
+    fault::reached(Point::Scratch);
     tracing::info!(
-        model = %name,
+        from = from_text,
         tensors = written.tensors,
         quantized = written.quantized,
         bytes = written.bytes,
         "{verb}"
     );
-    let mut manifest = crate::import::import_path(
-        store,
-        name,
+    let mut manifest = crate::import::import_manifest(
+        writer,
         scratch.path(),
         from_text,
+        None,
         &mut |what, done, total| {
             progress(PullProgress::Bytes {
                 what: what.to_string(),
@@ -177,13 +176,13 @@ pub fn convert_into_store(
         Some(target) => target.name().to_string(),
         None => crate::import::quantization_level(&checkpoint),
     };
-    store.put_manifest(name, &manifest)?;
     Ok(manifest)
 }
 
 /// A folder under the store's `tmp/` (on the same file system as its blobs), removed with
-/// everything in it when dropped.
-fn scratch(store: &Store) -> Result<tempfile::TempDir, CreateError> {
+/// everything in it when dropped. Made under the writer lock, so a tidy at start-up (which
+/// takes the lock) never removes one in use.
+fn scratch(store: &StoreWriter<'_>) -> Result<tempfile::TempDir, CreateError> {
     let parent = store.root().join("tmp");
     std::fs::create_dir_all(&parent)
         .and_then(|()| {

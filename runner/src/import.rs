@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::model_name::ModelName;
-use crate::store::{Details, Format, Layer, Manifest, Store, StoreError};
+use crate::store::{Details, Format, Layer, Manifest, Store, StoreError, StoreWriter};
 
 /// What went wrong while importing.
 #[derive(Debug, thiserror::Error)]
@@ -222,12 +222,30 @@ pub fn human_count(n: u64) -> String {
     }
 }
 
-/// Imports the checkpoint at `path` as `name`, with `source` recorded in the manifest.
+/// Imports the checkpoint at `path` as `name`, with `source` recorded in the manifest, under
+/// the store's writer lock (waiting for it).
 pub fn import_path(
     store: &Store,
     name: &ModelName,
     path: &Path,
     source: &str,
+    progress: Progress<'_>,
+) -> Result<Manifest, ImportError> {
+    let writer = store.lock(&mut || {})?;
+    let manifest = import_manifest(&writer, path, source, None, progress)?;
+    writer.put_manifest(name, &manifest)?;
+    Ok(manifest)
+}
+
+/// Stores the files of the checkpoint at `path` as blobs and returns its manifest, with
+/// `source` recorded, not yet written: the caller completes and writes it. For a GGUF file,
+/// `expected_digest` (`sha256:<hex>`) is what its content must hash to; it is checked on the
+/// way in, before the blob reaches the store.
+pub fn import_manifest(
+    writer: &StoreWriter<'_>,
+    path: &Path,
+    source: &str,
+    expected_digest: Option<&str>,
     progress: Progress<'_>,
 ) -> Result<Manifest, ImportError> {
     let (format, details) = describe(path)?;
@@ -255,15 +273,19 @@ pub fn import_path(
             files.sort_by(|a, b| a.1.cmp(&b.1));
         }
     }
+    let expected = match format {
+        Format::Gguf => expected_digest,
+        Format::Safetensors => None,
+    };
     let mut layers: Vec<Layer> = Vec::with_capacity(files.len());
     for (file, path_in_model) in &files {
         let total = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-        let layer = store.add_blob(file, path_in_model, &mut |done| {
+        let layer = writer.add_blob(file, path_in_model, expected, &mut |done| {
             progress(path_in_model, done, total)
         })?;
         layers.push(layer);
     }
-    let manifest = Manifest {
+    Ok(Manifest {
         format,
         layers,
         parameters: Default::default(),
@@ -273,7 +295,5 @@ pub fn import_path(
         source: source.to_string(),
         details,
         created_at: crate::server::rfc3339(std::time::SystemTime::now()),
-    };
-    store.put_manifest(name, &manifest)?;
-    Ok(manifest)
+    })
 }

@@ -15,11 +15,14 @@
 pub mod capabilities;
 pub mod cli;
 pub mod create;
+pub mod create_model;
 pub mod engine;
 pub mod export;
+pub mod fault;
 pub mod import;
 pub mod logging;
 pub mod model_name;
+pub mod model_source;
 pub mod modelfile;
 pub mod ollama_store;
 pub mod pull;

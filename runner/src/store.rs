@@ -2,19 +2,26 @@
 //!
 //! ```text
 //! $MLXKIT_HOME/                      (default ~/.mlxkit)
+//!   writer.lock                      held by whoever changes the store (see `writer`)
 //!   blobs/sha256-<hex>               file contents, named by their digest
-//!   manifests/<name>/<tag>           JSON: which blobs make up the model, and its settings
+//!   manifests/<folder>/<tag>         JSON: which blobs make up the model, and its settings;
+//!                                    the folder is the name with `/` written `%2F`
 //!   views/<manifest digest>/<path>   symlinks giving a model's files their original names
 //!   state/<manifest digest>/         what serving the model taught the engine (depth controllers)
+//!   tmp/                             scratch space of a create in progress
 //! ```
 //!
-//! Every write goes to a temporary file in the same folder and is renamed into place, so a
-//! reader never sees half a blob or half a manifest, and two pulls of the same model can run at
-//! once: both write identical content under the same final name.
+//! Reading takes no lock. Changing (create, pull, copy, remove, garbage collection) happens
+//! only through a [`StoreWriter`], which holds an exclusive file lock on `writer.lock`, so the
+//! CLI and a server sharing a store take turns. Every write goes to a temporary file in the
+//! same folder, is synced and renamed into place, and the folder is synced, so a reader never
+//! sees half a blob or half a manifest, and a crash leaves either the old manifest or the new
+//! one. What a crash leaves besides (temporary files, blobs no manifest names) is removed at
+//! the next start (see `leftovers`).
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +29,13 @@ use sha2::{Digest, Sha256};
 
 use crate::model_name::ModelName;
 use crate::ollama_store::{OllamaModel, OllamaStore};
+
+mod durable;
+pub mod leftovers;
+mod references;
+mod writer;
+
+pub use writer::StoreWriter;
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +80,28 @@ pub enum StoreError {
     /// A change asked of a model that belongs to Ollama's store, which is read, never written.
     #[error("`{0}` is in Ollama's store, which mlxkit only reads; change it with `ollama`")]
     Foreign(String),
+    /// A file's content does not hash to the digest it was promised to have.
+    #[error("{what} is corrupt: its SHA-256 is {actual}, expected {expected}")]
+    Mismatch {
+        /// What was being stored.
+        what: String,
+        /// The digest it should have.
+        expected: String,
+        /// What its content hashes to.
+        actual: String,
+    },
+    /// A manifest about to be written names a blob the store does not hold (removed while the
+    /// manifest was being made).
+    #[error("`{name}` needs blob {digest}, which is no longer in the store; try again")]
+    MissingBlob {
+        /// The model.
+        name: String,
+        /// The blob.
+        digest: String,
+    },
+    /// A source given to the store is not a regular file.
+    #[error("{0} is not a regular file")]
+    NotAFile(String),
 }
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -77,6 +113,11 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
         source,
     }
 }
+
+/// How long a blob no manifest names is kept before start-up removes it, unless
+/// `MLXKIT_ORPHAN_GRACE` (seconds) says otherwise. Writers hold the lock while a blob is
+/// unnamed, so the wait only guards against a writer that does not take it (an older mlxkit).
+const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The checkpoint format of a model's weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +221,7 @@ pub struct Entry {
 pub struct Store {
     root: PathBuf,
     ollama: Option<OllamaStore>,
+    orphan_grace: std::time::Duration,
 }
 
 impl Store {
@@ -198,7 +240,20 @@ impl Store {
                     ),
                 })?,
         };
-        Ok(Store::open(root)?.with_ollama(OllamaStore::from_env()))
+        let mut store = Store::open(root)?.with_ollama(OllamaStore::from_env());
+        if let Some(seconds) = std::env::var("MLXKIT_ORPHAN_GRACE")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            store.orphan_grace = std::time::Duration::from_secs(seconds);
+        }
+        Ok(store)
+    }
+
+    /// The same store, removing unnamed blobs at start-up only once they are `grace` old.
+    pub fn with_orphan_grace(mut self, grace: std::time::Duration) -> Store {
+        self.orphan_grace = grace;
+        self
     }
 
     /// The same store, also reading the models of `ollama` (ours win on a name both have).
@@ -207,13 +262,19 @@ impl Store {
         self
     }
 
-    /// The store at `root`, creating its folders.
+    /// The store at `root`, creating its folders. A relative `root` is made absolute now (the
+    /// views' links name blobs by absolute path, which a relative root would break).
     pub fn open(root: PathBuf) -> Result<Store> {
+        let root = std::path::absolute(&root).map_err(io_err("finding", &root))?;
         for dir in ["blobs", "manifests", "views"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
         }
-        Ok(Store { root, ollama: None })
+        Ok(Store {
+            root,
+            ollama: None,
+            orphan_grace: DEFAULT_ORPHAN_GRACE,
+        })
     }
 
     /// The root folder.
@@ -246,55 +307,10 @@ impl Store {
     }
 
     fn manifest_path(&self, name: &ModelName) -> PathBuf {
-        self.root.join("manifests").join(&name.name).join(&name.tag)
-    }
-
-    /// Copies `source` into the store, hashing it on the way; returns its layer record.
-    /// `progress` is called with the bytes copied so far.
-    pub fn add_blob(
-        &self,
-        source: &Path,
-        path_in_model: &str,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<Layer> {
-        let mut input = fs::File::open(source).map_err(io_err("opening", source))?;
-        let blobs = self.root.join("blobs");
-        let mut temp = tempfile::NamedTempFile::new_in(&blobs)
-            .map_err(io_err("creating a file in", &blobs))?;
-        let mut hasher = Sha256::new();
-        let mut buffer = vec![0u8; 1 << 20];
-        let mut size = 0u64;
-        loop {
-            let n = input.read(&mut buffer).map_err(io_err("reading", source))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buffer[..n]);
-            temp.write_all(&buffer[..n])
-                .map_err(io_err("writing", temp.path()))?;
-            size += n as u64;
-            progress(size);
-        }
-        let digest = format!("sha256:{}", hex(&hasher.finalize()));
-        let target = self.blob_path(&digest);
-        if target.exists() {
-            // The same content is already stored (another model, or a concurrent pull).
-            drop(temp);
-        } else {
-            temp.as_file()
-                .sync_all()
-                .map_err(io_err("syncing", &target))?;
-            temp.persist(&target).map_err(|e| StoreError::Io {
-                what: "moving a blob into",
-                path: target.clone(),
-                source: e.error,
-            })?;
-        }
-        Ok(Layer {
-            path: path_in_model.to_string(),
-            digest,
-            size,
-        })
+        self.root
+            .join("manifests")
+            .join(name.folder())
+            .join(&name.tag)
     }
 
     /// Checks that a blob's content still hashes to its digest.
@@ -310,26 +326,6 @@ impl Store {
                 actual,
             });
         }
-        Ok(())
-    }
-
-    /// Writes `manifest` for `name`, replacing any previous one atomically.
-    pub fn put_manifest(&self, name: &ModelName, manifest: &Manifest) -> Result<()> {
-        let path = self.manifest_path(name);
-        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| StoreError::BadManifest {
-            name: name.to_string(),
-            message: e.to_string(),
-        })?;
-        let mut temp =
-            tempfile::NamedTempFile::new_in(&dir).map_err(io_err("creating a file in", &dir))?;
-        temp.write_all(&json).map_err(io_err("writing", &path))?;
-        temp.persist(&path).map_err(|e| StoreError::Io {
-            what: "writing",
-            path: path.clone(),
-            source: e.error,
-        })?;
         Ok(())
     }
 
@@ -371,27 +367,11 @@ impl Store {
 
     /// Every model in the store, by name.
     pub fn list(&self) -> Result<Vec<Entry>> {
-        let manifests = self.root.join("manifests");
-        let mut entries = Vec::new();
-        for model in fs::read_dir(&manifests).map_err(io_err("listing", &manifests))? {
-            let model = model.map_err(io_err("listing", &manifests))?;
-            let Ok(tags) = fs::read_dir(model.path()) else {
-                continue;
-            };
-            for tag in tags.flatten() {
-                let name = ModelName {
-                    name: model.file_name().to_string_lossy().into_owned(),
-                    tag: tag.file_name().to_string_lossy().into_owned(),
-                };
-                // Skip temporary files of writes in progress and unreadable manifests.
-                if name.tag.starts_with('.') {
-                    continue;
-                }
-                if let Ok(entry) = self.get(&name) {
-                    entries.push(entry);
-                }
-            }
-        }
+        let mut entries: Vec<Entry> = self
+            .names()?
+            .iter()
+            .filter_map(|name| self.get(name).ok())
+            .collect();
         // Ollama's models, usable or not (a listing says why not), unless ours shadow them.
         let ours: std::collections::HashSet<ModelName> =
             entries.iter().map(|e| e.name.clone()).collect();
@@ -404,41 +384,38 @@ impl Store {
         Ok(entries)
     }
 
-    /// Removes `name`'s manifest and every blob no other model uses.
-    pub fn remove(&self, name: &ModelName) -> Result<()> {
-        let entry = self.get(name)?;
-        if entry.from_ollama {
-            return Err(StoreError::Foreign(name.to_string()));
-        }
-        let path = self.manifest_path(name);
-        fs::remove_file(&path).map_err(io_err("removing", &path))?;
-        let still_used: std::collections::HashSet<String> = self
-            .list()?
-            .into_iter()
-            .flat_map(|e| e.manifest.layers.into_iter().map(|l| l.digest))
-            .collect();
-        let view = self
-            .root
-            .join("views")
-            .join(entry.manifest.digest().replace(':', "-"));
-        for layer in entry.manifest.layers {
-            if !still_used.contains(&layer.digest) {
-                let blob = self.blob_path(&layer.digest);
-                if let Err(e) = fs::remove_file(&blob)
-                    && e.kind() != io::ErrorKind::NotFound
+    /// The names of this store's own manifests (`manifests/<folder>/<tag>`), skipping
+    /// temporary files and whatever no name maps to.
+    fn names(&self) -> Result<Vec<ModelName>> {
+        let manifests = self.root.join("manifests");
+        let mut names = Vec::new();
+        for folder in fs::read_dir(&manifests).map_err(io_err("listing", &manifests))? {
+            let folder = folder.map_err(io_err("listing", &manifests))?;
+            let Ok(tags) = fs::read_dir(folder.path()) else {
+                continue;
+            };
+            let folder_name = folder.file_name().to_string_lossy().into_owned();
+            for tag in tags.flatten() {
+                let tag_name = tag.file_name().to_string_lossy().into_owned();
+                if tag.file_type().is_ok_and(|t| t.is_file())
+                    && let Some(name) = ModelName::from_folder(&folder_name, &tag_name)
                 {
-                    return Err(io_err("removing", &blob)(e));
+                    names.push(name);
                 }
             }
         }
-        let _ = fs::remove_dir_all(view);
-        Ok(())
+        Ok(names)
     }
 
-    /// Copies `from`'s manifest to `to`.
-    pub fn copy(&self, from: &ModelName, to: &ModelName) -> Result<()> {
-        let entry = self.get(from)?;
-        self.put_manifest(to, &entry.manifest)
+    /// Takes the writer lock, waiting for whoever holds it; `on_wait` is called first when
+    /// someone does.
+    pub fn lock(&self, on_wait: &mut dyn FnMut()) -> Result<StoreWriter<'_>> {
+        StoreWriter::lock(self, on_wait)
+    }
+
+    /// Takes the writer lock if nobody holds it.
+    pub fn try_lock(&self) -> Result<Option<StoreWriter<'_>>> {
+        StoreWriter::try_lock(self)
     }
 
     /// A folder where the model's files appear under their original names (symlinks to the

@@ -2,7 +2,6 @@
 //! and embeddings (refused clearly: no embedding model exists yet).
 
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Json;
@@ -233,7 +232,11 @@ pub async fn delete(
     let name = req.name()?;
     state.store.get(&name)?;
     state.scheduler.unload(&name).await?;
-    state.store.remove(&name)?;
+    let store = state.store.clone();
+    // Off the runtime: it waits for the store's writer lock.
+    tokio::task::spawn_blocking(move || store.lock(&mut || {})?.remove(&name))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -251,7 +254,11 @@ pub async fn copy(
 ) -> Result<Response, ApiError> {
     let from = ModelName::parse(&req.source)?;
     let to = ModelName::parse(&req.destination)?;
-    state.store.copy(&from, &to)?;
+    let store = state.store.clone();
+    // Off the runtime: it waits for the store's writer lock.
+    tokio::task::spawn_blocking(move || store.lock(&mut || {})?.copy(&from, &to))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -384,186 +391,7 @@ pub async fn create(
     Ok(progress_response(req.stream.unwrap_or(true), job).await)
 }
 
-/// Creates `name` from a Modelfile: imports a local path (quantized when asked, or when the
-/// source is FP8 or NVFP4), or bases it on a stored model. A `DRAFT` path, or any draft with
-/// `quantization.draft`, is stored beside it as `<name>-draft`. When anything fails, nothing
-/// this call stored stays in the store.
-pub fn create_model(
-    store: &crate::store::Store,
-    name: &ModelName,
-    spec: &Modelfile,
-    quantization: crate::create::Quantization,
-    progress: &mut dyn FnMut(PullProgress),
-) -> Result<(), ApiError> {
-    let existed = store.get(name).is_ok();
-    let mut stored: Vec<ModelName> = Vec::new();
-    let result = create_stored(store, name, spec, quantization, progress, &mut stored);
-    if result.is_err() {
-        for model in stored.iter().filter(|m| *m != name || !existed) {
-            let _ = store.remove(model);
-        }
-    }
-    result
-}
-
-fn create_stored(
-    store: &crate::store::Store,
-    name: &ModelName,
-    spec: &Modelfile,
-    quantization: crate::create::Quantization,
-    progress: &mut dyn FnMut(PullProgress),
-    stored: &mut Vec<ModelName>,
-) -> Result<(), ApiError> {
-    let mut manifest = store_weights(
-        store,
-        name,
-        &spec.from,
-        quantization.model,
-        progress,
-        stored,
-    )?;
-    if let Some(template) = &spec.template {
-        tokenizer::ChatTemplate::check(template)
-            .map_err(|e| ApiError::bad_request(format!("TEMPLATE: {e}")))?;
-        manifest.template = Some(template.clone());
-    }
-    if spec.system.is_some() {
-        manifest.system = spec.system.clone();
-    }
-    manifest.parameters.extend(spec.parameters.clone());
-    if let Some(draft) = &spec.draft {
-        let draft_path = expand_home(draft);
-        manifest.draft = Some(if draft_path.exists() || quantization.draft.is_some() {
-            // Stored beside the model, quantized the same way as a model would be.
-            let draft_name = ModelName {
-                name: format!("{}-draft", name.name),
-                tag: name.tag.clone(),
-            };
-            progress(PullProgress::Status(format!(
-                "storing draft {draft} as {draft_name}"
-            )));
-            store_weights(
-                store,
-                &draft_name,
-                draft,
-                quantization.draft,
-                progress,
-                stored,
-            )?;
-            draft_name.to_string()
-        } else {
-            draft.clone()
-        });
-    }
-    // Draft models are checked now, not when the first request loads them.
-    let parameter_draft = manifest
-        .parameters
-        .get("draft")
-        .and_then(Value::as_str)
-        .filter(|d| *d != "none" && crate::engine::DrafterKind::parse(d).is_none());
-    for draft in manifest
-        .draft
-        .iter()
-        .map(String::as_str)
-        .chain(parameter_draft)
-    {
-        progress(PullProgress::Status(format!(
-            "checking draft model {draft}"
-        )));
-        check_draft(store, name, &manifest, draft)?;
-    }
-    manifest.created_at = rfc3339(SystemTime::now());
-    progress(PullProgress::Status("writing manifest".into()));
-    store.put_manifest(name, &manifest)?;
-    stored.push(name.clone());
-    progress(PullProgress::Status("success".into()));
-    Ok(())
-}
-
-/// The weights of `name` from `from` (a path, or a stored model): imported as they are,
-/// converted into MLX's layouts (a GGUF file), quantized to `quantize`, or to the source's own
-/// default (FP8 and NVFP4 sources). Returns
-/// the manifest, stored already when it was imported (and then listed in `stored`).
-fn store_weights(
-    store: &crate::store::Store,
-    name: &ModelName,
-    from: &str,
-    quantize: Option<quant::create::Target>,
-    progress: &mut dyn FnMut(PullProgress),
-    stored: &mut Vec<ModelName>,
-) -> Result<crate::store::Manifest, ApiError> {
-    let path = expand_home(from);
-    let quantize = quantize.or_else(|| {
-        path.exists()
-            .then(|| crate::create::default_target(&path))
-            .flatten()
-    });
-    // A GGUF file is converted once, here, rather than at every load.
-    if quantize.is_some() || crate::create::is_gguf_file(&path) {
-        let manifest =
-            crate::create::convert_into_store(store, name, &path, from, quantize, progress)
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        stored.push(name.clone());
-        Ok(manifest)
-    } else if path.exists() {
-        progress(PullProgress::Status(format!(
-            "importing {}",
-            path.display()
-        )));
-        let manifest =
-            crate::import::import_path(store, name, &path, from, &mut |what, done, total| {
-                progress(PullProgress::Bytes {
-                    what: what.to_string(),
-                    done,
-                    total,
-                })
-            })
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        stored.push(name.clone());
-        Ok(manifest)
-    } else {
-        let base = ModelName::parse(from).map_err(|_| {
-            ApiError::bad_request(format!(
-                "FROM `{from}` is neither a file, a folder nor a model name"
-            ))
-        })?;
-        let mut manifest = store.get(&base)?.manifest;
-        manifest.source = base.to_string();
-        Ok(manifest)
-    }
-}
-
-/// Whether the stored model `draft` can draft for `name` (with `manifest`): it exists and its
-/// vocabulary is the target's, id for id.
-fn check_draft(
-    store: &crate::store::Store,
-    name: &ModelName,
-    manifest: &crate::store::Manifest,
-    draft: &str,
-) -> Result<(), ApiError> {
-    let refuse = |reason: String| ApiError::bad_request(format!("draft model `{draft}`: {reason}"));
-    let draft_name = ModelName::parse(draft)?;
-    let entry = store.get(&draft_name).map_err(|e| refuse(e.to_string()))?;
-    let source = crate::engine::DraftSource {
-        name: draft_name,
-        dir: store
-            .materialize(&entry.manifest)
-            .map_err(|e| refuse(e.to_string()))?,
-        manifest: entry.manifest,
-        required: true,
-        by_default: true,
-    };
-    let target_dir = store.materialize(manifest)?;
-    crate::engine::loader::check_draft_vocabulary(name, manifest, &target_dir, &source)
-        .map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
-fn expand_home(path: &str) -> PathBuf {
-    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
-        _ => PathBuf::from(path),
-    }
-}
+pub use crate::create_model::create_model;
 
 /// Runs a blocking job that reports progress, streaming Ollama-style progress objects as
 /// NDJSON (or answering once at the end when `stream` is false).
