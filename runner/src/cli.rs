@@ -567,7 +567,7 @@ fn run(command: Command) -> Result<()> {
             }
             if verbose {
                 let view = store.materialize(m)?;
-                let weights = crate::engine::loader::weights_path(&view, m)
+                let weights = crate::engine::from_store::weights_path(&view, m)
                     .with_context(|| format!("model `{name}` has no weights file"))?;
                 let checkpoint = quant::Checkpoint::open(&weights)?;
                 let source = quant::create::Source::read(&checkpoint)?;

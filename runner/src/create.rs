@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use quant::create::{Plan, Source, Target, write_folder};
 
-use crate::engine::loader::weights_path;
+use crate::engine::from_store::weights_path;
 use crate::fault::{self, Point};
 use crate::model_source::{ModelSource, UnusableSource};
 use crate::pull::PullProgress;

@@ -210,6 +210,6 @@ fn check_draft(
         by_default: true,
     };
     let target_dir = writer.materialize(manifest)?;
-    crate::engine::loader::check_draft_vocabulary(name, manifest, &target_dir, &source)
+    crate::engine::from_store::check_draft_vocabulary(name, manifest, &target_dir, &source)
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }

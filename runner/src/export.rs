@@ -20,7 +20,7 @@ use mlx::quantized::QuantSpec;
 use serde_json::{Map, Value, json};
 use tokenizer::Tokenizer;
 
-use crate::engine::loader::weights_path;
+use crate::engine::from_store::weights_path;
 use crate::model_name::ModelName;
 use crate::store::{Format, Store, StoreError};
 

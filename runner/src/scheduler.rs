@@ -8,7 +8,7 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore}
 
 use std::path::PathBuf;
 
-use crate::engine::loader::check_draft_vocabulary;
+use crate::engine::from_store::check_draft_vocabulary;
 use crate::engine::{DraftSource, Engine, EngineError, LoadError, ModelInfo};
 use crate::model_name::ModelName;
 use crate::store::{Store, StoreError};

@@ -27,7 +27,7 @@ static DEVICE: Mutex<()> = Mutex::new(());
 fn weights(store: &Store, name: &ModelName) -> PathBuf {
     let manifest = store.get(name).unwrap().manifest;
     let view = store.materialize(&manifest).unwrap();
-    runner::engine::loader::weights_path(&view, &manifest).unwrap()
+    runner::engine::from_store::weights_path(&view, &manifest).unwrap()
 }
 
 fn argmax(logits: &Array) -> u32 {

@@ -79,7 +79,7 @@ fn a_name_with_a_slash_is_listed_and_keeps_its_blobs_when_the_original_goes() {
     // It still loads: the view links to every file, and the checkpoint reads.
     let manifest = store.get(&name("me/foo:v1")).unwrap().manifest;
     let view = store.materialize(&manifest).unwrap();
-    let weights = runner::engine::loader::weights_path(&view, &manifest).unwrap();
+    let weights = runner::engine::from_store::weights_path(&view, &manifest).unwrap();
     quant::Checkpoint::open(&weights).unwrap();
 }
 

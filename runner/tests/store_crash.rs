@@ -296,7 +296,7 @@ fn killed_writes_leave_a_consistent_store_after_the_next_start() {
     // Every model left still opens as a checkpoint through its view.
     for entry in store.list().unwrap() {
         let view = store.materialize(&entry.manifest).unwrap();
-        let weights = runner::engine::loader::weights_path(&view, &entry.manifest).unwrap();
+        let weights = runner::engine::from_store::weights_path(&view, &entry.manifest).unwrap();
         quant::Checkpoint::open(&weights).unwrap_or_else(|e| panic!("{}: {e}", entry.name));
     }
     // The runs reached every kind of ending.

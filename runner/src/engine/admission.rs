@@ -12,7 +12,7 @@ use mlx::Dtype;
 use nn::ImageGrid;
 
 use crate::engine::job::{DoneReason, DrafterKind, Event, Job, PromptMedia, Speculation, Stats};
-use crate::engine::loaded::{LoadedModel, fresh_caches};
+use crate::engine::loaded_model::{LoadedModel, fresh_caches};
 use crate::engine::prompt_media;
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
 use crate::engine::speculating::Speculating;

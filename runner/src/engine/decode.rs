@@ -13,7 +13,7 @@ use nn::Batch;
 use sampler::Sampled;
 
 use crate::engine::job::{DoneReason, TokenLogprobs};
-use crate::engine::loaded::LoadedModel;
+use crate::engine::loaded_model::LoadedModel;
 use crate::engine::sequence::{Outcome, SequenceId};
 use crate::engine::speculating::Speculating;
 use crate::engine::speculation;

@@ -75,7 +75,7 @@ pub struct DraftServing {
 
 impl DraftModel {
     /// `model`, called `name`, as a draft for `target`, served as `serving` says: refused
-    /// unless both score the same vocabulary (the loader also compares their tokenizers token
+    /// unless both score the same vocabulary (`from_store` also compares their tokenizers token
     /// by token), and unless its caches can be rewound after a rejected draft (recurrent layers
     /// cannot yet).
     pub fn new(

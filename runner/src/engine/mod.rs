@@ -8,7 +8,7 @@
 //! - `step`: what every phase of a step shares — the step's error and state ([`step::Step`]:
 //!   who ends in it, whether the pool is released after it), the tokens left in flight, the
 //!   batch-row helpers. The bottom of the step loop.
-//! - `loaded`: [`LoadedModel`], what a loaded model holds to serve many sequences at once,
+//! - `loaded_model`: [`LoadedModel`], what a loaded model holds to serve many sequences at once,
 //!   its configuration and status.
 //! - The step's rooms, each a file over that state: `admission` (the queue, KV reservations,
 //!   restoring a new sequence's caches), `prefill` (prompt chunks, image and audio encoding),
@@ -32,12 +32,12 @@
 //! - `memory`: budgets, KV sizes and when MLX's pool is released.
 //! - `prefill_pace`: how long prefill forwards take, and so how many prompt tokens a step may
 //!   take to stay near its time target.
-//! - `loader`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
+//! - `from_store`: building a [`LoadedModel`] and the model's [`ModelInfo`] from a stored model.
 //! - `transcription`: a Whisper checkpoint transcribing a clip's windows, beside the loaded
 //!   model.
 //!
 //! Files import only what lies below them: `step` and the types it builds on at the bottom,
-//! `loaded` above the drafters, the rooms above `loaded`, `step_loop` on top.
+//! `loaded_model` above the drafters, the rooms above `loaded_model`, `step_loop` on top.
 //!
 //! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
 //! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
@@ -57,10 +57,10 @@ pub mod draft_model;
 pub mod drafters;
 pub mod embedding;
 pub mod encoded_media;
+pub mod from_store;
 pub mod job;
 pub mod layer_skip;
-pub mod loaded;
-pub mod loader;
+pub mod loaded_model;
 pub mod memory;
 mod prefill;
 pub mod prefill_pace;
@@ -85,12 +85,12 @@ use std::time::{Duration, Instant};
 
 use mlx_thread::{Completion, Worker};
 
+pub use from_store::{DraftSource, LoadError, ModelInfo};
 pub use job::{
     DoneReason, DrafterKind, EncoderInput, Event, ImageProcessing, Job, PromptMedia, Speculation,
     SpeculationStats, Stats, TokenLogprobs, UndecodedImage,
 };
-pub use loaded::{LoadedModel, LoopConfig, LoopStatus};
-pub use loader::{DraftSource, LoadError, ModelInfo};
+pub use loaded_model::{LoadedModel, LoopConfig, LoopStatus};
 
 use crate::model_name::ModelName;
 use crate::store::Manifest;
@@ -192,7 +192,7 @@ impl Engine {
             transcription::release();
             let _ = memory::release_pool();
             let (mut loaded, info) =
-                loader::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
+                from_store::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
             loaded.keep_state_in(state);
             LOADED.with(|s| *s.borrow_mut() = Some(loaded));
             let _ = memory::release_pool();

@@ -12,7 +12,7 @@ use mlx::Array;
 use nn::{Batch, ImageGrid};
 
 use crate::engine::job::{DoneReason, EncoderInput, PromptMedia};
-use crate::engine::loaded::LoadedModel;
+use crate::engine::loaded_model::LoadedModel;
 use crate::engine::memory::LONG_PREFILL;
 use crate::engine::sequence::{Outcome, Phase, Sequence, SequenceId};
 use crate::engine::step::{

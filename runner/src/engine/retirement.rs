@@ -5,7 +5,7 @@
 //! and its client hears how it ended.
 
 use crate::engine::job::{DoneReason, Event};
-use crate::engine::loaded::LoadedModel;
+use crate::engine::loaded_model::LoadedModel;
 use crate::engine::sequence::{Outcome, Sequence, SequenceId};
 use crate::engine::speculating::Speculating;
 

@@ -22,7 +22,7 @@
 use std::time::Instant;
 
 use crate::engine::job::DoneReason;
-use crate::engine::loaded::LoadedModel;
+use crate::engine::loaded_model::LoadedModel;
 use crate::engine::sequence::Outcome;
 use crate::engine::speculation;
 use crate::engine::step::{Pending, Result, Step};

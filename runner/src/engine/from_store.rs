@@ -8,7 +8,7 @@ use grammar::GrammarCompiler;
 use tokenizer::{ChatTemplate, Family, Tokenizer};
 
 use crate::engine::encoded_media::EncodedIds;
-use crate::engine::loaded::{LoadedModel, LoopConfig};
+use crate::engine::loaded_model::{LoadedModel, LoopConfig};
 use crate::engine::prompt_media::{AudioPrompt, ImagePrompt};
 use crate::engine::step::StepError;
 use crate::model_name::ModelName;
