@@ -8,9 +8,10 @@
 //! a cheap no-op; the marker vouches for the download, not for the bytes now on disk, so
 //! whoever imports the file hashes it again (see [`forget`] for a copy found corrupt).
 //!
-//! A fetch works in a `.fetch-*` folder beside the file while holding a lock on the model's
-//! `.fetch.lock`, so two fetches of one model take turns (the second finds it cached), and
-//! [`remove_abandoned`] can tell a crashed fetch's folder from one in use.
+//! A fetch works in a `.fetch-*` folder beside the file while holding a lock on
+//! `.<folder>.fetch.lock` beside the model's folder, so two fetches of one model take turns
+//! (the second finds it cached), and [`remove_abandoned`] can tell a crashed fetch's folder
+//! from one in use.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -188,9 +189,11 @@ pub fn fetch_with(
     result
 }
 
-/// The lock file of a model's folder in the cache, opened (not yet locked).
+/// The lock file of a model's folder in the cache, opened (not yet locked). It lies beside
+/// the folder, not in it: the folder holds only the model and its marker once a fetch ends.
 fn fetch_lock(model_dir: &Path) -> Result<File> {
-    let path = model_dir.join(".fetch.lock");
+    let name = model_dir.file_name().unwrap_or_default().to_string_lossy();
+    let path = model_dir.with_file_name(format!(".{name}.fetch.lock"));
     std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
