@@ -44,10 +44,11 @@
 //! and unloads (which the scheduler only starts with no request in flight) get the worker.
 //!
 //! Work that needs the worker but is no sequence — one text's embedding, one clip's
-//! transcription — goes into a second queue that the loop serves between its steps, one piece
-//! per step: under generation load such work waits for the pieces queued before it, each
-//! after about one step, rather than for the generations to end; and the generations pause for
-//! at most one piece (bounded by the context length, or one clip) per step.
+//! transcription — goes into a second queue that the loop serves between its steps: at least
+//! one piece, then more while they have taken less time than the step before them. Under
+//! generation load such work waits about one step rather than for the generations to end, and
+//! when both kinds wait each gets about half of the worker; a step waits for at most one piece
+//! (bounded by the context length, or one clip) beyond that half.
 
 mod admission;
 pub mod controllers;
@@ -327,12 +328,13 @@ fn wait_for_burst(shared: &Shared) {
     }
 }
 
-/// The step loop: hands submitted jobs to the loaded model, runs one piece of aside work per
-/// turn, and steps until nothing runs or waits. A panic inside a step ends the sequences it
+/// The step loop: hands submitted jobs to the loaded model, runs aside work between steps
+/// ([`run_aside_work`]), and steps until nothing runs or waits. A panic inside a step ends the sequences it
 /// concerned with an error, not the loop; one inside aside work drops that work's answer.
 fn run_loop(shared: &Shared) {
     LOADED.with(|cell| {
         let mut slot = cell.borrow_mut();
+        let mut last_step = Duration::ZERO;
         loop {
             if slot.as_ref().is_none_or(LoadedModel::is_idle) {
                 wait_for_burst(shared);
@@ -347,16 +349,7 @@ fn run_loop(shared: &Shared) {
                     }
                 }
             }
-            let aside = lock(&shared.aside).pop_front();
-            if let Some(work) = aside
-                && let Err(panic) =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| work(slot.as_ref())))
-            {
-                tracing::error!(
-                    "work beside the step loop panicked: {}",
-                    panic_message(&*panic)
-                );
-            }
+            run_aside_work(shared, slot.as_ref(), last_step);
             let idle = slot.as_ref().is_none_or(LoadedModel::is_idle);
             if idle {
                 if let Some(loaded) = slot.as_ref() {
@@ -374,7 +367,10 @@ fn run_loop(shared: &Shared) {
             let Some(loaded) = slot.as_mut() else {
                 continue;
             };
-            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step())) {
+            let step_started = Instant::now();
+            let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step()));
+            last_step = step_started.elapsed();
+            if let Err(panic) = stepped {
                 let message = panic_message(&*panic);
                 tracing::error!("the engine step panicked: {message}");
                 loaded.fail_all(&format!("internal error in the engine: {message}"));
@@ -382,6 +378,27 @@ fn run_loop(shared: &Shared) {
             *lock(&shared.status) = loaded.status();
         }
     })
+}
+
+/// Runs queued aside work between two steps: at least one piece, then more while they have
+/// taken less time than the step just run (`last_step`). When generations and aside work
+/// both wait, each gets about half of the worker; with nothing generating, the queue drains.
+fn run_aside_work(shared: &Shared, loaded: Option<&LoadedModel>, last_step: Duration) {
+    let started = Instant::now();
+    loop {
+        let Some(work) = lock(&shared.aside).pop_front() else {
+            return;
+        };
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| work(loaded))) {
+            tracing::error!(
+                "work beside the step loop panicked: {}",
+                panic_message(&*panic)
+            );
+        }
+        if started.elapsed() >= last_step {
+            return;
+        }
+    }
 }
 
 /// The message a panic carried, when it carried one.
