@@ -702,9 +702,15 @@ impl Drop for Binary {
     }
 }
 
-/// File descriptors this process has open.
+/// File descriptors this process has open (Linux lists them in `/proc/self/fd`, macOS and the
+/// BSDs in `/dev/fd`); 64 where neither can be read.
 fn open_files() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(64, |dir| dir.count())
+    let listing = if cfg!(target_os = "linux") {
+        "/proc/self/fd"
+    } else {
+        "/dev/fd"
+    };
+    std::fs::read_dir(listing).map_or(64, |dir| dir.count())
 }
 
 #[test]
