@@ -7,6 +7,8 @@
 //! needs the real `smollm2:135m` GGUF in the per-user cache and is skipped (with a notice)
 //! without it, outside CI.
 
+mod support;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -362,5 +364,33 @@ fn a_flipped_byte_in_the_download_cache_is_refused_and_the_copy_removed() {
             .unwrap()
             .count(),
         0
+    );
+}
+
+/// A store error a client reads names what failed, never where the store lies: a file where
+/// the copy's folder must go makes writing its manifest fail with an I/O error whose text (in
+/// the log) holds the store's absolute path.
+#[test]
+fn a_store_error_answers_without_the_servers_paths() {
+    let home = tempfile::tempdir().unwrap();
+    let home_path = home.path().to_path_buf();
+    let store = store_with_tiny(&home_path);
+    fs::write(home_path.join("manifests/blocked"), b"").unwrap();
+    let config = runner::engine::LoopConfig::from_env();
+    let Some(server) = support::start_server_in(home, store, &[], config, |_| {}) else {
+        return;
+    };
+    let (status, reply) = support::post(
+        &server,
+        "/api/copy",
+        serde_json::json!({ "source": "tiny", "destination": "blocked" }),
+    );
+    assert_eq!(status, 500, "{reply}");
+    let message = reply["error"].as_str().unwrap_or_default();
+    // The manifest's file name stays: it is what failed, in the client's own terms.
+    assert!(message.contains("<server path>/latest"), "{reply}");
+    assert!(
+        !reply.to_string().contains(&*home_path.to_string_lossy()),
+        "{reply}"
     );
 }

@@ -99,11 +99,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let message = client_text(&self.message);
         let body = match self.dialect {
-            Dialect::Ollama => serde_json::json!({ "error": self.message }),
+            Dialect::Ollama => serde_json::json!({ "error": message }),
             Dialect::OpenAi => serde_json::json!({
                 "error": {
-                    "message": self.message,
+                    "message": message,
                     "type": if self.status.is_server_error() { "server_error" } else { "invalid_request_error" },
                     "param": null,
                     "code": self.status.as_u16(),
@@ -113,7 +114,7 @@ impl IntoResponse for ApiError {
                 "type": "error",
                 "error": {
                     "type": ApiError::anthropic_type(self.status),
-                    "message": self.message,
+                    "message": message,
                 }
             }),
         };
@@ -127,6 +128,15 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// `message` as a client may read it: with server paths hidden (the log keeps them).
+pub fn client_text(message: &str) -> String {
+    let hidden = super::server_paths::hide(message);
+    if let std::borrow::Cow::Owned(_) = hidden {
+        tracing::warn!("answered with server paths hidden: {message}");
+    }
+    hidden.into_owned()
 }
 
 impl From<crate::scheduler::ScheduleError> for ApiError {

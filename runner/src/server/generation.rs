@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
 use crate::model_name::ModelName;
 use crate::scheduler::Lease;
-use crate::server::error::ApiError;
+use crate::server::error::{ApiError, client_text};
 use crate::server::metrics;
 use crate::server::options::GenerationOptions;
 use crate::server::stopping;
@@ -293,7 +293,7 @@ async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
             }
             Event::Failed(message) => {
                 tracing::warn!(model = %info.name, "generation failed: {message}");
-                let _ = out.send(Output::Error(message)).await;
+                let _ = out.send(Output::Error(client_text(&message))).await;
                 ended = true;
                 break;
             }

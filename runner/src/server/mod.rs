@@ -24,7 +24,7 @@
 //!   `cors`: which pages may read answers; `api_key`: the optional key.
 //! - `stopping`: the process-wide stop that ends generations still running after the drain.
 //! - `error`: errors before a stream starts (JSON with a status); after it starts, errors are
-//!   sent inside the stream.
+//!   sent inside the stream; `server_paths`: the server's own paths hidden from both.
 
 pub mod access;
 pub mod anthropic;
@@ -52,6 +52,7 @@ pub mod origins;
 pub mod prompt;
 pub mod request_log;
 pub mod responses;
+pub mod server_paths;
 pub mod sse;
 pub mod stopping;
 pub mod structured;

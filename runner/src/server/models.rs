@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
 use crate::pull::PullProgress;
-use crate::server::error::ApiError;
+use crate::server::error::{ApiError, client_text};
 use crate::server::{AppState, JsonBody, rfc3339};
 use crate::store::{Entry, Manifest};
 
@@ -236,7 +236,7 @@ pub async fn delete(
     // Off the runtime: it waits for the store's writer lock.
     tokio::task::spawn_blocking(move || store.lock(&mut || {})?.remove(&name))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::task_failed("removing the model", &e))??;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -258,7 +258,7 @@ pub async fn copy(
     // Off the runtime: it waits for the store's writer lock.
     tokio::task::spawn_blocking(move || store.lock(&mut || {})?.copy(&from, &to))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+        .map_err(|e| ApiError::task_failed("copying the model", &e))??;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -431,7 +431,7 @@ where
         return match result {
             Ok(Ok(())) => Json(json!({ "status": "success" })).into_response(),
             Ok(Err(e)) => e.into_response(),
-            Err(e) => ApiError::internal(e.to_string()).into_response(),
+            Err(e) => ApiError::task_failed("the job", &e).into_response(),
         };
     }
     let lines = async_stream(rx, task);
@@ -461,8 +461,8 @@ fn async_stream(
         let task = task?;
         let value = match task.await {
             Ok(Ok(())) => return None,
-            Ok(Err(e)) => json!({ "error": e.message }),
-            Err(e) => json!({ "error": e.to_string() }),
+            Ok(Err(e)) => json!({ "error": client_text(&e.message) }),
+            Err(e) => json!({ "error": ApiError::task_failed("the job", &e).message }),
         };
         Some((Ok(line(&value)), (rx, None)))
     })
