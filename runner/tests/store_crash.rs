@@ -3,7 +3,9 @@
 //! named by `MLXKIT_FAULT` — and after each, the next start (`mlxkit list`, which tidies the
 //! store) must find: every listed model's manifest whole and every blob it names present and
 //! hashing to its digest, no model listed without the settings its create gave it, and
-//! nothing left over (no scratch folders, temporary files or unnamed blobs).
+//! nothing left over (no scratch folders, temporary files or unnamed blobs). At the end, every
+//! model left loads and answers a fixed prompt with the greedy tokens of the checkpoint it was
+//! made from.
 //!
 //! The models are the tiny Llama fixture; pulls use the real `smollm2:135m` GGUF from the
 //! per-user download cache (linked, not copied) and are left out, with a notice, when it is
@@ -68,6 +70,31 @@ fn local_cache(home: &Path) -> Option<()> {
     marker.push(".sha256");
     fs::write(marker, format!("{}\n", entry.sha256)).ok()?;
     Some(())
+}
+
+/// The real `smollm2:135m` GGUF in the per-user download cache.
+fn real_smollm2() -> PathBuf {
+    let entry = quant::package::find("smollm2:135m").unwrap();
+    quant::package::cached_path(entry, &quant::package::default_cache_dir().unwrap())
+}
+
+/// The greedy next token after each position of a fixed prompt, from the checkpoint at `path`
+/// (the tiny fixture's prompt; its ids are valid in either model's vocabulary).
+fn greedy(path: &Path) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    let golden: serde_json::Value =
+        serde_json::from_slice(&fs::read(tiny_llama().join("golden.json"))?)?;
+    let prompt: Vec<u32> = golden["prompt_ids"]
+        .as_array()
+        .ok_or("golden.json has no prompt_ids")?
+        .iter()
+        .filter_map(|id| id.as_u64().map(|id| id as u32))
+        .collect();
+    let loaded = nn::load::load(path, Some(mlx::Dtype::F32))?;
+    let model = loaded.model.as_ref();
+    let mut caches = model.new_caches()?;
+    let forward = model.forward(&nn::Batch::single(&prompt, 0)?, &mut caches)?;
+    let logits = model.unembed(&forward.hidden)?.squeeze(&[0])?;
+    Ok(logits.argmax(-1, false)?.to_vec::<u32>()?)
 }
 
 /// One change to the store, as `mlxkit` arguments, and the name it makes (if any) with
@@ -293,11 +320,22 @@ fn killed_writes_leave_a_consistent_store_after_the_next_start() {
         "{RUNS} runs in {:.1} s: {outcomes:?}",
         started.elapsed().as_secs_f64()
     );
-    // Every model left still opens as a checkpoint through its view.
+    // Every model left loads through its view and answers as the checkpoint it was made from.
+    let mut answers: HashMap<String, Vec<u32>> = HashMap::new();
     for entry in store.list().unwrap() {
         let view = store.materialize(&entry.manifest).unwrap();
         let weights = runner::engine::from_store::weights_path(&view, &entry.manifest).unwrap();
-        quant::Checkpoint::open(&weights).unwrap_or_else(|e| panic!("{}: {e}", entry.name));
+        let answer = greedy(&weights).unwrap_or_else(|e| panic!("{}: {e}", entry.name));
+        // Pulls store the GGUF; creates import the tiny fixture's folder.
+        let source = match entry.manifest.format {
+            runner::store::Format::Gguf => real_smollm2(),
+            runner::store::Format::Safetensors => tiny_llama(),
+        };
+        let original = answers
+            .entry(source.display().to_string())
+            .or_insert_with(|| greedy(&source).unwrap());
+        assert_eq!(&answer, original, "{} answers differently", entry.name);
+        eprintln!("{} answers as {}", entry.name, source.display());
     }
     // The runs reached every kind of ending.
     assert!(
