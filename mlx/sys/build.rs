@@ -31,6 +31,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=PYTHON");
     println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
+    println!("cargo:rerun-if-env-changed=MACOSX_DEPLOYMENT_TARGET");
 
     let mlx = match locate_mlx() {
         Ok(found) => found,
@@ -255,22 +256,45 @@ fn cache_root() -> Result<PathBuf, String> {
 }
 
 /// The wheels that make up MLX for this target, and whether their dependencies are needed.
-fn wheel_requirements() -> (&'static str, Vec<String>, bool) {
+fn wheel_requirements() -> (String, Vec<String>, bool) {
     if target_os() == "macos" {
         // `mlx-metal` holds the library, its headers and `mlx.metallib`; the `mlx` wheel is
-        // only the Python binding, which nothing here needs.
-        ("metal", vec![format!("mlx-metal=={MLX_VERSION}")], false)
+        // only the Python binding, which nothing here needs. A cross build's wheel is the one
+        // for its deployment target, so the cache keeps one per target.
+        let variant = if cross_compiling() {
+            format!("metal-macos{}", macos_deployment_major())
+        } else {
+            "metal".to_string()
+        };
+        (variant, vec![format!("mlx-metal=={MLX_VERSION}")], false)
     } else if let Some(cuda) = cuda_major() {
         // The CUDA wheel needs the NVIDIA runtime wheels it depends on, so pip resolves them.
-        let variant = if cuda == 13 { "cuda13" } else { "cuda12" };
         (
-            variant,
+            format!("cuda{cuda}"),
             vec![format!("mlx-cuda-{cuda}=={MLX_VERSION}")],
             true,
         )
     } else {
-        ("cpu", vec![format!("mlx-cpu=={MLX_VERSION}")], false)
+        (
+            "cpu".to_string(),
+            vec![format!("mlx-cpu=={MLX_VERSION}")],
+            false,
+        )
     }
+}
+
+/// The oldest macOS a cross-built binary must run on: `MACOSX_DEPLOYMENT_TARGET`'s major
+/// version, and at least 14, the oldest the mlx-metal wheels are built for. pip would otherwise
+/// pick the newest wheel, whose library is built for a newer macOS than the binary and imports
+/// more of libc++: the macOS 26 wheel imports `std::bad_function_call`'s type information,
+/// which the shim also defines privately (zig's libc++ headers), and zig's linker then binds
+/// the shim's direct references to the library's copy and fails with "Overflow".
+fn macos_deployment_major() -> u32 {
+    env::var("MACOSX_DEPLOYMENT_TARGET")
+        .ok()
+        .and_then(|target| target.split('.').next()?.parse().ok())
+        .unwrap_or(14)
+        .max(14)
 }
 
 /// The CUDA major version to link (`cuda` feature: 12; `cuda13`: 13), or `None` for no CUDA.
@@ -296,7 +320,7 @@ fn cross_compiling() -> bool {
 fn wheel_platforms() -> Result<Vec<String>, String> {
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     match (target_os().as_str(), arch.as_str()) {
-        ("macos", "aarch64") => Ok((14..=26)
+        ("macos", "aarch64") => Ok((14..=macos_deployment_major())
             .rev()
             .map(|major| format!("macosx_{major}_0_arm64"))
             .collect()),

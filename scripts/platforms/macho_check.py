@@ -10,7 +10,9 @@ It reads the binary's load commands (with LIEF) and fails, naming the problem, u
   the two), and has an LC_RPATH entry that resolves to a folder holding libmlx.dylib (and
   mlx.metallib beside it); binaries of the crates that need no MLX load neither;
 - every imported symbol is bound to a named library (two-level namespace): none is left for a
-  flat lookup that would only fail when first called on the Mac.
+  flat lookup that would only fail when first called on the Mac;
+- the libmlx.dylib it finds is built for the binary's oldest macOS or an older one, as on a Mac
+  of that version the loader requires.
 """
 
 import os
@@ -46,6 +48,28 @@ def check_rpath(binary, path):
     return resolved[0]
 
 
+def minimum_macos(binary):
+    """The oldest macOS a Mach-O binary says it runs on, as a tuple, or None."""
+    if binary.has_build_version:
+        return tuple(binary.build_version.minos)
+    if binary.has_version_min:
+        return tuple(binary.version_min.version)
+    return None
+
+
+def check_mlx_minimum(binary, folder):
+    """libmlx.dylib in `folder` runs on every macOS the binary runs on."""
+    library = lief.MachO.parse(os.path.join(folder, "libmlx.dylib"))
+    needed = minimum_macos(library.at(0)) if library is not None else None
+    oldest = minimum_macos(binary)
+    if needed is None or oldest is None:
+        fail("the binary or libmlx.dylib names no minimum macOS")
+    if needed > oldest:
+        show = lambda version: ".".join(map(str, version))
+        fail(f"libmlx.dylib needs macOS {show(needed)}, newer than the binary's {show(oldest)}: "
+             "the MLX wheel is not the one for the deployment target")
+
+
 def main(path):
     binary = lief.MachO.parse(path)
     if binary is None:
@@ -75,6 +99,10 @@ def main(path):
              "libc++ was linked statically")
 
     resolved = check_rpath(binary, path) if uses_mlx else None
+    if resolved:
+        here = os.path.dirname(os.path.abspath(path))
+        check_mlx_minimum(binary, resolved.replace("@loader_path", here).replace(
+            "@executable_path", here))
 
     by_library = {}
     unbound = []
