@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use mlx::Array;
-use nn::{Batch, ImageGrid};
+use nn::{Batch, Forward, ImageGrid};
 
 use crate::engine::job::{DoneReason, EncoderInput, PromptMedia};
 use crate::engine::loaded_model::LoadedModel;
@@ -186,33 +186,7 @@ impl LoadedModel {
             .iter()
             .map(|&i| self.chunk_rope_delta(i, width))
             .collect::<Result<Vec<i64>>>()?;
-        let images = self.chunk_images(group, width)?;
-        let out =
-            match images {
-                None => {
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    self.model.forward_rows(&batch, &mut caches)?
-                }
-                Some((features, _)) if self.model.audio().is_some() => {
-                    let audio = self.model.audio().ok_or_else(|| {
-                        StepError::Request("this model does not read audio".into())
-                    })?;
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    audio.forward_rows_with_audio(&batch, Some(&features), &mut caches)?
-                }
-                Some((features, grids)) => {
-                    let vision = self.model.vision().ok_or_else(|| {
-                        StepError::Request("this model does not read images".into())
-                    })?;
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    vision.forward_rows_with_image_grids(
-                        &batch,
-                        Some(&features),
-                        &grids,
-                        &mut caches,
-                    )?
-                }
-            };
+        let out = self.forward_chunks(group, width, &batch)?;
         let mut ends = Vec::with_capacity(group.len());
         let mut unfinished = Vec::new();
         for (row, &i) in group.iter().enumerate() {
@@ -246,6 +220,36 @@ impl LoadedModel {
             mlx::eval(&arrays)?;
         }
         Ok(ends)
+    }
+
+    /// The forward over `batch`, the next `width` prompt tokens of each sequence in `group`:
+    /// through the model's audio or vision path, with the encoded features of the media wholly
+    /// in the chunks, when there are any.
+    fn forward_chunks(&mut self, group: &[usize], width: usize, batch: &Batch) -> Result<Forward> {
+        let images = self.chunk_images(group, width)?;
+        let out = match images {
+            None => {
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                self.model.forward_rows(batch, &mut caches)?
+            }
+            Some((features, _)) if self.model.audio().is_some() => {
+                let audio = self
+                    .model
+                    .audio()
+                    .ok_or_else(|| StepError::Request("this model does not read audio".into()))?;
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                audio.forward_rows_with_audio(batch, Some(&features), &mut caches)?
+            }
+            Some((features, grids)) => {
+                let vision = self
+                    .model
+                    .vision()
+                    .ok_or_else(|| StepError::Request("this model does not read images".into()))?;
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                vision.forward_rows_with_image_grids(batch, Some(&features), &grids, &mut caches)?
+            }
+        };
+        Ok(out)
     }
 
     /// How far the next `width` prompt tokens of sequence `index` move its rope delta: by what
