@@ -10,6 +10,7 @@ use std::time::Instant;
 use kvcache::KvStorage;
 use mlx::Dtype;
 use nn::ImageGrid;
+use prefix_trie::SessionId;
 
 use crate::engine::job::{DoneReason, DrafterKind, Event, Job, PromptMedia, Speculation, Stats};
 use crate::engine::loaded_model::{LoadedModel, fresh_caches};
@@ -20,6 +21,22 @@ use crate::engine::step::{Result, StepError};
 
 /// Draft tokens per round when a request names no limit.
 const DEFAULT_DRAFT_DEPTH: usize = 8;
+
+/// A new sequence's caches, holding the longest prefix of its prompt found cached.
+struct Restored {
+    caches: Vec<Option<kvcache::LayerCache>>,
+    /// Its trie session, when the trie was used.
+    session: Option<SessionId>,
+    /// Prompt tokens the caches hold.
+    at: usize,
+}
+
+/// What a new sequence is given besides its caches ([`LoadedModel::enrol`]).
+struct Enrolled {
+    id: SequenceId,
+    rope_delta: i64,
+    speculating: Option<Speculating>,
+}
 
 impl LoadedModel {
     pub(super) fn drop_cancelled_queued(&mut self) {
@@ -115,111 +132,41 @@ impl LoadedModel {
     /// Turns `job` into a sequence whose caches hold its longest cached prefix, or ends it
     /// with the error that keeps it from running.
     fn start(&mut self, job: Job) -> Option<Sequence> {
-        let prompt_len = job.prompt.len();
-        if prompt_len == 0 {
-            return refuse(job, StepError::EmptyPrompt);
-        }
-        if prompt_len >= self.context_length {
-            let error = StepError::PromptTooLong {
-                prompt: prompt_len,
-                context: self.context_length,
-            };
-            return refuse(job, error);
-        }
-        if let Err(e) = prompt_media::check_media(self.model.as_ref(), &job) {
+        if let Err(e) = self.check(&job) {
             return refuse(job, e);
         }
-        let mut caches = match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
-            Ok(caches) => caches,
+        let restored = match self.restore(&job) {
+            Ok(restored) => restored,
             Err(e) => return refuse(job, e),
         };
-        let media = job.media_items(prompt_len);
-        let (mut session, mut restore_at, capture_at) =
-            match self
-                .prefix
-                .begin(&job.prompt, &media, &job.turn_starts, &mut caches)
-            {
-                Ok(restored) => (
-                    Some(restored.session),
-                    restored.restore_at,
-                    restored.capture_at,
-                ),
-                Err(e) => {
-                    tracing::warn!("prefix cache not used for a request: {e}");
-                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
-                        Ok(fresh) => caches = fresh,
-                        Err(e) => return refuse(job, e),
-                    }
-                    (None, 0, Vec::new())
-                }
-            };
-        if let Some((from, common)) = self.live_share(&job, restore_at) {
-            match copy_from_live(
-                &self.sequences[from].caches,
-                &mut caches,
-                common,
-                &capture_at,
-            ) {
-                Ok(()) => restore_at = common,
-                Err(e) => {
-                    tracing::warn!("copying a prefix from a running request failed: {e}");
-                    if let Some(session) = session.take() {
-                        self.prefix.abandon_session(session);
-                    }
-                    match fresh_caches(self.model.as_ref(), self.config.kv_storage) {
-                        Ok(fresh) => caches = fresh,
-                        Err(e) => return refuse(job, e),
-                    }
-                    restore_at = 0;
-                }
-            }
-        }
-        // The restored prefix's images place the rotary positions of what follows.
-        let rope_delta = match self.rope_delta_of(&job, restore_at) {
-            Ok(delta) => delta,
+        let enrolled = match self.enrol(&job, restored.at) {
+            Ok(enrolled) => enrolled,
             Err(e) => {
-                if let Some(session) = session {
+                if let Some(session) = restored.session {
                     self.prefix.abandon_session(session);
                 }
                 return refuse(job, e);
             }
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        if let Err(e) = self.sampler.add(id, job.sampling.clone(), &job.prompt) {
-            if let Some(session) = session {
-                self.prefix.abandon_session(session);
-            }
-            return refuse(job, e.into());
-        }
+        let prompt_len = job.prompt.len();
         let budget = job.max_tokens.min(self.context_length - prompt_len);
-        let speculating = match self.speculation_for(&job, id) {
-            Ok(speculating) => speculating,
-            Err(e) => {
-                if let Some(session) = session {
-                    self.prefix.abandon_session(session);
-                }
-                let _ = self.sampler.remove(id);
-                return refuse(job, e);
-            }
-        };
-        let tokens = job.prompt[..restore_at].to_vec();
+        let tokens = job.prompt[..restored.at].to_vec();
         tracing::debug!(
-            sequence = id,
+            sequence = enrolled.id,
             prompt = prompt_len,
-            restored = restore_at,
+            restored = restored.at,
             "admitted"
         );
         Some(Sequence {
-            id,
-            caches,
+            id: enrolled.id,
+            caches: restored.caches,
             tokens,
-            trie_session: session,
+            trie_session: restored.session,
             phase: Phase::Prefilling,
             budget,
             stats: Stats {
                 prompt_tokens: prompt_len,
-                cached_tokens: restore_at,
+                cached_tokens: restored.at,
                 images: job.images.iter().filter(|m| !m.is_audio()).count(),
                 audio: job.images.iter().filter(|m| m.is_audio()).count(),
                 ..Stats::default()
@@ -227,9 +174,86 @@ impl LoadedModel {
             admitted: Instant::now(),
             first_token: None,
             captures: Vec::new(),
-            speculating,
-            rope_delta,
+            speculating: enrolled.speculating,
+            rope_delta: enrolled.rope_delta,
             job,
+        })
+    }
+
+    /// What keeps `job` from running on this model, if anything does: an empty prompt, one
+    /// that leaves no room in the context for a generated token, or media the model cannot
+    /// take as laid out.
+    fn check(&self, job: &Job) -> Result<()> {
+        let prompt = job.prompt.len();
+        if prompt == 0 {
+            return Err(StepError::EmptyPrompt);
+        }
+        if prompt >= self.context_length {
+            return Err(StepError::PromptTooLong {
+                prompt,
+                context: self.context_length,
+            });
+        }
+        prompt_media::check_media(self.model.as_ref(), job)
+    }
+
+    /// Caches for `job` holding the longest prefix of its prompt that the trie holds, or that
+    /// a running sequence holds further, with its trie session. Reusing is only a saving: when
+    /// the trie or the copy fails, the job starts from fresh caches (an error only when even
+    /// those cannot be made).
+    fn restore(&mut self, job: &Job) -> Result<Restored> {
+        let mut caches = fresh_caches(self.model.as_ref(), self.config.kv_storage)?;
+        let media = job.media_items(job.prompt.len());
+        let begun = self
+            .prefix
+            .begin(&job.prompt, &media, &job.turn_starts, &mut caches);
+        let (session, at, capture_at) = match begun {
+            Ok(begun) => (Some(begun.session), begun.restore_at, begun.capture_at),
+            Err(e) => {
+                tracing::warn!("prefix cache not used for a request: {e}");
+                caches = fresh_caches(self.model.as_ref(), self.config.kv_storage)?;
+                (None, 0, Vec::new())
+            }
+        };
+        let mut restored = Restored {
+            caches,
+            session,
+            at,
+        };
+        let Some((from, common)) = self.live_share(job, at) else {
+            return Ok(restored);
+        };
+        let source = &self.sequences[from].caches;
+        match copy_from_live(source, &mut restored.caches, common, &capture_at) {
+            Ok(()) => restored.at = common,
+            Err(e) => {
+                tracing::warn!("copying a prefix from a running request failed: {e}");
+                if let Some(session) = restored.session.take() {
+                    self.prefix.abandon_session(session);
+                }
+                restored.caches = fresh_caches(self.model.as_ref(), self.config.kv_storage)?;
+                restored.at = 0;
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Gives `job`, whose caches hold its first `restored` prompt tokens, what a running
+    /// sequence needs besides its caches: its rope delta there, an id, a sampler slot and,
+    /// when it speculates, its drafter's attention. On failure it holds no sampler slot.
+    fn enrol(&mut self, job: &Job, restored: usize) -> Result<Enrolled> {
+        // The restored prefix's images place the rotary positions of what follows.
+        let rope_delta = self.rope_delta_of(job, restored)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.sampler.add(id, job.sampling.clone(), &job.prompt)?;
+        let speculating = self.speculation_for(job, id).inspect_err(|_| {
+            let _ = self.sampler.remove(id);
+        })?;
+        Ok(Enrolled {
+            id,
+            rope_delta,
+            speculating,
         })
     }
 

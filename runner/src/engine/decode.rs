@@ -14,7 +14,7 @@ use sampler::Sampled;
 
 use crate::engine::job::{DoneReason, TokenLogprobs};
 use crate::engine::loaded_model::LoadedModel;
-use crate::engine::sequence::{Outcome, SequenceId};
+use crate::engine::sequence::{Outcome, Sequence, SequenceId};
 use crate::engine::speculating::Speculating;
 use crate::engine::speculation;
 use crate::engine::step::{
@@ -182,14 +182,7 @@ impl LoadedModel {
         step: &mut Step,
     ) -> Result<()> {
         let tokens = prev.sampled.tokens.to_vec::<u32>()?;
-        let logprobs = match &prev.sampled.logprobs {
-            Some(lp) => Some((
-                lp.chosen.to_vec::<f32>()?,
-                lp.top_ids.to_vec::<u32>()?,
-                lp.top_logprobs.to_vec::<f32>()?,
-            )),
-            None => None,
-        };
+        let logprobs = host_logprobs(&prev.sampled)?;
         let now = Instant::now();
         // What a plain step cost, for the controllers of sequences decoding plainly.
         let step_cost = now.saturating_duration_since(prev.dispatched);
@@ -237,20 +230,7 @@ impl LoadedModel {
             if let Some(outcome) = step.deliver(seq, token, entry, now) {
                 step.ending.add(id, outcome);
             } else if !was_fed {
-                if let Some(spec) = seq.speculating.as_mut()
-                    && seq.stats.generated_tokens < seq.budget
-                    && !seq.job.cancelled()
-                {
-                    // Its next round starts from this token.
-                    spec.resume_from(token);
-                    continue;
-                }
-                let reason = if seq.cancelled() {
-                    DoneReason::Cancelled
-                } else {
-                    DoneReason::Length
-                };
-                step.ending.add(id, Outcome::Done(reason));
+                after_unfed(seq, token, &mut step.ending);
             }
         }
         Ok(())
@@ -287,6 +267,42 @@ impl LoadedModel {
         }
         Ok(masks)
     }
+}
+
+/// The host's copy of a sampler call's logprobs, when its requests asked for them: each row's
+/// chosen token's, then the top alternatives' ids and values, row after row.
+type HostLogprobs = (Vec<f32>, Vec<u32>, Vec<f32>);
+
+/// Reads `sampled`'s logprobs to the host, when it has them.
+fn host_logprobs(sampled: &Sampled) -> Result<Option<HostLogprobs>> {
+    let Some(lp) = &sampled.logprobs else {
+        return Ok(None);
+    };
+    Ok(Some((
+        lp.chosen.to_vec::<f32>()?,
+        lp.top_ids.to_vec::<u32>()?,
+        lp.top_logprobs.to_vec::<f32>()?,
+    )))
+}
+
+/// `seq` took `token` and goes on, but no forward was dispatched with it (the first token
+/// after prefill, or a plain stretch's last): a speculating sequence with budget left starts
+/// its next round from it; any other ends here, its budget spent or its client gone.
+fn after_unfed(seq: &mut Sequence, token: u32, ending: &mut Ending) {
+    if let Some(spec) = seq.speculating.as_mut()
+        && seq.stats.generated_tokens < seq.budget
+        && !seq.job.cancelled()
+    {
+        // Its next round starts from this token.
+        spec.resume_from(token);
+        return;
+    }
+    let reason = if seq.cancelled() {
+        DoneReason::Cancelled
+    } else {
+        DoneReason::Length
+    };
+    ending.add(seq.id, Outcome::Done(reason));
 }
 
 /// Row `row` of a call's logprobs, keeping the `top` alternatives its request asked for.

@@ -494,43 +494,64 @@ fn draft_rows(
             drawn.push(next.probs);
         }
         drop(caches);
-        // Each drawing row's distributions, `[depth, V]`, read with the drafts.
-        let drawn: Vec<Option<Array>> = (0..drawers.len())
-            .map(|row| {
-                let per_step: Option<Vec<Array>> =
-                    drawn.iter().map(|step| step[row].clone()).collect();
-                per_step.map(|rows| mlx::concatenate(&rows, 0)).transpose()
-            })
-            .collect::<Result<_, _>>()?;
-        let drafted = mlx::concatenate(&drafted, 1)?;
-        let mut to_read = vec![drafted.clone()];
-        to_read.extend(drawn.iter().flatten().cloned());
-        mlx::eval(&to_read)?;
-        let drafted = drafted.to_vec::<i32>()?;
+        let (drafted, drawn) = read_drafts(&drafted, &drawn, drawers.len())?;
         // The caches hold the round's first token and every draft but the last.
         for (caches, &first) in lent.iter_mut().zip(&firsts) {
             caches.held = caches.start + first + depth;
         }
-        let mut drafts = Vec::with_capacity(drawers.len());
-        for (row, probs) in drawn.into_iter().enumerate() {
-            let tokens: Vec<u32> = drafted[row * depth..(row + 1) * depth]
-                .iter()
-                .map(|&t| u32::try_from(t).unwrap_or(0))
-                .collect();
-            drafts.push(match probs {
-                None => Draft::one_hot(tokens),
-                Some(probs) => {
-                    let probs = probs.to_vec::<f32>()?;
-                    let vocab = probs.len() / depth.max(1);
-                    Draft::dense(
-                        tokens,
-                        probs.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
-                    )
-                }
-            });
-        }
-        Ok(drafts)
+        drafts_of(&drafted, drawn, depth)
     })
+}
+
+/// Reads a round's drafts in one evaluation: `drafted` holds each draft step's `[rows, 1]`
+/// tokens, `drawn` each step's distribution of every drawing row. Returns the tokens,
+/// `[rows, depth]` row after row, and each drawing row's distributions `[depth, V]`, still on
+/// the device but evaluated.
+fn read_drafts(
+    drafted: &[Array],
+    drawn: &[Vec<Option<Array>>],
+    rows: usize,
+) -> Result<(Vec<i32>, Vec<Option<Array>>), StepError> {
+    // Each drawing row's distributions, `[depth, V]`, read with the drafts.
+    let drawn: Vec<Option<Array>> = (0..rows)
+        .map(|row| {
+            let per_step: Option<Vec<Array>> = drawn.iter().map(|step| step[row].clone()).collect();
+            per_step.map(|rows| mlx::concatenate(&rows, 0)).transpose()
+        })
+        .collect::<Result<_, _>>()?;
+    let drafted = mlx::concatenate(drafted, 1)?;
+    let mut to_read = vec![drafted.clone()];
+    to_read.extend(drawn.iter().flatten().cloned());
+    mlx::eval(&to_read)?;
+    Ok((drafted.to_vec::<i32>()?, drawn))
+}
+
+/// Each row's draft of `depth` tokens from the host's `drafted` ids: one-hot where the row
+/// took the argmax, with its distributions where it drew its drafts (`drawn`).
+fn drafts_of(
+    drafted: &[i32],
+    drawn: Vec<Option<Array>>,
+    depth: usize,
+) -> Result<Vec<Draft>, StepError> {
+    let mut drafts = Vec::with_capacity(drawn.len());
+    for (row, probs) in drawn.into_iter().enumerate() {
+        let tokens: Vec<u32> = drafted[row * depth..(row + 1) * depth]
+            .iter()
+            .map(|&t| u32::try_from(t).unwrap_or(0))
+            .collect();
+        drafts.push(match probs {
+            None => Draft::one_hot(tokens),
+            Some(probs) => {
+                let probs = probs.to_vec::<f32>()?;
+                let vocab = probs.len() / depth.max(1);
+                Draft::dense(
+                    tokens,
+                    probs.chunks(vocab.max(1)).map(<[f32]>::to_vec).collect(),
+                )
+            }
+        });
+    }
+    Ok(drafts)
 }
 
 /// Whether `seq` draws its drafts from the draft's sampling distribution rather than taking

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use mlx::Array;
-use nn::{Batch, ImageGrid};
+use nn::{Batch, Forward, ImageGrid};
 
 use crate::engine::job::{DoneReason, EncoderInput, PromptMedia};
 use crate::engine::loaded_model::LoadedModel;
@@ -25,6 +25,25 @@ impl LoadedModel {
     /// few forwards as their chunk widths allow; returns the last-position logits `[1, V]` of
     /// each sequence whose prompt is now fully evaluated.
     pub(super) fn prefill(&mut self, step: &mut Step) -> Vec<(SequenceId, Array)> {
+        let planned = self.plan_chunks(step);
+        // Chunks holding image tokens are never cut to another's width (that could split an
+        // image): they share a forward only with chunks of their exact width.
+        let (with_images, text): (Vec<_>, Vec<_>) = planned
+            .into_iter()
+            .partition(|&(i, n)| chunk_has_images(&self.sequences[i], n));
+        let mut groups = equal_width_groups(text);
+        groups.extend(exact_width_groups(with_images));
+        let mut seeds = Vec::new();
+        for (width, group) in groups {
+            seeds.extend(self.prefill_group(&group, width, step));
+        }
+        seeds
+    }
+
+    /// This step's prompt chunks, `(index, tokens)`: shortest remaining prompt first, under
+    /// the step's token budget (smaller while others decode, and capped by the pace), each
+    /// ending at its next capture and never inside an image.
+    fn plan_chunks(&mut self, step: &Step) -> Vec<(usize, usize)> {
         let decoding = self
             .sequences
             .iter()
@@ -57,51 +76,52 @@ impl LoadedModel {
             budget = budget.saturating_sub(n);
             planned.push((i, n));
         }
-        // Chunks holding image tokens are never cut to another's width (that could split an
-        // image): they share a forward only with chunks of their exact width.
-        let (with_images, text): (Vec<_>, Vec<_>) = planned
-            .into_iter()
-            .partition(|&(i, n)| chunk_has_images(&self.sequences[i], n));
-        let mut groups = equal_width_groups(text);
-        groups.extend(exact_width_groups(with_images));
-        let mut seeds = Vec::new();
-        for (width, group) in groups {
-            let ids: Vec<SequenceId> = group.iter().map(|&i| self.sequences[i].id).collect();
-            // An image's encoder runs inside its chunk's forward: its time says nothing of
-            // the pace of prompt tokens.
-            let paced = !group
-                .iter()
-                .any(|&i| chunk_has_images(&self.sequences[i], width));
-            let started = Instant::now();
-            let forward = self.prefill_rows(&group, width);
-            if forward.is_ok() && paced {
-                self.pace.record(width * group.len(), started.elapsed());
+        planned
+    }
+
+    /// Evaluates the chunks of `width` tokens of `group` (indices, ascending) in one forward,
+    /// timing it for the pace; returns the last logits of each sequence whose prompt is now
+    /// evaluated. One that asked for no tokens ends there; a failed forward ends every row.
+    fn prefill_group(
+        &mut self,
+        group: &[usize],
+        width: usize,
+        step: &mut Step,
+    ) -> Vec<(SequenceId, Array)> {
+        let ids: Vec<SequenceId> = group.iter().map(|&i| self.sequences[i].id).collect();
+        // An image's encoder runs inside its chunk's forward: its time says nothing of the
+        // pace of prompt tokens.
+        let paced = !group
+            .iter()
+            .any(|&i| chunk_has_images(&self.sequences[i], width));
+        let started = Instant::now();
+        let ends = match self.prefill_rows(group, width) {
+            Ok(ends) => ends,
+            // One forward wrote every row's caches: none of them can be trusted.
+            Err(e) => {
+                for id in ids {
+                    step.ending.add(id, Outcome::Failed(e.to_string()));
+                }
+                return Vec::new();
             }
-            match forward {
-                Ok(ends) => {
-                    for (id, logits) in ids.into_iter().zip(ends) {
-                        match logits {
-                            // Asked for no tokens (or no room left): done once the prompt is
-                            // evaluated.
-                            Some(_)
-                                if self
-                                    .index_of(id)
-                                    .is_some_and(|i| self.sequences[i].budget == 0) =>
-                            {
-                                step.ending.add(id, Outcome::Done(DoneReason::Length));
-                            }
-                            Some(logits) => seeds.push((id, logits)),
-                            None => {}
-                        }
-                    }
-                    step.clear_pool |= width * group.len() >= LONG_PREFILL;
+        };
+        if paced {
+            self.pace.record(width * group.len(), started.elapsed());
+        }
+        step.clear_pool |= width * group.len() >= LONG_PREFILL;
+        let mut seeds = Vec::new();
+        for (id, logits) in ids.into_iter().zip(ends) {
+            match logits {
+                // Asked for no tokens (or no room left): done once the prompt is evaluated.
+                Some(_)
+                    if self
+                        .index_of(id)
+                        .is_some_and(|i| self.sequences[i].budget == 0) =>
+                {
+                    step.ending.add(id, Outcome::Done(DoneReason::Length));
                 }
-                // One forward wrote every row's caches: none of them can be trusted.
-                Err(e) => {
-                    for id in ids {
-                        step.ending.add(id, Outcome::Failed(e.to_string()));
-                    }
-                }
+                Some(logits) => seeds.push((id, logits)),
+                None => {}
             }
         }
         seeds
@@ -166,33 +186,7 @@ impl LoadedModel {
             .iter()
             .map(|&i| self.chunk_rope_delta(i, width))
             .collect::<Result<Vec<i64>>>()?;
-        let images = self.chunk_images(group, width)?;
-        let out =
-            match images {
-                None => {
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    self.model.forward_rows(&batch, &mut caches)?
-                }
-                Some((features, _)) if self.model.audio().is_some() => {
-                    let audio = self.model.audio().ok_or_else(|| {
-                        StepError::Request("this model does not read audio".into())
-                    })?;
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    audio.forward_rows_with_audio(&batch, Some(&features), &mut caches)?
-                }
-                Some((features, grids)) => {
-                    let vision = self.model.vision().ok_or_else(|| {
-                        StepError::Request("this model does not read images".into())
-                    })?;
-                    let mut caches = caches_of(&mut self.sequences, group)?;
-                    vision.forward_rows_with_image_grids(
-                        &batch,
-                        Some(&features),
-                        &grids,
-                        &mut caches,
-                    )?
-                }
-            };
+        let out = self.forward_chunks(group, width, &batch)?;
         let mut ends = Vec::with_capacity(group.len());
         let mut unfinished = Vec::new();
         for (row, &i) in group.iter().enumerate() {
@@ -226,6 +220,36 @@ impl LoadedModel {
             mlx::eval(&arrays)?;
         }
         Ok(ends)
+    }
+
+    /// The forward over `batch`, the next `width` prompt tokens of each sequence in `group`:
+    /// through the model's audio or vision path, with the encoded features of the media wholly
+    /// in the chunks, when there are any.
+    fn forward_chunks(&mut self, group: &[usize], width: usize, batch: &Batch) -> Result<Forward> {
+        let images = self.chunk_images(group, width)?;
+        let out = match images {
+            None => {
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                self.model.forward_rows(batch, &mut caches)?
+            }
+            Some((features, _)) if self.model.audio().is_some() => {
+                let audio = self
+                    .model
+                    .audio()
+                    .ok_or_else(|| StepError::Request("this model does not read audio".into()))?;
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                audio.forward_rows_with_audio(batch, Some(&features), &mut caches)?
+            }
+            Some((features, grids)) => {
+                let vision = self
+                    .model
+                    .vision()
+                    .ok_or_else(|| StepError::Request("this model does not read images".into()))?;
+                let mut caches = caches_of(&mut self.sequences, group)?;
+                vision.forward_rows_with_image_grids(batch, Some(&features), &grids, &mut caches)?
+            }
+        };
+        Ok(out)
     }
 
     /// How far the next `width` prompt tokens of sequence `index` move its rope delta: by what

@@ -2,7 +2,7 @@
 //!
 //! A speculating sequence leaves the pipelined decode forward: each step it runs one *round*
 //! (while its depth controller finds that drafting does not pay, it decodes in the plain
-//! forward instead, see [`decide_depths`] and [`plain_step`]).
+//! forward instead, see [`decide_depths`] and [`plain_step`]). [`Rounds`] runs them.
 //! The host knows the round's first token (the last one committed, not yet in the caches); the
 //! sequence's drafter proposes up to `k` more, the depth controller picking `k`; one forward
 //! over `[next, d1..dk]` yields the target's logits at every position; the sampler turns them
@@ -31,19 +31,40 @@ use speculate::{Commit, Draft, DraftProbs, Proposal, Verdict};
 use crate::engine::controllers::Controllers;
 use crate::engine::draft_context::DraftContext;
 use crate::engine::drafters::Drafters;
-use crate::engine::job::{DrafterKind, TokenLogprobs};
-use crate::engine::rollback;
+use crate::engine::job::{DoneReason, DrafterKind, TokenLogprobs};
+use crate::engine::rollback::{self, RoundCaptures};
 use crate::engine::sequence::{Outcome, Sequence};
 use crate::engine::speculating::Speculating;
-use crate::engine::step::{
-    Ending, Step, StepError, caches_of, equal_width_groups, with_rope_deltas,
-};
+use crate::engine::step::{Ending, Result, Step, caches_of, equal_width_groups, with_rope_deltas};
+
+/// This step's speculative rounds, over what they borrow from the loaded model and the step:
+/// every speculating sequence that knows its next token runs one round (see the module docs).
+/// [`Rounds::run`] reads as the round does: plan, draft, constrain, verify, one host read,
+/// settle.
+pub struct Rounds<'a> {
+    /// The target model.
+    pub model: &'a dyn Model,
+    /// The drafters, one per kind.
+    pub drafters: &'a mut Drafters,
+    /// The sampler, one slot per sequence.
+    pub sampler: &'a mut Sampler,
+    /// The depth controllers, one per drafter kind.
+    pub controllers: &'a mut Controllers,
+    /// The step's sequences.
+    pub sequences: &'a mut [Sequence],
+    /// The step's state: a sequence whose round fails or ends it is added to its ending.
+    pub step: &'a mut Step,
+}
 
 /// A planned round: the sequence, its first token and its drafts, and under a grammar the
 /// mask before each draft and after the last.
 struct Planned {
     /// The sequence's index in the step's sequences.
     index: usize,
+    /// The kind of its drafter.
+    kind: DrafterKind,
+    /// How many drafts the round asks for (0: the round verifies its first token alone).
+    depth: usize,
     /// The round's first token, then (once drafted) its drafts.
     tokens: Vec<u32>,
     /// The drafts, once its drafter proposed them.
@@ -53,6 +74,31 @@ struct Planned {
     /// learns from.
     catching_up: bool,
     masks: Option<Vec<Vec<u32>>>,
+}
+
+impl Planned {
+    /// A round of sequence `index` starting from `next`, asking its drafter of `kind` for
+    /// `depth` drafts.
+    fn new(index: usize, kind: DrafterKind, next: u32, depth: usize) -> Planned {
+        Planned {
+            index,
+            kind,
+            depth,
+            tokens: vec![next],
+            draft: Draft::empty(),
+            catching_up: false,
+            masks: None,
+        }
+    }
+
+    /// Cuts the round to `width` tokens, the width of the forward it shares.
+    fn cut_to(&mut self, width: usize) {
+        self.tokens.truncate(width);
+        self.draft.truncate(width - 1);
+        if let Some(masks) = &mut self.masks {
+            masks.truncate(width);
+        }
+    }
 }
 
 /// A dispatched round, waiting for the host read.
@@ -71,196 +117,375 @@ struct Dispatched {
     catching_up: bool,
 }
 
-/// Runs this step's round for every speculating sequence that knows its next token.
-pub fn run_rounds(
-    model: &dyn Model,
-    drafters: &mut Drafters,
-    sampler: &mut Sampler,
-    controllers: &mut Controllers,
-    sequences: &mut [Sequence],
-    step: &mut Step,
-) -> Result<(), StepError> {
-    let started = Instant::now();
-    let ready: Vec<usize> = (0..sequences.len())
-        .filter(|&i| {
-            let seq = &sequences[i];
-            !step.ending.contains(seq.id)
-                && seq
-                    .speculating
-                    .as_ref()
-                    .is_some_and(|s| s.next.is_some() && !s.decodes_plainly())
+impl Dispatched {
+    /// What the host read evaluates for this round: its picks, then its logits if kept.
+    fn outputs(&self) -> impl Iterator<Item = &Array> {
+        std::iter::once(&self.picks).chain(self.logits.as_ref())
+    }
+}
+
+/// What the depth controllers learn from a step's rounds: they cost `cost` together, among
+/// `batch` speculating sequences.
+#[derive(Clone, Copy)]
+struct RoundCost {
+    batch: usize,
+    cost: Duration,
+}
+
+/// A verified round applied to its sequence: what it commits, and where its caches stand.
+struct Accepted {
+    /// Drafts the target accepted.
+    accepted: usize,
+    /// The tokens the round commits: the accepted drafts, then the token drawn after them.
+    committed: Vec<u32>,
+    /// Where the round's first token sits: the sequence's length before the round.
+    start: usize,
+    /// What the caches hold now: the round's first token and the accepted drafts.
+    keep: usize,
+    /// What the recurrent layers captured in the round, to roll back further when the
+    /// stream stops early.
+    captures: RoundCaptures,
+}
+
+impl Accepted {
+    /// Applies `verdict` to `round`'s sequence: its caches rewind past the rejected drafts
+    /// and its tokens take the round's first token and the accepted drafts.
+    fn rewind(seq: &mut Sequence, round: &Dispatched, verdict: Verdict) -> Result<Accepted> {
+        let Verdict { accepted, next } = verdict;
+        // The caches hold the round's first token and the accepted drafts.
+        let start = seq.tokens.len();
+        let keep = start + 1 + accepted;
+        let captures = rollback::round_captures(&mut seq.caches);
+        rollback::rewind_round(&mut seq.caches, &captures, keep)?;
+        seq.tokens.extend_from_slice(&round.tokens[..1 + accepted]);
+        let mut committed = round.draft.tokens[..accepted].to_vec();
+        committed.push(next);
+        Ok(Accepted {
+            accepted,
+            committed,
+            start,
+            keep,
+            captures,
         })
-        .collect();
-    if ready.is_empty() {
-        return Ok(());
     }
-    let batch = ready.len();
-    let mut planned = Vec::with_capacity(batch);
-    // Each drafter's proposals, with the round each belongs to.
-    let mut proposals: HashMap<DrafterKind, Vec<(usize, Proposal)>> = HashMap::new();
-    for i in ready {
-        let seq = &mut sequences[i];
-        let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
-        let id = seq.id;
-        let Some(spec) = seq.speculating.as_mut() else {
-            continue;
-        };
-        let Some(next) = spec.next else {
-            continue;
-        };
-        if !spec.settled {
-            let mut context = seq.tokens.clone();
-            context.push(next);
-            drafters.of(spec.kind)?.settle(id, &context);
-        }
-        spec.settled = true;
-        let depth = decided_depth(controllers, spec, batch, room);
-        if depth > 0 {
-            proposals
-                .entry(spec.kind)
-                .or_default()
-                .push((planned.len(), Proposal::new(id, next, depth)));
-        }
-        planned.push(Planned {
-            index: i,
-            tokens: vec![next],
-            draft: Draft::empty(),
-            catching_up: false,
-            masks: None,
-        });
+
+    /// The token drawn after the accepted drafts: the next round's first.
+    fn next(&self) -> u32 {
+        self.committed[self.accepted]
     }
-    for (kind, rounds) in proposals {
-        let (plans, mut rows): (Vec<usize>, Vec<Proposal>) = rounds.into_iter().unzip();
-        let mut ctx = DraftContext {
-            target: model,
-            sampler,
-            sequences,
-        };
-        drafters.of(kind)?.propose(&mut ctx, &mut rows)?;
-        for (p, mut proposal) in plans.into_iter().zip(rows) {
-            proposal.draft.truncate(proposal.depth);
-            planned[p].draft = proposal.draft;
-            planned[p].catching_up = proposal.catching_up;
+}
+
+impl Rounds<'_> {
+    /// Runs this step's round for every speculating sequence that knows its next token.
+    pub fn run(mut self) -> Result<()> {
+        let started = Instant::now();
+        let mut planned = self.plan()?;
+        if planned.is_empty() {
+            return Ok(());
         }
+        let batch = planned.len();
+        self.draft(&mut planned)?;
+        let planned = self.constrain(planned);
+        let dispatched = self.verify(planned)?;
+        // The round's one host read.
+        mlx::eval(dispatched.iter().flat_map(Dispatched::outputs))?;
+        let cost = RoundCost {
+            batch,
+            cost: started.elapsed(),
+        };
+        for round in dispatched {
+            self.settle(round, cost)?;
+        }
+        Ok(())
     }
-    for plan in &mut planned {
-        let seq = &mut sequences[plan.index];
-        if let Some(grammar) = seq.job.grammar.as_mut() {
-            match masks_along(grammar, &mut plan.draft) {
-                Ok(masks) => plan.masks = Some(masks),
-                Err(e) => {
-                    step.ending
-                        .add(seq.id, Outcome::Failed(format!("structured output: {e}")));
-                    continue;
+
+    /// The rounds starting now, one per sequence that [`starts_round`]: its drafter told the
+    /// context once, its depth decided among them all.
+    fn plan(&mut self) -> Result<Vec<Planned>> {
+        let ready: Vec<usize> = (0..self.sequences.len())
+            .filter(|&i| starts_round(&self.sequences[i], &self.step.ending))
+            .collect();
+        let batch = ready.len();
+        let mut planned = Vec::with_capacity(batch);
+        for index in ready {
+            let seq = &mut self.sequences[index];
+            let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
+            let id = seq.id;
+            let Some(spec) = seq.speculating.as_mut() else {
+                continue;
+            };
+            let Some(next) = spec.next else {
+                continue;
+            };
+            if !spec.settled {
+                let mut context = seq.tokens.clone();
+                context.push(next);
+                self.drafters.of(spec.kind)?.settle(id, &context);
+            }
+            spec.settled = true;
+            let depth = decided_depth(self.controllers, spec, batch, room);
+            planned.push(Planned::new(index, spec.kind, next, depth));
+        }
+        Ok(planned)
+    }
+
+    /// Hands each drafter all of its rounds' proposals at once; each draft comes back cut to
+    /// the depth its round asked for.
+    fn draft(&mut self, planned: &mut [Planned]) -> Result<()> {
+        // Each drafter's proposals, with the round each belongs to.
+        let mut proposals: HashMap<DrafterKind, Vec<(usize, Proposal)>> = HashMap::new();
+        for (p, plan) in planned.iter().enumerate() {
+            if plan.depth > 0 {
+                let id = self.sequences[plan.index].id;
+                let proposal = Proposal::new(id, plan.tokens[0], plan.depth);
+                proposals.entry(plan.kind).or_default().push((p, proposal));
+            }
+        }
+        for (kind, rounds) in proposals {
+            let (plans, mut rows): (Vec<usize>, Vec<Proposal>) = rounds.into_iter().unzip();
+            let mut ctx = DraftContext {
+                target: self.model,
+                sampler: self.sampler,
+                sequences: self.sequences,
+            };
+            self.drafters.of(kind)?.propose(&mut ctx, &mut rows)?;
+            for (p, mut proposal) in plans.into_iter().zip(rows) {
+                proposal.draft.truncate(proposal.depth);
+                planned[p].draft = proposal.draft;
+                planned[p].catching_up = proposal.catching_up;
+            }
+        }
+        Ok(())
+    }
+
+    /// Under a grammar, cuts each draft where the grammar stops allowing it and keeps the mask
+    /// of each of the round's positions; a sequence whose grammar fails ends, its round with
+    /// it. Each round's tokens take its drafts.
+    fn constrain(&mut self, mut planned: Vec<Planned>) -> Vec<Planned> {
+        for plan in &mut planned {
+            let seq = &mut self.sequences[plan.index];
+            if let Some(grammar) = seq.job.grammar.as_mut() {
+                match masks_along(grammar, &mut plan.draft) {
+                    Ok(masks) => plan.masks = Some(masks),
+                    Err(e) => {
+                        let outcome = Outcome::Failed(format!("structured output: {e}"));
+                        self.step.ending.add(seq.id, outcome);
+                        continue;
+                    }
                 }
             }
+            plan.tokens.extend_from_slice(&plan.draft.tokens);
         }
-        plan.tokens.extend_from_slice(&plan.draft.tokens);
+        planned.retain(|plan| !self.step.ending.contains(self.sequences[plan.index].id));
+        planned
     }
-    planned.retain(|plan| !step.ending.contains(sequences[plan.index].id));
 
-    // One forward per width; drafts cut to the width of the forward they share.
-    let widths: Vec<(usize, usize)> = planned
-        .iter()
-        .enumerate()
-        .map(|(p, plan)| (p, plan.tokens.len()))
-        .collect();
-    let mut slots: Vec<Option<Planned>> = planned.into_iter().map(Some).collect();
-    let mut dispatched = Vec::with_capacity(batch);
-    let mut outputs = Vec::new();
-    for (width, group) in equal_width_groups(widths) {
-        let mut plans: Vec<Planned> = group.iter().filter_map(|&p| slots[p].take()).collect();
-        // The batch's rows follow the order of `sequences`.
-        plans.sort_by_key(|plan| plan.index);
-        for plan in &mut plans {
-            plan.tokens.truncate(width);
-            plan.draft.truncate(width - 1);
-            if let Some(masks) = &mut plan.masks {
-                masks.truncate(width);
+    /// Dispatches the rounds: one verification forward per width (drafts cut to the width of
+    /// the forward they share), then each round's distributions from its row of the logits.
+    fn verify(&mut self, planned: Vec<Planned>) -> Result<Vec<Dispatched>> {
+        let widths: Vec<(usize, usize)> = planned
+            .iter()
+            .enumerate()
+            .map(|(p, plan)| (p, plan.tokens.len()))
+            .collect();
+        let mut slots: Vec<Option<Planned>> = planned.into_iter().map(Some).collect();
+        let mut dispatched = Vec::with_capacity(slots.len());
+        for (width, group) in equal_width_groups(widths) {
+            let mut plans: Vec<Planned> = group.iter().filter_map(|&p| slots[p].take()).collect();
+            // The batch's rows follow the order of `sequences`.
+            plans.sort_by_key(|plan| plan.index);
+            for plan in &mut plans {
+                plan.cut_to(width);
+            }
+            let logits = self.forward(&plans, width)?;
+            let vocab = usize::try_from(logits.dim(2)?).unwrap_or(0);
+            for (row, plan) in plans.into_iter().enumerate() {
+                let row_logits = logits
+                    .slice_axis(0, row as i32, row as i32 + 1)?
+                    .squeeze(&[0])?;
+                dispatched.push(self.dispatch(plan, row_logits, vocab)?);
             }
         }
+        Ok(dispatched)
+    }
+
+    /// The target's f32 logits `[rows, width, V]` over `plans`' tokens, a row each, from one
+    /// forward. Wider than one token, the recurrent layers capture after each position, so
+    /// the round can roll back to any of them.
+    fn forward(&mut self, plans: &[Planned], width: usize) -> Result<Array> {
         let rows: Vec<(&[u32], usize)> = plans
             .iter()
-            .map(|plan| (plan.tokens.as_slice(), sequences[plan.index].tokens.len()))
+            .map(|plan| {
+                let held = self.sequences[plan.index].tokens.len();
+                (plan.tokens.as_slice(), held)
+            })
             .collect();
         let indices: Vec<usize> = plans.iter().map(|plan| plan.index).collect();
-        let forward_batch = with_rope_deltas(Batch::rows(&rows)?, sequences, &indices)?;
+        let forward_batch = with_rope_deltas(Batch::rows(&rows)?, self.sequences, &indices)?;
         if width > 1 {
             for &i in &indices {
+                let seq = &mut self.sequences[i];
                 // What prefill captured for the trie moves out first: the round's own
                 // captures are only for rolling it back.
-                sequences[i].collect_captures();
-                let start = sequences[i].tokens.len();
-                rollback::capture_round(&mut sequences[i].caches, start, width)?;
+                seq.collect_captures();
+                let start = seq.tokens.len();
+                rollback::capture_round(&mut seq.caches, start, width)?;
             }
         }
         let out = {
-            let mut caches = caches_of(sequences, &indices)?;
-            model.forward_rows(&forward_batch, &mut caches)?
+            let mut caches = caches_of(self.sequences, &indices)?;
+            self.model.forward_rows(&forward_batch, &mut caches)?
         };
-        let logits = model.unembed(&out.hidden)?.astype(Dtype::F32)?;
-        let vocab = usize::try_from(logits.dim(2)?).unwrap_or(0);
-        for (row, mut plan) in plans.into_iter().enumerate() {
-            let seq = &sequences[plan.index];
-            let row_logits = logits
-                .slice_axis(0, row as i32, row as i32 + 1)?
-                .squeeze(&[0])?;
-            let chain = match plan.draft.len() {
-                0 => None,
-                n => Some(token_array(&plan.draft.tokens, n)?),
-            };
-            // The model may have more output rows than the tokenizer has tokens (padding); the
-            // grammar never allows those.
-            for mask in plan.masks.iter_mut().flatten() {
-                mask.resize(sampler::mask_words(vocab), 0);
-            }
-            let masks: Vec<Option<&[u32]>> = plan
-                .masks
-                .iter()
-                .flatten()
-                .map(|m| Some(m.as_slice()))
-                .collect();
-            let distribution =
-                sampler.distribution_masked(seq.id, &row_logits, chain.as_ref(), &masks)?;
-            let greedy = seq.job.sampling.is_greedy();
-            let picks = if greedy {
-                distribution.probs.argmax(1, false)?
-            } else {
-                distribution.probs
-            };
-            outputs.push(picks.clone());
-            let logits = seq.job.sampling.logprobs.map(|_| row_logits.clone());
-            if let Some(l) = &logits {
-                outputs.push(l.clone());
-            }
-            dispatched.push(Dispatched {
-                index: plan.index,
-                tokens: plan.tokens,
-                draft: plan.draft,
-                picks,
-                greedy,
-                logits,
-                masks: plan.masks,
-                catching_up: plan.catching_up,
-            });
+        Ok(self.model.unembed(&out.hidden)?.astype(Dtype::F32)?)
+    }
+
+    /// `plan`'s distributions, from its `[width, V]` logits: the sampler's chain with the
+    /// drafts before each position (penalties see them) and the grammar's masks; a greedy
+    /// round keeps only each position's argmax.
+    fn dispatch(&mut self, mut plan: Planned, logits: Array, vocab: usize) -> Result<Dispatched> {
+        let seq = &self.sequences[plan.index];
+        let chain = match plan.draft.len() {
+            0 => None,
+            n => Some(token_array(&plan.draft.tokens, n)?),
+        };
+        // The model may have more output rows than the tokenizer has tokens (padding); the
+        // grammar never allows those.
+        for mask in plan.masks.iter_mut().flatten() {
+            mask.resize(sampler::mask_words(vocab), 0);
         }
+        let masks: Vec<Option<&[u32]>> = plan
+            .masks
+            .iter()
+            .flatten()
+            .map(|m| Some(m.as_slice()))
+            .collect();
+        let distribution =
+            self.sampler
+                .distribution_masked(seq.id, &logits, chain.as_ref(), &masks)?;
+        let greedy = seq.job.sampling.is_greedy();
+        let picks = if greedy {
+            distribution.probs.argmax(1, false)?
+        } else {
+            distribution.probs
+        };
+        Ok(Dispatched {
+            index: plan.index,
+            tokens: plan.tokens,
+            draft: plan.draft,
+            picks,
+            greedy,
+            logits: seq.job.sampling.logprobs.map(|_| logits),
+            masks: plan.masks,
+            catching_up: plan.catching_up,
+        })
     }
-    // The round's one host read.
-    mlx::eval(&outputs)?;
-    let cost = started.elapsed();
-    for round in dispatched {
-        settle_round(
-            round,
-            drafters,
-            sampler,
-            controllers,
-            sequences,
-            batch,
-            cost,
-            step,
-        )?;
+
+    /// Settles one evaluated round: verifies it, rolls its caches back to what was accepted,
+    /// tells the drafter, the sampler and the controller, and streams what it committed. A
+    /// round that fails verification ends its sequence.
+    fn settle(&mut self, round: Dispatched, cost: RoundCost) -> Result<()> {
+        let seq = &self.sequences[round.index];
+        let verdict = match verdict_of(&round, seq)? {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                let outcome = Outcome::Failed(format!("speculative verification: {e}"));
+                self.step.ending.add(seq.id, outcome);
+                return Ok(());
+            }
+        };
+        let logits = round
+            .logits
+            .as_ref()
+            .map(Array::to_vec::<f32>)
+            .transpose()?;
+        let accepted = Accepted::rewind(&mut self.sequences[round.index], &round, verdict)?;
+        self.commit(&round, &accepted, cost)?;
+        self.stream(&round, &accepted, logits.as_deref())
     }
-    Ok(())
+
+    /// Tells the round's drafter and sampler slot what it committed, and its depth controller
+    /// what it cost (unless the drafter spent it catching up); counts it in the statistics.
+    fn commit(&mut self, round: &Dispatched, accepted: &Accepted, cost: RoundCost) -> Result<()> {
+        let seq = &mut self.sequences[round.index];
+        let id = seq.id;
+        if let Some(spec) = seq.speculating.as_mut() {
+            spec.stats.rounds += 1;
+            spec.stats.drafted += round.draft.len();
+            spec.stats.accepted += accepted.accepted;
+            let commit = Commit {
+                tokens: &accepted.committed,
+                held: accepted.keep,
+                plain: false,
+            };
+            self.drafters.of(spec.kind)?.commit(id, commit)?;
+            spec.next = None;
+            if !round.catching_up {
+                let drafted = round.draft.len();
+                let RoundCost { batch, cost } = cost;
+                self.controllers
+                    .observe(spec.kind, batch, drafted, accepted.accepted, cost);
+            }
+        }
+        self.sampler.commit(id, &accepted.committed)?;
+        Ok(())
+    }
+
+    /// Streams what the round committed, with logprobs from `logits` (`[width × V]`, when
+    /// the request asks for them). A token that ends the sequence keeps nothing after it in
+    /// the caches; a sequence that spent its budget or was cancelled ends; any other starts
+    /// its next round from the drawn token.
+    fn stream(
+        &mut self,
+        round: &Dispatched,
+        accepted: &Accepted,
+        logits: Option<&[f32]>,
+    ) -> Result<()> {
+        let seq = &mut self.sequences[round.index];
+        let id = seq.id;
+        let now = Instant::now();
+        let vocab = logits.map_or(0, |l| l.len() / round.tokens.len().max(1));
+        for (position, &token) in accepted.committed.iter().enumerate() {
+            let entry = match (logits, seq.job.sampling.logprobs) {
+                (Some(l), Some(top)) => {
+                    l.get(position * vocab..(position + 1) * vocab).map(|row| {
+                        let mask = round.masks.as_ref().and_then(|m| m.get(position));
+                        logprobs_of(row, mask.map(Vec::as_slice), token, top)
+                    })
+                }
+                _ => None,
+            };
+            if let Some(outcome) = self.step.deliver(seq, token, entry, now) {
+                // Nothing after this token was streamed: the caches end where it stands.
+                let held = (accepted.start + 1 + position).min(accepted.keep);
+                // The drafter hears where it ends when the sequence retires.
+                rollback::rewind_round(&mut seq.caches, &accepted.captures, held)?;
+                seq.tokens.truncate(held);
+                self.step.ending.add(id, outcome);
+                return Ok(());
+            }
+        }
+        if !seq.has_budget() || seq.cancelled() {
+            let reason = if seq.cancelled() {
+                DoneReason::Cancelled
+            } else {
+                DoneReason::Length
+            };
+            self.step.ending.add(id, Outcome::Done(reason));
+        } else if let Some(spec) = seq.speculating.as_mut() {
+            spec.next = Some(accepted.next());
+        }
+        Ok(())
+    }
+}
+
+/// Whether `seq` starts a round in this step: it speculates, knows its round's first token,
+/// does not decode in the plain forward, and does not end in this step.
+fn starts_round(seq: &Sequence, ending: &Ending) -> bool {
+    !ending.contains(seq.id)
+        && seq
+            .speculating
+            .as_ref()
+            .is_some_and(|s| s.next.is_some() && !s.decodes_plainly())
 }
 
 /// The depth of `spec`'s next round among `batch` speculating sequences, with `room` tokens
@@ -303,16 +528,12 @@ fn decided_depth(
 /// instead (a round is a host sync per token even at depth 0), until [`plain_step`] hears
 /// otherwise from the controller; the others run their rounds at the decided depth.
 pub fn decide_depths(controllers: &mut Controllers, sequences: &mut [Sequence], ending: &Ending) {
-    let ready = |seq: &Sequence| {
-        !ending.contains(seq.id)
-            && seq
-                .speculating
-                .as_ref()
-                .is_some_and(|s| s.next.is_some() && !s.decodes_plainly())
-    };
-    let batch = sequences.iter().filter(|seq| ready(seq)).count();
+    let batch = sequences
+        .iter()
+        .filter(|seq| starts_round(seq, ending))
+        .count();
     for seq in sequences.iter_mut() {
-        if !ready(seq) {
+        if !starts_round(seq, ending) {
             continue;
         }
         let room = seq.budget.saturating_sub(seq.stats.generated_tokens);
@@ -347,7 +568,7 @@ pub fn plain_step(
     token: u32,
     batch: usize,
     cost: Option<Duration>,
-) -> Result<(), StepError> {
+) -> Result<()> {
     // Counting the token being read.
     let room = seq.budget.saturating_sub(seq.stats.generated_tokens + 1);
     let held = seq.tokens.len();
@@ -374,116 +595,30 @@ pub fn plain_step(
     Ok(())
 }
 
-/// Verifies one evaluated round, rewinds its caches, streams what it committed and tells the
-/// drafter, the sampler and the controller.
-#[allow(clippy::too_many_arguments)]
-fn settle_round(
-    round: Dispatched,
-    drafters: &mut Drafters,
-    sampler: &mut Sampler,
-    controllers: &mut Controllers,
-    sequences: &mut [Sequence],
-    batch: usize,
-    cost: Duration,
-    step: &mut Step,
-) -> Result<(), StepError> {
-    let seq = &mut sequences[round.index];
-    let id = seq.id;
-    let verdict = if round.greedy {
+/// Verifies one evaluated round of `seq`: a greedy round's drafts against the target's
+/// argmax; a sampled one's with `min(1, p/q)` and the residual, under random numbers keyed by
+/// output position. The outer error is reading the round; the inner, verification refusing it.
+fn verdict_of(round: &Dispatched, seq: &Sequence) -> Result<speculate::Result<Verdict>> {
+    if round.greedy {
         let argmax = round.picks.to_vec::<u32>()?;
-        speculate::verify_greedy(&round.draft.tokens, &argmax)
-    } else {
-        let probs = round.picks.to_vec::<f32>()?;
-        let vocab = probs.len() / round.tokens.len().max(1);
-        let rows: Vec<&[f32]> = probs.chunks(vocab.max(1)).collect();
-        let key = seq.speculating.as_ref().map_or(0, |s| s.key);
-        // Output position of the round's first committed token.
-        let start = seq.stats.generated_tokens;
-        match &round.draft.probs {
-            DraftProbs::OneHot => speculate::verify_positional(&round.draft.tokens, &rows, |i| {
-                StdRng::seed_from_u64(position_seed(key, start + i)).random::<f64>()
-            }),
-            DraftProbs::Dense(_) => speculate::verify(
-                &round.draft,
-                &rows,
-                &mut StdRng::seed_from_u64(position_seed(key, start)),
-            ),
-        }
-    };
-    let Verdict { accepted, next } = match verdict {
-        Ok(verdict) => verdict,
-        Err(e) => {
-            step.ending.add(
-                id,
-                Outcome::Failed(format!("speculative verification: {e}")),
-            );
-            return Ok(());
-        }
-    };
-    let logits = match &round.logits {
-        Some(l) => Some(l.to_vec::<f32>()?),
-        None => None,
-    };
-
-    // The caches hold the round's first token and the accepted drafts.
-    let start = seq.tokens.len();
-    let keep = start + 1 + accepted;
-    let captures = rollback::round_captures(&mut seq.caches);
-    rollback::rewind_round(&mut seq.caches, &captures, keep)?;
-    seq.tokens.extend_from_slice(&round.tokens[..1 + accepted]);
-
-    let mut committed: Vec<u32> = round.draft.tokens[..accepted].to_vec();
-    committed.push(next);
-    if let Some(spec) = seq.speculating.as_mut() {
-        spec.stats.rounds += 1;
-        spec.stats.drafted += round.draft.len();
-        spec.stats.accepted += accepted;
-        let commit = Commit {
-            tokens: &committed,
-            held: keep,
-            plain: false,
-        };
-        drafters.of(spec.kind)?.commit(id, commit)?;
-        spec.next = None;
-        if !round.catching_up {
-            controllers.observe(spec.kind, batch, round.draft.len(), accepted, cost);
-        }
+        return Ok(speculate::verify_greedy(&round.draft.tokens, &argmax));
     }
-    sampler.commit(id, &committed)?;
-
-    let now = Instant::now();
-    let vocab = logits
-        .as_ref()
-        .map_or(0, |l| l.len() / round.tokens.len().max(1));
-    for (position, &token) in committed.iter().enumerate() {
-        let entry = match (&logits, seq.job.sampling.logprobs) {
-            (Some(l), Some(top)) => l.get(position * vocab..(position + 1) * vocab).map(|row| {
-                let mask = round.masks.as_ref().and_then(|m| m.get(position));
-                logprobs_of(row, mask.map(Vec::as_slice), token, top)
-            }),
-            _ => None,
-        };
-        if let Some(outcome) = step.deliver(seq, token, entry, now) {
-            // Nothing after this token was streamed: the caches end where it stands.
-            let held = (start + 1 + position).min(keep);
-            // The drafter hears where it ends when the sequence retires.
-            rollback::rewind_round(&mut seq.caches, &captures, held)?;
-            seq.tokens.truncate(held);
-            step.ending.add(id, outcome);
-            return Ok(());
-        }
-    }
-    if !seq.has_budget() || seq.cancelled() {
-        let reason = if seq.cancelled() {
-            crate::engine::job::DoneReason::Cancelled
-        } else {
-            crate::engine::job::DoneReason::Length
-        };
-        step.ending.add(id, Outcome::Done(reason));
-    } else if let Some(spec) = seq.speculating.as_mut() {
-        spec.next = Some(next);
-    }
-    Ok(())
+    let probs = round.picks.to_vec::<f32>()?;
+    let vocab = probs.len() / round.tokens.len().max(1);
+    let rows: Vec<&[f32]> = probs.chunks(vocab.max(1)).collect();
+    let key = seq.speculating.as_ref().map_or(0, |s| s.key);
+    // Output position of the round's first committed token.
+    let start = seq.stats.generated_tokens;
+    Ok(match &round.draft.probs {
+        DraftProbs::OneHot => speculate::verify_positional(&round.draft.tokens, &rows, |i| {
+            StdRng::seed_from_u64(position_seed(key, start + i)).random::<f64>()
+        }),
+        DraftProbs::Dense(_) => speculate::verify(
+            &round.draft,
+            &rows,
+            &mut StdRng::seed_from_u64(position_seed(key, start)),
+        ),
+    })
 }
 
 /// The seed of output position `position`'s random numbers under `key`.
@@ -492,7 +627,7 @@ fn position_seed(key: u64, position: usize) -> u64 {
 }
 
 /// `n` host token ids as a `[n]` i32 device array.
-fn token_array(tokens: &[u32], n: usize) -> Result<Array, StepError> {
+fn token_array(tokens: &[u32], n: usize) -> Result<Array> {
     let ids: Vec<i32> = tokens
         .iter()
         .map(|&t| i32::try_from(t).unwrap_or(i32::MAX))

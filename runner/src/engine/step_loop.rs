@@ -57,14 +57,15 @@ impl LoadedModel {
         speculation::decide_depths(&mut self.controllers, &mut self.sequences, &step.ending);
 
         let sampled = self.decode(seeds, &mut step)?;
-        speculation::run_rounds(
-            self.model.as_ref(),
-            &mut self.drafters,
-            &mut self.sampler,
-            &mut self.controllers,
-            &mut self.sequences,
-            &mut step,
-        )?;
+        speculation::Rounds {
+            model: self.model.as_ref(),
+            drafters: &mut self.drafters,
+            sampler: &mut self.sampler,
+            controllers: &mut self.controllers,
+            sequences: &mut self.sequences,
+            step: &mut step,
+        }
+        .run()?;
         self.pending = sampled.map(|(sampled, rows)| Pending {
             sampled,
             rows,
