@@ -21,7 +21,7 @@
 //! `models/glm4_moe_lite` (5.24); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024). The
 //! multi-token-prediction layers of the released checkpoints are set aside at load.
 
-use kvcache::{KvCache, LayerCache, LogicalMask};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -631,12 +631,6 @@ fn sparse_block(c: &Config, weights: &mut Weights, p: &str, activation: Activati
 impl Model for DeepseekV3 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        Ok((0..self.layers.len())
-            .map(|_| Some(LayerCache::Kv(KvCache::new())))
-            .collect())
     }
 
     fn forward_rows(

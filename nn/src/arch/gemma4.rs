@@ -20,7 +20,7 @@
 //! References: transformers' `models/gemma4/modeling_gemma4.py` and
 //! `configuration_gemma4.py` (5.24); Google DeepMind, "Gemma 4" model card (2026).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use mlx::fast::RopeOffset;
 use serde_json::Value;
@@ -803,26 +803,6 @@ impl Gemma4 {
 impl Model for Gemma4 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                if layer.self_attn.key_values.is_none() {
-                    return Ok(None);
-                }
-                Ok(Some(if layer.sliding {
-                    LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window: self.config.sliding_window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?)
-                } else {
-                    LayerCache::Kv(KvCache::new())
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

@@ -23,7 +23,7 @@
 //! (issue 21). The vision tower and the multi-token-prediction head of the released
 //! checkpoints are set aside at load, not read.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
+use kvcache::{LayerCache, LogicalMask, RecurrentConfig};
 use mlx::{Array, Dtype};
 use serde_json::Value;
 
@@ -230,9 +230,6 @@ impl Config {
     pub fn spec(&self) -> ModelSpec {
         let h = self.hidden_size as u64;
         let recurrent = self.recurrent_config();
-        let recurrent_bytes = 4
-            * (recurrent.conv_tail * recurrent.conv_dim
-                + recurrent.heads * recurrent.value_dim * recurrent.key_dim);
         let value_dim = (self.linear_num_value_heads * self.linear_value_head_dim) as u64;
         let delta_net = h * self.conv_dim() as u64
             + h * value_dim
@@ -273,9 +270,7 @@ impl Config {
                 .iter()
                 .map(|&linear| {
                     if linear {
-                        LayerState::Recurrent {
-                            bytes: recurrent_bytes,
-                        }
+                        LayerState::Recurrent { state: recurrent }
                     } else {
                         LayerState::Attention {
                             kv_heads: self.num_key_value_heads,
@@ -668,7 +663,6 @@ struct DecoderLayer {
 /// A Qwen3.5 text model.
 pub struct Qwen3_5 {
     spec: ModelSpec,
-    config: Config,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -756,7 +750,6 @@ impl Qwen3_5 {
         )?;
         Ok(Qwen3_5 {
             spec: config.spec(),
-            config,
             embed_tokens,
             layers,
             norm: final_norm,
@@ -839,23 +832,19 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
             c.rms_norm_eps,
         )
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", 2 * heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: Some(head_norm(weights, "q_norm")?),
-        k_norm: Some(head_norm(weights, "k_norm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", 2 * heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: true,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(head_norm(weights, "q_norm")?, head_norm(weights, "k_norm")?)
+    .with_output_gate()
+    .build())
 }
 
 impl Model for Qwen3_5 {
@@ -865,19 +854,6 @@ impl Model for Qwen3_5 {
 
     /// A recurrent layer's state cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of.
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let recurrent = self.config.recurrent_config();
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.mixer {
-                    Mixer::Linear(_) => LayerCache::Recurrent(RecurrentCache::new(recurrent)?),
-                    Mixer::Attention(_) => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,
