@@ -67,14 +67,6 @@ impl Mamba2Config {
         }
     }
 
-    /// Parameters of a mixer.
-    pub fn parameters(&self) -> u64 {
-        let h = self.hidden_size as u64;
-        h * (self.inner() + self.conv_dim() + self.heads) as u64
-            + (self.conv_dim() * self.conv_kernel) as u64
-            + self.inner() as u64 * h
-    }
-
     /// Checks the sizes fit together.
     pub fn check(&self) -> Result<()> {
         if self.groups == 0 || !self.heads.is_multiple_of(self.groups) {

@@ -18,8 +18,6 @@ pub struct ModelSpec {
     pub vocab_size: usize,
     /// Longest context the model supports.
     pub context_length: usize,
-    /// Parameters the hyperparameters describe (norms included, biases not).
-    pub parameters: u64,
     /// What each layer keeps per sequence, in layer order.
     pub layers: Vec<LayerState>,
 }

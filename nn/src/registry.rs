@@ -264,11 +264,8 @@ const ARCHITECTURES: &[Architecture] = &[
     },
     Architecture {
         names: &["llava", "LlavaForConditionalGeneration"],
-        // The text model's spec, with the tower's and projector's parameters.
-        describe: |config| {
-            let llava = llava::Config::from_json(config)?;
-            Ok(llava.spec(&describe(&llava.text_config)?))
-        },
+        // The text model's spec: the tower keeps no state per sequence.
+        describe: |config| describe(&llava::Config::from_json(config)?.text_config),
         build: |config, weights| {
             Ok(Box::new(llava::Llava::new(
                 llava::Config::from_json(config)?,

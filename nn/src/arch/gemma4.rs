@@ -240,37 +240,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let heads = self.num_attention_heads as u64;
-        let layers = self.layers.len() as u64;
-        let per_layer = self.per_layer_input.map_or(0, |p| {
-            // The per-layer table and projection, and each layer's gate, projection and norm.
-            p.vocab as u64 * layers * p.hidden as u64
-                + h * layers * p.hidden as u64
-                + layers * (2 * h * p.hidden as u64 + h)
-        });
-        let blocks: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                let q = heads * l.head_dim as u64;
-                let kv = match (l.shares_kv_of, l.keys_as_values) {
-                    (Some(_), _) => 0,
-                    (None, true) => h * (l.kv_heads * l.head_dim) as u64,
-                    (None, false) => 2 * h * (l.kv_heads * l.head_dim) as u64,
-                };
-                let experts = self.experts.map_or(0, |e| {
-                    e.num_experts as u64 * 3 * h * e.intermediate_size as u64
-                        + h * e.num_experts as u64
-                });
-                2 * h * q + kv + 3 * h * l.intermediate_size as u64 + experts + 4 * h
-            })
-            .sum();
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: self.vocab_size as u64 * h + blocks + per_layer + h,
             layers: self
                 .layers
                 .iter()

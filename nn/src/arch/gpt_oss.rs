@@ -124,27 +124,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let experts = self.num_local_experts as u64
-            * (3 * h * self.intermediate_size as u64 + 2 * self.intermediate_size as u64 + h)
-            + h * self.num_local_experts as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.sliding_layers.len() as u64 * (attention + experts + 2 * h)
-                + h
-                + head,
             layers: self
                 .sliding_layers
                 .iter()

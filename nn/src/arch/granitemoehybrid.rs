@@ -185,37 +185,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let feedforward = self.experts.0 as u64 * (3 * h * self.intermediate_size as u64 + h)
-            + 3 * h * self.shared_intermediate_size as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(false) {
-            embedding
-        } else {
-            0
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .mamba_layers
-                    .iter()
-                    .map(|&m| {
-                        if m {
-                            self.mamba.parameters()
-                        } else {
-                            attention
-                        }
-                    })
-                    .sum::<u64>()
-                + self.mamba_layers.len() as u64 * (feedforward + 2 * h)
-                + h
-                + head,
             layers: self
                 .mamba_layers
                 .iter()

@@ -119,27 +119,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * h + 2 * h * kv + 2 * self.head_dim as u64;
-        let conv = 3 * h * h + h * self.conv_kernel as u64 + h * h;
-        let mlp = 3 * h * self.feed_forward_size as u64;
-        let layers: u64 = self
-            .attention_layers
-            .iter()
-            .map(|&attends| if attends { attention } else { conv } + mlp + 2 * h)
-            .sum();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(false) {
-            embedding
-        } else {
-            0
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding + layers + h + head,
             layers: self
                 .attention_layers
                 .iter()

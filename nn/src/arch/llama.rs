@@ -94,29 +94,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        // Four norms and two head norms a layer, two and two more than Llama has: the count
-        // every family had before each had a file of its own, which decides whether a
-        // quantized checkpoint is dequantized at load.
-        let norms = 4 * h + 2 * self.head_dim as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.num_hidden_layers as u64 * (attention + mlp + norms)
-                + h
-                + head,
             layers: vec![
                 LayerState::Attention {
                     kv_heads: self.num_key_value_heads,

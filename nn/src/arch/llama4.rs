@@ -229,32 +229,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let expert = 3 * h * self.intermediate_size as u64;
-        let sparse =
-            (self.num_local_experts as u64 + 1) * expert + h * self.num_local_experts as u64;
-        let dense = 3 * h * self.intermediate_size_mlp as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .moe_layers
-                    .iter()
-                    .map(|&m| attention + if m { sparse } else { dense } + 2 * h)
-                    .sum::<u64>()
-                + h
-                + head,
             // A chunked layer still keeps every key: the chunk it attends to moves.
             layers: vec![
                 LayerState::Attention {

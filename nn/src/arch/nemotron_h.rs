@@ -219,49 +219,11 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let mamba = self.mamba().parameters();
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 2 * h * self.intermediate_size as u64;
-        let moe = self.experts.as_ref().map_or(0, |e| {
-            let inner = e.moe_latent_size.unwrap_or(self.hidden_size) as u64;
-            let latent = if e.moe_latent_size.is_some() {
-                2 * h * inner
-            } else {
-                0
-            };
-            e.n_routed_experts as u64 * (2 * inner * e.moe_intermediate_size as u64 + h)
-                + latent
-                + 2 * h * e.shared_intermediate_size as u64
-        });
         let recurrent = self.mamba().recurrent();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .blocks
-                    .iter()
-                    .map(|block| {
-                        h + match block {
-                            Block::Mamba => mamba,
-                            Block::Attention => attention,
-                            Block::Mlp => mlp,
-                            Block::Moe => moe,
-                        }
-                    })
-                    .sum::<u64>()
-                + h
-                + head,
             layers: self
                 .blocks
                 .iter()

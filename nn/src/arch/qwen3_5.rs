@@ -228,43 +228,11 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
         let recurrent = self.recurrent_config();
-        let value_dim = (self.linear_num_value_heads * self.linear_value_head_dim) as u64;
-        let delta_net = h * self.conv_dim() as u64
-            + h * value_dim
-            + 2 * h * self.linear_num_value_heads as u64
-            + self.conv_dim() as u64 * self.linear_conv_kernel_dim as u64
-            + value_dim * h;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv + q * h;
-        let dense = 3 * h * self.intermediate_size as u64;
-        let feedforward = |layer: usize| match &self.moe {
-            Some(moe) if moe.is_sparse(layer) => {
-                moe.num_experts as u64 * (3 * h * moe.moe_intermediate_size as u64 + h)
-                    + 3 * h * moe.shared_expert_intermediate_size as u64
-                    + h
-            }
-            _ => dense,
-        };
-        let layers: u64 = self
-            .linear_layers
-            .iter()
-            .enumerate()
-            .map(|(i, &linear)| if linear { delta_net } else { attention } + feedforward(i) + 2 * h)
-            .sum();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding + layers + h + head,
             layers: self
                 .linear_layers
                 .iter()

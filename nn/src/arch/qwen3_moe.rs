@@ -131,35 +131,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let experts = self.num_experts as u64;
-        let sparse = experts * 3 * h * self.moe_intermediate_size as u64 + h * experts;
-        // Four norms a layer, two more than Qwen3-MoE has: the count every family had before
-        // each had a file of its own, which decides whether a quantized checkpoint is
-        // dequantized at load.
-        let norms = 4 * h + 2 * self.head_dim as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .sparse_layers
-                    .iter()
-                    .map(|&routed| attention + if routed { sparse } else { mlp } + norms)
-                    .sum::<u64>()
-                + h
-                + head,
             layers: self
                 .layer_windows
                 .iter()
