@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         loaded.duration,
         spec.num_layers(),
         spec.vocab_size,
-        spec.parameters,
+        loaded.parameters,
         loaded.dtype
     );
 

@@ -78,6 +78,95 @@ pub struct AttentionParts {
     pub qk_norm_across_heads: bool,
 }
 
+impl AttentionParts {
+    /// Plain grouped-query attention: `num_heads` query heads over `num_kv_heads` key/value
+    /// heads of `head_dim` features, logits scaled by `head_dim^-0.5`, with no norms, no
+    /// rotary embedding, no soft cap, no output gate and no sinks. The `with_*` methods add
+    /// what a family has beyond that; [`AttentionParts::build`] makes the block.
+    pub fn new(
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
+        o_proj: Linear,
+        num_heads: i32,
+        num_kv_heads: i32,
+        head_dim: i32,
+    ) -> AttentionParts {
+        AttentionParts {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm: None,
+            k_norm: None,
+            rope: None,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            logit_softcap: None,
+            output_gate: false,
+            sinks: None,
+            qk_norm_across_heads: false,
+        }
+    }
+
+    /// Rotates queries and keys by `rope` (`None` keeps attention without positions).
+    pub fn with_rope(mut self, rope: impl Into<Option<Rope>>) -> AttentionParts {
+        self.rope = rope.into();
+        self
+    }
+
+    /// Norms each head's queries and keys before rotation.
+    pub fn with_qk_norms(
+        mut self,
+        q_norm: impl Into<Option<RmsNorm>>,
+        k_norm: impl Into<Option<RmsNorm>>,
+    ) -> AttentionParts {
+        self.q_norm = q_norm.into();
+        self.k_norm = k_norm.into();
+        self
+    }
+
+    /// Norms queries and keys across all heads' features at once (OLMo 2), before rotation.
+    pub fn with_qk_norms_across_heads(self, q_norm: RmsNorm, k_norm: RmsNorm) -> AttentionParts {
+        AttentionParts {
+            qk_norm_across_heads: true,
+            ..self.with_qk_norms(q_norm, k_norm)
+        }
+    }
+
+    /// Scales `q · k` by `scale` instead of `head_dim^-0.5`.
+    pub fn with_scale(mut self, scale: f32) -> AttentionParts {
+        self.scale = scale;
+        self
+    }
+
+    /// Soft-caps attention logits with `tanh` at `cap`, when there is one (Gemma 2).
+    pub fn with_logit_softcap(mut self, cap: Option<f32>) -> AttentionParts {
+        self.logit_softcap = cap;
+        self
+    }
+
+    /// Gates the attended heads by the second half of `q_proj`'s output
+    /// ([`AttentionParts::output_gate`]).
+    pub fn with_output_gate(mut self) -> AttentionParts {
+        self.output_gate = true;
+        self
+    }
+
+    /// Adds per-head sink logits `[heads]` (gpt-oss).
+    pub fn with_sinks(mut self, sinks: Array) -> AttentionParts {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// The block.
+    pub fn build(self) -> Attention {
+        Attention::new(self)
+    }
+}
+
 impl Attention {
     /// Assembles the block.
     pub fn new(parts: AttentionParts) -> Attention {

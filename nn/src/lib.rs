@@ -42,8 +42,11 @@
 //!   the encoder), `whisper_model` (the encoder-decoder checkpoint), `whisper_decoding`
 //!   (special tokens, the forced prompt, greedy decoding with the timestamp rules).
 //! - [`registry`]: architecture by name; each family reads its own `config.json`
-//!   ([`registry::describe`], [`build_model`]); compute dtype per device.
-//! - [`load`]: opening a checkpoint directory or GGUF file into a ready model.
+//!   ([`registry::describe`], [`build_model`]); [`registry::register`] adds a family defined
+//!   outside this crate; compute dtype per device.
+//! - [`load`]: opening a checkpoint directory or GGUF file into a ready model, with its
+//!   parameters counted from the checkpoint's tensors and the [`load::LoadSettings`] (compute
+//!   dtype, when a quantized checkpoint is dequantized on a CPU).
 
 pub mod activation;
 pub mod arch;

@@ -11,9 +11,30 @@ use crate::registry::{build_model, default_dtype, describe};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
-/// On a CPU, quantized models whose dense weights stay under this size are dequantized at load
-/// (see [`Weights::dequantized`]): SmolLM2-135M becomes 0.5 GB, Gemma 3 270M 1.1 GB.
+/// The default of [`LoadSettings::dequantize_below_bytes`]: 2 GiB, so SmolLM2-135M (0.5 GB
+/// dense in f32) and Gemma 3 270M (1.1 GB) are dequantized on a CPU, Qwen3-0.6B (2.4 GB) is not.
 pub const DEQUANTIZE_BELOW_BYTES: u64 = 2 << 30;
+
+/// How [`load_with`] builds a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSettings {
+    /// The dtype the model computes in; the device default ([`default_dtype`]) when `None`.
+    pub dtype: Option<Dtype>,
+    /// On a machine without a GPU, a quantized checkpoint whose dense weights (its
+    /// [`Loaded::parameters`] in the compute dtype) take at most this many bytes is dequantized
+    /// at load ([`Weights::dequantized`]): MLX's CPU matrix products are faster dense, and a
+    /// small model's dense copy fits. Ignored on a GPU.
+    pub dequantize_below_bytes: u64,
+}
+
+impl Default for LoadSettings {
+    fn default() -> LoadSettings {
+        LoadSettings {
+            dtype: None,
+            dequantize_below_bytes: DEQUANTIZE_BELOW_BYTES,
+        }
+    }
+}
 
 /// Whether dequantized models keep packed copies for decode steps ([`Weights::with_packed_copies`]).
 /// `MLXKIT_PACKED_DECODE=0` turns them off, so a benchmark can measure the engine on exactly
@@ -32,26 +53,44 @@ pub struct Loaded {
     pub format: Format,
     /// The dtype the model computes in.
     pub dtype: Dtype,
+    /// Parameters the checkpoint holds ([`Checkpoint::parameters`]: every tensor's elements,
+    /// quantized ones counted unpacked); load refuses a tensor the model does not use, so these
+    /// are the model's.
+    pub parameters: u64,
     /// Wall time of the whole load.
     pub duration: Duration,
 }
 
-/// Loads the checkpoint at `path` computing in `dtype` (the device default when `None`).
-/// Every tensor the checkpoint holds must be used by the architecture; a leftover tensor
-/// means a misread checkpoint and is an error naming it.
+/// Loads the checkpoint at `path` computing in `dtype` (the device default when `None`), with
+/// the other [`LoadSettings`] at their defaults.
 pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
+    load_with(
+        path,
+        LoadSettings {
+            dtype,
+            ..LoadSettings::default()
+        },
+    )
+}
+
+/// Loads the checkpoint at `path` as `settings` say. Every tensor the checkpoint holds must be
+/// used by the architecture; a leftover tensor means a misread checkpoint and is an error
+/// naming it.
+pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(path)?;
     let config_json = checkpoint.config().clone();
-    let spec = describe(&config_json)?;
-    let dtype = match dtype {
+    // Refuses an unsupported or malformed config before any tensor is read.
+    describe(&config_json)?;
+    let dtype = match settings.dtype {
         Some(d) => d,
         None => default_dtype()?,
     };
+    let parameters = checkpoint.parameters()?;
     let tensors = checkpoint_tensors(&checkpoint)?;
-    let dense_bytes = spec.parameters.saturating_mul(dtype.size_of() as u64);
+    let dense_bytes = parameters.saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
-    let dequantize = on_cpu && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
+    let dequantize = on_cpu && dense_bytes <= settings.dequantize_below_bytes;
     let packed_copies = dequantize && packed_decode_enabled();
     let mut packed_forms = Vec::new();
     if packed_copies {
@@ -76,6 +115,7 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
         config_json,
         format: checkpoint.format(),
         dtype,
+        parameters,
         duration: start.elapsed(),
     })
 }

@@ -67,20 +67,6 @@ impl Mamba2Config {
         }
     }
 
-    /// Bytes of that state in f32.
-    pub fn recurrent_bytes(&self) -> usize {
-        let r = self.recurrent();
-        4 * (r.conv_tail * r.conv_dim + r.heads * r.value_dim * r.key_dim)
-    }
-
-    /// Parameters of a mixer.
-    pub fn parameters(&self) -> u64 {
-        let h = self.hidden_size as u64;
-        h * (self.inner() + self.conv_dim() + self.heads) as u64
-            + (self.conv_dim() * self.conv_kernel) as u64
-            + self.inner() as u64 * h
-    }
-
     /// Checks the sizes fit together.
     pub fn check(&self) -> Result<()> {
         if self.groups == 0 || !self.heads.is_multiple_of(self.groups) {

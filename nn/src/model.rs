@@ -1,6 +1,9 @@
 //! The model contract every architecture implements, and what a forward takes and gives.
 
-use kvcache::{KvStorage, LayerCache};
+use kvcache::{
+    KvCache, KvStorage, LayerCache, RecurrentCache, RecurrentConfig, RotatingConfig,
+    RotatingKvCache,
+};
 use mlx::Array;
 
 use crate::{Error, Result};
@@ -15,8 +18,6 @@ pub struct ModelSpec {
     pub vocab_size: usize,
     /// Longest context the model supports.
     pub context_length: usize,
-    /// Parameters the hyperparameters describe (norms included, biases not).
-    pub parameters: u64,
     /// What each layer keeps per sequence, in layer order.
     pub layers: Vec<LayerState>,
 }
@@ -35,8 +36,8 @@ pub enum LayerState {
     },
     /// A state of fixed size whatever the length (a convolution tail and a recurrent state).
     Recurrent {
-        /// Bytes of the state.
-        bytes: usize,
+        /// The shape of the state.
+        state: RecurrentConfig,
     },
     /// Nothing (a block that only transforms each position, such as an MLP of its own).
     Stateless,
@@ -78,10 +79,40 @@ impl ModelSpec {
                     let held = window.map_or(tokens, |w| tokens.min(w));
                     storage.bytes(held.saturating_mul(2 * kv_heads * head_dim))
                 }
-                LayerState::Recurrent { bytes } => bytes,
+                LayerState::Recurrent { state } => {
+                    // The state is kept in f32 whatever the model computes in.
+                    4 * (state.conv_tail * state.conv_dim
+                        + state.heads * state.value_dim * state.key_dim)
+                }
                 LayerState::Stateless => 0,
             })
             .fold(0usize, usize::saturating_add)
+    }
+}
+
+impl LayerState {
+    /// A fresh cache for a layer of this kind, as [`Model::new_caches_rewindable`] builds it
+    /// by default: every position for global attention, the last `window` (plus `slack`, so
+    /// rejected drafts can be rewound) for sliding attention, a recurrent state for a
+    /// recurrent layer, and nothing for a stateless one.
+    pub fn new_cache(&self, slack: usize) -> Result<Option<LayerCache>> {
+        Ok(match *self {
+            LayerState::Attention { window: None, .. } => Some(LayerCache::Kv(KvCache::new())),
+            LayerState::Attention {
+                window: Some(window),
+                ..
+            } => Some(LayerCache::Rotating(RotatingKvCache::new(
+                RotatingConfig {
+                    window,
+                    keep: 0,
+                    rewind_slack: slack,
+                },
+            )?)),
+            LayerState::Recurrent { state } => {
+                Some(LayerCache::Recurrent(RecurrentCache::new(state)?))
+            }
+            LayerState::Stateless => None,
+        })
     }
 }
 
@@ -434,7 +465,16 @@ pub trait Model {
 
     /// Fresh caches that can rewind by `slack` tokens at any point: sliding-window layers keep
     /// that many positions beyond their window, for rejected speculative drafts.
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>>;
+    ///
+    /// The default builds each layer's cache from what [`Model::spec`] says the layer keeps
+    /// ([`LayerState::new_cache`]); a family whose caches are laid out otherwise overrides it.
+    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
+        self.spec()
+            .layers
+            .iter()
+            .map(|layer| layer.new_cache(slack))
+            .collect()
+    }
 
     /// Runs the layers over a batch of one row, appending to `caches`.
     fn forward(&self, batch: &Batch, caches: &mut [Option<LayerCache>]) -> Result<Forward> {

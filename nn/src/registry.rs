@@ -3,6 +3,12 @@
 //! Each family reads its own hyperparameters from the checkpoint's `config.json`: the registry
 //! hands it the JSON and gets back a [`ModelSpec`] (to describe a checkpoint without loading
 //! it) or a built [`Model`].
+//!
+//! A family in this crate is one file in `arch/`, its `mod` line and one [`Architecture`] in
+//! the list below (and, to load it from GGUF, its name in `quant`'s `gguf_config.rs`). A family
+//! defined elsewhere (a research variant, a test) is added at run time with [`register`].
+
+use std::sync::RwLock;
 
 use mlx::Dtype;
 use serde_json::Value;
@@ -20,10 +26,42 @@ use crate::{Error, Result};
 /// One family: the names configs give it, how to read what it is, and how to build it.
 /// Weights follow transformers' names and conventions whatever the checkpoint's format: `quant`
 /// undoes llama.cpp's Q/K row permutation and Gemma norm offset.
-struct Architecture {
-    names: &'static [&'static str],
-    describe: fn(&Value) -> Result<ModelSpec>,
-    build: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
+#[derive(Debug, Clone, Copy)]
+pub struct Architecture {
+    /// The names configs give it: `model_type`, `architectures[0]`, GGUF
+    /// `general.architecture`.
+    pub names: &'static [&'static str],
+    /// What the checkpoint with this `config.json` is, read without loading a weight.
+    pub describe: fn(&Value) -> Result<ModelSpec>,
+    /// The model, built from its `config.json` and its weights.
+    pub build: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
+}
+
+/// Families added with [`register`], after the built-in ones. Leaked, so lookups hand out
+/// `'static` references as they do for the built-in list; a process registers a handful.
+static REGISTERED: RwLock<Vec<&'static Architecture>> = RwLock::new(Vec::new());
+
+/// Adds `architecture` for the rest of the process: [`describe`], [`build_model`] and
+/// [`crate::load::load`] then pick it by any of its names. Fails, registering nothing, when
+/// one of its names is taken (by a built-in family or an earlier registration).
+pub fn register(architecture: Architecture) -> Result<()> {
+    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    let taken = |name: &str| {
+        ARCHITECTURES
+            .iter()
+            .chain(registered.iter().copied())
+            .any(|a| a.names.contains(&name))
+    };
+    if architecture.names.is_empty() {
+        return Err(Error::Config("an architecture needs a name".into()));
+    }
+    if let Some(name) = architecture.names.iter().find(|name| taken(name)) {
+        return Err(Error::Config(format!(
+            "an architecture is already registered as `{name}`"
+        )));
+    }
+    registered.push(Box::leak(Box::new(architecture)));
+    Ok(())
 }
 
 /// Architecture names as configs spell them (`model_type`, `architectures[0]`, GGUF
@@ -264,11 +302,8 @@ const ARCHITECTURES: &[Architecture] = &[
     },
     Architecture {
         names: &["llava", "LlavaForConditionalGeneration"],
-        // The text model's spec, with the tower's and projector's parameters.
-        describe: |config| {
-            let llava = llava::Config::from_json(config)?;
-            Ok(llava.spec(&describe(&llava.text_config)?))
-        },
+        // The text model's spec: the tower keeps no state per sequence.
+        describe: |config| describe(&llava::Config::from_json(config)?.text_config),
         build: |config, weights| {
             Ok(Box::new(llava::Llava::new(
                 llava::Config::from_json(config)?,
@@ -285,11 +320,20 @@ pub fn is_supported(name: &str) -> bool {
 
 /// The names of every supported architecture.
 pub fn supported() -> Vec<&'static str> {
-    ARCHITECTURES.iter().map(|a| a.names[0]).collect()
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    ARCHITECTURES
+        .iter()
+        .chain(registered.iter().copied())
+        .filter_map(|a| a.names.first().copied())
+        .collect()
 }
 
 fn find(name: &str) -> Option<&'static Architecture> {
-    ARCHITECTURES.iter().find(|a| a.names.contains(&name))
+    if let Some(builtin) = ARCHITECTURES.iter().find(|a| a.names.contains(&name)) {
+        return Some(builtin);
+    }
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    registered.iter().copied().find(|a| a.names.contains(&name))
 }
 
 /// The family a config names: its text section's `model_type`, else the top level's.

@@ -132,6 +132,19 @@ impl Checkpoint {
         }
     }
 
+    /// Parameters the checkpoint holds: the elements of every logical tensor, a quantized
+    /// matrix counted unpacked (as many as its dense form has), read without loading a tensor.
+    pub fn parameters(&self) -> Result<u64> {
+        self.names().iter().try_fold(0u64, |total, name| {
+            let elements = self
+                .shape(name)?
+                .iter()
+                .map(|&d| u64::try_from(d).unwrap_or(0))
+                .product::<u64>();
+            Ok(total.saturating_add(elements))
+        })
+    }
+
     /// How tensor `name` is stored, without loading it.
     pub fn stored_as(&self, name: &str) -> Result<crate::create::Stored> {
         match &self.source {

@@ -116,11 +116,17 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         quant::Format::Safetensors => Format::Safetensors,
     };
     let quantization = quantization_level(&checkpoint);
+    let parameters = checkpoint
+        .parameters()
+        .map_err(|source| ImportError::Checkpoint {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok((
         format,
         Details {
             family: spec.model_type.clone(),
-            parameter_size: human_count(spec.parameters),
+            parameter_size: human_count(parameters),
             quantization_level: quantization,
             context_length: spec.context_length,
             capabilities: crate::capabilities::of_model(template.as_deref(), inputs),

@@ -21,7 +21,7 @@
 //! `models/glm4_moe_lite` (5.24); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024). The
 //! multi-token-prediction layers of the released checkpoints are set aside at load.
 
-use kvcache::{KvCache, LayerCache, LogicalMask};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -221,37 +221,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let heads = self.num_attention_heads as u64;
-        let qk = (self.qk_nope_head_dim + self.qk_rope_head_dim) as u64;
-        let queries = match self.q_lora_rank {
-            Some(rank) => h * rank as u64 + rank as u64 * heads * qk,
-            None => h * heads * qk,
-        };
-        let attention = queries
-            + h * self.latent_width() as u64
-            + self.kv_lora_rank as u64 * heads * (self.qk_nope_head_dim + self.v_head_dim) as u64
-            + heads * self.v_head_dim as u64 * h;
-        let dense = 3 * h * self.intermediate_size as u64;
-        let expert = 3 * h * self.moe_intermediate_size as u64;
-        let sparse = (self.n_routed_experts + self.n_shared_experts) as u64 * expert
-            + h * self.n_routed_experts as u64;
-        let layers: u64 = self
-            .sparse_layers
-            .iter()
-            .map(|&s| attention + if s { sparse } else { dense } + 2 * h)
-            .sum();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding + layers + h + head,
             // Keys and values each hold the latent width (values padded with zeros).
             layers: vec![
                 LayerState::Attention {
@@ -631,12 +604,6 @@ fn sparse_block(c: &Config, weights: &mut Weights, p: &str, activation: Activati
 impl Model for DeepseekV3 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        Ok((0..self.layers.len())
-            .map(|_| Some(LayerCache::Kv(KvCache::new())))
-            .collect())
     }
 
     fn forward_rows(

@@ -6,7 +6,7 @@
 //! References: transformers' `models/gemma2/modeling_gemma2.py` (5.24); Gemma Team, "Gemma 2:
 //! Improving Open Language Models at a Practical Size" (2024).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -122,17 +122,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let layers = self.sliding_layers.len() as u64;
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: self.vocab_size as u64 * h + layers * (attention + mlp + 4 * h) + h,
             layers: self
                 .sliding_layers
                 .iter()
@@ -230,45 +223,24 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
         weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: (1.0 / c.query_pre_attn_scalar.sqrt()) as f32,
-        logit_softcap: c.attn_logit_softcapping,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_scale((1.0 / c.query_pre_attn_scalar.sqrt()) as f32)
+    .with_logit_softcap(c.attn_logit_softcapping)
+    .build())
 }
 
 impl Model for Gemma2 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(if layer.sliding {
-                    LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window: self.config.sliding_window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?)
-                } else {
-                    LayerCache::Kv(KvCache::new())
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

@@ -12,7 +12,7 @@
 //! References: transformers' `models/gemma3/modeling_gemma3.py` (5.24); Gemma Team, "Gemma 3
 //! Technical Report" (2025).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -155,25 +155,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv + 2 * self.head_dim as u64;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.layer_windows.len() as u64 * (attention + mlp + 4 * h)
-                + h
-                + head,
             layers: self
                 .layer_windows
                 .iter()
@@ -386,47 +371,28 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         let stored = weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?;
         RmsNorm::with_unit_offset(stored, c.rms_norm_eps)
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        q_norm: Some(norm(weights, "q_norm")?),
-        k_norm: Some(norm(weights, "k_norm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: match c.query_pre_attn_scalar {
-            Some(s) => (1.0 / s.sqrt()) as f32,
-            None => 1.0 / (head_dim as f32).sqrt(),
-        },
-        logit_softcap: c.attn_logit_softcapping,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(norm(weights, "q_norm")?, norm(weights, "k_norm")?)
+    .with_scale(match c.query_pre_attn_scalar {
+        Some(s) => (1.0 / s.sqrt()) as f32,
+        None => 1.0 / (head_dim as f32).sqrt(),
+    })
+    .with_logit_softcap(c.attn_logit_softcapping)
+    .build())
 }
 
 impl Model for Gemma3 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.sliding_window {
-                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?),
-                    None => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

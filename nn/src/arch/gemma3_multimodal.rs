@@ -294,10 +294,6 @@ impl Model for Gemma3Multimodal {
         self.language_model.spec()
     }
 
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.language_model.new_caches_rewindable(slack)
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

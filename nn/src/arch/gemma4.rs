@@ -20,7 +20,7 @@
 //! References: transformers' `models/gemma4/modeling_gemma4.py` and
 //! `configuration_gemma4.py` (5.24); Google DeepMind, "Gemma 4" model card (2026).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use mlx::fast::RopeOffset;
 use serde_json::Value;
@@ -240,37 +240,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let heads = self.num_attention_heads as u64;
-        let layers = self.layers.len() as u64;
-        let per_layer = self.per_layer_input.map_or(0, |p| {
-            // The per-layer table and projection, and each layer's gate, projection and norm.
-            p.vocab as u64 * layers * p.hidden as u64
-                + h * layers * p.hidden as u64
-                + layers * (2 * h * p.hidden as u64 + h)
-        });
-        let blocks: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                let q = heads * l.head_dim as u64;
-                let kv = match (l.shares_kv_of, l.keys_as_values) {
-                    (Some(_), _) => 0,
-                    (None, true) => h * (l.kv_heads * l.head_dim) as u64,
-                    (None, false) => 2 * h * (l.kv_heads * l.head_dim) as u64,
-                };
-                let experts = self.experts.map_or(0, |e| {
-                    e.num_experts as u64 * 3 * h * e.intermediate_size as u64
-                        + h * e.num_experts as u64
-                });
-                2 * h * q + kv + 3 * h * l.intermediate_size as u64 + experts + 4 * h
-            })
-            .sum();
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: self.vocab_size as u64 * h + blocks + per_layer + h,
             layers: self
                 .layers
                 .iter()
@@ -803,26 +776,6 @@ impl Gemma4 {
 impl Model for Gemma4 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                if layer.self_attn.key_values.is_none() {
-                    return Ok(None);
-                }
-                Ok(Some(if layer.sliding {
-                    LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window: self.config.sliding_window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?)
-                } else {
-                    LayerCache::Kv(KvCache::new())
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

@@ -14,7 +14,7 @@
 //! & gpt-oss-20b model card" (2025). The MXFP4 expert blocks of OpenAI's original release are
 //! a quantized source for `create` (issue 19); this reads the dequantized transformers layout.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -124,27 +124,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let experts = self.num_local_experts as u64
-            * (3 * h * self.intermediate_size as u64 + 2 * self.intermediate_size as u64 + h)
-            + h * self.num_local_experts as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.sliding_layers.len() as u64 * (attention + experts + 2 * h)
-                + h
-                + head,
             layers: self
                 .sliding_layers
                 .iter()
@@ -234,23 +217,18 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
         weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: Some(weights.dense(&format!("{p}.sinks"), &[heads])?),
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_sinks(weights.dense(&format!("{p}.sinks"), &[heads])?)
+    .build())
 }
 
 /// The experts under `p`: `router` (with bias) and `experts.{gate_up_proj, down_proj}` with
@@ -327,23 +305,6 @@ fn experts(c: &Config, weights: &mut Weights, p: &str) -> Result<Moe> {
 impl Model for GptOss {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(if layer.sliding {
-                    LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window: self.config.sliding_window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?)
-                } else {
-                    LayerCache::Kv(KvCache::new())
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

@@ -11,7 +11,7 @@
 //!
 //! Reference: transformers' `models/granitemoehybrid/modeling_granitemoehybrid.py` (5.24).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -185,44 +185,17 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let feedforward = self.experts.0 as u64 * (3 * h * self.intermediate_size as u64 + h)
-            + 3 * h * self.shared_intermediate_size as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(false) {
-            embedding
-        } else {
-            0
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .mamba_layers
-                    .iter()
-                    .map(|&m| {
-                        if m {
-                            self.mamba.parameters()
-                        } else {
-                            attention
-                        }
-                    })
-                    .sum::<u64>()
-                + self.mamba_layers.len() as u64 * (feedforward + 2 * h)
-                + h
-                + head,
             layers: self
                 .mamba_layers
                 .iter()
                 .map(|&m| {
                     if m {
                         LayerState::Recurrent {
-                            bytes: self.mamba.recurrent_bytes(),
+                            state: self.mamba.recurrent(),
                         }
                     } else {
                         LayerState::Attention {
@@ -358,23 +331,18 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
         weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        rope,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: c.attention_multiplier,
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope)
+    .with_scale(c.attention_multiplier)
+    .build())
 }
 
 /// The shared MLP under `p`: `input_linear` (gate rows first) and `output_linear`, or gate and
@@ -461,19 +429,6 @@ impl Model for GraniteMoeHybrid {
 
     /// A Mamba layer's state cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of.
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let recurrent = self.config.mamba.recurrent();
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.mixer {
-                    Mixer::Mamba(_) => LayerCache::Recurrent(RecurrentCache::new(recurrent)?),
-                    Mixer::Attention(_) => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

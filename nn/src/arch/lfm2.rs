@@ -11,7 +11,7 @@
 //! Reference: transformers' `models/lfm2/modeling_lfm2.py` (5.24); Liquid AI, "LFM2
 //! technical report", 2025.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
+use kvcache::{LayerCache, LogicalMask, RecurrentConfig};
 use mlx::Array;
 use serde_json::Value;
 
@@ -119,27 +119,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * h + 2 * h * kv + 2 * self.head_dim as u64;
-        let conv = 3 * h * h + h * self.conv_kernel as u64 + h * h;
-        let mlp = 3 * h * self.feed_forward_size as u64;
-        let layers: u64 = self
-            .attention_layers
-            .iter()
-            .map(|&attends| if attends { attention } else { conv } + mlp + 2 * h)
-            .sum();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(false) {
-            embedding
-        } else {
-            0
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding + layers + h + head,
             layers: self
                 .attention_layers
                 .iter()
@@ -152,7 +135,7 @@ impl Config {
                         }
                     } else {
                         LayerState::Recurrent {
-                            bytes: 4 * (self.conv_kernel - 1) * self.hidden_size,
+                            state: self.conv_state(),
                         }
                     }
                 })
@@ -313,7 +296,6 @@ struct DecoderLayer {
 /// An LFM2 model.
 pub struct Lfm2 {
     spec: ModelSpec,
-    config: Config,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     embedding_norm: RmsNorm,
@@ -376,7 +358,6 @@ impl Lfm2 {
         )?;
         Ok(Lfm2 {
             spec: config.spec(),
-            config,
             embed_tokens,
             layers,
             embedding_norm,
@@ -398,23 +379,21 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
             c.norm_eps,
         ))
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: weights.matrix(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        k_proj: weights.matrix(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        v_proj: weights.matrix(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        o_proj: weights.matrix(&format!("{p}.out_proj"), hidden, heads * head_dim)?,
-        q_norm: Some(head_norm(weights, "q_layernorm")?),
-        k_norm: Some(head_norm(weights, "k_layernorm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        weights.matrix(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        weights.matrix(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        weights.matrix(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        weights.matrix(&format!("{p}.out_proj"), hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(
+        head_norm(weights, "q_layernorm")?,
+        head_norm(weights, "k_layernorm")?,
+    )
+    .build())
 }
 
 impl Model for Lfm2 {
@@ -424,19 +403,6 @@ impl Model for Lfm2 {
 
     /// A convolution layer's tail cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of.
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let conv_state = self.config.conv_state();
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.operator {
-                    Operator::Conv(_) => LayerCache::Recurrent(RecurrentCache::new(conv_state)?),
-                    Operator::Attention(_) => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

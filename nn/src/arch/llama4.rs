@@ -15,7 +15,7 @@
 //! herd" (2025). In `Llama4ForConditionalGeneration` checkpoints the vision tower and
 //! projector are set aside until images reach the model (issue 21).
 
-use kvcache::{KvCache, LayerCache, LogicalMask};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::{Array, Dtype};
 use serde_json::Value;
 
@@ -229,32 +229,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let expert = 3 * h * self.intermediate_size as u64;
-        let sparse =
-            (self.num_local_experts as u64 + 1) * expert + h * self.num_local_experts as u64;
-        let dense = 3 * h * self.intermediate_size_mlp as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .moe_layers
-                    .iter()
-                    .map(|&m| attention + if m { sparse } else { dense } + 2 * h)
-                    .sum::<u64>()
-                + h
-                + head,
             // A chunked layer still keeps every key: the chunk it attends to moves.
             layers: vec![
                 LayerState::Attention {
@@ -469,34 +447,23 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: Option<Rope>) -> 
             Array::ones(&[head_dim], weights.dtype()).map(|w| RmsNorm::new(w, c.rms_norm_eps))
         })
         .transpose()?;
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: qk_norm.clone(),
-        k_norm: qk_norm,
-        rope,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope)
+    .with_qk_norms(qk_norm.clone(), qk_norm)
+    .build())
 }
 
 impl Model for Llama4 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        Ok((0..self.layers.len())
-            .map(|_| Some(LayerCache::Kv(KvCache::new())))
-            .collect())
     }
 
     fn forward_rows(

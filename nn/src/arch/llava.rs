@@ -182,25 +182,6 @@ impl Config {
         })
     }
 
-    /// What the engine needs to know: the text model's spec (`text`, from the registry),
-    /// its parameters counting the tower's layers LLaVA runs and the projector too.
-    pub fn spec(&self, text: &ModelSpec) -> ModelSpec {
-        let v = &self.vision;
-        let (h, inter) = (v.hidden_size as u64, v.intermediate_size as u64);
-        let patch = (v.num_channels * v.patch_size * v.patch_size) as u64;
-        let positions = v.num_patches() as u64 + 1;
-        // Biases left out, as every family counts; LayerNorms by their weights.
-        let layer = 4 * h * h + 2 * h * inter + 2 * h;
-        let depth = self.vision_feature_layer.iter().copied().max().unwrap_or(0) as u64;
-        let tower = h * patch + h + positions * h + h + depth * layer;
-        let t = self.text_hidden_size as u64;
-        let projector = h * self.vision_feature_layer.len() as u64 * t + t * t;
-        ModelSpec {
-            parameters: text.parameters + tower + projector,
-            ..text.clone()
-        }
-    }
-
     /// Image tokens per image: one per patch, and one for the class token with "full".
     pub fn tokens_per_image(&self) -> usize {
         match self.vision_feature_select_strategy {
@@ -318,7 +299,7 @@ impl Llava {
             )));
         }
         Ok(Llava {
-            spec: config.spec(language_model.spec()),
+            spec: language_model.spec().clone(),
             config,
             vision_tower,
             multi_modal_projector,

@@ -13,7 +13,7 @@
 //! experts that work in a narrower latent space (`fc1_latent_proj` in, `fc2_latent_proj` out,
 //! when `moe_latent_size` is set), beside shared experts that see the block's input itself.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -219,56 +219,16 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let mamba = self.mamba().parameters();
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 2 * h * self.intermediate_size as u64;
-        let moe = self.experts.as_ref().map_or(0, |e| {
-            let inner = e.moe_latent_size.unwrap_or(self.hidden_size) as u64;
-            let latent = if e.moe_latent_size.is_some() {
-                2 * h * inner
-            } else {
-                0
-            };
-            e.n_routed_experts as u64 * (2 * inner * e.moe_intermediate_size as u64 + h)
-                + latent
-                + 2 * h * e.shared_intermediate_size as u64
-        });
-        let recurrent_bytes = self.mamba().recurrent_bytes();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
+        let recurrent = self.mamba().recurrent();
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .blocks
-                    .iter()
-                    .map(|block| {
-                        h + match block {
-                            Block::Mamba => mamba,
-                            Block::Attention => attention,
-                            Block::Mlp => mlp,
-                            Block::Moe => moe,
-                        }
-                    })
-                    .sum::<u64>()
-                + h
-                + head,
             layers: self
                 .blocks
                 .iter()
                 .map(|block| match block {
-                    Block::Mamba => LayerState::Recurrent {
-                        bytes: recurrent_bytes,
-                    },
+                    Block::Mamba => LayerState::Recurrent { state: recurrent },
                     Block::Attention => LayerState::Attention {
                         kv_heads: self.num_key_value_heads,
                         head_dim: self.head_dim,
@@ -472,7 +432,6 @@ struct NemotronHBlock {
 /// A Nemotron-H model.
 pub struct NemotronH {
     spec: ModelSpec,
-    config: Config,
     embeddings: Embedding,
     layers: Vec<NemotronHBlock>,
     norm_f: RmsNorm,
@@ -539,7 +498,6 @@ impl NemotronH {
         )?;
         Ok(NemotronH {
             spec: config.spec(),
-            config,
             embeddings,
             layers,
             norm_f,
@@ -557,23 +515,16 @@ fn attention(c: &Config, weights: &mut Weights, p: &str) -> Result<Attention> {
     let projection = |weights: &mut Weights, name: &str, out: i32, inp: i32| {
         weights.projection(&format!("{p}.{name}"), out, inp, c.attention_bias)
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        rope: None,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .build())
 }
 
 impl Model for NemotronH {
@@ -583,20 +534,6 @@ impl Model for NemotronH {
 
     /// A Mamba layer's state cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of. MLP blocks keep nothing.
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let recurrent = self.config.mamba().recurrent();
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(match layer.mixer {
-                    Mixer::Mamba(_) => Some(LayerCache::Recurrent(RecurrentCache::new(recurrent)?)),
-                    Mixer::Attention(_) => Some(LayerCache::Kv(KvCache::new())),
-                    Mixer::Mlp(_) | Mixer::Moe(_) => None,
-                })
-            })
-            .collect()
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

@@ -6,7 +6,7 @@
 //! References: transformers' `models/olmo2/modeling_olmo2.py` (5.24); OLMo et al., "2 OLMo 2
 //! Furious" (2024).
 
-use kvcache::{KvCache, LayerCache, LogicalMask};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -91,24 +91,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * h + 2 * h * kv + h + kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.num_hidden_layers as u64 * (attention + mlp + 2 * h)
-                + h
-                + head,
             layers: vec![
                 LayerState::Attention {
                     kv_heads: self.num_key_value_heads,
@@ -205,34 +191,26 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
             c.rms_norm_eps,
         ))
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: Some(norm(weights, "q_norm", heads * head_dim)?),
-        k_norm: Some(norm(weights, "k_norm", kv_heads * head_dim)?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: true,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms_across_heads(
+        norm(weights, "q_norm", heads * head_dim)?,
+        norm(weights, "k_norm", kv_heads * head_dim)?,
+    )
+    .build())
 }
 
 impl Model for Olmo2 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        Ok((0..self.layers.len())
-            .map(|_| Some(LayerCache::Kv(KvCache::new())))
-            .collect())
     }
 
     fn forward_rows(

@@ -7,7 +7,7 @@
 //! References: transformers' `models/phi3/modeling_phi3.py` (5.24); Abdin et al., "Phi-3
 //! Technical Report" (2024).
 
-use kvcache::{KvCache, LayerCache, LogicalMask};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -102,24 +102,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * h + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.num_hidden_layers as u64 * (attention + mlp + 2 * h)
-                + h
-                + head,
             layers: vec![
                 LayerState::Attention {
                     kv_heads: self.num_key_value_heads,
@@ -216,34 +202,22 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
             None,
         ))
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: rows(0, q)?,
-        k_proj: rows(q, kv)?,
-        v_proj: rows(q + kv, kv)?,
-        o_proj: weights.matrix(&format!("{p}.o_proj"), hidden, q)?,
-        q_norm: None,
-        k_norm: None,
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        rows(0, q)?,
+        rows(q, kv)?,
+        rows(q + kv, kv)?,
+        weights.matrix(&format!("{p}.o_proj"), hidden, q)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .build())
 }
 
 impl Model for Phi3 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        Ok((0..self.layers.len())
-            .map(|_| Some(LayerCache::Kv(KvCache::new())))
-            .collect())
     }
 
     fn forward_rows(

@@ -7,7 +7,7 @@
 //! References: transformers' `models/qwen2/modeling_qwen2.py` (5.24); Qwen Team, "Qwen2
 //! Technical Report" (2024) and "Qwen2.5 Technical Report" (2024).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -97,29 +97,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        // Four norms and two head norms a layer, more than Qwen2 (two norms) or Qwen3 (two
-        // norms, two head norms) has: the count every family had before each had a file of
-        // its own, which decides whether a quantized checkpoint is dequantized at load.
-        let norms = 4 * h + 2 * self.head_dim as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self.layer_windows.len() as u64 * (attention + mlp + norms)
-                + h
-                + head,
             layers: self
                 .layer_windows
                 .iter()
@@ -289,44 +270,22 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let heads = dim(c.num_attention_heads, "num_attention_heads")?;
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
-    Ok(Attention::new(AttentionParts {
-        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .build())
 }
 
 impl Model for Qwen2 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.sliding_window {
-                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?),
-                    None => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

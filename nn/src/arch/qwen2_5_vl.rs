@@ -37,7 +37,7 @@
 //! `compute_3d_position_ids`); Qwen Team, "Qwen2.5-VL Technical Report" (2025); Wang et al.,
 //! "Qwen2-VL" (2024) for M-RoPE.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::fast::RopeOffset;
 use mlx::{Array, Dtype};
 use serde_json::Value;
@@ -298,24 +298,17 @@ impl Qwen25Vl {
             let a = format!("{p}.self_attn");
             layers.push(DecoderLayer {
                 input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
-                self_attn: Attention::new(AttentionParts {
-                    q_proj: weights.linear(&format!("{a}.q_proj"), heads * head_dim, hidden)?,
-                    k_proj: weights.linear(&format!("{a}.k_proj"), kv_heads * head_dim, hidden)?,
-                    v_proj: weights.linear(&format!("{a}.v_proj"), kv_heads * head_dim, hidden)?,
-                    o_proj: weights.linear(&format!("{a}.o_proj"), hidden, heads * head_dim)?,
-                    q_norm: None,
-                    k_norm: None,
-                    // M-RoPE is applied between the projections and the cache, below.
-                    rope: None,
-                    num_heads: heads,
-                    num_kv_heads: kv_heads,
+                // No rope: M-RoPE is applied between the projections and the cache, below.
+                self_attn: AttentionParts::new(
+                    weights.linear(&format!("{a}.q_proj"), heads * head_dim, hidden)?,
+                    weights.linear(&format!("{a}.k_proj"), kv_heads * head_dim, hidden)?,
+                    weights.linear(&format!("{a}.v_proj"), kv_heads * head_dim, hidden)?,
+                    weights.linear(&format!("{a}.o_proj"), hidden, heads * head_dim)?,
+                    heads,
+                    kv_heads,
                     head_dim,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    logit_softcap: None,
-                    output_gate: false,
-                    qk_norm_across_heads: false,
-                    sinks: None,
-                }),
+                )
+                .build(),
                 post_attention_layernorm: norm(
                     weights,
                     &format!("{p}.post_attention_layernorm.weight"),
@@ -557,22 +550,6 @@ fn position_array(positions: &[i64], rows: usize, width: usize) -> Result<Array>
 impl Model for Qwen25Vl {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.sliding_window {
-                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?),
-                    None => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

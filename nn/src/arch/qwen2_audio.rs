@@ -224,10 +224,6 @@ impl Model for Qwen2Audio {
         self.language_model.spec()
     }
 
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.language_model.new_caches_rewindable(slack)
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

@@ -6,7 +6,7 @@
 //! References: transformers' `models/qwen3/modeling_qwen3.py` (5.24); Qwen Team, "Qwen3
 //! Technical Report" (2025).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 
 use crate::Result;
@@ -106,44 +106,23 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         let weight = weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?;
         Ok(RmsNorm::new(weight, c.rms_norm_eps))
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        q_norm: Some(norm(weights, "q_norm")?),
-        k_norm: Some(norm(weights, "k_norm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(norm(weights, "q_norm")?, norm(weights, "k_norm")?)
+    .build())
 }
 
 impl Model for Qwen3 {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.sliding_window {
-                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?),
-                    None => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

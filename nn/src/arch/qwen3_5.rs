@@ -23,7 +23,7 @@
 //! (issue 21). The vision tower and the multi-token-prediction head of the released
 //! checkpoints are set aside at load, not read.
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RecurrentCache, RecurrentConfig};
+use kvcache::{LayerCache, LogicalMask, RecurrentConfig};
 use mlx::{Array, Dtype};
 use serde_json::Value;
 
@@ -228,54 +228,17 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
         let recurrent = self.recurrent_config();
-        let recurrent_bytes = 4
-            * (recurrent.conv_tail * recurrent.conv_dim
-                + recurrent.heads * recurrent.value_dim * recurrent.key_dim);
-        let value_dim = (self.linear_num_value_heads * self.linear_value_head_dim) as u64;
-        let delta_net = h * self.conv_dim() as u64
-            + h * value_dim
-            + 2 * h * self.linear_num_value_heads as u64
-            + self.conv_dim() as u64 * self.linear_conv_kernel_dim as u64
-            + value_dim * h;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv + q * h;
-        let dense = 3 * h * self.intermediate_size as u64;
-        let feedforward = |layer: usize| match &self.moe {
-            Some(moe) if moe.is_sparse(layer) => {
-                moe.num_experts as u64 * (3 * h * moe.moe_intermediate_size as u64 + h)
-                    + 3 * h * moe.shared_expert_intermediate_size as u64
-                    + h
-            }
-            _ => dense,
-        };
-        let layers: u64 = self
-            .linear_layers
-            .iter()
-            .enumerate()
-            .map(|(i, &linear)| if linear { delta_net } else { attention } + feedforward(i) + 2 * h)
-            .sum();
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding + layers + h + head,
             layers: self
                 .linear_layers
                 .iter()
                 .map(|&linear| {
                     if linear {
-                        LayerState::Recurrent {
-                            bytes: recurrent_bytes,
-                        }
+                        LayerState::Recurrent { state: recurrent }
                     } else {
                         LayerState::Attention {
                             kv_heads: self.num_key_value_heads,
@@ -668,7 +631,6 @@ struct DecoderLayer {
 /// A Qwen3.5 text model.
 pub struct Qwen3_5 {
     spec: ModelSpec,
-    config: Config,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -756,7 +718,6 @@ impl Qwen3_5 {
         )?;
         Ok(Qwen3_5 {
             spec: config.spec(),
-            config,
             embed_tokens,
             layers,
             norm: final_norm,
@@ -839,23 +800,19 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
             c.rms_norm_eps,
         )
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: projection(weights, "q_proj", 2 * heads * head_dim, hidden)?,
-        k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
-        v_proj: projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
-        o_proj: projection(weights, "o_proj", hidden, heads * head_dim)?,
-        q_norm: Some(head_norm(weights, "q_norm")?),
-        k_norm: Some(head_norm(weights, "k_norm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        projection(weights, "q_proj", 2 * heads * head_dim, hidden)?,
+        projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "v_proj", kv_heads * head_dim, hidden)?,
+        projection(weights, "o_proj", hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: true,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(head_norm(weights, "q_norm")?, head_norm(weights, "k_norm")?)
+    .with_output_gate()
+    .build())
 }
 
 impl Model for Qwen3_5 {
@@ -865,19 +822,6 @@ impl Model for Qwen3_5 {
 
     /// A recurrent layer's state cannot rewind past a forward; `slack` only concerns sliding
     /// windows, which this family has none of.
-    fn new_caches_rewindable(&self, _slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        let recurrent = self.config.recurrent_config();
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.mixer {
-                    Mixer::Linear(_) => LayerCache::Recurrent(RecurrentCache::new(recurrent)?),
-                    Mixer::Attention(_) => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
-    }
-
     fn forward_rows(
         &self,
         batch: &Batch,

@@ -8,7 +8,7 @@
 //! References: transformers' `models/qwen3_moe/modeling_qwen3_moe.py` (5.24); Qwen Team,
 //! "Qwen3 Technical Report" (2025).
 
-use kvcache::{KvCache, LayerCache, LogicalMask, RotatingConfig, RotatingKvCache};
+use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
 use serde_json::Value;
 
@@ -131,35 +131,10 @@ impl Config {
 
     /// What the engine needs to know of the model.
     pub fn spec(&self) -> ModelSpec {
-        let h = self.hidden_size as u64;
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let attention = 2 * h * q + 2 * h * kv;
-        let mlp = 3 * h * self.intermediate_size as u64;
-        let experts = self.num_experts as u64;
-        let sparse = experts * 3 * h * self.moe_intermediate_size as u64 + h * experts;
-        // Four norms a layer, two more than Qwen3-MoE has: the count every family had before
-        // each had a file of its own, which decides whether a quantized checkpoint is
-        // dequantized at load.
-        let norms = 4 * h + 2 * self.head_dim as u64;
-        let embedding = self.vocab_size as u64 * h;
-        let head = if self.tie_word_embeddings == Some(true) {
-            0
-        } else {
-            embedding
-        };
         ModelSpec {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            parameters: embedding
-                + self
-                    .sparse_layers
-                    .iter()
-                    .map(|&routed| attention + if routed { sparse } else { mlp } + norms)
-                    .sum::<u64>()
-                + h
-                + head,
             layers: self
                 .layer_windows
                 .iter()
@@ -293,23 +268,18 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         let weight = weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?;
         Ok(RmsNorm::new(weight, c.rms_norm_eps))
     };
-    Ok(Attention::new(AttentionParts {
-        q_proj: weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        k_proj: weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        v_proj: weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        o_proj: weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        q_norm: Some(norm(weights, "q_norm")?),
-        k_norm: Some(norm(weights, "k_norm")?),
-        rope: Some(rope.clone()),
-        num_heads: heads,
-        num_kv_heads: kv_heads,
+    Ok(AttentionParts::new(
+        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
+        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
+        heads,
+        kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        logit_softcap: None,
-        output_gate: false,
-        qk_norm_across_heads: false,
-        sinks: None,
-    }))
+    )
+    .with_rope(rope.clone())
+    .with_qk_norms(norm(weights, "q_norm")?, norm(weights, "k_norm")?)
+    .build())
 }
 
 /// The experts block (`mlp`): a softmax router over the experts, the best
@@ -338,22 +308,6 @@ fn experts(c: &Config, weights: &mut Weights, p: &str, activation: Activation) -
 impl Model for Qwen3Moe {
     fn spec(&self) -> &ModelSpec {
         &self.spec
-    }
-
-    fn new_caches_rewindable(&self, slack: usize) -> Result<Vec<Option<LayerCache>>> {
-        self.layers
-            .iter()
-            .map(|layer| {
-                Ok(Some(match layer.sliding_window {
-                    Some(window) => LayerCache::Rotating(RotatingKvCache::new(RotatingConfig {
-                        window,
-                        keep: 0,
-                        rewind_slack: slack,
-                    })?),
-                    None => LayerCache::Kv(KvCache::new()),
-                }))
-            })
-            .collect()
     }
 
     fn forward_rows(

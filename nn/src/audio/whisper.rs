@@ -169,23 +169,16 @@ impl Encoder {
             let a = format!("{p}.self_attn");
             layers.push(EncoderLayer {
                 self_attn_layer_norm: layer_norm(weights, &format!("{p}.self_attn_layer_norm"))?,
-                self_attn: Attention::new(AttentionParts {
-                    q_proj: biased(weights, &format!("{a}.q_proj"), d, d)?,
-                    k_proj: weights.matrix(&format!("{prefix}.{a}.k_proj"), d, d)?,
-                    v_proj: biased(weights, &format!("{a}.v_proj"), d, d)?,
-                    o_proj: biased(weights, &format!("{a}.out_proj"), d, d)?,
-                    q_norm: None,
-                    k_norm: None,
-                    rope: None,
-                    num_heads: heads,
-                    num_kv_heads: heads,
+                self_attn: AttentionParts::new(
+                    biased(weights, &format!("{a}.q_proj"), d, d)?,
+                    weights.matrix(&format!("{prefix}.{a}.k_proj"), d, d)?,
+                    biased(weights, &format!("{a}.v_proj"), d, d)?,
+                    biased(weights, &format!("{a}.out_proj"), d, d)?,
+                    heads,
+                    heads,
                     head_dim,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    logit_softcap: None,
-                    output_gate: false,
-                    sinks: None,
-                    qk_norm_across_heads: false,
-                }),
+                )
+                .build(),
                 final_layer_norm: layer_norm(weights, &format!("{p}.final_layer_norm"))?,
                 mlp: Mlp {
                     fc1: biased(weights, &format!("{p}.fc1"), ffn, d)?,
