@@ -8,7 +8,7 @@
 //!   folder.
 //! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at once
 //!   (batched decode, the prefix trie behind every request, cancellation).
-//! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
+//! - [`model_keeper`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
 //! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs.
 //! - [`cli`]: the `mlxkit` commands; [`logging`]: text or JSON log lines.
 
@@ -21,11 +21,11 @@ pub mod export;
 pub mod fault;
 pub mod import;
 pub mod logging;
+pub mod model_keeper;
 pub mod model_name;
 pub mod model_source;
 pub mod modelfile;
 pub mod ollama_store;
 pub mod pull;
-pub mod scheduler;
 pub mod server;
 pub mod store;

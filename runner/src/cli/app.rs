@@ -1,5 +1,5 @@
 //! What the commands that run models share: the async runtime, the engine's settings, and the
-//! server state (engine, scheduler, store) that `serve`, `run` and `bench` all drive.
+//! server state (engine, keeper, store) that `serve`, `run` and `bench` all drive.
 
 use std::sync::Arc;
 
@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::cli::args::KvCacheArg;
 use crate::engine::{Engine, LoopConfig};
+use crate::model_keeper::ModelKeeper;
 use crate::model_name::ModelName;
-use crate::scheduler::Scheduler;
 use crate::server::AppState;
 use crate::store::Store;
 
@@ -45,7 +45,7 @@ pub(super) fn app_state_with(
         );
     }
     let engine = Arc::new(Engine::with_config(config)?);
-    let scheduler =
-        Scheduler::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
-    Ok(AppState::new(store, scheduler))
+    let keeper =
+        ModelKeeper::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
+    Ok(AppState::new(store, keeper))
 }

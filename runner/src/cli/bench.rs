@@ -83,7 +83,7 @@ async fn bench_stream(
     decoding: Arc<AtomicUsize>,
 ) -> Result<StreamResult> {
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, length.draft_model.as_ref(), None)
         .await?;
     let options = GenerationOptions {
@@ -154,7 +154,7 @@ pub(super) async fn bench(
 ) -> Result<()> {
     let started = Instant::now();
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, length.draft_model.as_ref(), None)
         .await?;
     let load = started.elapsed();

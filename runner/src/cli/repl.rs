@@ -44,7 +44,7 @@ pub(super) async fn chat(
     spinner.set_message(format!("loading {name}"));
     spinner.enable_steady_tick(Duration::from_millis(100));
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, draft.as_ref(), None)
         .await?;
     spinner.finish_and_clear();
@@ -70,7 +70,7 @@ pub(super) async fn chat(
         };
         history.push(tokenizer::Message::new("user", user));
         let lease = state
-            .scheduler
+            .keeper
             .acquire_drafted(&name, draft.as_ref(), None)
             .await?;
         let info = lease.info.clone();

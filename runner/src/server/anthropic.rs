@@ -392,7 +392,7 @@ pub async fn messages(
         return Err(bad("`messages` must not be empty"));
     }
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).anthropic())?;
@@ -435,7 +435,7 @@ pub async fn count_tokens(
     let think = thinking(req.thinking.as_ref())?;
     let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire(&name, None)
         .await
         .map_err(|e| ApiError::from(e).anthropic())?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokenizer::Message;
 use tokio::sync::mpsc::Receiver;
 
-use crate::scheduler::Lease;
+use crate::model_keeper::Lease;
 use crate::server::error::ApiError;
 use crate::server::generation::{self, Output, Prepared};
 use crate::server::options::GenerationOptions;

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::engine::embedding::normalize;
+use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
-use crate::scheduler::Lease;
 use crate::server::error::ApiError;
 use crate::server::{AppState, JsonBody, prompt};
 
@@ -178,7 +178,7 @@ async fn lease(state: &AppState, model: &str) -> Result<Lease, ApiError> {
         return Err(ApiError::bad_request("`model` is required"));
     }
     Ok(state
-        .scheduler
+        .keeper
         .acquire(&ModelName::parse(model)?, None)
         .await?)
 }

@@ -129,19 +129,19 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::scheduler::ScheduleError> for ApiError {
-    fn from(e: crate::scheduler::ScheduleError) -> ApiError {
-        use crate::scheduler::ScheduleError;
+impl From<crate::model_keeper::LeaseError> for ApiError {
+    fn from(e: crate::model_keeper::LeaseError) -> ApiError {
+        use crate::model_keeper::LeaseError;
         use crate::store::StoreError;
         let status = match &e {
-            ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
-            ScheduleError::NotGenerative(_) => StatusCode::BAD_REQUEST,
-            ScheduleError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
+            LeaseError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LeaseError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            LeaseError::NotGenerative(_) => StatusCode::BAD_REQUEST,
+            LeaseError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
                 StatusCode::BAD_REQUEST
             }
             // The request (or the model's Modelfile) named a draft that cannot draft for it.
-            ScheduleError::Engine(crate::engine::EngineError::Load(
+            LeaseError::Engine(crate::engine::EngineError::Load(
                 crate::engine::LoadError::Draft { .. },
             )) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
+use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
-use crate::scheduler::Lease;
 use crate::server::error::ApiError;
 use crate::server::metrics;
 use crate::server::options::GenerationOptions;

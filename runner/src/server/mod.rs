@@ -1,4 +1,4 @@
-//! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the scheduler.
+//! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the model keeper.
 //!
 //! - `ollama`: `/api/generate`, `/api/chat`; `models`: the management endpoints.
 //! - `openai`: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
@@ -65,8 +65,8 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post};
 
+use crate::model_keeper::ModelKeeper;
 use crate::model_name;
-use crate::scheduler::Scheduler;
 use crate::store::Store;
 use error::ApiError;
 
@@ -76,7 +76,7 @@ pub struct AppState {
     /// The model store.
     pub store: Store,
     /// The loaded model and the request queue.
-    pub scheduler: Arc<Scheduler>,
+    pub keeper: Arc<ModelKeeper>,
     /// Recent Responses-API conversations, for `previous_response_id`.
     pub responses: Arc<responses::ResponseStore>,
     /// The Whisper model transcriptions last used, its files prepared.
@@ -84,11 +84,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state of a server over `store` and `scheduler`.
-    pub fn new(store: Store, scheduler: Arc<Scheduler>) -> AppState {
+    /// The state of a server over `store` and `keeper`.
+    pub fn new(store: Store, keeper: Arc<ModelKeeper>) -> AppState {
         AppState {
             store,
-            scheduler,
+            keeper,
             responses: Arc::default(),
             transcription_models: Arc::default(),
         }

@@ -15,8 +15,8 @@ use tokio::sync::mpsc::Receiver;
 use grammar::GrammarSpec;
 
 use crate::engine::DoneReason;
+use crate::model_keeper::{KeepAlive, Lease};
 use crate::model_name::ModelName;
-use crate::scheduler::{KeepAlive, Lease};
 use crate::server::error::ApiError;
 use crate::server::generation::{self, Output, Prepared, Summary};
 use crate::server::options::GenerationOptions;
@@ -171,7 +171,7 @@ pub async fn generate(
     // Checked before the model loads: what a model takes is known from its manifest.
     attachments.require_supported(&state.store, &c.name)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();
@@ -179,7 +179,7 @@ pub async fn generate(
         // An empty prompt only loads (or, with keep_alive 0, unloads) the model.
         drop(lease);
         if c.keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
-            state.scheduler.unload(&c.name).await?;
+            state.keeper.unload(&c.name).await?;
         }
         let reason = if c.keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
             "unload"
@@ -242,7 +242,7 @@ pub async fn chat(
     let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
     attachments.require_supported(&state.store, &c.name)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();

@@ -213,7 +213,7 @@ pub async fn chat_completions(
         .require_supported(&state.store, &name)
         .map_err(ApiError::openai)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;
@@ -417,7 +417,7 @@ pub async fn completions(
         return Err(ApiError::bad_request("`logprobs` must be at most 5").openai());
     }
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;

@@ -396,7 +396,7 @@ pub async fn create(
         .map(|effort| effort != "none" && effort != "minimal");
 
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await
         .map_err(|e| ApiError::from(e).openai())?;

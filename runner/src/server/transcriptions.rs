@@ -298,7 +298,7 @@ pub async fn create(
         timestamps: form.format.timestamps(),
     };
     let result = state
-        .scheduler
+        .keeper
         .engine()
         .transcribe(job)
         .await
