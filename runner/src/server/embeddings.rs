@@ -15,6 +15,7 @@ use crate::engine::embedding::normalize;
 use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
 use crate::server::error::ApiError;
+use crate::server::openai::OpenAiError;
 use crate::server::{AppState, JsonBody, prompt};
 
 /// The most inputs one request may embed.
@@ -242,7 +243,7 @@ pub async fn ollama_embeddings(
 pub async fn openai_embeddings(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<OpenAiEmbeddingRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, OpenAiError> {
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -250,13 +251,13 @@ pub async fn openai_embeddings(
             return Err(ApiError::bad_request(format!(
                 "`encoding_format` {other:?}: expected \"float\" or \"base64\""
             ))
-            .openai());
+            .into());
         }
     };
-    let list = inputs(&req.input).map_err(ApiError::openai)?;
-    let lease = lease(&state, &req.model).await.map_err(ApiError::openai)?;
-    let (vectors, evaluated) = embed(&lease, list, true).await.map_err(ApiError::openai)?;
-    let vectors = unit_vectors(vectors, req.dimensions).map_err(ApiError::openai)?;
+    let list = inputs(&req.input)?;
+    let lease = lease(&state, &req.model).await?;
+    let (vectors, evaluated) = embed(&lease, list, true).await?;
+    let vectors = unit_vectors(vectors, req.dimensions)?;
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()

@@ -108,7 +108,7 @@ pub fn openai_response_format(
     response_format: Option<&Value>,
 ) -> Result<Option<GrammarSpec>, ApiError> {
     GrammarSpec::from_openai_response_format(response_format)
-        .map_err(|e| ApiError::bad_request(e.to_string()).openai())
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// The whole-output constraint for `requested`, given how this model writes its answer
