@@ -10,8 +10,10 @@ use serde_json::json;
 
 use crate::model_name::ModelName;
 use crate::server::AppState;
-use crate::server::generation::{self, Output, Prepared};
+use crate::server::generation::Output;
 use crate::server::options::GenerationOptions;
+use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::structured::Requested;
 
 /// What `bench` prompts with.
 pub(super) enum BenchPrompt {
@@ -94,21 +96,20 @@ async fn bench_stream(
         ..GenerationOptions::default()
     };
     let begin = Instant::now();
-    let mut outputs = generation::start(
+    let mut outputs = request::start(
         lease,
-        Prepared {
-            prompt,
+        GenerationRequest {
+            source: PromptSource::Tokens(prompt),
+            media: Vec::new(),
+            requested: Requested::none(),
             options,
             logprobs: None,
-            parser: None,
-            grammar: None,
-            turn_starts: Vec::new(),
-            images: Vec::new(),
             started: begin,
             load,
         },
     )
-    .map_err(|e| anyhow::anyhow!(e.message))?;
+    .await?
+    .outputs;
     let mut first_token = None;
     let mut summary = None;
     while let Some(output) = outputs.recv().await {

@@ -91,7 +91,7 @@ fn run_command(store: Store, args: RunArgs) -> Result<()> {
                 Ok(schema @ serde_json::Value::Object(_)) => schema,
                 _ => serde_json::Value::String(text),
             };
-            structured::ollama_format(Some(&value)).map_err(|e| anyhow::anyhow!(e.message))
+            structured::ollama_format(Some(&value))
         })
         .transpose()?
         .flatten();

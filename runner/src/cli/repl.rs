@@ -9,10 +9,11 @@ use indicatif::ProgressBar;
 
 use crate::cli::listing::human_bytes;
 use crate::model_name::ModelName;
-use crate::server::generation::{self, Output, Prepared};
+use crate::server::AppState;
+use crate::server::generation::Output;
 use crate::server::options::GenerationOptions;
-use crate::server::structured::{self, Requested};
-use crate::server::{AppState, prompt};
+use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::structured::Requested;
 
 /// One-shot or interactive chat, streamed to the terminal.
 pub(super) async fn chat(
@@ -32,12 +33,8 @@ pub(super) async fn chat(
         .parameters
         .into_iter()
         .collect();
-    generation
-        .apply(&defaults)
-        .map_err(|e| anyhow::anyhow!(e.message))?;
-    generation
-        .apply(&options)
-        .map_err(|e| anyhow::anyhow!(e.message))?;
+    generation.apply(&defaults)?;
+    generation.apply(&options)?;
     let draft = generation.draft_model.clone();
     let started = Instant::now();
     let spinner = ProgressBar::new_spinner();
@@ -73,29 +70,23 @@ pub(super) async fn chat(
             .keeper
             .acquire_drafted(&name, draft.as_ref(), None)
             .await?;
-        let info = lease.info.clone();
-        let rendered = prompt::render_chat(&info, history.clone(), None, Some(think), &[])
-            .map_err(|e| anyhow::anyhow!(e.message))?;
-        prompt::check_context(&info, &rendered.tokens, generation.num_ctx)
-            .map_err(|e| anyhow::anyhow!(e.message))?;
-        let grammar = structured::prepare(&info, &requested, rendered.parser.as_ref())
-            .await
-            .map_err(|e| anyhow::anyhow!(e.message))?;
-        let mut outputs = generation::start(
+        let mut outputs = request::start(
             lease,
-            Prepared {
-                prompt: rendered.tokens,
+            GenerationRequest {
+                source: PromptSource::Chat {
+                    messages: history.clone(),
+                    think: Some(think),
+                },
+                media: Vec::new(),
+                requested: requested.clone(),
                 options: generation.clone(),
                 logprobs: None,
-                parser: rendered.parser,
-                grammar,
-                turn_starts: rendered.turn_starts,
-                images: rendered.images,
                 started: Instant::now(),
                 load,
             },
         )
-        .map_err(|e| anyhow::anyhow!(e.message))?;
+        .await?
+        .outputs;
         let mut reply = String::new();
         let mut stdout = std::io::stdout();
         while let Some(output) = outputs.recv().await {

@@ -250,7 +250,7 @@ fn image_block(block: &Value, at: &dyn Fn() -> String) -> Result<Vec<u8>, ApiErr
     match source.get("type").and_then(Value::as_str) {
         Some("base64") => {
             let data = source.get("data").and_then(Value::as_str).unwrap_or("");
-            prompt::image_base64(data)
+            Ok(prompt::image_base64(data)?)
         }
         Some(other) => Err(bad(format!(
             "{}: image sources of type {other:?} are not fetched; send base64 data",
@@ -377,7 +377,7 @@ fn options(
         .max_tokens
         .as_ref()
         .ok_or_else(|| bad("`max_tokens` is required"))?;
-    GenerationOptions::layered(
+    Ok(GenerationOptions::layered(
         defaults,
         &[
             ("num_predict", Some(max_tokens)),
@@ -386,7 +386,7 @@ fn options(
             ("top_k", req.top_k.as_ref()),
             ("stop", req.stop_sequences.as_ref()),
         ],
-    )
+    )?)
 }
 
 /// `POST /v1/messages`.

@@ -16,6 +16,7 @@ use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
 use crate::server::error::ApiError;
 use crate::server::openai::OpenAiError;
+use crate::server::request_error::RequestError;
 use crate::server::{AppState, JsonBody, prompt};
 
 /// The most inputs one request may embed.
@@ -116,19 +117,19 @@ async fn embed(
             .map(|(i, input)| {
                 let mut tokens = match input {
                     Input::Text(text) if text.is_empty() => {
-                        return Err(ApiError::bad_request(format!("input {i} is empty")));
+                        return Err(RequestError::invalid(format!("input {i} is empty")));
                     }
                     Input::Text(text) => prompt::encode(&info, &text, true)?,
                     Input::Tokens(ids) => ids,
                 };
                 if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(RequestError::invalid(format!(
                         "input {i}: token {bad} is outside the vocabulary of {vocab}"
                     )));
                 }
                 if tokens.len() > info.context_length {
                     if !truncate {
-                        return Err(ApiError::bad_request(format!(
+                        return Err(RequestError::invalid(format!(
                             "input {i} is {} tokens, more than the context of {}; \
                              set `truncate` to cut it",
                             tokens.len(),
@@ -138,7 +139,7 @@ async fn embed(
                     tokens.truncate(info.context_length);
                 }
                 if tokens.is_empty() {
-                    return Err(ApiError::bad_request(format!("input {i} has no tokens")));
+                    return Err(RequestError::invalid(format!("input {i} has no tokens")));
                 }
                 Ok(tokens)
             })

@@ -167,3 +167,18 @@ impl From<crate::model_name::InvalidName> for ApiError {
         ApiError::bad_request(e.to_string())
     }
 }
+
+/// The statuses a request the builder turned down gets, whichever API it came through.
+impl From<crate::server::request_error::RequestError> for ApiError {
+    fn from(e: crate::server::request_error::RequestError) -> ApiError {
+        use crate::server::request_error::RequestError;
+        match e {
+            RequestError::Invalid(message) | RequestError::Refused(message) => {
+                ApiError::bad_request(message)
+            }
+            RequestError::Store(e) => ApiError::from(e),
+            RequestError::Busy(message) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
+            RequestError::Internal(message) => ApiError::internal(message),
+        }
+    }
+}

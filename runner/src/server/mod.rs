@@ -50,6 +50,8 @@ pub mod operations;
 pub mod options;
 pub mod origins;
 pub mod prompt;
+pub mod request;
+pub mod request_error;
 pub mod request_log;
 pub mod responses;
 pub mod sse;

@@ -309,7 +309,7 @@ fn tool_choice(value: Option<&Value>) -> Result<ToolChoice, ApiError> {
             .and_then(Value::as_str)
             .map(|name| ToolChoice::Named(name.to_string()))
             .ok_or_else(|| bad("`tool_choice` object needs a `name`")),
-        other => ToolChoice::from_openai(other),
+        other => Ok(ToolChoice::from_openai(other)?),
     }
 }
 
@@ -324,7 +324,7 @@ fn format(text: Option<&Value>) -> Result<Option<grammar::GrammarSpec>, ApiError
             "schema": format.get("schema").cloned().unwrap_or(Value::Null)}}),
         _ => format.clone(),
     };
-    structured::openai_response_format(Some(&response_format))
+    Ok(structured::openai_response_format(Some(&response_format))?)
 }
 
 /// `POST /v1/responses`.
