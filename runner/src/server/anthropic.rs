@@ -19,11 +19,11 @@ use tokenizer::{Message, MessageToolCall};
 use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{Output, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
@@ -416,27 +416,29 @@ pub async fn messages(
         ToolChoice::None => Vec::new(),
         _ => conversation.tools,
     };
-    let job = ChatJob {
-        images: conversation.attachments.media,
-        messages: conversation.messages,
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages: conversation.messages,
+            think,
+        },
+        media: conversation.attachments.media,
         requested: Requested {
             format: None,
             tools,
             choice,
             parallel_calls: parallel,
         },
-        think,
         options,
         logprobs: None,
         started,
         load,
     };
-    let (outputs, input_tokens) = chat::start(lease, job).await?;
-    let message = MessageShape::new(name.to_string(), input_tokens);
+    let started = request::start(lease, request).await?;
+    let message = MessageShape::new(name.to_string(), started.prompt_tokens);
     if req.stream {
-        return Ok(sse(outputs, message));
+        return Ok(sse(started.outputs, message));
     }
-    Ok(collect(outputs, message).await?)
+    Ok(collect(started.outputs, message).await?)
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as this model's template renders
@@ -449,17 +451,11 @@ pub async fn count_tokens(
     let think = thinking(req.thinking.as_ref())?;
     let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
     let lease = state.keeper.acquire(&name, None).await?;
-    let info = lease.info.clone();
-    let rendered = prompt::off_runtime(move || {
-        prompt::render_chat(
-            &info,
-            conversation.messages,
-            Some(conversation.tools.as_slice()),
-            think,
-            &[],
-        )
-    })
-    .await?;
+    let source = PromptSource::Chat {
+        messages: conversation.messages,
+        think,
+    };
+    let rendered = request::render(&lease.info, source, &conversation.tools, Vec::new()).await?;
     Ok(Json(json!({ "input_tokens": rendered.tokens.len() })).into_response())
 }
 

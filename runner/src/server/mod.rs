@@ -31,7 +31,6 @@ pub mod anthropic;
 pub mod api_key;
 pub mod audio;
 pub mod body_deadline;
-pub mod chat;
 pub mod connections;
 pub mod cors;
 pub mod embeddings;

@@ -11,12 +11,12 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
-use crate::server::generation::{self, LogprobEntry, Output, Prepared, Summary};
+use crate::server::generation::{LogprobEntry, Output, Summary};
 use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, request_id, stored_model};
@@ -237,17 +237,19 @@ pub async fn chat_completions(
         choice,
         parallel_calls: req.parallel_tool_calls.unwrap_or(true),
     };
-    let job = ChatJob {
-        messages,
-        images: attachments.media,
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages: messages,
+            think: req.reasoning_effort.as_deref().map(|e| e != "none"),
+        },
+        media: attachments.media,
         requested,
-        think: req.reasoning_effort.as_deref().map(|e| e != "none"),
         options,
         logprobs,
         started,
         load,
     };
-    let (outputs, _) = chat::start(lease, job).await?;
+    let outputs = request::start(lease, request).await?.outputs;
     let id = request_id("chatcmpl");
     let model = name.to_string();
     let include_usage = req
@@ -433,32 +435,20 @@ pub async fn completions(
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
         .await?;
     let load = started.elapsed();
-    let info = lease.info.clone();
-    let rendered = prompt::off_runtime({
-        let (info, text) = (info.clone(), prompt_text.clone());
-        move || prompt::render_raw(&info, &text, &[])
-    })
-    .await?;
-    prompt::check_context(&info, &rendered.tokens, None)?;
     let requested = Requested {
         format,
         ..Requested::none()
     };
-    let grammar = structured::prepare(&info, &requested, None).await?;
-    let outputs = generation::start(
-        lease,
-        Prepared {
-            prompt: rendered.tokens,
-            options,
-            logprobs: req.logprobs,
-            parser: None,
-            grammar,
-            turn_starts: Vec::new(),
-            images: Vec::new(),
-            started,
-            load,
-        },
-    )?;
+    let request = GenerationRequest {
+        source: PromptSource::Raw(prompt_text.clone()),
+        media: Vec::new(),
+        requested,
+        options,
+        logprobs: req.logprobs,
+        started,
+        load,
+    };
+    let outputs = request::start(lease, request).await?.outputs;
     let id = request_id("cmpl");
     let model = name.to_string();
     let echo = req.echo.then(|| prompt_text.clone());

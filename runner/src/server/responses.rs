@@ -19,12 +19,12 @@ use serde_json::{Value, json};
 use tokenizer::{Message, MessageToolCall};
 
 use crate::engine::DoneReason;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{Output, Summary};
 use crate::server::openai::OpenAiError;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
@@ -396,22 +396,24 @@ pub async fn create(
         .await?;
     let load = started.elapsed();
     let images = attachments.media;
-    let job = ChatJob {
-        images: images.clone(),
-        messages: messages.clone(),
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages: messages.clone(),
+            think,
+        },
+        media: images.clone(),
         requested: Requested {
             format,
             tools,
             choice,
             parallel_calls: req.parallel_tool_calls.unwrap_or(true),
         },
-        think,
         options,
         logprobs: None,
         started,
         load,
     };
-    let (outputs, _) = chat::start(lease, job).await?;
+    let outputs = request::start(lease, request).await?.outputs;
     let echo = Echo {
         model: name.to_string(),
         previous_response_id: req.previous_response_id.clone(),
