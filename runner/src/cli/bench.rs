@@ -142,6 +142,76 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// Prints `report` as JSON, or as a table whose columns depend on whether streams ran at once.
+fn print_report(
+    name: &ModelName,
+    load: Duration,
+    report: &serde_json::Value,
+    concurrency: usize,
+    as_json: bool,
+) -> Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!("{name}: loaded in {:.2}s", load.as_secs_f64());
+    if concurrency == 1 {
+        println!(
+            "{:>4} {:>8} {:>12} {:>8} {:>12} {:>10} {:>10}",
+            "run", "prompt", "prefill t/s", "gen", "decode t/s", "ttft ms", "peak MB"
+        );
+    } else {
+        println!(
+            "{:>4} {:>8} {:>8} {:>14} {:>16} {:>10} {:>10} {:>10}",
+            "run",
+            "streams",
+            "gen",
+            "decode t/s/str",
+            "aggregate t/s",
+            "ttft p50",
+            "ttft p95",
+            "late ttft"
+        );
+    }
+    for r in report["runs"].as_array().into_iter().flatten() {
+        let f = |key: &str| r[key].as_f64().unwrap_or(0.0);
+        if concurrency == 1 {
+            println!(
+                "{:>4} {:>8} {:>12.1} {:>8} {:>12.1} {:>10.1} {:>10.1}",
+                r["run"],
+                r["prompt_eval_tokens"],
+                f("prefill_tok_s"),
+                r["generated_tokens"],
+                f("decode_tok_s"),
+                f("ttft_ms"),
+                f("peak_memory_bytes") / 1e6,
+            );
+        } else {
+            let per_stream: Vec<f64> = r["per_stream"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| s["decode_tok_s"].as_f64().unwrap_or(0.0))
+                .collect();
+            let mean = per_stream.iter().sum::<f64>() / per_stream.len().max(1) as f64;
+            println!(
+                "{:>4} {:>8} {:>8} {:>14.1} {:>16.1} {:>10.1} {:>10.1} {:>10}",
+                r["run"],
+                r["streams"],
+                r["generated_tokens"],
+                mean,
+                f("aggregate_decode_tok_s"),
+                f("ttft_p50_ms"),
+                f("ttft_p95_ms"),
+                r["late_short_ttft_ms"]
+                    .as_f64()
+                    .map_or("-".to_string(), |t| format!("{t:.1}")),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `bench`: greedy runs over a synthetic prompt or given ids, one or several streams at once,
 /// reported per run.
 pub(super) async fn bench(
@@ -296,64 +366,5 @@ pub(super) async fn bench(
         "load_s": load.as_secs_f64(),
         "runs": results,
     });
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    println!("{name}: loaded in {:.2}s", load.as_secs_f64());
-    if concurrency == 1 {
-        println!(
-            "{:>4} {:>8} {:>12} {:>8} {:>12} {:>10} {:>10}",
-            "run", "prompt", "prefill t/s", "gen", "decode t/s", "ttft ms", "peak MB"
-        );
-    } else {
-        println!(
-            "{:>4} {:>8} {:>8} {:>14} {:>16} {:>10} {:>10} {:>10}",
-            "run",
-            "streams",
-            "gen",
-            "decode t/s/str",
-            "aggregate t/s",
-            "ttft p50",
-            "ttft p95",
-            "late ttft"
-        );
-    }
-    for r in report["runs"].as_array().into_iter().flatten() {
-        let f = |key: &str| r[key].as_f64().unwrap_or(0.0);
-        if concurrency == 1 {
-            println!(
-                "{:>4} {:>8} {:>12.1} {:>8} {:>12.1} {:>10.1} {:>10.1}",
-                r["run"],
-                r["prompt_eval_tokens"],
-                f("prefill_tok_s"),
-                r["generated_tokens"],
-                f("decode_tok_s"),
-                f("ttft_ms"),
-                f("peak_memory_bytes") / 1e6,
-            );
-        } else {
-            let per_stream: Vec<f64> = r["per_stream"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| s["decode_tok_s"].as_f64().unwrap_or(0.0))
-                .collect();
-            let mean = per_stream.iter().sum::<f64>() / per_stream.len().max(1) as f64;
-            println!(
-                "{:>4} {:>8} {:>8} {:>14.1} {:>16.1} {:>10.1} {:>10.1} {:>10}",
-                r["run"],
-                r["streams"],
-                r["generated_tokens"],
-                mean,
-                f("aggregate_decode_tok_s"),
-                f("ttft_p50_ms"),
-                f("ttft_p95_ms"),
-                r["late_short_ttft_ms"]
-                    .as_f64()
-                    .map_or("-".to_string(), |t| format!("{t:.1}")),
-            );
-        }
-    }
-    Ok(())
+    print_report(&name, load, &report, concurrency, as_json)
 }

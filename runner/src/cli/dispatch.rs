@@ -156,8 +156,7 @@ fn create(store: &Store, args: CreateArgs) -> Result<()> {
         model: args.quantize,
         draft: args.quantize_draft,
     };
-    crate::create_model::create_model(store, &name, &spec, quantization, &mut |p| bar.update(p))
-        .map_err(|e| anyhow::anyhow!(e.message))?;
+    crate::create_model::create_model(store, &name, &spec, quantization, &mut |p| bar.update(p))?;
     bar.finish();
     println!("created {name}");
     Ok(())

@@ -97,6 +97,15 @@ impl ApiError {
     }
 }
 
+/// The message alone, as the client reads it (the CLI prints it the same way).
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = match self.dialect {

@@ -239,7 +239,7 @@ pub async fn chat_completions(
     };
     let request = GenerationRequest {
         source: PromptSource::Chat {
-            messages: messages,
+            messages,
             think: req.reasoning_effort.as_deref().map(|e| e != "none"),
         },
         media: attachments.media,
