@@ -18,8 +18,8 @@ use crate::model_source::ModelSource;
 use crate::modelfile::Modelfile;
 use crate::pull::PullProgress;
 use crate::server::error::ApiError;
-use crate::server::rfc3339;
 use crate::store::{Manifest, Store, StoreWriter};
+use crate::timestamp::rfc3339;
 
 /// Creates `name` from `spec`. A `DRAFT` path, or any draft with `quantization.draft`, is
 /// stored beside it as `<name>-draft`. When anything fails, the store's models stay as they

@@ -300,6 +300,6 @@ pub fn import_manifest(
         draft: None,
         source: source.to_string(),
         details,
-        created_at: crate::server::rfc3339(std::time::SystemTime::now()),
+        created_at: crate::timestamp::rfc3339(std::time::SystemTime::now()),
     })
 }

@@ -1,16 +1,56 @@
-//! The `mlxkit` server and command-line tool, composed from the workspace's crates.
+//! The `mlxkit` server and command-line tool, composed from the workspace's crates: it
+//! parses, builds, wires and serves; the model, sampling and caching logic lives in the
+//! crates below it.
 //!
+//! # A request's walk
+//!
+//! Each step only calls the next one down; none imports the module that calls it.
+//!
+//! 1. **Server** ([`server`]): an API module ([`server::ollama`], [`server::openai`],
+//!    [`server::responses`], [`server::anthropic`]) reads its fields and leases the model from
+//!    the [`model_keeper`] (load on first use, one model at a time, a bounded queue).
+//! 2. **Request builder** ([`server::request`]): the one path every API and the CLI take.
+//!    It renders the prompt off the async runtime ([`server::prompt`], `tokenizer`'s chat
+//!    templates; media through [`server::images`] and [`server::audio`]), holds it to the
+//!    context, compiles the output constraint ([`server::structured`], `grammar`) and submits
+//!    the job ([`server::generation`]). It fails with a [`server::request_error::RequestError`]
+//!    that each API turns into its wire format at its edge.
+//! 3. **Engine** ([`engine`]): the job crosses to the MLX worker (`mlx-thread`) and
+//!    waits in admission (`engine::admission`) until its KV reservation fits.
+//! 4. **Prefix trie** (`engine::prefix_cache` over `prefix-trie`): admission restores the
+//!    longest cached prefix and schedules the snapshots its prefill will capture.
+//! 5. **nn** (`engine::prefill`, `engine::decode` over `nn`, `kvcache`, `mlx`): prompt chunks
+//!    under a per-step token budget, then one batched forward for every decoding sequence.
+//! 6. **Sampler and speculation** (`sampler`; `engine::speculation` over `speculate`): one
+//!    sampler call per step samples every row, grammar masks and penalties applied; a
+//!    drafted row is verified in the same forward and rolled back to what was accepted.
+//! 7. **Events** (`engine::job`'s `Event`s over a channel): tokens, then the end or an error;
+//!    retirement (`engine::retirement`) hands the prefill's snapshots to the trie.
+//! 8. **Server again** ([`server::generation`], then [`server::sse`] or the Ollama
+//!    handlers' NDJSON): detokenized, held back at stop strings, split into content,
+//!    thinking and tool calls, and written in the API's stream or one response.
+//!
+//! The CLI ([`cli`]) takes the same path from step 2: `mlxkit run` and `mlxkit bench` build
+//! their jobs with [`server::request`] too.
+//!
+//! # Modules
+//!
+//! - [`cli`]: the `mlxkit` commands (arguments, one function per command, the chat REPL, the
+//!   bench harness); [`logging`]: text or JSON log lines.
+//! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs and the request builder.
+//! - [`model_keeper`]: which model is resident, leased to requests; `keep_alive`.
+//! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at
+//!   once (batched decode, the prefix trie behind every request, speculation, cancellation).
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
 //!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
-//!   transformers folders; [`modelfile`]: `create -f`; [`create`]: `create --quantize` through
-//!   `quant`'s pipeline; [`export`]: a stored model written out as a transformers / mlx-lm
-//!   folder.
-//! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at once
-//!   (batched decode, the prefix trie behind every request, cancellation).
-//! - [`scheduler`]: load on first use, `keep_alive`, one model at a time, a bounded queue.
-//! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs.
-//! - [`cli`]: the `mlxkit` commands; [`logging`]: text or JSON log lines.
+//!   transformers folders; [`model_source`]: what a `FROM` names; [`modelfile`]: `create -f`;
+//!   [`create`]: `create --quantize` through `quant`'s pipeline; [`create_model`]: a
+//!   Modelfile's model written to the store; [`export`]: a stored model written out as a
+//!   transformers / mlx-lm folder.
+//! - [`capabilities`]: what a model can be asked to do (tools, thinking, images, audio);
+//!   [`timestamp`]: times as the APIs and the store write them; [`fault`]: crash points for
+//!   the crash-consistency tests.
 
 pub mod capabilities;
 pub mod cli;
@@ -21,11 +61,12 @@ pub mod export;
 pub mod fault;
 pub mod import;
 pub mod logging;
+pub mod model_keeper;
 pub mod model_name;
 pub mod model_source;
 pub mod modelfile;
 pub mod ollama_store;
 pub mod pull;
-pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod timestamp;

@@ -141,7 +141,7 @@ impl OllamaStore {
             draft: None,
             source: format!("ollama:{}", path.display()),
             details: Default::default(),
-            created_at: crate::server::rfc3339(modified),
+            created_at: crate::timestamp::rfc3339(modified),
         };
         let unusable = self.fill(path, &mut manifest).err();
         OllamaModel {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runner::engine::{Engine, LoopConfig};
-use runner::scheduler::Scheduler;
+use runner::model_keeper::ModelKeeper;
 use runner::server::access::Access;
 use runner::server::api_key::ApiKey;
 use runner::server::hosts::AllowedHosts;
@@ -53,10 +53,10 @@ fn start(access: Access, limits: ConnectionLimits, with_model: bool) -> Option<E
     let served = store.clone();
     let address = runtime.block_on(async move {
         let engine = Arc::new(Engine::with_config(LoopConfig::from_env()).unwrap());
-        let scheduler = Scheduler::new(engine, served.clone(), 16);
+        let keeper = ModelKeeper::new(engine, served.clone(), 16);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let app = router_with(AppState::new(served, scheduler), access);
+        let app = router_with(AppState::new(served, keeper), access);
         tokio::spawn(async move {
             listen::serve_with(listener, app, limits, std::future::pending(), || {})
                 .await

@@ -19,11 +19,11 @@ use tokenizer::{Message, MessageToolCall};
 use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{Output, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
@@ -84,8 +84,25 @@ struct Conversation {
     attachments: Attachments,
 }
 
+/// A failure on Anthropic's endpoints (`/v1/messages`, token counting), answered in Anthropic's
+/// shape: this is where every error they meet is put in their wire format.
+#[derive(Debug)]
+pub struct AnthropicError(ApiError);
+
+impl<E: Into<ApiError>> From<E> for AnthropicError {
+    fn from(e: E) -> AnthropicError {
+        AnthropicError(e.into().anthropic())
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        self.0.into_response()
+    }
+}
+
 fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).anthropic()
+    ApiError::bad_request(message)
 }
 
 /// The conversation of a request: its system prompt, its messages block by block, its tools.
@@ -233,7 +250,7 @@ fn image_block(block: &Value, at: &dyn Fn() -> String) -> Result<Vec<u8>, ApiErr
     match source.get("type").and_then(Value::as_str) {
         Some("base64") => {
             let data = source.get("data").and_then(Value::as_str).unwrap_or("");
-            prompt::image_base64(data).map_err(ApiError::anthropic)
+            Ok(prompt::image_base64(data)?)
         }
         Some(other) => Err(bad(format!(
             "{}: image sources of type {other:?} are not fetched; send base64 data",
@@ -360,7 +377,7 @@ fn options(
         .max_tokens
         .as_ref()
         .ok_or_else(|| bad("`max_tokens` is required"))?;
-    GenerationOptions::layered(
+    Ok(GenerationOptions::layered(
         defaults,
         &[
             ("num_predict", Some(max_tokens)),
@@ -369,60 +386,59 @@ fn options(
             ("top_k", req.top_k.as_ref()),
             ("stop", req.stop_sequences.as_ref()),
         ],
-    )
-    .map_err(ApiError::anthropic)
+    )?)
 }
 
 /// `POST /v1/messages`.
 pub async fn messages(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<MessagesRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AnthropicError> {
     let started = Instant::now();
-    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::anthropic)?;
+    let (name, defaults) = stored_model(&state, &req.model)?;
     let options = options(&req, &defaults)?;
     let think = thinking(req.thinking.as_ref())?;
     let (choice, parallel) = tool_choice(req.tool_choice.as_ref())?;
     let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
     conversation
         .attachments
-        .require_supported(&state.store, &name)
-        .map_err(ApiError::anthropic)?;
+        .require_supported(&state.store, &name)?;
     if conversation.messages.is_empty() {
-        return Err(bad("`messages` must not be empty"));
+        return Err(bad("`messages` must not be empty").into());
     }
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
-        .await
-        .map_err(|e| ApiError::from(e).anthropic())?;
+        .await?;
     let load = started.elapsed();
     // `none` withholds the tools from the model altogether.
     let tools = match choice {
         ToolChoice::None => Vec::new(),
         _ => conversation.tools,
     };
-    let job = ChatJob {
-        images: conversation.attachments.media,
-        messages: conversation.messages,
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages: conversation.messages,
+            think,
+        },
+        media: conversation.attachments.media,
         requested: Requested {
             format: None,
             tools,
             choice,
             parallel_calls: parallel,
         },
-        think,
         options,
         logprobs: None,
         started,
         load,
     };
-    let (outputs, input_tokens) = chat::start(lease, job).await.map_err(ApiError::anthropic)?;
-    let message = MessageShape::new(name.to_string(), input_tokens);
+    let started = request::start(lease, request).await?;
+    let message = MessageShape::new(name.to_string(), started.prompt_tokens);
     if req.stream {
-        return Ok(sse(outputs, message));
+        return Ok(sse(started.outputs, message));
     }
-    collect(outputs, message).await
+    Ok(collect(started.outputs, message).await?)
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as this model's template renders
@@ -430,27 +446,16 @@ pub async fn messages(
 pub async fn count_tokens(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<CountTokensRequest>,
-) -> Result<Response, ApiError> {
-    let (name, _) = stored_model(&state, &req.model).map_err(ApiError::anthropic)?;
+) -> Result<Response, AnthropicError> {
+    let (name, _) = stored_model(&state, &req.model)?;
     let think = thinking(req.thinking.as_ref())?;
     let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
-    let lease = state
-        .scheduler
-        .acquire(&name, None)
-        .await
-        .map_err(|e| ApiError::from(e).anthropic())?;
-    let info = lease.info.clone();
-    let rendered = prompt::off_runtime(move || {
-        prompt::render_chat(
-            &info,
-            conversation.messages,
-            Some(conversation.tools.as_slice()),
-            think,
-            &[],
-        )
-    })
-    .await
-    .map_err(ApiError::anthropic)?;
+    let lease = state.keeper.acquire(&name, None).await?;
+    let source = PromptSource::Chat {
+        messages: conversation.messages,
+        think,
+    };
+    let rendered = request::render(&lease.info, source, &conversation.tools, Vec::new()).await?;
     Ok(Json(json!({ "input_tokens": rendered.tokens.len() })).into_response())
 }
 
@@ -517,11 +522,10 @@ async fn collect(mut outputs: Receiver<Output>, shape: MessageShape) -> Result<R
                 content.push(tool_use_block(&call));
             }
             Output::Done(s) => summary = Some(s),
-            Output::Error(message) => return Err(ApiError::internal(message).anthropic()),
+            Output::Error(message) => return Err(ApiError::internal(message)),
         }
     }
-    let summary = summary
-        .ok_or_else(|| ApiError::internal("generation ended without a result").anthropic())?;
+    let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
     Ok(Json(json!({
         "id": shape.id,
         "type": "message",

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::engine::prompt_media::AudioPrompt;
-use crate::server::error::ApiError;
+use crate::server::request_error::RequestError;
 
 /// The most audio clips one request may carry: each is decoded and turned into features
 /// before the engine sees it.
@@ -32,8 +32,8 @@ pub fn segments(
     prompt: &AudioPrompt,
     bytes: &[u8],
     context: usize,
-) -> Result<Vec<Segment>, ApiError> {
-    let invalid = |e: media::Error| ApiError::bad_request(format!("invalid audio: {e}"));
+) -> Result<Vec<Segment>, RequestError> {
+    let invalid = |e: media::Error| RequestError::invalid(format!("invalid audio: {e}"));
     let limits = media::AudioLimits::default();
     let rate = prompt.features.sampling_rate;
     let clip = media::prepare_audio(bytes, &limits, rate).map_err(invalid)?;
@@ -48,7 +48,7 @@ pub fn segments(
         let frames = prompt.features.valid_frames(piece.samples.len());
         let n = prompt.tokens_for_frames.get(frames).copied().unwrap_or(0);
         if n == 0 {
-            return Err(ApiError::bad_request(format!(
+            return Err(RequestError::invalid(format!(
                 "invalid audio: segment {k} of {:.3} s is too short to encode",
                 piece.duration_seconds()
             )));
@@ -57,7 +57,7 @@ pub fn segments(
     }
     let total: usize = tokens.iter().sum();
     if total > context {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "invalid audio: its {} segments take {total} audio tokens, more than the model's \
              context of {context}",
             pieces.len()

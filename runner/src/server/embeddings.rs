@@ -12,9 +12,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::engine::embedding::normalize;
+use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
-use crate::scheduler::Lease;
 use crate::server::error::ApiError;
+use crate::server::openai::OpenAiError;
+use crate::server::request_error::RequestError;
 use crate::server::{AppState, JsonBody, prompt};
 
 /// The most inputs one request may embed.
@@ -115,19 +117,19 @@ async fn embed(
             .map(|(i, input)| {
                 let mut tokens = match input {
                     Input::Text(text) if text.is_empty() => {
-                        return Err(ApiError::bad_request(format!("input {i} is empty")));
+                        return Err(RequestError::invalid(format!("input {i} is empty")));
                     }
                     Input::Text(text) => prompt::encode(&info, &text, true)?,
                     Input::Tokens(ids) => ids,
                 };
                 if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-                    return Err(ApiError::bad_request(format!(
+                    return Err(RequestError::invalid(format!(
                         "input {i}: token {bad} is outside the vocabulary of {vocab}"
                     )));
                 }
                 if tokens.len() > info.context_length {
                     if !truncate {
-                        return Err(ApiError::bad_request(format!(
+                        return Err(RequestError::invalid(format!(
                             "input {i} is {} tokens, more than the context of {}; \
                              set `truncate` to cut it",
                             tokens.len(),
@@ -137,7 +139,7 @@ async fn embed(
                     tokens.truncate(info.context_length);
                 }
                 if tokens.is_empty() {
-                    return Err(ApiError::bad_request(format!("input {i} has no tokens")));
+                    return Err(RequestError::invalid(format!("input {i} has no tokens")));
                 }
                 Ok(tokens)
             })
@@ -178,7 +180,7 @@ async fn lease(state: &AppState, model: &str) -> Result<Lease, ApiError> {
         return Err(ApiError::bad_request("`model` is required"));
     }
     Ok(state
-        .scheduler
+        .keeper
         .acquire(&ModelName::parse(model)?, None)
         .await?)
 }
@@ -242,7 +244,7 @@ pub async fn ollama_embeddings(
 pub async fn openai_embeddings(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<OpenAiEmbeddingRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Value>, OpenAiError> {
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -250,13 +252,13 @@ pub async fn openai_embeddings(
             return Err(ApiError::bad_request(format!(
                 "`encoding_format` {other:?}: expected \"float\" or \"base64\""
             ))
-            .openai());
+            .into());
         }
     };
-    let list = inputs(&req.input).map_err(ApiError::openai)?;
-    let lease = lease(&state, &req.model).await.map_err(ApiError::openai)?;
-    let (vectors, evaluated) = embed(&lease, list, true).await.map_err(ApiError::openai)?;
-    let vectors = unit_vectors(vectors, req.dimensions).map_err(ApiError::openai)?;
+    let list = inputs(&req.input)?;
+    let lease = lease(&state, &req.model).await?;
+    let (vectors, evaluated) = embed(&lease, list, true).await?;
+    let vectors = unit_vectors(vectors, req.dimensions)?;
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()

@@ -97,6 +97,15 @@ impl ApiError {
     }
 }
 
+/// The message alone, as the client reads it (the CLI prints it the same way).
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let message = client_text(&self.message);
@@ -139,19 +148,19 @@ pub fn client_text(message: &str) -> String {
     hidden.into_owned()
 }
 
-impl From<crate::scheduler::ScheduleError> for ApiError {
-    fn from(e: crate::scheduler::ScheduleError) -> ApiError {
-        use crate::scheduler::ScheduleError;
+impl From<crate::model_keeper::LeaseError> for ApiError {
+    fn from(e: crate::model_keeper::LeaseError) -> ApiError {
+        use crate::model_keeper::LeaseError;
         use crate::store::StoreError;
         let status = match &e {
-            ScheduleError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ScheduleError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
-            ScheduleError::NotGenerative(_) => StatusCode::BAD_REQUEST,
-            ScheduleError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
+            LeaseError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LeaseError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
+            LeaseError::NotGenerative(_) => StatusCode::BAD_REQUEST,
+            LeaseError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
                 StatusCode::BAD_REQUEST
             }
             // The request (or the model's Modelfile) named a draft that cannot draft for it.
-            ScheduleError::Engine(crate::engine::EngineError::Load(
+            LeaseError::Engine(crate::engine::EngineError::Load(
                 crate::engine::LoadError::Draft { .. },
             )) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -175,5 +184,20 @@ impl From<crate::store::StoreError> for ApiError {
 impl From<crate::model_name::InvalidName> for ApiError {
     fn from(e: crate::model_name::InvalidName) -> ApiError {
         ApiError::bad_request(e.to_string())
+    }
+}
+
+/// The statuses a request the builder turned down gets, whichever API it came through.
+impl From<crate::server::request_error::RequestError> for ApiError {
+    fn from(e: crate::server::request_error::RequestError) -> ApiError {
+        use crate::server::request_error::RequestError;
+        match e {
+            RequestError::Invalid(message) | RequestError::Refused(message) => {
+                ApiError::bad_request(message)
+            }
+            RequestError::Store(e) => ApiError::from(e),
+            RequestError::Busy(message) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
+            RequestError::Internal(message) => ApiError::internal(message),
+        }
     }
 }

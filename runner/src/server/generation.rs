@@ -11,11 +11,12 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::engine::{DoneReason, DrafterKind, Event, Job, SpeculationStats, Stats, TokenLogprobs};
+use crate::model_keeper::Lease;
 use crate::model_name::ModelName;
-use crate::scheduler::Lease;
-use crate::server::error::{ApiError, client_text};
+use crate::server::error::client_text;
 use crate::server::metrics;
 use crate::server::options::GenerationOptions;
+use crate::server::request_error::RequestError;
 use crate::server::stopping;
 
 /// One alternative in a logprobs entry.
@@ -142,7 +143,7 @@ pub struct Prepared {
 /// Starts `prepared` on the engine and returns its outputs. Dropping the receiver cancels the
 /// generation at its next step. What can only be checked against the loaded model (token ids
 /// in `logit_bias`) is checked here, before the response starts.
-pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>, ApiError> {
+pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>, RequestError> {
     let vocab = lease.info.tokenizer.vocab_size();
     if let Some(&token) = prepared
         .options
@@ -151,7 +152,7 @@ pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>,
         .keys()
         .find(|&&token| token as usize >= vocab)
     {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "`logit_bias` names token {token}, outside the vocabulary of {vocab}"
         )));
     }

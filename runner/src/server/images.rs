@@ -21,8 +21,8 @@ use crate::engine::job::decode_image;
 use crate::engine::prompt_media::{ImageLayout, ImagePrompt};
 use crate::engine::{EncoderInput, ImageProcessing, ModelInfo, PromptMedia, UndecodedImage};
 use crate::server::audio;
-use crate::server::error::ApiError;
 use crate::server::prompt;
+use crate::server::request_error::RequestError;
 
 /// The most images one request may carry: each is decoded and preprocessed before the engine
 /// sees it (a 64 MiB body of tiny images must not become gigabytes of pixels).
@@ -62,12 +62,12 @@ pub fn expand(
     images: &[Arc<[u8]>],
     add_special: bool,
     known: &HashMap<usize, Vec<audio::Segment>>,
-) -> Result<Expanded, ApiError> {
+) -> Result<Expanded, RequestError> {
     if info.vision.is_none() && info.audio.is_none() {
         return Err(not_supported(info));
     }
     let segments = media::split_prompt(text, images.len())
-        .map_err(|e| ApiError::bad_request(format!("media in the prompt: {e}")))?;
+        .map_err(|e| RequestError::invalid(format!("media in the prompt: {e}")))?;
     let mut expanded = String::with_capacity(text.len());
     let mut order: Vec<(usize, usize, u32, usize)> = Vec::new();
     let mut layouts: HashMap<usize, ItemLayout> = HashMap::new();
@@ -80,7 +80,7 @@ pub fn expand(
                     Some(done) => done.clone(),
                     None => {
                         let bytes = images.get(*index).ok_or_else(|| {
-                            ApiError::internal(format!("media item {index} was not kept"))
+                            RequestError::internal(format!("media item {index} was not kept"))
                         })?;
                         if let Some(segments) = known.get(index) {
                             clips.insert(*index, segments.clone());
@@ -111,14 +111,14 @@ pub fn expand(
             .zip(&order)
             .all(|((range, token), &(_, _, want, n))| *token == want && range.len() == n);
     if !matches {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "the prompt holds image or audio tokens besides those of its {} media runs",
             order.len()
         )));
     }
     let ranges: Vec<Range<usize>> = runs.into_iter().map(|(range, _)| range).collect();
     media::validate_expansions(&ranges, order.len(), tokens.len())
-        .map_err(|e| ApiError::internal(format!("laying out the media: {e}")))?;
+        .map_err(|e| RequestError::internal(format!("laying out the media: {e}")))?;
     Ok(Expanded {
         tokens,
         images: ranges
@@ -138,11 +138,11 @@ fn item_layout(
     bytes: &[u8],
     index: usize,
     clips: &mut HashMap<usize, Vec<audio::Segment>>,
-) -> Result<ItemLayout, ApiError> {
+) -> Result<ItemLayout, RequestError> {
     let is_audio = matches!(media::detect(bytes), Ok(media::MediaFormat::Audio(_)));
     if is_audio {
         let prompt = info.audio.as_ref().ok_or_else(|| {
-            ApiError::bad_request(format!("model `{}` does not support audio", info.name))
+            RequestError::refused(format!("model `{}` does not support audio", info.name))
         })?;
         let segments = match clips.remove(&index) {
             Some(segments) => segments,
@@ -173,7 +173,7 @@ fn item_layout(
 /// model's one layout (the whole image, then any pan-and-scan crops), or for a
 /// dynamic-resolution model as many tokens as the grid its size gives (sizes read from the
 /// header, under the default [`media::ImageLimits`]).
-fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, Vec<usize>), ApiError> {
+fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, Vec<usize>), RequestError> {
     match &vision.layout {
         ImageLayout::Fixed {
             expansion,
@@ -210,7 +210,7 @@ fn image_layout(vision: &ImagePrompt, bytes: &[u8]) -> Result<(String, Vec<usize
 fn crops_of(
     pan_and_scan: Option<&media::PanAndScan>,
     bytes: &[u8],
-) -> Result<Vec<media::CropRect>, ApiError> {
+) -> Result<Vec<media::CropRect>, RequestError> {
     match pan_and_scan {
         None => Ok(Vec::new()),
         Some(pan) => {
@@ -221,12 +221,12 @@ fn crops_of(
 }
 
 /// The size the image `bytes` decodes to, from its header.
-fn upright_size(bytes: &[u8]) -> Result<(u32, u32), ApiError> {
+fn upright_size(bytes: &[u8]) -> Result<(u32, u32), RequestError> {
     media::upright_dimensions(bytes, &media::ImageLimits::default()).map_err(invalid_image)
 }
 
-fn invalid_image(e: media::Error) -> ApiError {
-    ApiError::bad_request(format!("invalid image: {e}"))
+fn invalid_image(e: media::Error) -> RequestError {
+    RequestError::invalid(format!("invalid image: {e}"))
 }
 
 /// Each maximal run of one of `media_tokens` in `tokens`, with its token.
@@ -257,7 +257,7 @@ pub fn prepare(
     info: &ModelInfo,
     expanded: &Expanded,
     images: &[Arc<[u8]>],
-) -> Result<Vec<PromptMedia>, ApiError> {
+) -> Result<Vec<PromptMedia>, RequestError> {
     // By (media index, run): an image's whole view and each crop, prepared once however
     // often the prompt shows them, from one decode of the image.
     let mut prepared: HashMap<(usize, usize), (media::MediaId, EncoderInput)> = HashMap::new();
@@ -266,9 +266,9 @@ pub fn prepare(
     let mut out = Vec::with_capacity(expanded.images.len());
     for (range, index, run) in &expanded.images {
         if let Some(clip) = expanded.audio.get(index) {
-            let segment = clip
-                .get(*run)
-                .ok_or_else(|| ApiError::internal(format!("audio {index} has no segment {run}")))?;
+            let segment = clip.get(*run).ok_or_else(|| {
+                RequestError::internal(format!("audio {index} has no segment {run}"))
+            })?;
             out.push(PromptMedia {
                 tokens: range.clone(),
                 id: segment.id,
@@ -281,7 +281,7 @@ pub fn prepare(
             Some(done) => done.clone(),
             None => {
                 let bytes = images.get(*index).ok_or_else(|| {
-                    ApiError::internal(format!("image {index} was not kept with the request"))
+                    RequestError::internal(format!("image {index} was not kept with the request"))
                 })?;
                 let processing = match &vision.layout {
                     ImageLayout::Fixed {
@@ -300,7 +300,7 @@ pub fn prepare(
                                     }
                                 };
                                 Some(*rects.get(k).ok_or_else(|| {
-                                    ApiError::internal(format!("image {index} has no crop {k}"))
+                                    RequestError::internal(format!("image {index} has no crop {k}"))
                                 })?)
                             }
                         };
@@ -341,8 +341,8 @@ pub fn prepare(
     Ok(out)
 }
 
-fn not_supported(info: &ModelInfo) -> ApiError {
-    ApiError::bad_request(format!("model `{}` does not support images", info.name))
+fn not_supported(info: &ModelInfo) -> RequestError {
+    RequestError::refused(format!("model `{}` does not support images", info.name))
 }
 
 #[cfg(test)]

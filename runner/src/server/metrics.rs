@@ -170,9 +170,9 @@ pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError>
     let handle = handle().ok_or_else(|| {
         ApiError::internal("another metrics recorder was installed; /metrics has nothing to show")
     })?;
-    let status = state.scheduler.engine().status();
+    let status = state.keeper.engine().status();
     let model = state
-        .scheduler
+        .keeper
         .running()
         .await
         .map(|(info, _)| info.name.to_string())
@@ -184,7 +184,7 @@ pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError>
     gauge!("mlxkit_prefix_cache_bytes", label()).set(status.cache_bytes as f64);
     gauge!("mlxkit_prefix_cache_budget_bytes", label()).set(status.cache_budget as f64);
     gauge!("mlxkit_prefix_cache_nodes", label()).set(status.cache_nodes as f64);
-    if let Ok((active, peak)) = state.scheduler.engine().memory().await {
+    if let Ok((active, peak)) = state.keeper.engine().memory().await {
         gauge!("mlxkit_mlx_active_memory_bytes").set(active as f64);
         gauge!("mlxkit_mlx_peak_memory_bytes").set(peak as f64);
     }

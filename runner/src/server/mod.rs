@@ -1,4 +1,4 @@
-//! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the scheduler.
+//! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the model keeper.
 //!
 //! - `ollama`: `/api/generate`, `/api/chat`; `models`: the management endpoints.
 //! - `openai`: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
@@ -31,7 +31,6 @@ pub mod anthropic;
 pub mod api_key;
 pub mod audio;
 pub mod body_deadline;
-pub mod chat;
 pub mod connections;
 pub mod cors;
 pub mod embeddings;
@@ -50,6 +49,8 @@ pub mod operations;
 pub mod options;
 pub mod origins;
 pub mod prompt;
+pub mod request;
+pub mod request_error;
 pub mod request_log;
 pub mod responses;
 pub mod server_paths;
@@ -66,10 +67,12 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::routing::{delete, get, post};
 
+use crate::model_keeper::ModelKeeper;
 use crate::model_name;
-use crate::scheduler::Scheduler;
 use crate::store::Store;
 use error::ApiError;
+
+pub use crate::timestamp::rfc3339;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -77,7 +80,7 @@ pub struct AppState {
     /// The model store.
     pub store: Store,
     /// The loaded model and the request queue.
-    pub scheduler: Arc<Scheduler>,
+    pub keeper: Arc<ModelKeeper>,
     /// Recent Responses-API conversations, for `previous_response_id`.
     pub responses: Arc<responses::ResponseStore>,
     /// The Whisper model transcriptions last used, its files prepared.
@@ -85,11 +88,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state of a server over `store` and `scheduler`.
-    pub fn new(store: Store, scheduler: Arc<Scheduler>) -> AppState {
+    /// The state of a server over `store` and `keeper`.
+    pub fn new(store: Store, keeper: Arc<ModelKeeper>) -> AppState {
         AppState {
             store,
-            scheduler,
+            keeper,
             responses: Arc::default(),
             transcription_models: Arc::default(),
         }
@@ -253,49 +256,5 @@ pub fn push_str(value: &mut serde_json::Value, text: &str) {
     match value {
         serde_json::Value::String(s) => s.push_str(text),
         other => *other = serde_json::Value::String(text.to_string()),
-    }
-}
-
-/// RFC 3339 time in UTC with nanoseconds, as Ollama writes it.
-pub fn rfc3339(time: SystemTime) -> String {
-    let since = time
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = since.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_nanos()
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn rfc3339_formats_known_instants() {
-        assert_eq!(
-            rfc3339(SystemTime::UNIX_EPOCH),
-            "1970-01-01T00:00:00.000000000Z"
-        );
-        let t = SystemTime::UNIX_EPOCH + Duration::new(1_796_000_000, 5);
-        assert_eq!(rfc3339(t), "2026-11-30T00:53:20.000000005Z");
-        let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000000000Z");
     }
 }

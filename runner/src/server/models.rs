@@ -112,7 +112,7 @@ pub async fn show(
         modelfile.push_str(&format!("PARAMETER {line}\n"));
     }
     let loaded = state
-        .scheduler
+        .keeper
         .running()
         .await
         .filter(|(info, _)| info.name == name);
@@ -166,11 +166,11 @@ fn plain(v: &Value) -> String {
 
 /// `GET /api/ps`.
 pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let Some((info, expires)) = state.scheduler.running().await else {
+    let Some((info, expires)) = state.keeper.running().await else {
         return Ok(Json(json!({ "models": [] })));
     };
     let (active, _) = state
-        .scheduler
+        .keeper
         .engine()
         .memory()
         .await
@@ -183,7 +183,7 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         None => "forever".to_string(),
     };
     let name = info.name.to_string();
-    let engine = state.scheduler.engine().status();
+    let engine = state.keeper.engine().status();
     let mut response = json!({
         "models": [{
             "running_sequences": engine.running,
@@ -231,7 +231,7 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     let name = req.name()?;
     state.store.get(&name)?;
-    state.scheduler.unload(&name).await?;
+    state.keeper.unload(&name).await?;
     let store = state.store.clone();
     // Off the runtime: it waits for the store's writer lock.
     tokio::task::spawn_blocking(move || store.lock(&mut || {})?.remove(&name))

@@ -1,6 +1,7 @@
 //! Ollama's API: `/api/generate`, `/api/chat` and the model-management endpoints.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Json;
@@ -15,12 +16,13 @@ use tokio::sync::mpsc::Receiver;
 use grammar::GrammarSpec;
 
 use crate::engine::DoneReason;
+use crate::model_keeper::{KeepAlive, Lease};
 use crate::model_name::ModelName;
-use crate::scheduler::{KeepAlive, Lease};
 use crate::server::error::ApiError;
-use crate::server::generation::{self, Output, Prepared, Summary};
+use crate::server::generation::{self, Output, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::structured::{self, Requested};
 use crate::server::{AppState, JsonBody, rfc3339};
 
@@ -171,7 +173,7 @@ pub async fn generate(
     // Checked before the model loads: what a model takes is known from its manifest.
     attachments.require_supported(&state.store, &c.name)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();
@@ -179,7 +181,7 @@ pub async fn generate(
         // An empty prompt only loads (or, with keep_alive 0, unloads) the model.
         drop(lease);
         if c.keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
-            state.scheduler.unload(&c.name).await?;
+            state.keeper.unload(&c.name).await?;
         }
         let reason = if c.keep_alive == Some(KeepAlive::For(Duration::ZERO)) {
             "unload"
@@ -195,34 +197,30 @@ pub async fn generate(
         }))
         .into_response());
     }
-    let info = lease.info.clone();
-    let (suffix, raw, system, think) = (req.suffix, req.raw, req.system, c.think);
-    let images = attachments.media;
-    let rendered = prompt::off_runtime(move || {
-        if let Some(suffix) = suffix.filter(|s| !s.is_empty()) {
-            if !images.is_empty() {
-                return Err(ApiError::bad_request(
-                    "images cannot be combined with `suffix` (insert)",
-                ));
+    let source = match req.suffix.filter(|s| !s.is_empty()) {
+        Some(suffix) => PromptSource::Infill {
+            prefix: prompt_text,
+            suffix,
+        },
+        None if req.raw => PromptSource::Raw(tagged_text),
+        None => {
+            let mut messages = Vec::new();
+            if let Some(system) = req.system.filter(|s| !s.is_empty()) {
+                messages.push(tokenizer::Message::new("system", system));
             }
-            return prompt::render_infill(&info, &prompt_text, &suffix);
+            messages.push(tokenizer::Message::new("user", tagged_text));
+            PromptSource::Chat {
+                messages,
+                think: c.think,
+            }
         }
-        if raw {
-            return prompt::render_raw(&info, &tagged_text, &images);
-        }
-        let mut messages = Vec::new();
-        if let Some(system) = system.filter(|s| !s.is_empty()) {
-            messages.push(tokenizer::Message::new("system", system));
-        }
-        messages.push(tokenizer::Message::new("user", tagged_text));
-        prompt::render_chat(&info, messages, None, think, &images)
-    })
-    .await?;
+    };
     let timing = (started, load);
+    let media = attachments.media;
     run(
         lease,
         c,
-        rendered,
+        (source, media),
         Vec::new(),
         timing,
         generate_chunk,
@@ -242,7 +240,7 @@ pub async fn chat(
     let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
     attachments.require_supported(&state.store, &c.name)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&c.name, c.options.draft_model.as_ref(), c.keep_alive)
         .await?;
     let load = started.elapsed();
@@ -257,17 +255,12 @@ pub async fn chat(
         }))
         .into_response());
     }
-    let info = lease.info.clone();
-    let (tools, think, images) = (req.tools.clone(), c.think, attachments.media);
-    let rendered = prompt::off_runtime(move || {
-        prompt::render_chat(&info, messages, tools.as_deref(), think, &images)
-    })
-    .await?;
+    let think = c.think;
     let timing = (started, load);
     run(
         lease,
         c,
-        rendered,
+        (PromptSource::Chat { messages, think }, attachments.media),
         req.tools.unwrap_or_default(),
         timing,
         chat_chunk,
@@ -276,42 +269,39 @@ pub async fn chat(
     .await
 }
 
-/// Checks the context, starts the generation and answers streamed or collected.
+/// Starts the generation through the request builder and answers streamed or collected.
 async fn run<C: Collector>(
     lease: Lease,
     c: Common,
-    rendered: prompt::RenderedPrompt,
+    (source, media): (PromptSource, Vec<Arc<[u8]>>),
     tools: Vec<Value>,
     (started, load): (Instant, Duration),
     chunk: fn(&str, &Output) -> Option<Value>,
     collector: C,
 ) -> Result<Response, ApiError> {
-    prompt::check_context(&lease.info, &rendered.tokens, c.options.num_ctx)?;
     // Ollama has no `tool_choice`: calls are always the model's choice.
     let requested = Requested {
         format: c.format.clone(),
         tools,
         ..Requested::none()
     };
-    let grammar = structured::prepare(&lease.info, &requested, rendered.parser.as_ref()).await?;
-    let outputs = generation::start(
+    let started = request::start(
         lease,
-        Prepared {
-            prompt: rendered.tokens,
+        GenerationRequest {
+            source,
+            media,
+            requested,
             options: c.options,
             logprobs: c.logprobs,
-            parser: rendered.parser,
-            grammar,
-            turn_starts: rendered.turn_starts,
-            images: rendered.images,
             started,
             load,
         },
-    )?;
+    )
+    .await?;
     let model = c.name.to_string();
     let name = model.clone();
     let shape = move |output: &Output| chunk(&name, output);
-    Ok(respond(outputs, c.stream, model, shape, collector).await)
+    Ok(respond(started.outputs, c.stream, model, shape, collector).await)
 }
 
 fn done_fields(summary: &Summary) -> Map<String, Value> {

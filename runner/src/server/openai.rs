@@ -11,15 +11,33 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
-use crate::server::generation::{self, LogprobEntry, Output, Prepared, Summary};
+use crate::server::generation::{LogprobEntry, Output, Summary};
 use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, request_id, stored_model};
+
+/// A failure on an OpenAI endpoint (chat and text completions, Responses, embeddings,
+/// transcriptions, models), answered in OpenAI's shape: this is where every error those
+/// endpoints meet is put in their wire format, whatever part of the server raised it.
+#[derive(Debug)]
+pub struct OpenAiError(ApiError);
+
+impl<E: Into<ApiError>> From<E> for OpenAiError {
+    fn from(e: E) -> OpenAiError {
+        OpenAiError(e.into().openai())
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        self.0.into_response()
+    }
+}
 
 /// The generation fields both completion endpoints share.
 #[derive(Debug, Deserialize)]
@@ -72,10 +90,9 @@ impl Sampling {
                 ("num_draft", self.num_draft.as_ref()),
                 ("speculate", self.speculate.as_ref()),
             ],
-        )
-        .map_err(ApiError::openai)?;
+        )?;
         if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request("only `n: 1` is supported").openai());
+            return Err(ApiError::bad_request("only `n: 1` is supported"));
         }
         Ok(options)
     }
@@ -184,12 +201,12 @@ fn tool_call_json(index: usize, call: &tokenizer::ToolCall) -> Value {
 pub async fn chat_completions(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, OpenAiError> {
     let started = Instant::now();
-    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::openai)?;
+    let (name, defaults) = stored_model(&state, &req.model)?;
     let options = req.sampling.options(&defaults)?;
     let format = structured::openai_response_format(req.response_format.as_ref())?;
-    let choice = ToolChoice::from_openai(req.tool_choice.as_ref()).map_err(ApiError::openai)?;
+    let choice = ToolChoice::from_openai(req.tool_choice.as_ref())?;
     // `none` withholds the tools from the model altogether.
     let tools = match choice {
         ToolChoice::None => None,
@@ -200,23 +217,19 @@ pub async fn chat_completions(
         return Err(ApiError::bad_request(format!(
             "`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"
         ))
-        .openai());
+        .into());
     }
     let logprobs = req.logprobs.unwrap_or(false).then_some(top);
     let mut attachments = Attachments::default();
-    let messages =
-        prompt::to_template_messages(&req.messages, &mut attachments).map_err(ApiError::openai)?;
+    let messages = prompt::to_template_messages(&req.messages, &mut attachments)?;
     if messages.is_empty() {
-        return Err(ApiError::bad_request("`messages` must not be empty").openai());
+        return Err(ApiError::bad_request("`messages` must not be empty").into());
     }
-    attachments
-        .require_supported(&state.store, &name)
-        .map_err(ApiError::openai)?;
+    attachments.require_supported(&state.store, &name)?;
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
-        .await
-        .map_err(|e| ApiError::from(e).openai())?;
+        .await?;
     let load = started.elapsed();
     let requested = Requested {
         format,
@@ -224,17 +237,19 @@ pub async fn chat_completions(
         choice,
         parallel_calls: req.parallel_tool_calls.unwrap_or(true),
     };
-    let job = ChatJob {
-        messages,
-        images: attachments.media,
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages,
+            think: req.reasoning_effort.as_deref().map(|e| e != "none"),
+        },
+        media: attachments.media,
         requested,
-        think: req.reasoning_effort.as_deref().map(|e| e != "none"),
         options,
         logprobs,
         started,
         load,
     };
-    let (outputs, _) = chat::start(lease, job).await.map_err(ApiError::openai)?;
+    let outputs = request::start(lease, request).await?.outputs;
     let id = request_id("chatcmpl");
     let model = name.to_string();
     let include_usage = req
@@ -246,7 +261,7 @@ pub async fn chat_completions(
     if req.stream {
         return Ok(sse(outputs, ChatStream::new(id, model, include_usage)));
     }
-    collect_chat(outputs, id, model, logprobs.is_some()).await
+    Ok(collect_chat(outputs, id, model, logprobs.is_some()).await?)
 }
 
 async fn collect_chat(
@@ -267,11 +282,10 @@ async fn collect_chat(
             Output::Thinking(text) => reasoning.push_str(&text),
             Output::ToolCall(call) => calls.push(call),
             Output::Done(s) => summary = Some(s),
-            Output::Error(message) => return Err(ApiError::internal(message).openai()),
+            Output::Error(message) => return Err(ApiError::internal(message)),
         }
     }
-    let summary =
-        summary.ok_or_else(|| ApiError::internal("generation ended without a result").openai())?;
+    let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
     let mut message = json!({ "role": "assistant", "content": content });
     if !reasoning.is_empty() {
         message["reasoning_content"] = json!(reasoning);
@@ -396,9 +410,9 @@ impl SseShape for ChatStream {
 pub async fn completions(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<CompletionRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, OpenAiError> {
     let started = Instant::now();
-    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::openai)?;
+    let (name, defaults) = stored_model(&state, &req.model)?;
     let options = req.sampling.options(&defaults)?;
     let prompt_text = match &req.prompt {
         Value::String(s) => s.clone(),
@@ -407,51 +421,34 @@ pub async fn completions(
         }
         other => {
             return Err(
-                ApiError::bad_request(format!("`prompt` must be a string, got {other}")).openai(),
+                ApiError::bad_request(format!("`prompt` must be a string, got {other}")).into(),
             );
         }
     };
     let format = structured::openai_response_format(req.response_format.as_ref())?;
     let top = req.logprobs.unwrap_or(0);
     if top > 5 {
-        return Err(ApiError::bad_request("`logprobs` must be at most 5").openai());
+        return Err(ApiError::bad_request("`logprobs` must be at most 5").into());
     }
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
-        .await
-        .map_err(|e| ApiError::from(e).openai())?;
+        .await?;
     let load = started.elapsed();
-    let info = lease.info.clone();
-    let rendered = prompt::off_runtime({
-        let (info, text) = (info.clone(), prompt_text.clone());
-        move || prompt::render_raw(&info, &text, &[])
-    })
-    .await
-    .map_err(ApiError::openai)?;
-    prompt::check_context(&info, &rendered.tokens, None).map_err(ApiError::openai)?;
     let requested = Requested {
         format,
         ..Requested::none()
     };
-    let grammar = structured::prepare(&info, &requested, None)
-        .await
-        .map_err(ApiError::openai)?;
-    let outputs = generation::start(
-        lease,
-        Prepared {
-            prompt: rendered.tokens,
-            options,
-            logprobs: req.logprobs,
-            parser: None,
-            grammar,
-            turn_starts: Vec::new(),
-            images: Vec::new(),
-            started,
-            load,
-        },
-    )
-    .map_err(ApiError::openai)?;
+    let request = GenerationRequest {
+        source: PromptSource::Raw(prompt_text.clone()),
+        media: Vec::new(),
+        requested,
+        options,
+        logprobs: req.logprobs,
+        started,
+        load,
+    };
+    let outputs = request::start(lease, request).await?.outputs;
     let id = request_id("cmpl");
     let model = name.to_string();
     let echo = req.echo.then(|| prompt_text.clone());
@@ -484,12 +481,11 @@ pub async fn completions(
                 entries.extend(e);
             }
             Output::Done(s) => summary = Some(s),
-            Output::Error(message) => return Err(ApiError::internal(message).openai()),
+            Output::Error(message) => return Err(ApiError::internal(message).into()),
             Output::Thinking(_) | Output::ToolCall(_) => {}
         }
     }
-    let summary =
-        summary.ok_or_else(|| ApiError::internal("generation ended without a result").openai())?;
+    let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
@@ -576,8 +572,8 @@ impl SseShape for CompletionStream {
 }
 
 /// `GET /v1/models`.
-pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let entries = state.store.list().map_err(|e| ApiError::from(e).openai())?;
+pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, OpenAiError> {
+    let entries = state.store.list()?;
     Ok(Json(json!({
         "object": "list",
         "data": entries.iter().map(model_json).collect::<Vec<_>>(),
@@ -588,12 +584,9 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 pub async fn model(
     State(state): State<AppState>,
     Path(model): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let name = ModelName::parse(&model).map_err(|e| ApiError::from(e).openai())?;
-    let entry = state
-        .store
-        .get(&name)
-        .map_err(|e| ApiError::from(e).openai())?;
+) -> Result<Json<Value>, OpenAiError> {
+    let name = ModelName::parse(&model)?;
+    let entry = state.store.get(&name)?;
     Ok(Json(model_json(&entry)))
 }
 

@@ -13,7 +13,7 @@ use crate::server::{AppState, JsonBody, prompt};
 /// `GET /health`: the server answers, and which model is loaded.
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
     let loaded = state
-        .scheduler
+        .keeper
         .running()
         .await
         .map(|(info, _)| info.name.to_string());
@@ -43,7 +43,7 @@ pub async fn tokenize(
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let lease = state
-        .scheduler
+        .keeper
         .acquire(&ModelName::parse(&req.model)?, None)
         .await?;
     let info = lease.info.clone();
@@ -58,7 +58,7 @@ pub async fn detokenize(
     JsonBody(req): JsonBody<DetokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let lease = state
-        .scheduler
+        .keeper
         .acquire(&ModelName::parse(&req.model)?, None)
         .await?;
     let vocab = lease.info.tokenizer.vocab_size();

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use crate::engine::speculating::MAX_DRAFT_DEPTH;
 use crate::engine::{DrafterKind, Speculation};
 use crate::model_name::ModelName;
-use crate::server::error::ApiError;
+use crate::server::request_error::RequestError;
 
 /// Generation settings of one request, validated.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -35,32 +35,32 @@ pub struct GenerationOptions {
 /// a typo does not silently become a multi-hour generation.
 const MAX_PREDICT: f64 = 1_048_576.0;
 
-fn number(key: &str, value: &Value) -> Result<f64, ApiError> {
+fn number(key: &str, value: &Value) -> Result<f64, RequestError> {
     let n = value.as_f64().ok_or_else(|| {
-        ApiError::bad_request(format!("option `{key}` must be a number, got {value}"))
+        RequestError::invalid(format!("option `{key}` must be a number, got {value}"))
     })?;
     if !n.is_finite() {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "option `{key}` must be finite"
         )));
     }
     Ok(n)
 }
 
-fn in_range(key: &str, value: &Value, lo: f64, hi: f64) -> Result<f64, ApiError> {
+fn in_range(key: &str, value: &Value, lo: f64, hi: f64) -> Result<f64, RequestError> {
     let n = number(key, value)?;
     if n < lo || n > hi {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "option `{key}` must be between {lo} and {hi}, got {n}"
         )));
     }
     Ok(n)
 }
 
-fn count(key: &str, value: &Value, hi: f64) -> Result<usize, ApiError> {
+fn count(key: &str, value: &Value, hi: f64) -> Result<usize, RequestError> {
     let n = in_range(key, value, 0.0, hi)?;
     if n.fract() != 0.0 {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "option `{key}` must be an integer, got {n}"
         )));
     }
@@ -73,7 +73,7 @@ impl GenerationOptions {
     pub fn layered(
         defaults: &Map<String, Value>,
         given: &[(&str, Option<&Value>)],
-    ) -> Result<GenerationOptions, ApiError> {
+    ) -> Result<GenerationOptions, RequestError> {
         let mut options = GenerationOptions::default();
         options.apply(defaults)?;
         let given: Map<String, Value> = given
@@ -87,7 +87,7 @@ impl GenerationOptions {
     /// Applies Ollama-style options (`temperature`, `top_k`, …, `num_predict`, `stop`,
     /// `seed`) over the current values. Unknown keys are ignored, as Ollama does, except that
     /// a known key with a bad value is an error naming it.
-    pub fn apply(&mut self, options: &Map<String, Value>) -> Result<(), ApiError> {
+    pub fn apply(&mut self, options: &Map<String, Value>) -> Result<(), RequestError> {
         for (key, value) in options {
             if value.is_null() {
                 continue;
@@ -121,7 +121,7 @@ impl GenerationOptions {
                     } else if n.fract() == 0.0 && n <= u64::MAX as f64 {
                         Some(n as u64)
                     } else {
-                        return Err(ApiError::bad_request(format!(
+                        return Err(RequestError::invalid(format!(
                             "option `seed` must be an integer, got {n}"
                         )));
                     };
@@ -133,7 +133,7 @@ impl GenerationOptions {
                         if n == -1.0 || n == -2.0 {
                             None
                         } else {
-                            return Err(ApiError::bad_request(format!(
+                            return Err(RequestError::invalid(format!(
                                 "option `{key}` must be -1 or a non-negative integer, got {n}"
                             )));
                         }
@@ -165,7 +165,7 @@ fn speculation(
     value: &Value,
     current: Speculation,
     model: Option<ModelName>,
-) -> Result<(Speculation, Option<ModelName>), ApiError> {
+) -> Result<(Speculation, Option<ModelName>), RequestError> {
     let depth = match current {
         Speculation::On { max_depth, .. } | Speculation::ServerDefault { max_depth } => max_depth,
         Speculation::Off => None,
@@ -178,7 +178,7 @@ fn speculation(
             },
             Some(false) => Speculation::Off,
             None => {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::invalid(format!(
                     "option `speculate` must be true or false, got {value}"
                 )));
             }
@@ -201,14 +201,14 @@ fn speculation(
                     Some(drafter) => drafter,
                     // `self:<layers>` with a bad count is a layer-skip typo, not a model.
                     None if name.starts_with("self:") => {
-                        return Err(ApiError::bad_request(format!(
+                        return Err(RequestError::invalid(format!(
                             "option `draft`: `{name}` needs a layer count from 1 to {}",
                             crate::engine::job::MAX_SELF_DRAFT_LAYERS
                         )));
                     }
                     None => {
                         let named = ModelName::parse(name).map_err(|_| {
-                            ApiError::bad_request(format!(
+                            RequestError::invalid(format!(
                                 "option `draft`: unknown drafter `{name}` (known: ngram, \
                                  self:<layers>, none, or a draft model's name)"
                             ))
@@ -226,7 +226,7 @@ fn speculation(
                 }
             }
             _ => {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::invalid(format!(
                     "option `draft` must be a drafter name, got {value}"
                 )));
             }
@@ -241,7 +241,7 @@ fn speculation(
 }
 
 /// `stop` as a string or a list of strings.
-pub fn stop_list(value: &Value) -> Result<Vec<String>, ApiError> {
+pub fn stop_list(value: &Value) -> Result<Vec<String>, RequestError> {
     match value {
         Value::Null => Ok(Vec::new()),
         Value::String(s) => Ok(vec![s.clone()]),
@@ -249,25 +249,25 @@ pub fn stop_list(value: &Value) -> Result<Vec<String>, ApiError> {
             .iter()
             .map(|v| {
                 v.as_str().map(str::to_string).ok_or_else(|| {
-                    ApiError::bad_request(format!("`stop` entries must be strings, got {v}"))
+                    RequestError::invalid(format!("`stop` entries must be strings, got {v}"))
                 })
             })
             .collect(),
-        other => Err(ApiError::bad_request(format!(
+        other => Err(RequestError::invalid(format!(
             "`stop` must be a string or a list, got {other}"
         ))),
     }
 }
 
 /// OpenAI's `logit_bias`: token id (as a string key) → bias in [-100, 100].
-fn logit_bias(value: &Value) -> Result<BTreeMap<u32, f32>, ApiError> {
+fn logit_bias(value: &Value) -> Result<BTreeMap<u32, f32>, RequestError> {
     let map = value
         .as_object()
-        .ok_or_else(|| ApiError::bad_request("`logit_bias` must be an object"))?;
+        .ok_or_else(|| RequestError::invalid("`logit_bias` must be an object"))?;
     map.iter()
         .map(|(k, v)| {
             let id: u32 = k.parse().map_err(|_| {
-                ApiError::bad_request(format!("`logit_bias` key `{k}` is not a token id"))
+                RequestError::invalid(format!("`logit_bias` key `{k}` is not a token id"))
             })?;
             Ok((id, in_range("logit_bias", v, -100.0, 100.0)? as f32))
         })
@@ -279,7 +279,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn apply(v: Value) -> Result<GenerationOptions, ApiError> {
+    fn apply(v: Value) -> Result<GenerationOptions, crate::server::error::ApiError> {
         let mut o = GenerationOptions::default();
         o.apply(v.as_object().unwrap())?;
         Ok(o)

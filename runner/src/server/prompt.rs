@@ -10,8 +10,8 @@ use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
 
 use crate::engine::{ModelInfo, PromptMedia};
 use crate::server::audio;
-use crate::server::error::ApiError;
 use crate::server::images;
+use crate::server::request_error::RequestError;
 
 /// The largest decoded image or audio payload accepted, in bytes.
 pub const MAX_MEDIA_BYTES: u64 = 32 << 20;
@@ -66,7 +66,7 @@ impl Attachments {
         &self,
         store: &crate::store::Store,
         name: &crate::model_name::ModelName,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), RequestError> {
         let image_count = self.media.len().saturating_sub(self.audio);
         if image_count == 0 && self.audio == 0 {
             return Ok(());
@@ -77,12 +77,12 @@ impl Attachments {
             crate::capabilities::Inputs::of_capabilities(&entry.manifest.details.capabilities);
         if image_count > 0 {
             if !inputs.vision {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::refused(format!(
                     "model `{model}` does not support images"
                 )));
             }
             if image_count > images::MAX_IMAGES {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::invalid(format!(
                     "{image_count} images in one request, at most {} are accepted",
                     images::MAX_IMAGES
                 )));
@@ -90,12 +90,12 @@ impl Attachments {
         }
         if self.audio > 0 {
             if !inputs.audio {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::refused(format!(
                     "model `{model}` does not support audio"
                 )));
             }
             if self.audio > audio::MAX_CLIPS {
-                return Err(ApiError::bad_request(format!(
+                return Err(RequestError::invalid(format!(
                     "{} audio clips in one request, at most {} are accepted",
                     self.audio,
                     audio::MAX_CLIPS
@@ -107,24 +107,24 @@ impl Attachments {
 }
 
 /// Checks an Ollama `images` entry (base64) decodes to a real image.
-pub fn check_image_base64(payload: &str) -> Result<(), ApiError> {
+pub fn check_image_base64(payload: &str) -> Result<(), RequestError> {
     image_base64(payload).map(drop)
 }
 
 /// The bytes of an Ollama `images` entry (base64), checked to be an image by their signature
 /// (decoding them under limits waits for a model that reads them).
-pub fn image_base64(payload: &str) -> Result<Vec<u8>, ApiError> {
+pub fn image_base64(payload: &str) -> Result<Vec<u8>, RequestError> {
     let bytes = media::decode_ollama_image(payload, MAX_MEDIA_BYTES)
-        .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
+        .map_err(|e| RequestError::invalid(format!("invalid image: {e}")))?;
     check_image_bytes(&bytes)?;
     Ok(bytes)
 }
 
 /// The bytes of an OpenAI `image_url` (a base64 data URL; remote URLs are not fetched),
 /// checked to be an image by their signature.
-pub fn image_url(url: &str) -> Result<Vec<u8>, ApiError> {
+pub fn image_url(url: &str) -> Result<Vec<u8>, RequestError> {
     let bytes = media::decode_image_url(url, MAX_MEDIA_BYTES)
-        .map_err(|e| ApiError::bad_request(format!("invalid image: {e}")))?;
+        .map_err(|e| RequestError::invalid(format!("invalid image: {e}")))?;
     check_image_bytes(&bytes)?;
     Ok(bytes)
 }
@@ -148,20 +148,20 @@ impl Attachments {
 /// The bytes of an OpenAI `input_audio` part (`{"input_audio": {"data", "format"}}`), checked
 /// to be audio by their signature; decoding them under limits waits for a model that reads
 /// them.
-pub fn input_audio(part: &Value) -> Result<Vec<u8>, ApiError> {
+pub fn input_audio(part: &Value) -> Result<Vec<u8>, RequestError> {
     let audio = part
         .get("input_audio")
-        .ok_or_else(|| ApiError::bad_request("input_audio part without data"))?;
+        .ok_or_else(|| RequestError::invalid("input_audio part without data"))?;
     let data = audio.get("data").and_then(Value::as_str).unwrap_or("");
     let format = audio.get("format").and_then(Value::as_str).unwrap_or("");
     media::decode_input_audio(data, format, MAX_MEDIA_BYTES)
-        .map_err(|e| ApiError::bad_request(format!("invalid audio: {e}")))
+        .map_err(|e| RequestError::invalid(format!("invalid audio: {e}")))
 }
 
-fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
+fn check_image_bytes(bytes: &[u8]) -> Result<(), RequestError> {
     match media::detect(bytes) {
         Ok(media::MediaFormat::Image(_)) => Ok(()),
-        _ => Err(ApiError::bad_request(
+        _ => Err(RequestError::invalid(
             "invalid image: the data is not a PNG, JPEG, WebP or GIF image",
         )),
     }
@@ -172,7 +172,7 @@ fn check_image_bytes(bytes: &[u8]) -> Result<(), ApiError> {
 fn content_text(
     content: &Option<Value>,
     attachments: &mut Attachments,
-) -> Result<String, ApiError> {
+) -> Result<String, RequestError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
@@ -189,7 +189,7 @@ fn content_text(
                             .get("image_url")
                             .and_then(|u| u.get("url").or(Some(u)))
                             .and_then(Value::as_str)
-                            .ok_or_else(|| ApiError::bad_request("image_url part without a url"))?;
+                            .ok_or_else(|| RequestError::invalid("image_url part without a url"))?;
                         // The image's place among the text parts.
                         text.push_str(&attachments.add_image(image_url(url)?));
                     }
@@ -198,7 +198,7 @@ fn content_text(
                         text.push_str(&attachments.add_audio(input_audio(part)?));
                     }
                     other => {
-                        return Err(ApiError::bad_request(format!(
+                        return Err(RequestError::invalid(format!(
                             "unsupported content part type `{other}`"
                         )));
                     }
@@ -206,7 +206,7 @@ fn content_text(
             }
             Ok(text)
         }
-        Some(other) => Err(ApiError::bad_request(format!(
+        Some(other) => Err(RequestError::invalid(format!(
             "message content must be a string or a list of parts, got {other}"
         ))),
     }
@@ -216,12 +216,12 @@ fn content_text(
 pub fn to_template_messages(
     messages: &[ChatMessage],
     attachments: &mut Attachments,
-) -> Result<Vec<Message>, ApiError> {
+) -> Result<Vec<Message>, RequestError> {
     messages
         .iter()
         .map(|m| {
             if m.role.is_empty() {
-                return Err(ApiError::bad_request("every message needs a role"));
+                return Err(RequestError::invalid("every message needs a role"));
             }
             // An Ollama message's images come before its text, as Ollama places them.
             let mut content = String::new();
@@ -238,7 +238,7 @@ pub fn to_template_messages(
                 let name = function
                     .get("name")
                     .and_then(Value::as_str)
-                    .ok_or_else(|| ApiError::bad_request("a tool call without a function name"))?;
+                    .ok_or_else(|| RequestError::invalid("a tool call without a function name"))?;
                 let arguments = match function.get("arguments") {
                     // OpenAI sends arguments as a JSON string.
                     Some(Value::String(s)) => {
@@ -278,7 +278,7 @@ pub fn render_chat(
     tools: Option<&[Value]>,
     think: Option<bool>,
     images: &[Arc<[u8]>],
-) -> Result<RenderedPrompt, ApiError> {
+) -> Result<RenderedPrompt, RequestError> {
     if let Some(system) = &info.manifest.system
         && !messages.iter().any(|m| m.role == "system")
     {
@@ -292,7 +292,7 @@ pub fn render_chat(
     let text = info
         .template
         .render(&messages, tools.filter(|t| !t.is_empty()), &options)
-        .map_err(|e| ApiError::bad_request(format!("rendering the chat template: {e}")))?;
+        .map_err(|e| RequestError::invalid(format!("rendering the chat template: {e}")))?;
     // The template writes the special tokens itself (BOS included) as text.
     let (tokens, prompt_images, clips) = tokenize_with_images(info, &text, images, false)?;
     let parser = info.family.map(|family| {
@@ -324,7 +324,7 @@ fn tokenize_with_images(
     text: &str,
     images: &[Arc<[u8]>],
     add_special: bool,
-) -> Result<(Vec<u32>, Vec<PromptMedia>, Clips), ApiError> {
+) -> Result<(Vec<u32>, Vec<PromptMedia>, Clips), RequestError> {
     if images.is_empty() {
         return Ok((encode(info, text, add_special)?, Vec::new(), Clips::new()));
     }
@@ -375,7 +375,7 @@ pub fn render_raw(
     info: &ModelInfo,
     text: &str,
     images: &[Arc<[u8]>],
-) -> Result<RenderedPrompt, ApiError> {
+) -> Result<RenderedPrompt, RequestError> {
     if images.is_empty() {
         let tokens = encode(info, text, true)?;
         return Ok(RenderedPrompt {
@@ -400,9 +400,9 @@ pub fn render_infill(
     info: &ModelInfo,
     prefix: &str,
     suffix: &str,
-) -> Result<RenderedPrompt, ApiError> {
+) -> Result<RenderedPrompt, RequestError> {
     let markers = tokenizer::FillInMiddle::of(&info.tokenizer).ok_or_else(|| {
-        ApiError::bad_request(format!(
+        RequestError::refused(format!(
             "`{}` does not support insert (`suffix`): its vocabulary has no \
              fill-in-the-middle tokens",
             info.name
@@ -411,7 +411,7 @@ pub fn render_infill(
     check_bytes(info, prefix.len() + suffix.len())?;
     let tokens = markers
         .prompt(&info.tokenizer, prefix, suffix)
-        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))?;
+        .map_err(|e| RequestError::invalid(format!("tokenizing the prompt: {e}")))?;
     Ok(RenderedPrompt {
         tokens,
         parser: None,
@@ -421,20 +421,20 @@ pub fn render_infill(
 }
 
 /// Tokenizes prompt text, refusing first a text too long for the context whatever its tokens.
-pub fn encode(info: &ModelInfo, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+pub fn encode(info: &ModelInfo, text: &str, add_special: bool) -> Result<Vec<u32>, RequestError> {
     check_bytes(info, text.len())?;
     info.tokenizer
         .encode(text, add_special)
-        .map_err(|e| ApiError::bad_request(format!("tokenizing the prompt: {e}")))
+        .map_err(|e| RequestError::invalid(format!("tokenizing the prompt: {e}")))
 }
 
 /// Refuses `bytes` of prompt text that cannot fit the context however it tokenizes: no token
 /// covers more than the vocabulary's longest, so this is exact, not a guess, and it spares
 /// tokenizing megabytes (a 50 MB prompt took 31 s to tokenize only to be refused).
-fn check_bytes(info: &ModelInfo, bytes: usize) -> Result<(), ApiError> {
+fn check_bytes(info: &ModelInfo, bytes: usize) -> Result<(), RequestError> {
     let most = info.context_length.saturating_mul(info.longest_token_bytes);
     if bytes > most {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::refused(format!(
             "the prompt is {bytes} bytes, more than the context of {} tokens can hold \
              (at most {most} bytes with this vocabulary)",
             info.context_length
@@ -456,15 +456,15 @@ fn render_permits() -> &'static tokio::sync::Semaphore {
 /// on the blocking pool, at most one per core at a time, so the runtime's threads keep
 /// answering every other request meanwhile.
 pub async fn off_runtime<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
+    work: impl FnOnce() -> Result<T, RequestError> + Send + 'static,
+) -> Result<T, RequestError> {
     let _permit = render_permits()
         .acquire()
         .await
-        .map_err(|_| ApiError::internal("the prompt pool is closed"))?;
+        .map_err(|_| RequestError::internal("the prompt pool is closed"))?;
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| ApiError::task_failed("preparing the prompt", &e))?
+        .map_err(|e| RequestError::task_failed("preparing the prompt", &e))?
 }
 
 /// Refuses a prompt that leaves no room to generate within the context.
@@ -472,15 +472,15 @@ pub fn check_context(
     info: &ModelInfo,
     tokens: &[u32],
     num_ctx: Option<usize>,
-) -> Result<(), ApiError> {
+) -> Result<(), RequestError> {
     let context = num_ctx
         .map(|n| n.min(info.context_length))
         .unwrap_or(info.context_length);
     if tokens.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty"));
+        return Err(RequestError::invalid("the prompt is empty"));
     }
     if tokens.len() >= context {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::refused(format!(
             "the prompt is {} tokens, more than the context of {context} tokens allows",
             tokens.len()
         )));

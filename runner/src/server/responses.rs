@@ -19,11 +19,12 @@ use serde_json::{Value, json};
 use tokenizer::{Message, MessageToolCall};
 
 use crate::engine::DoneReason;
-use crate::server::chat::{self, ChatJob};
 use crate::server::error::ApiError;
 use crate::server::generation::{Output, Summary};
+use crate::server::openai::OpenAiError;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
+use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
@@ -120,7 +121,7 @@ pub struct ResponsesRequest {
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).openai()
+    ApiError::bad_request(message)
 }
 
 /// The text of a message item's content: a string or a list of text parts.
@@ -140,9 +141,7 @@ fn content_text(
                     }
                     Some("input_image") => {
                         let bytes = match (part.get("image_url"), part.get("file_id")) {
-                            (Some(Value::String(url)), _) => {
-                                prompt::image_url(url).map_err(ApiError::openai)?
-                            }
+                            (Some(Value::String(url)), _) => prompt::image_url(url)?,
                             (_, Some(_)) => {
                                 return Err(bad(format!(
                                     "{at}: images by `file_id` are not stored here; send \
@@ -157,7 +156,7 @@ fn content_text(
                         text.push_str(&attachments.add_image(bytes));
                     }
                     Some("input_audio") => {
-                        let bytes = prompt::input_audio(part).map_err(ApiError::openai)?;
+                        let bytes = prompt::input_audio(part)?;
                         text.push_str(&attachments.add_audio(bytes));
                     }
                     other => {
@@ -310,7 +309,7 @@ fn tool_choice(value: Option<&Value>) -> Result<ToolChoice, ApiError> {
             .and_then(Value::as_str)
             .map(|name| ToolChoice::Named(name.to_string()))
             .ok_or_else(|| bad("`tool_choice` object needs a `name`")),
-        other => ToolChoice::from_openai(other).map_err(ApiError::openai),
+        other => Ok(ToolChoice::from_openai(other)?),
     }
 }
 
@@ -325,16 +324,16 @@ fn format(text: Option<&Value>) -> Result<Option<grammar::GrammarSpec>, ApiError
             "schema": format.get("schema").cloned().unwrap_or(Value::Null)}}),
         _ => format.clone(),
     };
-    structured::openai_response_format(Some(&response_format))
+    Ok(structured::openai_response_format(Some(&response_format))?)
 }
 
 /// `POST /v1/responses`.
 pub async fn create(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<ResponsesRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, OpenAiError> {
     let started = Instant::now();
-    let (name, defaults) = stored_model(&state, &req.model).map_err(ApiError::openai)?;
+    let (name, defaults) = stored_model(&state, &req.model)?;
     let options = GenerationOptions::layered(
         &defaults,
         &[
@@ -342,15 +341,13 @@ pub async fn create(
             ("temperature", req.temperature.as_ref()),
             ("top_p", req.top_p.as_ref()),
         ],
-    )
-    .map_err(ApiError::openai)?;
+    )?;
 
     let previous = match &req.previous_response_id {
         Some(id) => state.responses.get(id).ok_or_else(|| {
             ApiError::not_found(format!(
                 "previous response `{id}` is not stored (the last {STORED_RESPONSES} are kept)"
             ))
-            .openai()
         })?,
         None => Stored::default(),
     };
@@ -376,11 +373,9 @@ pub async fn create(
         &mut messages,
         &mut attachments,
     )?;
-    attachments
-        .require_supported(&state.store, &name)
-        .map_err(ApiError::openai)?;
+    attachments.require_supported(&state.store, &name)?;
     if messages.iter().all(|m| m.role == "system") {
-        return Err(bad("`input` is empty"));
+        return Err(bad("`input` is empty").into());
     }
     let choice = tool_choice(req.tool_choice.as_ref())?;
     let tools = match choice {
@@ -396,28 +391,29 @@ pub async fn create(
         .map(|effort| effort != "none" && effort != "minimal");
 
     let lease = state
-        .scheduler
+        .keeper
         .acquire_drafted(&name, options.draft_model.as_ref(), None)
-        .await
-        .map_err(|e| ApiError::from(e).openai())?;
+        .await?;
     let load = started.elapsed();
     let images = attachments.media;
-    let job = ChatJob {
-        images: images.clone(),
-        messages: messages.clone(),
+    let request = GenerationRequest {
+        source: PromptSource::Chat {
+            messages: messages.clone(),
+            think,
+        },
+        media: images.clone(),
         requested: Requested {
             format,
             tools,
             choice,
             parallel_calls: req.parallel_tool_calls.unwrap_or(true),
         },
-        think,
         options,
         logprobs: None,
         started,
         load,
     };
-    let (outputs, _) = chat::start(lease, job).await.map_err(ApiError::openai)?;
+    let outputs = request::start(lease, request).await?.outputs;
     let echo = Echo {
         model: name.to_string(),
         previous_response_id: req.previous_response_id.clone(),
@@ -444,7 +440,7 @@ pub async fn create(
     let mut outputs = outputs;
     while let Some(output) = outputs.recv().await {
         if let Output::Error(message) = &output {
-            return Err(ApiError::internal(message.clone()).openai());
+            return Err(ApiError::internal(message.clone()).into());
         }
         builder.chunks(&output);
     }
@@ -452,7 +448,7 @@ pub async fn create(
         .finished
         .take()
         .map(|response| Json(response).into_response())
-        .ok_or_else(|| ApiError::internal("generation ended without a result").openai())
+        .ok_or_else(|| ApiError::internal("generation ended without a result").into())
 }
 
 /// What a response repeats of its request.

@@ -7,13 +7,12 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use grammar::{Grammar, GrammarCompiler, GrammarSpec};
 use serde_json::{Value, json};
 use tokenizer::{ParserConfig, ToolCallFormat};
 
 use crate::engine::ModelInfo;
-use crate::server::error::ApiError;
+use crate::server::request_error::RequestError;
 
 /// Hermes-style tool-call markers (ChatML and Qwen families).
 const HERMES_OPEN: &str = "<tool_call>";
@@ -35,14 +34,14 @@ pub enum ToolChoice {
 impl ToolChoice {
     /// Reads OpenAI's `tool_choice`: `"auto"`, `"none"`, `"required"` or
     /// `{"type": "function", "function": {"name": …}}`.
-    pub fn from_openai(value: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    pub fn from_openai(value: Option<&Value>) -> Result<ToolChoice, RequestError> {
         match value {
             None | Some(Value::Null) => Ok(ToolChoice::Auto),
             Some(Value::String(s)) => match s.as_str() {
                 "auto" => Ok(ToolChoice::Auto),
                 "none" => Ok(ToolChoice::None),
                 "required" => Ok(ToolChoice::Required),
-                other => Err(ApiError::bad_request(format!(
+                other => Err(RequestError::invalid(format!(
                     "`tool_choice` {other:?}: expected \"auto\", \"none\", \"required\" or a function"
                 ))),
             },
@@ -50,8 +49,8 @@ impl ToolChoice {
                 .pointer("/function/name")
                 .and_then(Value::as_str)
                 .map(|name| ToolChoice::Named(name.to_string()))
-                .ok_or_else(|| ApiError::bad_request("`tool_choice` object needs `function.name`")),
-            Some(other) => Err(ApiError::bad_request(format!(
+                .ok_or_else(|| RequestError::invalid("`tool_choice` object needs `function.name`")),
+            Some(other) => Err(RequestError::invalid(format!(
                 "`tool_choice` must be a string or an object, got {other}"
             ))),
         }
@@ -99,16 +98,16 @@ impl Requested {
 }
 
 /// Reads Ollama's `format`.
-pub fn ollama_format(format: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
-    GrammarSpec::from_ollama_format(format).map_err(|e| ApiError::bad_request(e.to_string()))
+pub fn ollama_format(format: Option<&Value>) -> Result<Option<GrammarSpec>, RequestError> {
+    GrammarSpec::from_ollama_format(format).map_err(|e| RequestError::invalid(e.to_string()))
 }
 
 /// Reads OpenAI's `response_format`.
 pub fn openai_response_format(
     response_format: Option<&Value>,
-) -> Result<Option<GrammarSpec>, ApiError> {
+) -> Result<Option<GrammarSpec>, RequestError> {
     GrammarSpec::from_openai_response_format(response_format)
-        .map_err(|e| ApiError::bad_request(e.to_string()).openai())
+        .map_err(|e| RequestError::invalid(e.to_string()))
 }
 
 /// The whole-output constraint for `requested`, given how this model writes its answer
@@ -123,7 +122,7 @@ pub fn openai_response_format(
 pub fn spec_for(
     requested: &Requested,
     parser: Option<&ParserConfig>,
-) -> Result<Option<GrammarSpec>, ApiError> {
+) -> Result<Option<GrammarSpec>, RequestError> {
     let thinking = parser.and_then(|p| {
         let active = p.think || p.starts_in_thinking;
         p.thinking
@@ -148,7 +147,7 @@ pub fn spec_for(
     );
     if requested.tools.is_empty() || requested.choice == ToolChoice::None {
         if must_call {
-            return Err(ApiError::bad_request(
+            return Err(RequestError::invalid(
                 "`tool_choice` asks for a tool call but no `tools` were given",
             ));
         }
@@ -162,7 +161,7 @@ pub fn spec_for(
             } else {
                 "for this model's tool-call syntax"
             };
-            return Err(ApiError::bad_request(format!(
+            return Err(RequestError::invalid(format!(
                 "a required tool call cannot be enforced {why}"
             )));
         }
@@ -172,7 +171,7 @@ pub fn spec_for(
     let mut calls = Vec::with_capacity(requested.tools.len());
     for (i, tool) in requested.tools.iter().enumerate() {
         let (name, parameters) = tool_signature(tool)
-            .ok_or_else(|| ApiError::bad_request(format!("`tools[{i}]` needs `function.name`")))?;
+            .ok_or_else(|| RequestError::invalid(format!("`tools[{i}]` needs `function.name`")))?;
         if let ToolChoice::Named(wanted) = &requested.choice
             && wanted != name
         {
@@ -186,7 +185,7 @@ pub fn spec_for(
         }));
     }
     if calls.is_empty() {
-        return Err(ApiError::bad_request(format!(
+        return Err(RequestError::invalid(format!(
             "`tool_choice` names {:?}, which is not among `tools`",
             match &requested.choice {
                 ToolChoice::Named(name) => name.as_str(),
@@ -219,7 +218,7 @@ fn tool_signature(tool: &Value) -> Option<(&str, Value)> {
 
 /// Compiles `spec` for the loaded model on a blocking thread (the first use builds the
 /// vocabulary's parser factory, ≈0.2 s; a schema compiles in milliseconds).
-pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar, ApiError> {
+pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar, RequestError> {
     let info = Arc::clone(info);
     tokio::task::spawn_blocking(move || {
         let compiler = info
@@ -227,7 +226,7 @@ pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar
             .get_or_init(|| GrammarCompiler::new(&info.tokenizer).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| {
-                ApiError::bad_request(format!(
+                RequestError::refused(format!(
                     "structured output is not available for `{}`: {e}",
                     info.name
                 ))
@@ -237,18 +236,16 @@ pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar
             | grammar::Error::Invalid { .. }
             | grammar::Error::TooLarge { .. }
             | grammar::Error::Unsatisfiable { .. }
-            | grammar::Error::CompileTimeout { .. } => ApiError::bad_request(e.to_string()),
-            grammar::Error::Busy { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-            }
-            other => ApiError::bad_request(format!(
+            | grammar::Error::CompileTimeout { .. } => RequestError::invalid(e.to_string()),
+            grammar::Error::Busy { .. } => RequestError::Busy(e.to_string()),
+            other => RequestError::refused(format!(
                 "structured output is not available for `{}`: {other}",
                 info.name
             )),
         })
     })
     .await
-    .map_err(|e| ApiError::task_failed("compiling the output constraint", &e))?
+    .map_err(|e| RequestError::task_failed("compiling the output constraint", &e))?
 }
 
 /// The compiled constraint for `requested`, if it asks for one.
@@ -256,7 +253,7 @@ pub async fn prepare(
     info: &Arc<ModelInfo>,
     requested: &Requested,
     parser: Option<&ParserConfig>,
-) -> Result<Option<Grammar>, ApiError> {
+) -> Result<Option<Grammar>, RequestError> {
     match spec_for(requested, parser)? {
         Some(spec) => Ok(Some(compile(info, spec).await?)),
         None => Ok(None),

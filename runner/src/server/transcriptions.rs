@@ -29,6 +29,7 @@ use crate::engine::transcription::{TranscriptionError, TranscriptionJob, Transcr
 use crate::model_name::ModelName;
 use crate::server::AppState;
 use crate::server::error::ApiError;
+use crate::server::openai::OpenAiError;
 use crate::store::{Manifest, Store};
 
 /// The largest form accepted: OpenAI's limit on the uploaded file.
@@ -71,7 +72,7 @@ impl Format {
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).openai()
+    ApiError::bad_request(message)
 }
 
 /// The form's fields.
@@ -88,7 +89,6 @@ async fn read_form(multipart: &mut Multipart) -> Result<Form, ApiError> {
             e.status(),
             format!("malformed multipart form: {}", e.body_text()),
         )
-        .openai()
     };
     let mut form = Form {
         file: None,
@@ -236,9 +236,7 @@ impl PreparedModels {
         {
             return Ok(model.clone());
         }
-        let dir = store
-            .materialize(manifest)
-            .map_err(|e| ApiError::from(e).openai())?;
+        let dir = store.materialize(manifest)?;
         let config: Value = std::fs::read(dir.join("config.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -259,23 +257,19 @@ impl PreparedModels {
 pub async fn create(
     State(state): State<AppState>,
     multipart: Result<Multipart, MultipartRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, OpenAiError> {
     let mut multipart = multipart.map_err(|e| {
         ApiError::new(
             e.status(),
             format!("expected a multipart form: {}", e.body_text()),
         )
-        .openai()
     })?;
     let form = read_form(&mut multipart).await?;
     let model = form.model.ok_or_else(|| bad("the form has no `model`"))?;
-    let name = ModelName::parse(&model).map_err(|e| ApiError::from(e).openai())?;
-    let entry = state
-        .store
-        .get(&name)
-        .map_err(|e| ApiError::from(e).openai())?;
+    let name = ModelName::parse(&model)?;
+    let entry = state.store.get(&name)?;
     if !crate::capabilities::transcribes(&entry.manifest.details.capabilities) {
-        return Err(bad(format!("model `{model}` does not transcribe audio")));
+        return Err(bad(format!("model `{model}` does not transcribe audio")).into());
     }
     let file = form.file.ok_or_else(|| bad("the form has no `file`"))?;
     let store = state.store.clone();
@@ -298,16 +292,16 @@ pub async fn create(
         timestamps: form.format.timestamps(),
     };
     let result = state
-        .scheduler
+        .keeper
         .engine()
         .transcribe(job)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()).openai())?
+        .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| match e {
             TranscriptionError::Invalid(message) => bad(message),
-            other => ApiError::internal(other.to_string()).openai(),
+            other => ApiError::internal(other.to_string()),
         })?;
-    respond(form.format, &model.tokenizer, &windows, &result)
+    Ok(respond(form.format, &model.tokenizer, &windows, &result)?)
 }
 
 fn respond(

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use runner::engine::{Engine, LoopConfig};
+use runner::model_keeper::ModelKeeper;
 use runner::model_name::ModelName;
-use runner::scheduler::Scheduler;
 use runner::server::{AppState, router};
 use runner::store::Store;
 use serde_json::{Value, json};
@@ -82,13 +82,13 @@ pub fn start_server_in(
         .unwrap();
     let base = runtime.block_on(async {
         let engine = Arc::new(Engine::with_config(config).unwrap());
-        let scheduler = Scheduler::new(engine, store.clone(), 16);
+        let keeper = ModelKeeper::new(engine, store.clone(), 16);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             runner::server::listen::serve(
                 listener,
-                router(AppState::new(store, scheduler)),
+                router(AppState::new(store, keeper)),
                 std::future::pending(),
             )
             .await

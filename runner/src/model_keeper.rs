@@ -18,7 +18,7 @@ pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(300);
 
 /// Why a request could not get the model.
 #[derive(Debug, thiserror::Error)]
-pub enum ScheduleError {
+pub enum LeaseError {
     /// Too many requests are already waiting.
     #[error("server busy: {0} requests are already queued, try again shortly")]
     Busy(usize),
@@ -62,8 +62,10 @@ impl Loaded {
     }
 }
 
-/// The loaded model, shared by request handlers.
-pub struct Scheduler {
+/// Keeps the loaded model and hands requests a [`Lease`] on it, shared by request handlers.
+/// It decides which model is resident, not which sequence steps next: that is the engine's
+/// step loop.
+pub struct ModelKeeper {
     engine: Arc<Engine>,
     store: Store,
     loaded: Arc<RwLock<Option<Loaded>>>,
@@ -83,22 +85,22 @@ pub struct Lease {
     _slot: OwnedSemaphorePermit,
 }
 
-impl Scheduler {
-    /// A scheduler over `engine` admitting at most `capacity` requests at once (running or
-    /// waiting); the one after gets [`ScheduleError::Busy`].
-    pub fn new(engine: Arc<Engine>, store: Store, capacity: usize) -> Arc<Scheduler> {
-        Scheduler::with_default_draft(engine, store, capacity, None)
+impl ModelKeeper {
+    /// A keeper over `engine` admitting at most `capacity` requests at once (running or
+    /// waiting); the one after gets [`LeaseError::Busy`].
+    pub fn new(engine: Arc<Engine>, store: Store, capacity: usize) -> Arc<ModelKeeper> {
+        ModelKeeper::with_default_draft(engine, store, capacity, None)
     }
 
-    /// Like [`Scheduler::new`], loading `draft` beside every target whose Modelfile names no
+    /// Like [`ModelKeeper::new`], loading `draft` beside every target whose Modelfile names no
     /// draft model and whose vocabulary it shares.
     pub fn with_default_draft(
         engine: Arc<Engine>,
         store: Store,
         capacity: usize,
         draft: Option<ModelName>,
-    ) -> Arc<Scheduler> {
-        let scheduler = Arc::new(Scheduler {
+    ) -> Arc<ModelKeeper> {
+        let keeper = Arc::new(ModelKeeper {
             engine,
             store,
             loaded: Arc::new(RwLock::new(None)),
@@ -106,8 +108,8 @@ impl Scheduler {
             capacity,
             default_draft: draft,
         });
-        Scheduler::start_reaper(&scheduler);
-        scheduler
+        ModelKeeper::start_reaper(&keeper);
+        keeper
     }
 
     /// The engine.
@@ -126,23 +128,23 @@ impl Scheduler {
         &self,
         name: &ModelName,
         keep_alive: Option<KeepAlive>,
-    ) -> Result<Lease, ScheduleError> {
+    ) -> Result<Lease, LeaseError> {
         self.acquire_drafted(name, None, keep_alive).await
     }
 
-    /// Like [`Scheduler::acquire`], with the draft model `draft` loaded beside the model
+    /// Like [`ModelKeeper::acquire`], with the draft model `draft` loaded beside the model
     /// (reloading it with that draft if it is loaded with another or none).
     pub async fn acquire_drafted(
         &self,
         name: &ModelName,
         draft: Option<&ModelName>,
         keep_alive: Option<KeepAlive>,
-    ) -> Result<Lease, ScheduleError> {
+    ) -> Result<Lease, LeaseError> {
         let slot = self
             .queue
             .clone()
             .try_acquire_owned()
-            .map_err(|_| ScheduleError::Busy(self.capacity))?;
+            .map_err(|_| LeaseError::Busy(self.capacity))?;
         loop {
             let guard = self.loaded.clone().read_owned().await;
             if let Some(loaded) = guard.as_ref().filter(|l| l.serves(name, draft)) {
@@ -166,14 +168,14 @@ impl Scheduler {
         &self,
         name: &ModelName,
         draft: Option<&ModelName>,
-    ) -> Result<(), ScheduleError> {
+    ) -> Result<(), LeaseError> {
         let mut slot = self.loaded.write().await;
         if slot.as_ref().is_some_and(|l| l.serves(name, draft)) {
             return Ok(());
         }
         let entry = self.store.get(name)?;
         if crate::capabilities::transcribes(&entry.manifest.details.capabilities) {
-            return Err(ScheduleError::NotGenerative(name.to_string()));
+            return Err(LeaseError::NotGenerative(name.to_string()));
         }
         let dir = self.materialize(&entry.manifest).await?;
         // Which draft, whether the model fails to load without it (the request's or the
@@ -219,10 +221,7 @@ impl Scheduler {
     }
 
     /// `manifest`'s files, verified, off the async runtime.
-    async fn materialize(
-        &self,
-        manifest: &crate::store::Manifest,
-    ) -> Result<PathBuf, ScheduleError> {
+    async fn materialize(&self, manifest: &crate::store::Manifest) -> Result<PathBuf, LeaseError> {
         let store = self.store.clone();
         let manifest = manifest.clone();
         Ok(
@@ -244,7 +243,7 @@ impl Scheduler {
         name: &ModelName,
         required: bool,
         by_default: bool,
-    ) -> Result<DraftSource, ScheduleError> {
+    ) -> Result<DraftSource, LeaseError> {
         let refuse = |reason: String| {
             EngineError::Load(LoadError::Draft {
                 draft: name.to_string(),
@@ -271,7 +270,7 @@ impl Scheduler {
         })
         .await
         .map_err(|e| refuse(format!("checking the vocabulary: {e}")))?
-        .map_err(|e| ScheduleError::Engine(EngineError::Load(e)))
+        .map_err(|e| LeaseError::Engine(EngineError::Load(e)))
     }
 
     /// Sets the expiry of the loaded model `name` (a request with `keep_alive: 0` unloads it
@@ -298,7 +297,7 @@ impl Scheduler {
     }
 
     /// Unloads `name` if it is loaded (for `rm`, and `keep_alive: 0`).
-    pub async fn unload(&self, name: &ModelName) -> Result<bool, ScheduleError> {
+    pub async fn unload(&self, name: &ModelName) -> Result<bool, LeaseError> {
         let mut slot = self.loaded.write().await;
         if slot.as_ref().is_some_and(|l| l.info.name == *name) {
             *slot = None;
@@ -309,13 +308,13 @@ impl Scheduler {
     }
 
     /// Unloads the model once its keep-alive has passed and no request holds it.
-    fn start_reaper(scheduler: &Arc<Scheduler>) {
-        let weak = Arc::downgrade(scheduler);
+    fn start_reaper(keeper: &Arc<ModelKeeper>) {
+        let weak = Arc::downgrade(keeper);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             loop {
                 tick.tick().await;
-                let Some(scheduler) = weak.upgrade() else {
+                let Some(keeper) = weak.upgrade() else {
                     return;
                 };
                 let expired = |slot: &Option<Loaded>| {
@@ -323,13 +322,13 @@ impl Scheduler {
                         .and_then(Loaded::expiry)
                         .is_some_and(|t| Instant::now() >= t)
                 };
-                if expired(&*scheduler.loaded.read().await) {
+                if expired(&*keeper.loaded.read().await) {
                     // `try_write` fails while any request holds a lease: try again next tick.
-                    if let Ok(mut slot) = scheduler.loaded.try_write()
+                    if let Ok(mut slot) = keeper.loaded.try_write()
                         && expired(&slot)
                     {
                         *slot = None;
-                        let _ = scheduler.engine.unload().await;
+                        let _ = keeper.engine.unload().await;
                     }
                 }
             }

@@ -1,0 +1,251 @@
+//! From parsed arguments to a finished command: one function per command, each turning flags
+//! into the library's types and handing them to the part that does the work.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::cli::app::{app_state_with, loop_config, runtime};
+use crate::cli::args::{BenchArgs, Command, CreateArgs, ExportArgs, RunArgs, ServeArgs};
+use crate::cli::bench::{BenchLength, BenchPrompt, BenchStreams, bench, read_prompt_ids};
+use crate::cli::progress::Bars;
+use crate::cli::{info, listing, repl, replay, serve};
+use crate::model_name::ModelName;
+use crate::modelfile::Modelfile;
+use crate::server::structured::{self, Requested};
+use crate::store::Store;
+
+/// Runs `command` against the store `$MLXKIT_HOME` names.
+pub(super) fn run(command: Command) -> Result<()> {
+    let store = Store::from_env()?;
+    remove_leftovers(&store)?;
+    match command {
+        Command::Serve(args) => serve_command(store, args),
+        Command::Run(args) => run_command(store, args),
+        Command::Pull { model } => pull_with_progress(&store, &ModelName::parse(&model)?),
+        Command::Create(args) => create(&store, args),
+        Command::Export(args) => export(&store, args),
+        Command::List => listing::list(&store),
+        Command::Show { model, verbose } => {
+            listing::show(&store, &ModelName::parse(&model)?, verbose)
+        }
+        Command::Ps { host } => runtime()?.block_on(listing::ps(host)),
+        Command::Rm { models } => remove(&store, &models),
+        Command::Cp {
+            source,
+            destination,
+        } => copy(&store, &source, &destination),
+        Command::Bench(args) => bench_command(store, args),
+        Command::Info { no_timing } => info::info(!no_timing),
+    }
+}
+
+/// What a crash left (and a crashed download's work folders); skipped while another process
+/// writes the store.
+fn remove_leftovers(store: &Store) -> Result<()> {
+    crate::store::leftovers::remove(store)?;
+    if let Some(cache) = quant::package::default_cache_dir() {
+        let (folders, bytes) = quant::package::remove_abandoned(&cache);
+        if folders > 0 {
+            tracing::warn!(
+                folders,
+                bytes,
+                "removed work folders of interrupted downloads"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
+    let mut config = loop_config(args.kv_cache);
+    let mut default_draft = None;
+    if let Some(draft) = args.draft {
+        config.draft = draft.kind;
+        if let Some(model) = draft.model {
+            ensure_pulled(&store, &model)?;
+            default_draft = Some(model);
+        }
+    }
+    if let Some(text) = args.cache_bytes {
+        config.memory.cache_bytes = crate::engine::memory::parse_bytes(&text)
+            .with_context(|| format!("--cache-bytes `{text}` is not a byte count"))?;
+    }
+    if let Some(n) = args.max_sequences {
+        if n == 0 {
+            bail!("--max-sequences must be at least 1");
+        }
+        config.max_sequences = n;
+    }
+    runtime()?.block_on(serve::serve(store, args.host, config, default_draft))
+}
+
+fn run_command(store: Store, args: RunArgs) -> Result<()> {
+    let name = ModelName::parse(&args.model)?;
+    // Checked before the model loads: a typo should not cost a load.
+    let format = args
+        .format
+        .map(|text| {
+            let value = match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(schema @ serde_json::Value::Object(_)) => schema,
+                _ => serde_json::Value::String(text),
+            };
+            structured::ollama_format(Some(&value))
+        })
+        .transpose()?
+        .flatten();
+    ensure_pulled(&store, &name)?;
+    let mut options = serde_json::Map::new();
+    if let Some(t) = args.temperature {
+        options.insert("temperature".into(), json!(t));
+    }
+    if let Some(s) = args.seed {
+        options.insert("seed".into(), json!(s));
+    }
+    if let Some(n) = args.num_predict {
+        options.insert("num_predict".into(), json!(n));
+    }
+    if let Some(draft) = args.draft {
+        if let Some(model) = &draft.model {
+            ensure_pulled(&store, model)?;
+        }
+        options.insert("draft".into(), json!(draft.option_value()));
+    }
+    let prompt = args.prompt.join(" ");
+    let requested = Requested {
+        format,
+        ..Requested::none()
+    };
+    let config = loop_config(args.kv_cache);
+    let (think, verbose) = (args.think, args.verbose);
+    runtime()?.block_on(async move {
+        let state = app_state_with(store, config, None)?;
+        repl::chat(state, name, prompt, think, verbose, options, requested).await
+    })
+}
+
+fn create(store: &Store, args: CreateArgs) -> Result<()> {
+    let name = ModelName::parse(&args.model)?;
+    let file = &args.file;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut spec = Modelfile::parse(&text)?;
+    // A relative FROM path is relative to the Modelfile.
+    let base = file.parent().map(PathBuf::from).unwrap_or_default();
+    if !spec.from.starts_with('/') && base.join(&spec.from).exists() {
+        spec.from = base.join(&spec.from).display().to_string();
+    }
+    if let Some(draft) = &spec.draft
+        && !draft.starts_with('/')
+        && base.join(draft).exists()
+    {
+        spec.draft = Some(base.join(draft).display().to_string());
+    }
+    if args.dry_run {
+        let from = crate::model_source::ModelSource::resolve(&spec.from, "FROM")?;
+        let target = args
+            .quantize
+            .or_else(|| crate::create::default_target(&from));
+        let plan = crate::create::plan(store, &from, target)?;
+        print!("{plan}");
+        return Ok(());
+    }
+    let bar = Bars::new();
+    let quantization = crate::create::Quantization {
+        model: args.quantize,
+        draft: args.quantize_draft,
+    };
+    crate::create_model::create_model(store, &name, &spec, quantization, &mut |p| bar.update(p))?;
+    bar.finish();
+    println!("created {name}");
+    Ok(())
+}
+
+fn export(store: &Store, args: ExportArgs) -> Result<()> {
+    let name = ModelName::parse(&args.model)?;
+    ensure_pulled(store, &name)?;
+    let options = crate::export::ExportOptions {
+        dtype: args.dtype.dtype(),
+        quantized: args.quantized,
+        layers: args.layers,
+    };
+    let summary = crate::export::export(store, &name, &args.dir, options)?;
+    println!(
+        "exported {name} to {}: {} tensors ({} matrices quantized), {}",
+        args.dir.display(),
+        summary.tensors,
+        summary.quantized,
+        listing::human_bytes(summary.bytes)
+    );
+    Ok(())
+}
+
+fn remove(store: &Store, models: &[String]) -> Result<()> {
+    let writer = store.lock(&mut || eprintln!("waiting for another change to the store"))?;
+    for model in models {
+        let name = ModelName::parse(model)?;
+        writer.remove(&name)?;
+        println!("deleted '{name}'");
+    }
+    Ok(())
+}
+
+fn copy(store: &Store, source: &str, destination: &str) -> Result<()> {
+    let from = ModelName::parse(source)?;
+    let to = ModelName::parse(destination)?;
+    store
+        .lock(&mut || eprintln!("waiting for another change to the store"))?
+        .copy(&from, &to)?;
+    println!("copied '{from}' to '{to}'");
+    Ok(())
+}
+
+fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
+    if let Some(path) = args.replay {
+        return replay::replay_decisions(&path);
+    }
+    let name = ModelName::parse(&args.model)?;
+    ensure_pulled(&store, &name)?;
+    let draft = args.draft.unwrap_or_default();
+    if let Some(model) = &draft.model {
+        ensure_pulled(&store, model)?;
+    }
+    let prompt = match args.prompt_ids {
+        Some(path) => BenchPrompt::Ids(read_prompt_ids(&path)?),
+        None => BenchPrompt::Synthetic(args.prompt_tokens),
+    };
+    let length = BenchLength {
+        tokens: args.generate_tokens,
+        ignore_eos: args.ignore_eos,
+        speculation: draft.speculation(),
+        draft_model: draft.model,
+    };
+    let streams = BenchStreams {
+        concurrency: args.concurrency.max(1),
+        distinct: args.distinct,
+        late_short: args.late_short,
+    };
+    let (runs, as_json) = (args.runs.max(1), args.json);
+    let config = loop_config(args.kv_cache);
+    runtime()?.block_on(async move {
+        let state = app_state_with(store, config, None)?;
+        bench(state, name, prompt, length, streams, runs, as_json).await
+    })
+}
+
+/// Pulls `name` from the catalog when the store lacks it.
+fn ensure_pulled(store: &Store, name: &ModelName) -> Result<()> {
+    match store.get(name) {
+        Ok(_) => Ok(()),
+        Err(crate::store::StoreError::NotFound(_)) => pull_with_progress(store, name),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn pull_with_progress(store: &Store, name: &ModelName) -> Result<()> {
+    let bars = Bars::new();
+    crate::pull::pull(store, name, &mut |p| bars.update(p))?;
+    bars.finish();
+    Ok(())
+}
