@@ -87,19 +87,18 @@ fn hide_under<'a>(message: &'a str, root_folders: &HashSet<String>) -> Cow<'a, s
         let length = rest.find(ends_a_path).unwrap_or(rest.len());
         // A sentence's full stop is not part of the path.
         let path = rest[..length].trim_end_matches('.');
-        let mut parts = path.split('/').filter(|part| !part.is_empty());
+        let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
         if !parts
-            .next()
-            .is_some_and(|first| root_folders.contains(first))
+            .first()
+            .is_some_and(|first| root_folders.contains(*first))
         {
             continue;
         }
         out.push_str(&message[copied..start]);
         out.push_str(HIDDEN);
-        let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
-        if parts.len() >= 3 {
+        if let [_, _, .., last] = parts.as_slice() {
             out.push('/');
-            out.push_str(parts[parts.len() - 1]);
+            out.push_str(last);
         }
         copied = start + path.len();
         while chars.peek().is_some_and(|&(at, _)| at < copied) {
