@@ -17,9 +17,25 @@ use crate::model_name::ModelName;
 use crate::model_source::ModelSource;
 use crate::modelfile::Modelfile;
 use crate::pull::PullProgress;
-use crate::server::error::ApiError;
-use crate::store::{Manifest, Store, StoreWriter};
+use crate::store::{Manifest, Store, StoreError, StoreWriter};
 use crate::timestamp::rfc3339;
+
+/// Why a create failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The Modelfile, its sources or its draft cannot make a model: the caller's to fix.
+    #[error("{0}")]
+    Refused(String),
+    /// The store failed (or the base model is missing).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<crate::model_name::InvalidName> for CreateError {
+    fn from(e: crate::model_name::InvalidName) -> CreateError {
+        CreateError::Refused(e.to_string())
+    }
+}
 
 /// Creates `name` from `spec`. A `DRAFT` path, or any draft with `quantization.draft`, is
 /// stored beside it as `<name>-draft`. When anything fails, the store's models stay as they
@@ -30,7 +46,7 @@ pub fn create_model(
     spec: &Modelfile,
     quantization: Quantization,
     progress: &mut dyn FnMut(PullProgress),
-) -> Result<(), ApiError> {
+) -> Result<(), CreateError> {
     let writer = store.lock(&mut || {
         progress(PullProgress::Status(
             "waiting for another change to the store to finish".into(),
@@ -56,18 +72,18 @@ fn create_locked(
     quantization: Quantization,
     progress: &mut dyn FnMut(PullProgress),
     added: &mut Vec<Manifest>,
-) -> Result<(), ApiError> {
+) -> Result<(), CreateError> {
     // Cheap checks first, before any weights are read.
     if let Some(template) = &spec.template {
         tokenizer::ChatTemplate::check(template)
-            .map_err(|e| ApiError::bad_request(format!("TEMPLATE: {e}")))?;
+            .map_err(|e| CreateError::Refused(format!("TEMPLATE: {e}")))?;
     }
     let from = ModelSource::resolve(&spec.from, "FROM")
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e| CreateError::Refused(e.to_string()))?;
     let draft_source = spec
         .draft
         .as_deref()
-        .map(|d| ModelSource::resolve(d, "DRAFT").map_err(|e| ApiError::bad_request(e.to_string())))
+        .map(|d| ModelSource::resolve(d, "DRAFT").map_err(|e| CreateError::Refused(e.to_string())))
         .transpose()?;
     let mut manifest = weights(
         writer,
@@ -143,8 +159,8 @@ fn weights(
     quantize: Option<quant::create::Target>,
     progress: &mut dyn FnMut(PullProgress),
     added: &mut Vec<Manifest>,
-) -> Result<Manifest, ApiError> {
-    let refuse = |message: String| ApiError::bad_request(from.redact(&message, from_text));
+) -> Result<Manifest, CreateError> {
+    let refuse = |message: String| CreateError::Refused(from.redact(&message, from_text));
     let quantize = quantize.or_else(|| crate::create::default_target(from));
     let manifest = match (from, quantize) {
         (ModelSource::Stored(base), None) => {
@@ -186,8 +202,8 @@ fn check_draft(
     manifest: &Manifest,
     draft: &str,
     beside: Option<&(ModelName, Manifest)>,
-) -> Result<(), ApiError> {
-    let refuse = |reason: String| ApiError::bad_request(format!("draft model `{draft}`: {reason}"));
+) -> Result<(), CreateError> {
+    let refuse = |reason: String| CreateError::Refused(format!("draft model `{draft}`: {reason}"));
     let draft_name = ModelName::parse(draft)?;
     let draft_manifest = match beside {
         Some((beside_name, beside_manifest)) if *beside_name == draft_name => {
@@ -211,5 +227,5 @@ fn check_draft(
     };
     let target_dir = writer.materialize(manifest)?;
     crate::engine::from_store::check_draft_vocabulary(name, manifest, &target_dir, &source)
-        .map_err(|e| ApiError::bad_request(e.to_string()))
+        .map_err(|e| CreateError::Refused(e.to_string()))
 }

@@ -42,7 +42,7 @@ fn create_as(store: &Store, name: &str, from: &str, target: Option<Target>) -> R
         ..Modelfile::default()
     };
     let name = ModelName::parse(name).unwrap();
-    runner::server::models::create_model(
+    runner::create_model::create_model(
         store,
         &name,
         &spec,
@@ -52,7 +52,7 @@ fn create_as(store: &Store, name: &str, from: &str, target: Option<Target>) -> R
         },
         &mut |_| {},
     )
-    .map_err(|e| e.message)
+    .map_err(|e| e.to_string())
 }
 
 /// Greedy ids, and the top-2 logit margin at each of them.
@@ -435,7 +435,7 @@ fn an_fp8_folder_is_stored_as_mxfp8_without_being_asked() {
         ..Modelfile::default()
     };
     let name = ModelName::parse("fp8:latest").unwrap();
-    runner::server::models::create_model(&store, &name, &spec, Default::default(), &mut |_| {})
+    runner::create_model::create_model(&store, &name, &spec, Default::default(), &mut |_| {})
         .unwrap();
     let manifest = store.get(&name).unwrap().manifest;
     assert_eq!(manifest.details.quantization_level, "mxfp8");
@@ -470,7 +470,7 @@ fn a_draft_path_is_stored_beside_the_model_quantized_and_a_bad_one_leaves_nothin
         draft: Some(Target::Int4),
     };
     let name = ModelName::parse("spec:latest").unwrap();
-    runner::server::models::create_model(&store, &name, &spec, quantization, &mut |_| {}).unwrap();
+    runner::create_model::create_model(&store, &name, &spec, quantization, &mut |_| {}).unwrap();
     let manifest = store.get(&name).unwrap().manifest;
     assert_eq!(manifest.draft.as_deref(), Some("spec-draft:latest"));
     let draft = store
@@ -494,9 +494,9 @@ fn a_draft_path_is_stored_beside_the_model_quantized_and_a_bad_one_leaves_nothin
     .unwrap();
     let bad = ModelName::parse("badspec:latest").unwrap();
     let err =
-        runner::server::models::create_model(&store, &bad, &spec, Default::default(), &mut |_| {})
+        runner::create_model::create_model(&store, &bad, &spec, Default::default(), &mut |_| {})
             .unwrap_err();
-    assert!(err.message.contains("draft"), "{}", err.message);
+    assert!(err.to_string().contains("draft"), "{err}");
     let after: Vec<String> = store
         .list()
         .unwrap()

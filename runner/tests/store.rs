@@ -44,7 +44,7 @@ fn store_with_tiny(home: &Path) -> Store {
 fn create(store: &Store, model: &str, modelfile: &str) -> Result<(), String> {
     let spec = Modelfile::parse(modelfile).map_err(|e| e.to_string())?;
     runner::create_model::create_model(store, &name(model), &spec, Default::default(), &mut |_| {})
-        .map_err(|e| e.message)
+        .map_err(|e| e.to_string())
 }
 
 /// Every blob of `model` is in the store and hashes to its digest.

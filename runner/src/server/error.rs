@@ -181,6 +181,16 @@ impl From<crate::store::StoreError> for ApiError {
     }
 }
 
+impl From<crate::create_model::CreateError> for ApiError {
+    fn from(e: crate::create_model::CreateError) -> ApiError {
+        use crate::create_model::CreateError;
+        match e {
+            CreateError::Refused(message) => ApiError::bad_request(message),
+            CreateError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<crate::model_name::InvalidName> for ApiError {
     fn from(e: crate::model_name::InvalidName) -> ApiError {
         ApiError::bad_request(e.to_string())

@@ -386,12 +386,11 @@ pub async fn create(
     };
     let store = state.store.clone();
     let job = move |progress: &mut dyn FnMut(PullProgress)| {
-        create_model(&store, &name, &spec, quantization, progress)
+        crate::create_model::create_model(&store, &name, &spec, quantization, progress)
+            .map_err(ApiError::from)
     };
     Ok(progress_response(req.stream.unwrap_or(true), job).await)
 }
-
-pub use crate::create_model::create_model;
 
 /// Runs a blocking job that reports progress, streaming Ollama-style progress objects as
 /// NDJSON (or answering once at the end when `stream` is false).
