@@ -222,7 +222,9 @@ fn openai_endpoints() {
         joined,
         reply["choices"][0]["message"]["content"].as_str().unwrap()
     );
+    // The role alone first (issue 48: clients and llama.cpp's tests expect it), then text.
     insta::assert_json_snapshot!("chat_completion_chunk_first", redact(&events[0]));
+    insta::assert_json_snapshot!("chat_completion_chunk_content", redact(&events[1]));
 
     let (status, completion) = post(
         s,

@@ -25,7 +25,9 @@ pub(super) async fn serve(
         host.rsplit_once(':')
             .map_or(host.as_str(), |(name, _)| name),
     );
-    let state = app_state_with(store, config, default_draft)?;
+    let max_output_tokens = crate::server::output_limit::from_env()?;
+    let state =
+        app_state_with(store, config, default_draft)?.with_max_output_tokens(max_output_tokens);
     let open_files = limits::raise_open_file_limit();
     let listener = listen::bind(&host)
         .await

@@ -1,5 +1,7 @@
 //! Embeddings: Ollama's `/api/embed` (unit vectors, batched inputs, `truncate`, `dimensions`)
-//! and legacy `/api/embeddings` (one raw vector), and OpenAI's `/v1/embeddings`.
+//! and legacy `/api/embeddings` (one raw vector), and OpenAI's `/v1/embeddings`. An input
+//! longer than the context is cut to it on Ollama's routes unless `truncate: false` asks for a
+//! refusal, as Ollama does, and refused on OpenAI's, as OpenAI does (issue 48).
 //!
 //! A decoder model's embedding of a text is its last token's final hidden state (see
 //! [`crate::engine::embedding`]); the checkpoints served here declare no pooling of their own.
@@ -51,6 +53,35 @@ pub struct OpenAiEmbeddingRequest {
     encoding_format: Option<String>,
 }
 
+/// What becomes of an input longer than the model's context.
+#[derive(Debug, Clone, Copy)]
+enum Overlong {
+    /// Its first tokens are embedded (Ollama's `truncate`, on unless a request turns it off).
+    Truncate,
+    /// It is refused, the message ending with `hint`: how to get it embedded.
+    Refuse {
+        /// What the client can do instead.
+        hint: &'static str,
+    },
+}
+
+impl Overlong {
+    /// Ollama's `truncate` option: cut unless it is `false`.
+    fn ollama(truncate: Option<bool>) -> Overlong {
+        match truncate {
+            Some(false) => Overlong::Refuse {
+                hint: "set `truncate` to cut it",
+            },
+            _ => Overlong::Truncate,
+        }
+    }
+
+    /// OpenAI's embeddings have no truncation option and refuse an input past the context.
+    const OPENAI: Overlong = Overlong::Refuse {
+        hint: "shorten or split it (OpenAI's embeddings API does not truncate)",
+    };
+}
+
 /// An input: text, or (OpenAI) token ids.
 enum Input {
     Text(String),
@@ -100,13 +131,13 @@ fn inputs(value: &Value) -> Result<Vec<Input>, ApiError> {
     Ok(list)
 }
 
-/// Embeds `inputs` with the leased model: tokenized off the runtime, each cut to the context
-/// (or refused, without `truncate`), then evaluated on the worker. Returns the raw vectors
-/// and the tokens evaluated.
+/// Embeds `inputs` with the leased model: tokenized off the runtime, each longer than the
+/// context cut to it or refused (`overlong`), then evaluated on the worker. Returns the raw
+/// vectors and the tokens evaluated.
 async fn embed(
     lease: &Lease,
     inputs: Vec<Input>,
-    truncate: bool,
+    overlong: Overlong,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let info = lease.info.clone();
     let tokenized = prompt::off_runtime(move || {
@@ -128,10 +159,9 @@ async fn embed(
                     )));
                 }
                 if tokens.len() > info.context_length {
-                    if !truncate {
+                    if let Overlong::Refuse { hint } = overlong {
                         return Err(RequestError::invalid(format!(
-                            "input {i} is {} tokens, more than the context of {}; \
-                             set `truncate` to cut it",
+                            "input {i} is {} tokens, more than the model's context of {}; {hint}",
                             tokens.len(),
                             info.context_length
                         )));
@@ -202,7 +232,7 @@ pub async fn ollama_embed(
     };
     let lease = lease(&state, &req.model).await?;
     let load = started.elapsed();
-    let (vectors, evaluated) = embed(&lease, list, req.truncate.unwrap_or(true)).await?;
+    let (vectors, evaluated) = embed(&lease, list, Overlong::ollama(req.truncate)).await?;
     let vectors = unit_vectors(vectors, req.dimensions)?;
     Ok(Json(json!({
         "model": lease.info.name.to_string(),
@@ -232,7 +262,7 @@ pub async fn ollama_embeddings(
     let (mut vectors, _) = embed(
         &lease,
         vec![Input::Text(prompt)],
-        req.truncate.unwrap_or(true),
+        Overlong::ollama(req.truncate),
     )
     .await?;
     Ok(Json(
@@ -257,7 +287,7 @@ pub async fn openai_embeddings(
     };
     let list = inputs(&req.input)?;
     let lease = lease(&state, &req.model).await?;
-    let (vectors, evaluated) = embed(&lease, list, true).await?;
+    let (vectors, evaluated) = embed(&lease, list, Overlong::OPENAI).await?;
     let vectors = unit_vectors(vectors, req.dimensions)?;
     let data: Vec<Value> = vectors
         .iter()

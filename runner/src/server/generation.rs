@@ -143,7 +143,12 @@ pub struct Prepared {
 /// Starts `prepared` on the engine and returns its outputs. Dropping the receiver cancels the
 /// generation at its next step. What can only be checked against the loaded model (token ids
 /// in `logit_bias`) is checked here, before the response starts.
-pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>, RequestError> {
+/// `lease` is shared by the jobs of one request (OpenAI's `n` choices); the last to end lets
+/// the model go.
+pub fn start(
+    lease: Arc<Lease>,
+    prepared: Prepared,
+) -> Result<mpsc::Receiver<Output>, RequestError> {
     let vocab = lease.info.tokenizer.vocab_size();
     if let Some(&token) = prepared
         .options
@@ -167,7 +172,7 @@ pub fn start(lease: Lease, prepared: Prepared) -> Result<mpsc::Receiver<Output>,
     Ok(rx)
 }
 
-async fn run(lease: Lease, prepared: Prepared, out: mpsc::Sender<Output>) {
+async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
     let info = Arc::clone(&lease.info);
     let context = prepared
         .options

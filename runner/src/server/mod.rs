@@ -1,7 +1,8 @@
 //! The HTTP server: Ollama's, OpenAI's and Anthropic's APIs over the model keeper.
 //!
 //! - `ollama`: `/api/generate`, `/api/chat`; `models`: the management endpoints.
-//! - `openai`: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! - `openai`: `/v1/chat/completions`, `/v1/completions`, `/v1/models`; `choices`: their
+//!   `n` choices streamed as one.
 //! - `embeddings`: `/api/embed`, `/api/embeddings`, `/v1/embeddings`.
 //! - `anthropic`: `/v1/messages`, `/v1/messages/count_tokens`.
 //! - `responses`: `/v1/responses`, with the store `previous_response_id` reads.
@@ -14,7 +15,8 @@
 //! - `prompt`: requests → prompt tokens (templates, media checks, context); `images`: a
 //!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
-//! - `options`: request options, validated.
+//! - `options`: request options, validated; `output_limit`: the server's default output
+//!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`).
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
 //!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
@@ -31,6 +33,7 @@ pub mod anthropic;
 pub mod api_key;
 pub mod audio;
 pub mod body_deadline;
+pub mod choices;
 pub mod connections;
 pub mod cors;
 pub mod embeddings;
@@ -48,6 +51,7 @@ pub mod openai;
 pub mod operations;
 pub mod options;
 pub mod origins;
+pub mod output_limit;
 pub mod prompt;
 pub mod request;
 pub mod request_error;
@@ -85,6 +89,9 @@ pub struct AppState {
     pub responses: Arc<responses::ResponseStore>,
     /// The Whisper model transcriptions last used, its files prepared.
     pub transcription_models: Arc<transcriptions::PreparedModels>,
+    /// The most tokens a request generates when neither it nor its model's Modelfile names a
+    /// limit (`MLXKIT_MAX_OUTPUT_TOKENS`); `None`: until the context's end.
+    pub max_output_tokens: Option<usize>,
 }
 
 impl AppState {
@@ -95,7 +102,31 @@ impl AppState {
             keeper,
             responses: Arc::default(),
             transcription_models: Arc::default(),
+            max_output_tokens: None,
         }
+    }
+
+    /// The same state with `limit` as its default output limit (see [`output_limit`]).
+    pub fn with_max_output_tokens(mut self, limit: Option<usize>) -> AppState {
+        self.max_output_tokens = limit;
+        self
+    }
+
+    /// The options `name` was stored with (its Modelfile's `PARAMETER`s), with the server's
+    /// default output limit as `num_predict` when they name none; empty for a model not stored.
+    pub fn model_defaults(
+        &self,
+        name: &model_name::ModelName,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, crate::store::StoreError> {
+        let mut defaults = self
+            .store
+            .get(name)?
+            .manifest
+            .parameters
+            .into_iter()
+            .collect();
+        output_limit::apply_default(&mut defaults, self.max_output_tokens);
+        Ok(defaults)
     }
 }
 
@@ -224,8 +255,9 @@ pub fn item_id(prefix: &str) -> String {
     request_id(prefix).replacen('-', "_", 1)
 }
 
-/// `model`'s name and the default options it was stored with; an unknown model is a 404.
-/// Errors are in Ollama's shape: callers put them in their API's.
+/// `model`'s name and the default options it was stored with (see
+/// [`AppState::model_defaults`]); an unknown model is a 404. Errors are in Ollama's shape:
+/// callers put them in their API's.
 pub fn stored_model(
     state: &AppState,
     model: &str,
@@ -240,13 +272,7 @@ pub fn stored_model(
         return Err(ApiError::bad_request("`model` is required"));
     }
     let name = model_name::ModelName::parse(model)?;
-    let defaults = state
-        .store
-        .get(&name)?
-        .manifest
-        .parameters
-        .into_iter()
-        .collect();
+    let defaults = state.model_defaults(&name)?;
     Ok((name, defaults))
 }
 

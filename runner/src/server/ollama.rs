@@ -112,8 +112,7 @@ fn common(state: &AppState, fields: &GenerationFields) -> Result<Common, ApiErro
     let name = ModelName::parse(model)?;
     let format = structured::ollama_format(format)?;
     let mut generation = GenerationOptions::default();
-    if let Ok(entry) = state.store.get(&name) {
-        let defaults: Map<String, Value> = entry.manifest.parameters.into_iter().collect();
+    if let Ok(defaults) = state.model_defaults(&name) {
         generation.apply(&defaults)?;
     }
     if let Some(options) = options {

@@ -11,12 +11,13 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::model_name::ModelName;
+use crate::server::choices::interleave;
 use crate::server::error::ApiError;
 use crate::server::generation::{LogprobEntry, Output, Summary};
 use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
-use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::request::{self, GenerationRequest, MAX_CHOICES, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, request_id, stored_model};
@@ -60,8 +61,9 @@ pub struct Sampling {
     max_completion_tokens: Option<Value>,
     #[serde(default)]
     logit_bias: Option<Value>,
+    /// How many choices to generate, each a row of the engine's batch.
     #[serde(default)]
-    n: Option<u32>,
+    n: Option<Value>,
     /// Speculation, as in Ollama's options (`extra_body` in the OpenAI SDK): `draft` names a
     /// drafter or `none`, `num_draft` bounds its depth, `speculate: false` turns it off.
     #[serde(default)]
@@ -91,10 +93,20 @@ impl Sampling {
                 ("speculate", self.speculate.as_ref()),
             ],
         )?;
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request("only `n: 1` is supported"));
-        }
         Ok(options)
+    }
+
+    /// `n`: how many choices to generate, 1 when absent.
+    fn choices(&self) -> Result<usize, ApiError> {
+        let Some(n) = self.n.as_ref().filter(|n| !n.is_null()) else {
+            return Ok(1);
+        };
+        match n.as_u64() {
+            Some(count) if (1..=MAX_CHOICES as u64).contains(&count) => Ok(count as usize),
+            _ => Err(ApiError::bad_request(format!(
+                "`n` must be a whole number from 1 to {MAX_CHOICES}, got {n}"
+            ))),
+        }
     }
 }
 
@@ -162,12 +174,19 @@ fn finish_reason(summary: &Summary, tool_calls: bool) -> &'static str {
     }
 }
 
-fn usage(summary: &Summary) -> Value {
+/// The usage of a request's choices (one summary each, in choice order): the prompt counted
+/// once, as OpenAI counts it, the completions summed; what the prompt found cached, images
+/// encoded and speculation are choice 0's.
+fn usage(summaries: &[&Summary]) -> Value {
+    let Some(summary) = summaries.first() else {
+        return Value::Null;
+    };
     let s = &summary.stats;
+    let completion: usize = summaries.iter().map(|s| s.stats.generated_tokens).sum();
     let mut usage = json!({
         "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.generated_tokens,
-        "total_tokens": s.prompt_tokens + s.generated_tokens,
+        "completion_tokens": completion,
+        "total_tokens": s.prompt_tokens + completion,
         "prompt_tokens_details": { "cached_tokens": s.cached_tokens },
     });
     super::generation::insert_images_encoded(&mut usage, s);
@@ -205,6 +224,7 @@ pub async fn chat_completions(
     let started = Instant::now();
     let (name, defaults) = stored_model(&state, &req.model)?;
     let options = req.sampling.options(&defaults)?;
+    let choices = req.sampling.choices()?;
     let format = structured::openai_response_format(req.response_format.as_ref())?;
     let choice = ToolChoice::from_openai(req.tool_choice.as_ref())?;
     // `none` withholds the tools from the model altogether.
@@ -249,35 +269,87 @@ pub async fn chat_completions(
         started,
         load,
     };
-    let outputs = request::start(lease, request).await?.outputs;
+    let outputs = request::start_choices(lease, request, choices)
+        .await?
+        .outputs;
     let id = request_id("chatcmpl");
     let model = name.to_string();
-    let include_usage = req
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let include_usage = include_usage(req.stream_options.as_ref());
     if req.stream {
-        return Ok(sse(outputs, ChatStream::new(id, model, include_usage)));
+        let stream = ChatStream::new(id, model, include_usage, outputs.len());
+        return Ok(sse(interleave(outputs), stream));
     }
-    Ok(collect_chat(outputs, id, model, logprobs.is_some()).await?)
+    let choices = futures_util::future::try_join_all(outputs.into_iter().map(collect_chat)).await?;
+    let summaries: Vec<&Summary> = choices.iter().map(|c| &c.summary).collect();
+    let usage = usage(&summaries);
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(index, choice)| choice.to_json(index, logprobs.is_some()))
+        .collect();
+    Ok(Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": now_secs(),
+        "model": model,
+        "system_fingerprint": format!("mlxkit-{}", env!("CARGO_PKG_VERSION")),
+        "choices": choices,
+        "usage": usage,
+    }))
+    .into_response())
 }
 
-async fn collect_chat(
-    mut outputs: Receiver<Output>,
-    id: String,
-    model: String,
-    want_logprobs: bool,
-) -> Result<Response, ApiError> {
-    let (mut content, mut reasoning, mut calls, mut lps) =
+/// Whether `stream_options` asks for a last chunk with the usage.
+fn include_usage(stream_options: Option<&Value>) -> bool {
+    stream_options
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// One chat choice, collected whole.
+struct ChatChoice {
+    content: String,
+    reasoning: String,
+    calls: Vec<tokenizer::ToolCall>,
+    logprobs: Vec<LogprobEntry>,
+    summary: Summary,
+}
+
+impl ChatChoice {
+    /// The choice as `choices[index]` of a chat completion.
+    fn to_json(&self, index: usize, want_logprobs: bool) -> Value {
+        let mut message = json!({ "role": "assistant", "content": self.content });
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            message["tool_calls"] = Value::Array(
+                self.calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| tool_call_json(i, c))
+                    .collect(),
+            );
+        }
+        json!({
+            "index": index,
+            "message": message,
+            "logprobs": if want_logprobs { logprobs_json(&self.logprobs) } else { Value::Null },
+            "finish_reason": finish_reason(&self.summary, !self.calls.is_empty()),
+        })
+    }
+}
+
+async fn collect_chat(mut outputs: Receiver<Output>) -> Result<ChatChoice, ApiError> {
+    let (mut content, mut reasoning, mut calls, mut logprobs) =
         (String::new(), String::new(), Vec::new(), Vec::new());
     let mut summary = None;
     while let Some(output) = outputs.recv().await {
         match output {
             Output::Content(text, entries) => {
                 content.push_str(&text);
-                lps.extend(entries);
+                logprobs.extend(entries);
             }
             Output::Thinking(text) => reasoning.push_str(&text),
             Output::ToolCall(call) => calls.push(call),
@@ -286,58 +358,48 @@ async fn collect_chat(
         }
     }
     let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
-    let mut message = json!({ "role": "assistant", "content": content });
-    if !reasoning.is_empty() {
-        message["reasoning_content"] = json!(reasoning);
-    }
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(
-            calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| tool_call_json(i, c))
-                .collect(),
-        );
-    }
-    Ok(Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": now_secs(),
-        "model": model,
-        "system_fingerprint": format!("mlxkit-{}", env!("CARGO_PKG_VERSION")),
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": if want_logprobs { logprobs_json(&lps) } else { Value::Null },
-            "finish_reason": finish_reason(&summary, !calls.is_empty()),
-        }],
-        "usage": usage(&summary),
-    }))
-    .into_response())
+    Ok(ChatChoice {
+        content,
+        reasoning,
+        calls,
+        logprobs,
+        summary,
+    })
 }
 
+/// A streamed chat completion's chunks: a role-only chunk per choice first, then each
+/// choice's deltas as they come (tagged with its `index`), its finish reason, and the usage
+/// once every choice has finished, when asked.
 struct ChatStream {
     id: String,
     model: String,
     created: u64,
     include_usage: bool,
-    sent_role: bool,
-    tool_calls: usize,
+    /// Tool calls sent so far, per choice.
+    tool_calls: Vec<usize>,
+    /// Each choice's summary, once it has finished.
+    finished: Vec<Option<Summary>>,
 }
 
 impl ChatStream {
-    fn new(id: String, model: String, include_usage: bool) -> ChatStream {
+    fn new(id: String, model: String, include_usage: bool, choices: usize) -> ChatStream {
         ChatStream {
             id,
             model,
             created: now_secs(),
             include_usage,
-            sent_role: false,
-            tool_calls: 0,
+            tool_calls: vec![0; choices],
+            finished: vec![None; choices],
         }
     }
 
-    fn chunk(&self, delta: Value, logprobs: Option<Value>, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        delta: Value,
+        logprobs: Option<Value>,
+        finish: Option<&str>,
+    ) -> Value {
         json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -345,56 +407,71 @@ impl ChatStream {
             "model": self.model,
             "system_fingerprint": format!("mlxkit-{}", env!("CARGO_PKG_VERSION")),
             "choices": [{
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }],
         })
     }
-
-    fn role(&mut self, mut delta: Value) -> Value {
-        if !self.sent_role {
-            self.sent_role = true;
-            delta["role"] = json!("assistant");
-        }
-        delta
-    }
 }
 
-impl SseShape for ChatStream {
-    fn chunks(&mut self, output: &Output) -> Vec<Value> {
+impl SseShape<(usize, Output)> for ChatStream {
+    /// The role alone, before anything is generated, as OpenAI's first chunk carries it;
+    /// `content: null` beside it, as llama.cpp sends it and its server tests expect (OpenAI
+    /// sends `""`; clients read both as no text).
+    fn opening(&mut self) -> Vec<Value> {
+        (0..self.finished.len())
+            .map(|index| {
+                self.chunk(
+                    index,
+                    json!({ "role": "assistant", "content": null }),
+                    None,
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn chunks(&mut self, (index, output): &(usize, Output)) -> Vec<Value> {
+        let index = *index;
         match output {
             Output::Content(text, entries) => {
-                let delta = self.role(json!({ "content": text }));
                 let lp = (!entries.is_empty()).then(|| logprobs_json(entries));
-                vec![self.chunk(delta, lp, None)]
+                vec![self.chunk(index, json!({ "content": text }), lp, None)]
             }
             Output::Thinking(text) => {
-                let delta = self.role(json!({ "reasoning_content": text }));
-                vec![self.chunk(delta, None, None)]
+                vec![self.chunk(index, json!({ "reasoning_content": text }), None, None)]
             }
             Output::ToolCall(call) => {
-                let delta =
-                    self.role(json!({ "tool_calls": [tool_call_json(self.tool_calls, call)] }));
-                self.tool_calls += 1;
-                vec![self.chunk(delta, None, None)]
+                let Some(sent) = self.tool_calls.get_mut(index) else {
+                    return Vec::new();
+                };
+                let delta = json!({ "tool_calls": [tool_call_json(*sent, call)] });
+                *sent += 1;
+                vec![self.chunk(index, delta, None, None)]
             }
             Output::Done(summary) => {
-                let delta = self.role(json!({}));
+                let calls = self.tool_calls.get(index).copied().unwrap_or(0);
                 let mut out = vec![self.chunk(
-                    delta,
+                    index,
+                    json!({}),
                     None,
-                    Some(finish_reason(summary, self.tool_calls > 0)),
+                    Some(finish_reason(summary, calls > 0)),
                 )];
-                if self.include_usage {
+                if let Some(slot) = self.finished.get_mut(index) {
+                    *slot = Some(summary.clone());
+                }
+                let summaries: Option<Vec<&Summary>> =
+                    self.finished.iter().map(Option::as_ref).collect();
+                if let Some(summaries) = summaries.filter(|_| self.include_usage) {
                     out.push(json!({
                         "id": self.id,
                         "object": "chat.completion.chunk",
                         "created": self.created,
                         "model": self.model,
                         "choices": [],
-                        "usage": usage(summary),
+                        "usage": usage(&summaries),
                     }));
                 }
                 out
@@ -414,6 +491,7 @@ pub async fn completions(
     let started = Instant::now();
     let (name, defaults) = stored_model(&state, &req.model)?;
     let options = req.sampling.options(&defaults)?;
+    let choices = req.sampling.choices()?;
     let prompt_text = match &req.prompt {
         Value::String(s) => s.clone(),
         Value::Array(items) if items.len() == 1 && items[0].is_string() => {
@@ -448,30 +526,60 @@ pub async fn completions(
         started,
         load,
     };
-    let outputs = request::start(lease, request).await?.outputs;
+    let outputs = request::start_choices(lease, request, choices)
+        .await?
+        .outputs;
     let id = request_id("cmpl");
     let model = name.to_string();
     let echo = req.echo.then(|| prompt_text.clone());
-    let include_usage = req
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let include_usage = include_usage(req.stream_options.as_ref());
     if req.stream {
-        return Ok(sse(
-            outputs,
-            CompletionStream {
-                id,
-                model,
-                created: now_secs(),
-                include_usage,
-                echo,
-            },
-        ));
+        let stream = CompletionStream {
+            id,
+            model,
+            created: now_secs(),
+            include_usage,
+            echo,
+            started: vec![false; outputs.len()],
+            finished: vec![None; outputs.len()],
+        };
+        return Ok(sse(interleave(outputs), stream));
     }
-    let mut outputs = outputs;
-    let mut text = echo.unwrap_or_default();
+    let collected = outputs
+        .into_iter()
+        .map(|outputs| collect_completion(outputs, echo.clone().unwrap_or_default()));
+    let collected = futures_util::future::try_join_all(collected).await?;
+    let summaries: Vec<&Summary> = collected.iter().map(|(_, _, s)| s).collect();
+    let usage = usage(&summaries);
+    let choices: Vec<Value> = collected
+        .iter()
+        .enumerate()
+        .map(|(index, (text, entries, summary))| {
+            json!({
+                "text": text,
+                "index": index,
+                "logprobs": if req.logprobs.is_some() { completion_logprobs(entries) } else { Value::Null },
+                "finish_reason": finish_reason(summary, false),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": now_secs(),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }))
+    .into_response())
+}
+
+/// One text completion choice, collected whole after `text` (the echoed prompt, or nothing):
+/// its text, its tokens' logprobs and how it ended.
+async fn collect_completion(
+    mut outputs: Receiver<Output>,
+    mut text: String,
+) -> Result<(String, Vec<LogprobEntry>, Summary), ApiError> {
     let mut entries = Vec::new();
     let mut summary = None;
     while let Some(output) = outputs.recv().await {
@@ -481,25 +589,12 @@ pub async fn completions(
                 entries.extend(e);
             }
             Output::Done(s) => summary = Some(s),
-            Output::Error(message) => return Err(ApiError::internal(message).into()),
+            Output::Error(message) => return Err(ApiError::internal(message)),
             Output::Thinking(_) | Output::ToolCall(_) => {}
         }
     }
     let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
-    Ok(Json(json!({
-        "id": id,
-        "object": "text_completion",
-        "created": now_secs(),
-        "model": model,
-        "choices": [{
-            "text": text,
-            "index": 0,
-            "logprobs": if req.logprobs.is_some() { completion_logprobs(&entries) } else { Value::Null },
-            "finish_reason": finish_reason(&summary, false),
-        }],
-        "usage": usage(&summary),
-    }))
-    .into_response())
+    Ok((text, entries, summary))
 }
 
 /// The legacy completions logprobs shape.
@@ -514,31 +609,43 @@ fn completion_logprobs(entries: &[LogprobEntry]) -> Value {
     })
 }
 
+/// A streamed text completion's chunks, each choice's tagged with its `index`.
 struct CompletionStream {
     id: String,
     model: String,
     created: u64,
     include_usage: bool,
+    /// The prompt, when `echo` asks for it before each choice's text.
     echo: Option<String>,
+    /// Whether each choice has sent anything yet (its echo goes first).
+    started: Vec<bool>,
+    /// Each choice's summary, once it has finished.
+    finished: Vec<Option<Summary>>,
 }
 
 impl CompletionStream {
-    fn chunk(&self, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+    fn chunk(&self, index: usize, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
         json!({
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{ "text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish }],
+            "choices": [{ "text": text, "index": index, "logprobs": logprobs, "finish_reason": finish }],
         })
     }
 }
 
-impl SseShape for CompletionStream {
-    fn chunks(&mut self, output: &Output) -> Vec<Value> {
+impl SseShape<(usize, Output)> for CompletionStream {
+    fn chunks(&mut self, (index, output): &(usize, Output)) -> Vec<Value> {
+        let index = *index;
         let mut out = Vec::new();
-        if let Some(echo) = self.echo.take() {
-            out.push(self.chunk(&echo, Value::Null, None));
+        if let Some(started) = self.started.get_mut(index)
+            && !*started
+        {
+            *started = true;
+            if let Some(echo) = &self.echo {
+                out.push(self.chunk(index, echo, Value::Null, None));
+            }
         }
         match output {
             Output::Content(text, entries) => {
@@ -547,18 +654,23 @@ impl SseShape for CompletionStream {
                 } else {
                     completion_logprobs(entries)
                 };
-                out.push(self.chunk(text, lp, None));
+                out.push(self.chunk(index, text, lp, None));
             }
             Output::Done(summary) => {
-                out.push(self.chunk("", Value::Null, Some(finish_reason(summary, false))));
-                if self.include_usage {
+                out.push(self.chunk(index, "", Value::Null, Some(finish_reason(summary, false))));
+                if let Some(slot) = self.finished.get_mut(index) {
+                    *slot = Some(summary.clone());
+                }
+                let summaries: Option<Vec<&Summary>> =
+                    self.finished.iter().map(Option::as_ref).collect();
+                if let Some(summaries) = summaries.filter(|_| self.include_usage) {
                     out.push(json!({
                         "id": self.id,
                         "object": "text_completion",
                         "created": self.created,
                         "model": self.model,
                         "choices": [],
-                        "usage": usage(summary),
+                        "usage": usage(&summaries),
                     }));
                 }
             }

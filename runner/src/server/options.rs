@@ -33,7 +33,7 @@ pub struct GenerationOptions {
 
 /// The most tokens one request may ask for; larger numbers are refused rather than clamped so
 /// a typo does not silently become a multi-hour generation.
-const MAX_PREDICT: f64 = 1_048_576.0;
+pub const MAX_PREDICT: usize = 1_048_576;
 
 fn number(key: &str, value: &Value) -> Result<f64, RequestError> {
     let n = value.as_f64().ok_or_else(|| {
@@ -138,7 +138,7 @@ impl GenerationOptions {
                             )));
                         }
                     } else {
-                        Some(count(key, value, MAX_PREDICT)?)
+                        Some(count(key, value, MAX_PREDICT as f64)?)
                     };
                 }
                 "num_ctx" => self.num_ctx = Some(count(key, value, 1e8)?.max(1)),

@@ -62,6 +62,10 @@ pub struct GenerationRequest {
     pub load: Duration,
 }
 
+/// The most choices one request may ask for (OpenAI's `n`): each is a row of the engine's
+/// batch, and a request should not fill the batch alone.
+pub const MAX_CHOICES: usize = 16;
+
 /// A started generation.
 pub struct Started {
     /// Its outputs, in order; dropping the receiver cancels it at its next step.
@@ -70,8 +74,38 @@ pub struct Started {
     pub prompt_tokens: usize,
 }
 
+/// Generations of one prompt started together (OpenAI's `n` choices).
+pub struct StartedChoices {
+    /// Each choice's outputs, by choice index; dropping one cancels that choice.
+    pub outputs: Vec<Receiver<Output>>,
+    /// The prompt's length in tokens (once: the choices share it).
+    pub prompt_tokens: usize,
+}
+
 /// Builds `request` into a job and starts it on the leased model.
 pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, RequestError> {
+    let started = start_choices(lease, request, 1).await?;
+    let prompt_tokens = started.prompt_tokens;
+    let outputs = started
+        .outputs
+        .into_iter()
+        .next()
+        .ok_or_else(|| RequestError::internal("no generation was started"))?;
+    Ok(Started {
+        outputs,
+        prompt_tokens,
+    })
+}
+
+/// Builds `request` into `choices` jobs (at least one) on the leased model, submitted together
+/// so they run as rows of the engine's batch: the prompt is rendered once, each job samples on
+/// its own. With a seed, choice 0 keeps it and choice `i` draws with a seed derived from it,
+/// so the choices differ and a rerun repeats them; without one each draws its own.
+pub async fn start_choices(
+    lease: Lease,
+    request: GenerationRequest,
+    choices: usize,
+) -> Result<StartedChoices, RequestError> {
     let info = Arc::clone(&lease.info);
     let checks_context = !matches!(request.source, PromptSource::Tokens(_));
     let rendered = render(
@@ -84,26 +118,48 @@ pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, 
     if checks_context {
         prompt::check_context(&info, &rendered.tokens, request.options.num_ctx)?;
     }
-    let grammar = structured::prepare(&info, &request.requested, rendered.parser.as_ref()).await?;
     let prompt_tokens = rendered.tokens.len();
-    let outputs = generation::start(
-        lease,
-        Prepared {
-            prompt: rendered.tokens,
-            options: request.options,
-            logprobs: request.logprobs,
-            parser: rendered.parser,
-            grammar,
-            turn_starts: rendered.turn_starts,
-            images: rendered.images,
-            started: request.started,
-            load: request.load,
-        },
-    )?;
-    Ok(Started {
+    let lease = Arc::new(lease);
+    let mut outputs = Vec::with_capacity(choices.max(1));
+    for choice in 0..choices.max(1) {
+        // A grammar is a matcher positioned in one output: each choice compiles its own.
+        let grammar =
+            structured::prepare(&info, &request.requested, rendered.parser.as_ref()).await?;
+        let mut options = request.options.clone();
+        options.sampling.seed = options.sampling.seed.map(|seed| choice_seed(seed, choice));
+        // An error here drops the choices already started, which cancels them.
+        outputs.push(generation::start(
+            Arc::clone(&lease),
+            Prepared {
+                prompt: rendered.tokens.clone(),
+                options,
+                logprobs: request.logprobs,
+                parser: rendered.parser.clone(),
+                grammar,
+                turn_starts: rendered.turn_starts.clone(),
+                images: rendered.images.clone(),
+                started: request.started,
+                load: request.load,
+            },
+        )?);
+    }
+    Ok(StartedChoices {
         outputs,
         prompt_tokens,
     })
+}
+
+/// The seed choice `choice` of a seeded request draws with: the request's own for choice 0
+/// (one choice samples as it always did), a SplitMix64 mix of it and the index after, so
+/// neighbouring seeds and indices do not give overlapping streams.
+fn choice_seed(seed: u64, choice: usize) -> u64 {
+    if choice == 0 {
+        return seed;
+    }
+    let mut z = seed.wrapping_add((choice as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Renders and tokenizes `source` for the model on the blocking pool (templates and
@@ -137,4 +193,20 @@ pub async fn render(
         }),
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choice_seeds_keep_the_first_and_differ_for_the_rest() {
+        assert_eq!(choice_seed(42, 0), 42);
+        let seeds: std::collections::BTreeSet<u64> =
+            (0..MAX_CHOICES).map(|i| choice_seed(42, i)).collect();
+        assert_eq!(seeds.len(), MAX_CHOICES);
+        assert_eq!(choice_seed(42, 3), choice_seed(42, 3));
+        assert_ne!(choice_seed(42, 1), choice_seed(43, 1));
+        assert_ne!(choice_seed(42, 1), 43);
+    }
 }

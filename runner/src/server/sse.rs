@@ -12,15 +12,16 @@ use tokio::sync::mpsc::Receiver;
 use crate::server::error::ApiError;
 use crate::server::generation::Output;
 
-/// One API's event shapes.
-pub trait SseShape: Send + 'static {
+/// One API's event shapes for a stream of `T`s (a generation's outputs, or OpenAI's `n`
+/// choices' outputs tagged with their index).
+pub trait SseShape<T = Output>: Send + 'static {
     /// Events sent before the first output (Anthropic's `message_start`).
     fn opening(&mut self) -> Vec<Value> {
         Vec::new()
     }
 
     /// Events for one output.
-    fn chunks(&mut self, output: &Output) -> Vec<Value>;
+    fn chunks(&mut self, output: &T) -> Vec<Value>;
 
     /// Whether each event carries an `event:` line named by its payload's `type` (Anthropic);
     /// otherwise events are bare `data:` lines (OpenAI).
@@ -35,7 +36,7 @@ pub trait SseShape: Send + 'static {
 }
 
 /// A streamed `text/event-stream` body of `outputs` shaped by `shape`.
-pub fn sse(outputs: Receiver<Output>, mut shape: impl SseShape) -> Response {
+pub fn sse<T: Send + 'static>(outputs: Receiver<T>, mut shape: impl SseShape<T>) -> Response {
     let first = shape.opening();
     let opening = render(&shape, first);
     let events = futures_util::stream::unfold(
@@ -73,7 +74,7 @@ pub fn sse(outputs: Receiver<Output>, mut shape: impl SseShape) -> Response {
         .unwrap_or_else(|_| ApiError::internal("building the response").into_response())
 }
 
-fn render(shape: &impl SseShape, events: Vec<Value>) -> String {
+fn render<T>(shape: &impl SseShape<T>, events: Vec<Value>) -> String {
     let mut text = String::new();
     for event in events {
         if shape.named_events()

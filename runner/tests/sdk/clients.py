@@ -79,8 +79,22 @@ def check_openai():
     chunks = client.chat.completions.create(
         model=MODEL, max_tokens=8, temperature=0, stream=True,
         messages=[{"role": "user", "content": "Say hi."}])
+    chunks = list(chunks)
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    assert not chunks[0].choices[0].delta.content, chunks[0]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == reply.choices[0].message.content, (streamed, reply)
+    several = client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=1, seed=3, n=2,
+        messages=[{"role": "user", "content": "Say hi."}])
+    assert [c.index for c in several.choices] == [0, 1], several
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(
+            model=MODEL, max_tokens=8, temperature=1, seed=3, n=2, stream=True,
+            messages=[{"role": "user", "content": "Say hi."}]):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in several.choices], (texts, several)
     tool = {"type": "function", "function": {
         "name": WEATHER["name"], "description": WEATHER["description"],
         "parameters": WEATHER["input_schema"]}}
@@ -128,7 +142,7 @@ def check_openai():
     embedded = client.embeddings.create(model=MODEL, input=["The cat sat.", "Revenue grew."])
     vectors = [d.embedding for d in embedded.data]
     assert len(vectors) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vectors)
-    print("openai: chat, stream, function calling, responses, embeddings")
+    print("openai: chat, stream, n choices, function calling, responses, embeddings")
 
 
 def check_ollama():

@@ -62,6 +62,17 @@ pub fn start_server_with(
     start_server_in(home, store, models, config, prepare)
 }
 
+/// Like [`start_server`], its state set up by `configure` (a default output limit, say).
+pub fn start_server_configured(
+    models: &[&str],
+    config: LoopConfig,
+    configure: impl FnOnce(AppState) -> AppState,
+) -> Option<Server> {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    serve_in(home, store, models, config, |_| {}, configure)
+}
+
 /// Like [`start_server_with`], over `store` (kept in `home`, which the server owns).
 pub fn start_server_in(
     home: tempfile::TempDir,
@@ -69,6 +80,17 @@ pub fn start_server_in(
     models: &[&str],
     config: LoopConfig,
     prepare: impl FnOnce(&Store),
+) -> Option<Server> {
+    serve_in(home, store, models, config, prepare, |state| state)
+}
+
+fn serve_in(
+    home: tempfile::TempDir,
+    store: Store,
+    models: &[&str],
+    config: LoopConfig,
+    prepare: impl FnOnce(&Store),
+    configure: impl FnOnce(AppState) -> AppState,
 ) -> Option<Server> {
     remove_at_exit(home.path());
     if !models.iter().all(|model| pulled(&store, model)) {
@@ -85,14 +107,11 @@ pub fn start_server_in(
         let keeper = ModelKeeper::new(engine, store.clone(), 16);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let app = router(configure(AppState::new(store, keeper)));
         tokio::spawn(async move {
-            runner::server::listen::serve(
-                listener,
-                router(AppState::new(store, keeper)),
-                std::future::pending(),
-            )
-            .await
-            .unwrap();
+            runner::server::listen::serve(listener, app, std::future::pending())
+                .await
+                .unwrap();
         });
         format!("http://{addr}")
     });
