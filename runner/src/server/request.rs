@@ -14,6 +14,7 @@ use tokio::sync::mpsc::Receiver;
 use crate::engine::ModelInfo;
 use crate::model_keeper::Lease;
 use crate::server::generation::{self, Output, Prepared};
+use crate::server::loosened;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, RenderedPrompt};
 use crate::server::request_error::RequestError;
@@ -68,6 +69,9 @@ pub struct Started {
     pub outputs: Receiver<Output>,
     /// The prompt's length in tokens.
     pub prompt_tokens: usize,
+    /// Where the request's schemas were loosened to compile (also recorded for the
+    /// response's `x-mlxkit-schema-loosened` header, see `server::loosened`).
+    pub loosened: Vec<String>,
 }
 
 /// Builds `request` into a job and starts it on the leased model.
@@ -84,7 +88,9 @@ pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, 
     if checks_context {
         prompt::check_context(&info, &rendered.tokens, request.options.num_ctx)?;
     }
-    let grammar = structured::prepare(&info, &request.requested, rendered.parser.as_ref()).await?;
+    let (grammar, loosened) =
+        structured::prepare(&info, &request.requested, rendered.parser.as_ref()).await?;
+    loosened::record(&loosened);
     let prompt_tokens = rendered.tokens.len();
     let outputs = generation::start(
         lease,
@@ -103,6 +109,7 @@ pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, 
     Ok(Started {
         outputs,
         prompt_tokens,
+        loosened,
     })
 }
 
