@@ -22,6 +22,12 @@ use crate::{Error, Result, token_env};
 /// while the grammar stays satisfied.
 const JSON_WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,32}";
 
+/// Whitespace a tool call allows around its JSON and between calls: a space or a newline or
+/// two, as chat templates write them. Inside the JSON there is none beyond the separators
+/// (`TOOL_CALL_JSON`): free whitespace runs are where a small model forced to call wanders
+/// off (issue 48).
+const TOOL_CALL_WHITESPACE: &str = r"[\x20\x0A]{1,2}";
+
 /// How many compiled grammars each tokenizer keeps.
 const COMPILED_CACHE_ENTRIES: usize = 128;
 
@@ -203,7 +209,7 @@ fn tool_calls_lark(
             call
         })
         .collect();
-    let body = with_json_options(json!({ "anyOf": calls }));
+    let body = with_tool_call_json_options(json!({ "anyOf": calls }));
     let (lead, plain, open_rule) = match special_token(shared, open) {
         // Special tokens never occur inside text, so text needs no exclusion.
         Some(id) => (
@@ -237,7 +243,7 @@ fn tool_calls_lark(
     format!(
         "{start}\nwith_calls: lead call_rest more_calls\nmore_calls: {more_calls}\nlead: {lead}\n\
          PLAIN: {plain}\nopen: {open_rule}\ncall_rest: WS? body WS? {close_rule}\n\
-         WS: /{JSON_WHITESPACE}/\nbody: %json {body}\n"
+         WS: /{TOOL_CALL_WHITESPACE}/\nbody: %json {body}\n"
     )
 }
 
@@ -277,6 +283,19 @@ fn with_json_options(mut schema: Value) -> Value {
         map.insert(
             "x-guidance".to_string(),
             json!({ "whitespace_pattern": JSON_WHITESPACE }),
+        );
+    }
+    schema
+}
+
+/// A call's JSON is written one way, as templates render calls and `json.dumps` writes
+/// them: `{"name": "f", "arguments": {"a": 1}}`, no other whitespace. Replaces any options
+/// the client sent.
+fn with_tool_call_json_options(mut schema: Value) -> Value {
+    if let Value::Object(map) = &mut schema {
+        map.insert(
+            "x-guidance".to_string(),
+            json!({ "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": " }),
         );
     }
     schema

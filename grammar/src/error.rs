@@ -83,8 +83,9 @@ pub enum Error {
     Matcher(String),
 }
 
-/// The most of a compiler message a client is shown.
-const MAX_MESSAGE_CHARS: usize = 1_000;
+/// The most of a compiler message a client is shown: with the error's own words around it,
+/// an HTTP error stays under 500 characters.
+const MAX_MESSAGE_CHARS: usize = 300;
 
 /// The part of an llguidance message meant for people: its first paragraph, without the
 /// parser-state dump or the `<non-verbose/>` marker it appends, shortened to

@@ -14,6 +14,10 @@
 //! - `schema_shape`: measures of a schema that bound its compile cost (nesting, `$ref` chains,
 //!   breadth), and rebasing local `$ref`s when a schema is embedded in another.
 //! - `schema_progress`: whether a schema's `$ref` cycles let a value ever be finished.
+//! - `schema_walk`: where a schema's subschemas sit, as JSON pointers.
+//! - `schema_fit`: a valid schema fitted to what llguidance compiles (keywords it cannot
+//!   enforce dropped from their subschema and reported); invalid schemas refused.
+//! - `schema_close`: objects of tool arguments closed to their listed properties.
 //! - `token_env`: the vocabulary as llguidance sees it, and how special and end tokens are
 //!   treated.
 //! - `compile_thread`: the thread a compile runs on, its stack and its deadline.
@@ -25,13 +29,18 @@ mod compile_thread;
 mod compiler;
 mod error;
 mod grammar;
+mod schema_close;
+mod schema_fit;
 mod schema_progress;
 mod schema_shape;
+mod schema_walk;
 mod spec;
 mod token_env;
 
 pub use compiler::GrammarCompiler;
 pub use error::{Error, Result};
 pub use grammar::Grammar;
+pub use schema_close::close_objects;
+pub use schema_fit::{Loosened, fit_schema};
 pub use schema_shape::rebase_refs;
 pub use spec::{GrammarSpec, Limits};

@@ -35,8 +35,10 @@ pub enum GrammarSpec {
         then: Box<GrammarSpec>,
     },
     /// Free text, then optionally (or, with `required`, necessarily) tool calls: each call is
-    /// `open`, a JSON value matching one of `calls`, `close`; only whitespace between and
-    /// after calls. Free text cannot contain `open`, so a call is never left unconstrained.
+    /// `open`, a JSON value matching one of `calls`, `close`; only a space or a newline or
+    /// two between and after calls. The JSON is written compactly with `", "` and `": "` as
+    /// separators and no other whitespace, so a call cannot drift into whitespace runs.
+    /// Free text cannot contain `open`, so a call is never left unconstrained.
     ToolCalls {
         /// The marker that opens a call, such as `<tool_call>`.
         open: String,

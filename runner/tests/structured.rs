@@ -648,3 +648,228 @@ fn json_strings(text: &str) -> Vec<(String, bool)> {
     }
     found
 }
+
+/// Claude Code's `Bash`-like tool: a map property with `propertyNames`, which the grammar
+/// engine cannot compile (issue 48 saw a 400 with a 19,169-character message).
+fn tool_with_property_names() -> Value {
+    json!({"type": "function", "function": {"name": "run", "parameters": {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "maxLength": 40},
+            "env": {"type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"},
+                    "additionalProperties": {"type": "string", "maxLength": 10}, "maxProperties": 2}
+        },
+        "required": ["command"]
+    }}})
+}
+
+#[test]
+fn a_property_names_schema_gets_a_call_and_says_what_was_loosened() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "List the files here."}],
+        "tools": [
+            {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
+            tool_with_property_names()
+        ],
+        "tool_choice": {"type": "function", "function": {"name": "run"}},
+        "temperature": 1.0, "seed": 3, "max_tokens": MAX_TOKENS
+    });
+    let reply = support::client()
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 200);
+    let header = reply
+        .headers()
+        .get("x-mlxkit-schema-loosened")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(header, "tools[1] #/properties/env: propertyNames");
+    let r: Value = reply.json().unwrap();
+    let call = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "run", "{r}");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["command"].is_string(), "{arguments}");
+
+    // The header rides on every API, streaming or not.
+    let anthropic_tool = json!({"name": "run",
+        "input_schema": tool_with_property_names()["function"]["parameters"]});
+    for (path, body) in [
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 64, "stream": true,
+            "messages": [{"role": "user", "content": "x"}], "tools": [anthropic_tool],
+            "tool_choice": {"type": "any"}}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": MODEL, "stream": false, "tools": [tool_with_property_names()],
+            "messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 64}}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "input": "x", "max_output_tokens": 64,
+            "tools": [{"type": "function", "name": "run",
+                       "parameters": tool_with_property_names()["function"]["parameters"]}]}),
+        ),
+        (
+            "/api/generate",
+            json!({"model": MODEL, "prompt": "x", "stream": false,
+            "options": {"num_predict": 16},
+            "format": {"type": "array", "uniqueItems": true, "maxItems": 2}}),
+        ),
+    ] {
+        let reply = support::client()
+            .post(format!("{}{path}", s.base))
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(reply.status().as_u16(), 200, "{path}");
+        let header = reply
+            .headers()
+            .get("x-mlxkit-schema-loosened")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let expected = if path == "/api/generate" {
+            "format #: uniqueItems"
+        } else {
+            "tools[0] #/properties/env: propertyNames"
+        };
+        assert_eq!(header.as_deref(), Some(expected), "{path}");
+        let _ = reply.bytes();
+    }
+}
+
+/// An open schema (no `additionalProperties`): a small model forced to call used to pad it
+/// with invented keys until `max_tokens` (2 of 10 forced Anthropic calls never finished).
+fn open_parameters() -> Value {
+    json!({"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city"},
+        "days": {"type": "integer", "description": "How many days"}
+    }, "required": ["city"]})
+}
+
+#[test]
+fn forced_calls_with_an_open_schema_always_complete() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let mut failures = Vec::new();
+    for seed in 0..10u64 {
+        let (status, r) = post(
+            s,
+            "/v1/messages",
+            json!({
+                "model": MODEL, "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "messages": [{"role": "user", "content": "What will the weather be in Lyon?"}],
+                "tools": [{"name": "forecast", "description": "Weather forecast",
+                           "input_schema": open_parameters()}],
+                "tool_choice": {"type": "any"}
+            }),
+        );
+        assert_eq!(status, 200, "{r}");
+        let calls: Vec<&Value> = r["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["type"] == "tool_use")
+            .collect();
+        if r["stop_reason"] != "tool_use" || calls.len() != 1 {
+            failures.push(format!("anthropic seed {seed}: {r}"));
+            continue;
+        }
+        let input = &calls[0]["input"];
+        let keys: Vec<&String> = input
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        if !input["city"].is_string() || keys.iter().any(|k| *k != "city" && *k != "days") {
+            failures.push(format!("anthropic seed {seed}: input {input}"));
+        }
+    }
+    for seed in 0..10u64 {
+        let (status, r) = post(
+            s,
+            "/v1/chat/completions",
+            json!({
+                "model": MODEL, "max_tokens": 200, "temperature": 0.9, "seed": 100 + seed,
+                "messages": [{"role": "user", "content": "What will the weather be in Lyon?"}],
+                "tools": [{"type": "function", "function": {"name": "forecast",
+                           "parameters": open_parameters()}}],
+                "tool_choice": "required"
+            }),
+        );
+        assert_eq!(status, 200, "{r}");
+        let choice = &r["choices"][0];
+        let calls = choice["message"]["tool_calls"].as_array();
+        let arguments = calls
+            .and_then(|c| c.first())
+            .and_then(|c| c["function"]["arguments"].as_str())
+            .and_then(|a| serde_json::from_str::<Value>(a).ok());
+        let complete = choice["finish_reason"] == "tool_calls"
+            && arguments.as_ref().is_some_and(|a| {
+                a["city"].is_string()
+                    && a.as_object()
+                        .is_some_and(|m| m.keys().all(|k| k == "city" || k == "days"))
+            });
+        if !complete {
+            failures.push(format!("openai seed {seed}: {r}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20 forced calls did not complete:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn an_invalid_tool_schema_is_a_short_400() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    // A large schema with one broken type: the message names the place, not the schema.
+    let properties: serde_json::Map<String, Value> = (0..200)
+        .map(|i| {
+            (
+                format!("p{i}"),
+                json!({"type": "string", "description": "x".repeat(80)}),
+            )
+        })
+        .chain([("bad".to_string(), json!({"type": "strin"}))])
+        .collect();
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": properties}}}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object", "properties": properties}}]}),
+        ),
+    ] {
+        let (status, reply) = post(s, path, body);
+        assert_eq!(status, 400, "{path}: {reply}");
+        let message = error_message(&reply);
+        assert!(
+            message.len() < 500,
+            "{path}: {} chars: {message}",
+            message.len()
+        );
+        assert!(
+            message.contains("`tools[0]` (f) parameters: invalid JSON schema"),
+            "{message}"
+        );
+        assert!(message.contains("#/properties/bad/type"), "{message}");
+    }
+}

@@ -17,7 +17,8 @@
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated; `output_limit`: the server's default output
 //!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`).
-//! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
+//! - `structured`: structured output (formats, schemas, pinned tool calls) per request;
+//!   `loosened`: the header reporting where a schema was loosened to compile.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
 //!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
 //!   `body_deadline` bounding a request body's arrival.
@@ -44,6 +45,7 @@ pub mod hosts;
 pub mod images;
 pub mod limits;
 pub mod listen;
+pub mod loosened;
 pub mod metrics;
 pub mod models;
 pub mod ollama;
@@ -189,6 +191,7 @@ pub fn router_with(state: AppState, access: access::Access) -> Router {
                 ),
             )
         })
+        .layer(axum::middleware::from_fn(loosened::report))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         // Inside CORS: a page allowed to call may read why its key was refused, and
         // preflights (which carry no key) are answered before they get here.

@@ -14,6 +14,7 @@ use tokio::sync::mpsc::Receiver;
 use crate::engine::ModelInfo;
 use crate::model_keeper::Lease;
 use crate::server::generation::{self, Output, Prepared};
+use crate::server::loosened;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, RenderedPrompt};
 use crate::server::request_error::RequestError;
@@ -72,6 +73,9 @@ pub struct Started {
     pub outputs: Receiver<Output>,
     /// The prompt's length in tokens.
     pub prompt_tokens: usize,
+    /// Where the request's schemas were loosened to compile (also recorded for the
+    /// response's `x-mlxkit-schema-loosened` header, see `server::loosened`).
+    pub loosened: Vec<String>,
 }
 
 /// Generations of one prompt started together (OpenAI's `n` choices).
@@ -80,12 +84,13 @@ pub struct StartedChoices {
     pub outputs: Vec<Receiver<Output>>,
     /// The prompt's length in tokens (once: the choices share it).
     pub prompt_tokens: usize,
+    /// Where the request's schemas were loosened to compile (the choices share them).
+    pub loosened: Vec<String>,
 }
 
 /// Builds `request` into a job and starts it on the leased model.
 pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, RequestError> {
     let started = start_choices(lease, request, 1).await?;
-    let prompt_tokens = started.prompt_tokens;
     let outputs = started
         .outputs
         .into_iter()
@@ -93,7 +98,8 @@ pub async fn start(lease: Lease, request: GenerationRequest) -> Result<Started, 
         .ok_or_else(|| RequestError::internal("no generation was started"))?;
     Ok(Started {
         outputs,
-        prompt_tokens,
+        prompt_tokens: started.prompt_tokens,
+        loosened: started.loosened,
     })
 }
 
@@ -120,11 +126,16 @@ pub async fn start_choices(
     }
     let prompt_tokens = rendered.tokens.len();
     let lease = Arc::new(lease);
+    let mut loosened = Vec::new();
     let mut outputs = Vec::with_capacity(choices.max(1));
     for choice in 0..choices.max(1) {
         // A grammar is a matcher positioned in one output: each choice compiles its own.
-        let grammar =
+        let (grammar, notes) =
             structured::prepare(&info, &request.requested, rendered.parser.as_ref()).await?;
+        if choice == 0 {
+            loosened::record(&notes);
+            loosened = notes;
+        }
         let mut options = request.options.clone();
         options.sampling.seed = options.sampling.seed.map(|seed| choice_seed(seed, choice));
         // An error here drops the choices already started, which cancels them.
@@ -146,6 +157,7 @@ pub async fn start_choices(
     Ok(StartedChoices {
         outputs,
         prompt_tokens,
+        loosened,
     })
 }
 

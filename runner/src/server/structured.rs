@@ -2,12 +2,22 @@
 //! `response_format`, tools with `tool_choice`), fitted to the model's output syntax (a
 //! thinking region first, Hermes tool-call markers) and compiled against its vocabulary.
 //!
-//! A request that asks for a shape gets exactly that shape or a 400 naming why it cannot:
-//! never silently unconstrained text.
+//! A request that asks for a shape gets that shape or a 400 naming why it cannot: never
+//! silently unconstrained text. A valid JSON Schema is never refused for a keyword the grammar
+//! engine lacks: that keyword is dropped from its subschema, logged, and reported to the
+//! client (`x-mlxkit-schema-loosened`, see `server::loosened`); only an invalid schema is a
+//! 400 (issue 48).
+//!
+//! Tool calls, forced or not, are held tighter than JSON Schema's letter: their JSON is
+//! written compactly (no free whitespace), and an object in a tool's parameters that lists
+//! its properties takes no others unless it says so (`grammar::close_objects`). A model that
+//! must call pads open objects with invented keys until its budget runs out; a tool cannot
+//! use keys it never declared. Auto mode is held the same way: a call it makes has the same
+//! tool to satisfy.
 
 use std::sync::Arc;
 
-use grammar::{Grammar, GrammarCompiler, GrammarSpec};
+use grammar::{Grammar, GrammarCompiler, GrammarSpec, Loosened};
 use serde_json::{Value, json};
 use tokenizer::{ParserConfig, ToolCallFormat};
 
@@ -110,6 +120,16 @@ pub fn openai_response_format(
         .map_err(|e| RequestError::invalid(e.to_string()))
 }
 
+/// A request's whole-output constraint, fitted to what the grammar engine compiles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Constraint {
+    /// What to compile.
+    pub spec: GrammarSpec,
+    /// Where the client's schemas were loosened to compile, each as `tools[3] #/pointer:
+    /// keyword` or `format #/pointer: keyword`.
+    pub loosened: Vec<String>,
+}
+
 /// The whole-output constraint for `requested`, given how this model writes its answer
 /// (`parser`: `None` for raw completions, which have no thinking or tool syntax).
 ///
@@ -119,10 +139,12 @@ pub fn openai_response_format(
 ///   schema, with free text allowed before the calls unless a call is required.
 /// - A format with tools constrains the answer only; calls stay free (the two cannot both
 ///   hold for one output).
+///
+/// Schemas are fitted on the way (see the module docs); an invalid one is a 400.
 pub fn spec_for(
     requested: &Requested,
     parser: Option<&ParserConfig>,
-) -> Result<Option<GrammarSpec>, RequestError> {
+) -> Result<Option<Constraint>, RequestError> {
     let thinking = parser.and_then(|p| {
         let active = p.think || p.starts_in_thinking;
         p.thinking
@@ -131,15 +153,18 @@ pub fn spec_for(
             .map(|tags| (tags, p.starts_in_thinking))
     });
     if let Some(format) = &requested.format {
-        return Ok(Some(match thinking {
+        let mut loosened = Vec::new();
+        let format = fit_format(format, &mut loosened)?;
+        let spec = match thinking {
             Some((tags, already_open)) => GrammarSpec::AfterThinking {
                 open: tags.open.clone(),
                 close: tags.close.clone(),
                 already_open,
-                then: Box::new(format.clone()),
+                then: Box::new(format),
             },
-            None => format.clone(),
-        }));
+            None => format,
+        };
+        return Ok(Some(Constraint { spec, loosened }));
     }
     let must_call = matches!(
         requested.choice,
@@ -169,14 +194,30 @@ pub fn spec_for(
         return Ok(None);
     }
     let mut calls = Vec::with_capacity(requested.tools.len());
+    let mut loosened = Vec::new();
     for (i, tool) in requested.tools.iter().enumerate() {
-        let (name, parameters) = tool_signature(tool)
+        let (name, mut parameters) = tool_signature(tool)
             .ok_or_else(|| RequestError::invalid(format!("`tools[{i}]` needs `function.name`")))?;
         if let ToolChoice::Named(wanted) = &requested.choice
             && wanted != name
         {
             continue;
         }
+        grammar::close_objects(&mut parameters);
+        let notes = grammar::fit_schema(&mut parameters).map_err(|e| {
+            RequestError::invalid(format!("`tools[{i}]` ({}) parameters: {e}", quoted(name)))
+        })?;
+        for note in notes {
+            tracing::warn!(
+                tool = name,
+                index = i,
+                pointer = %note.pointer,
+                loosened = %note.what,
+                "tool schema loosened: the grammar engine cannot enforce this part"
+            );
+            loosened.push(format!("tools[{i}] {note}"));
+        }
+        grammar::rebase_refs(&mut parameters, "/properties/arguments");
         calls.push(json!({
             "type": "object",
             "properties": { "name": { "const": name }, "arguments": parameters },
@@ -193,26 +234,58 @@ pub fn spec_for(
             }
         )));
     }
-    Ok(Some(GrammarSpec::ToolCalls {
-        open: HERMES_OPEN.to_string(),
-        close: HERMES_CLOSE.to_string(),
-        calls,
-        required: must_call,
-        parallel: requested.parallel_calls,
+    Ok(Some(Constraint {
+        spec: GrammarSpec::ToolCalls {
+            open: HERMES_OPEN.to_string(),
+            close: HERMES_CLOSE.to_string(),
+            calls,
+            required: must_call,
+            parallel: requested.parallel_calls,
+        },
+        loosened,
     }))
 }
 
-/// A tool's name and its parameters' schema (any object when it declares none), with its
-/// local `$ref`s rebased to where the call object embeds it (`properties.arguments`).
+/// `format` with its schema fitted, notes added to `loosened` and logged.
+fn fit_format(
+    format: &GrammarSpec,
+    loosened: &mut Vec<String>,
+) -> Result<GrammarSpec, RequestError> {
+    let GrammarSpec::JsonSchema(schema) = format else {
+        return Ok(format.clone());
+    };
+    let mut schema = schema.clone();
+    let notes: Vec<Loosened> =
+        grammar::fit_schema(&mut schema).map_err(|e| RequestError::invalid(e.to_string()))?;
+    for note in notes {
+        tracing::warn!(
+            pointer = %note.pointer,
+            loosened = %note.what,
+            "output schema loosened: the grammar engine cannot enforce this part"
+        );
+        loosened.push(format!("format {note}"));
+    }
+    Ok(GrammarSpec::JsonSchema(schema))
+}
+
+/// A client's name as quoted in a message: at most 64 characters.
+fn quoted(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+        None => name.to_string(),
+    }
+}
+
+/// A tool's name and its parameters' schema (any object when it declares none), as given:
+/// its local `$ref`s still point into it.
 fn tool_signature(tool: &Value) -> Option<(&str, Value)> {
     let function = tool.get("function").unwrap_or(tool);
     let name = function.get("name")?.as_str()?;
-    let mut parameters = function
+    let parameters = function
         .get("parameters")
         .filter(|p| p.is_object())
         .cloned()
         .unwrap_or_else(|| json!({"type": "object"}));
-    grammar::rebase_refs(&mut parameters, "/properties/arguments");
     Some((name, parameters))
 }
 
@@ -248,15 +321,16 @@ pub async fn compile(info: &Arc<ModelInfo>, spec: GrammarSpec) -> Result<Grammar
     .map_err(|e| RequestError::task_failed("compiling the output constraint", &e))?
 }
 
-/// The compiled constraint for `requested`, if it asks for one.
+/// The compiled constraint for `requested`, if it asks for one, and where its schemas were
+/// loosened to compile.
 pub async fn prepare(
     info: &Arc<ModelInfo>,
     requested: &Requested,
     parser: Option<&ParserConfig>,
-) -> Result<Option<Grammar>, RequestError> {
+) -> Result<(Option<Grammar>, Vec<String>), RequestError> {
     match spec_for(requested, parser)? {
-        Some(spec) => Ok(Some(compile(info, spec).await?)),
-        None => Ok(None),
+        Some(Constraint { spec, loosened }) => Ok((Some(compile(info, spec).await?), loosened)),
+        None => Ok((None, Vec::new())),
     }
 }
 
@@ -269,6 +343,13 @@ mod tests {
         json!({"type": "function", "function": {"name": "weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}})
+    }
+
+    fn spec(
+        r: &Requested,
+        parser: Option<&ParserConfig>,
+    ) -> Result<Option<GrammarSpec>, RequestError> {
+        spec_for(r, parser).map(|c| c.map(|c| c.spec))
     }
 
     fn requested(format: Option<GrammarSpec>, tools: Vec<Value>, choice: ToolChoice) -> Requested {
@@ -285,17 +366,17 @@ mod tests {
         let chatml = Family::ChatMl.parser_config();
         let r = requested(Some(GrammarSpec::JsonObject), vec![], ToolChoice::Auto);
         assert_eq!(
-            spec_for(&r, Some(&chatml)).unwrap(),
+            spec(&r, Some(&chatml)).unwrap(),
             Some(GrammarSpec::JsonObject)
         );
-        assert_eq!(spec_for(&r, None).unwrap(), Some(GrammarSpec::JsonObject));
+        assert_eq!(spec(&r, None).unwrap(), Some(GrammarSpec::JsonObject));
     }
 
     #[test]
     fn a_thinking_model_closes_its_region_before_the_format() {
         let qwen3 = Family::Qwen3.parser_config().starting_in_thinking(true);
         let r = requested(Some(GrammarSpec::JsonObject), vec![], ToolChoice::Auto);
-        match spec_for(&r, Some(&qwen3)).unwrap() {
+        match spec(&r, Some(&qwen3)).unwrap() {
             Some(GrammarSpec::AfterThinking {
                 open,
                 close,
@@ -310,17 +391,14 @@ mod tests {
         }
         // Thinking switched off: the format alone.
         let off = Family::Qwen3.parser_config().with_think(false);
-        assert_eq!(
-            spec_for(&r, Some(&off)).unwrap(),
-            Some(GrammarSpec::JsonObject)
-        );
+        assert_eq!(spec(&r, Some(&off)).unwrap(), Some(GrammarSpec::JsonObject));
     }
 
     #[test]
     fn hermes_tools_are_pinned_to_their_schemas() {
         let chatml = Family::ChatMl.parser_config();
         let r = requested(None, vec![weather()], ToolChoice::Required);
-        match spec_for(&r, Some(&chatml)).unwrap() {
+        match spec(&r, Some(&chatml)).unwrap() {
             Some(GrammarSpec::ToolCalls {
                 open,
                 close,
@@ -339,7 +417,7 @@ mod tests {
         }
         let auto = requested(None, vec![weather()], ToolChoice::Auto);
         assert!(matches!(
-            spec_for(&auto, Some(&chatml)).unwrap(),
+            spec(&auto, Some(&chatml)).unwrap(),
             Some(GrammarSpec::ToolCalls {
                 required: false,
                 ..
@@ -352,20 +430,84 @@ mod tests {
         let chatml = Family::ChatMl.parser_config();
         let llama = Family::Llama3.parser_config();
         let named = |n: &str| requested(None, vec![weather()], ToolChoice::Named(n.into()));
-        assert!(spec_for(&named("stocks"), Some(&chatml)).is_err());
-        assert!(
-            spec_for(&named("weather"), Some(&chatml))
-                .unwrap()
-                .is_some()
-        );
-        assert!(spec_for(&named("weather"), Some(&llama)).is_err());
+        assert!(spec(&named("stocks"), Some(&chatml)).is_err());
+        assert!(spec(&named("weather"), Some(&chatml)).unwrap().is_some());
+        assert!(spec(&named("weather"), Some(&llama)).is_err());
         let no_tools = requested(None, vec![], ToolChoice::Required);
-        assert!(spec_for(&no_tools, Some(&chatml)).is_err());
+        assert!(spec(&no_tools, Some(&chatml)).is_err());
         // Auto on a model whose calls cannot be constrained stays free, as before.
         let auto = requested(None, vec![weather()], ToolChoice::Auto);
-        assert_eq!(spec_for(&auto, Some(&llama)).unwrap(), None);
+        assert_eq!(spec(&auto, Some(&llama)).unwrap(), None);
         let nameless = requested(None, vec![json!({"type": "function"})], ToolChoice::Auto);
-        assert!(spec_for(&nameless, Some(&chatml)).is_err());
+        assert!(spec(&nameless, Some(&chatml)).is_err());
+    }
+
+    #[test]
+    fn unsupported_keywords_are_loosened_and_named() {
+        let chatml = Family::ChatMl.parser_config();
+        let bash = json!({"type": "function", "function": {"name": "Bash", "parameters": {
+            "type": "object",
+            "properties": {"env": {"type": "object", "propertyNames": {"pattern": "^[A-Z]+$"},
+                                   "additionalProperties": {"type": "string"}}},
+            "required": ["env"]}}});
+        let r = requested(None, vec![weather(), bash], ToolChoice::Auto);
+        let constraint = spec_for(&r, Some(&chatml)).unwrap().unwrap();
+        assert_eq!(
+            constraint.loosened,
+            ["tools[1] #/properties/env: propertyNames"]
+        );
+        let GrammarSpec::ToolCalls { calls, .. } = &constraint.spec else {
+            panic!("expected tool calls, got {:?}", constraint.spec);
+        };
+        let env = &calls[1]["properties"]["arguments"]["properties"]["env"];
+        assert_eq!(
+            env,
+            &json!({"type": "object", "additionalProperties": {"type": "string"}})
+        );
+
+        let format = GrammarSpec::JsonSchema(json!({"type": "array", "uniqueItems": true}));
+        let r = requested(Some(format), vec![], ToolChoice::Auto);
+        let constraint = spec_for(&r, Some(&chatml)).unwrap().unwrap();
+        assert_eq!(constraint.loosened, ["format #: uniqueItems"]);
+        assert_eq!(
+            constraint.spec,
+            GrammarSpec::JsonSchema(json!({"type": "array"}))
+        );
+    }
+
+    #[test]
+    fn tool_arguments_take_only_their_listed_properties() {
+        let chatml = Family::ChatMl.parser_config();
+        let open = json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"},
+                                             "m": {"type": "object", "additionalProperties": true}}}}});
+        let r = requested(None, vec![open], ToolChoice::Required);
+        let Some(GrammarSpec::ToolCalls { calls, .. }) = spec(&r, Some(&chatml)).unwrap() else {
+            panic!("expected tool calls");
+        };
+        let arguments = &calls[0]["properties"]["arguments"];
+        assert_eq!(arguments["additionalProperties"], false);
+        assert_eq!(arguments["properties"]["m"]["additionalProperties"], true);
+    }
+
+    #[test]
+    fn an_invalid_tool_schema_is_a_short_error_naming_the_tool() {
+        let chatml = Family::ChatMl.parser_config();
+        let description = "d".repeat(20_000);
+        let bad = json!({"type": "function", "function": {"name": "g", "parameters": {
+            "type": "object", "description": description,
+            "properties": {"x": {"type": "strin"}}}}});
+        let r = requested(None, vec![weather(), bad], ToolChoice::Auto);
+        let message = match spec_for(&r, Some(&chatml)) {
+            Err(RequestError::Invalid(message)) => message,
+            other => panic!("expected a 400, got {other:?}"),
+        };
+        assert!(
+            message.starts_with("`tools[1]` (g) parameters: invalid JSON schema"),
+            "{message}"
+        );
+        assert!(message.contains("#/properties/x/type"), "{message}");
+        assert!(message.len() < 500, "{} chars", message.len());
     }
 
     #[test]
