@@ -71,12 +71,13 @@ def check_anthropic():
     # management, cache control, a server tool (left out, with a warning header) and beta
     # headers.
     raw = client.messages.with_raw_response.create(
-        model=MODEL, max_tokens=8, **greedy, system="You are terse.",
+        model=MODEL, max_tokens=8, system="You are terse.",
         thinking={"type": "adaptive"},
         tools=[{"type": "web_search_20250305", "name": "web_search"},
                {**WEATHER, "cache_control": {"type": "ephemeral"}}],
         extra_headers={"anthropic-beta": "mid-conversation-system-2026-04-07"},
-        extra_body={"context_management": {"edits": []}, "output_config": {"effort": "low"}},
+        extra_body={"temperature": 0, "context_management": {"edits": []},
+                    "output_config": {"effort": "low"}},
         messages=[question, {"role": "system", "content": "Answer in one word."},
                   {"role": "user", "content": [{"type": "text", "text": "Go.",
                                                 "cache_control": {"type": "ephemeral"}}]}])
