@@ -3,9 +3,14 @@
 //! Before rendering, messages are normalised the way chat clients need and templates rarely
 //! allow: a `developer` message becomes `system` (unless the template knows the role), and the
 //! leading run of system messages is folded into one. Coding agents also insert system messages
-//! mid-conversation; templates that reject them (roles must alternate) are rendered again with
-//! each such message turned into a user turn, merged with its neighbours, instead of failing
-//! the request; templates without a system role get it folded into the first user turn.
+//! mid-conversation (Claude Code's `mid-conversation-system` beta, reminders after tool
+//! results). Each is rendered as a system turn where it stands when the template takes it: the
+//! render succeeds and the message's text is in the prompt. A template that raises on it (roles
+//! must alternate) or renders without it (it only prints user and assistant turns) is rendered
+//! again with each such message turned into a user turn, merged with its neighbours, instead of
+//! failing the request or losing the text; [`ChatTemplate::render_reporting`] says which
+//! happened ([`LateSystem`]). Templates without a system role get the leading one folded into
+//! the first user turn.
 
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
@@ -100,6 +105,48 @@ pub struct RenderOptions {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Where a conversation's mid-conversation system messages (system turns after the first
+/// non-system one) went in its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateSystem {
+    /// Rendered as system turns where they stand: the template takes them.
+    InPlace,
+    /// The template raised on them (roles must alternate, no system role): each became a
+    /// user turn, merged with the user turns beside it.
+    FoldedRefused,
+    /// The template rendered without their text (it prints only some roles): each became a
+    /// user turn, merged with the user turns beside it.
+    FoldedDropped,
+    /// The template leaves them out, as user turns too (or refuses them so): the prompt
+    /// lacks them.
+    Dropped,
+}
+
+impl std::fmt::Display for LateSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LateSystem::InPlace => "rendered as system turns in place",
+            LateSystem::FoldedRefused => {
+                "folded into the adjacent user turns (the template refuses them in place)"
+            }
+            LateSystem::FoldedDropped => {
+                "folded into the adjacent user turns (the template leaves them out in place)"
+            }
+            LateSystem::Dropped => "left out: the template drops them, in place and as user turns",
+        })
+    }
+}
+
+/// A rendered prompt and where its mid-conversation system messages went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    /// The prompt text.
+    pub text: String,
+    /// Where the system messages after the conversation's start went; `None` when it has
+    /// none.
+    pub late_system: Option<LateSystem>,
+}
+
 /// The work one render may do, in minijinja's fuel (about one instruction, or 64 bytes of data
 /// created): a template that loops or builds huge strings fails with an error instead of
 /// holding a thread. Real templates over a full context spend a few hundred thousand.
@@ -182,9 +229,56 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         options: &RenderOptions,
     ) -> Result<String> {
+        self.render_reporting(messages, tools, options)
+            .map(|rendered| rendered.text)
+    }
+
+    /// Like [`ChatTemplate::render`], also saying where mid-conversation system messages
+    /// went (`None` when the conversation has none).
+    pub fn render_reporting(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        options: &RenderOptions,
+    ) -> Result<RenderedChat> {
         let messages = self.normalize(messages);
+        let late: Vec<&str> = messages
+            .iter()
+            .skip(1)
+            .filter(|m| m.role == "system")
+            .map(|m| m.content.trim())
+            .collect();
+        let demoted = demote_late_system_messages(&messages);
         let err = match self.render_exact(&messages, tools, options)? {
-            Ok(text) => return Ok(text),
+            Ok(text) if late.is_empty() => {
+                return Ok(RenderedChat {
+                    text,
+                    late_system: None,
+                });
+            }
+            // Taken where they stand, unless the template printed the turn without its text
+            // (one that renders only user and assistant turns): then as user turns, if it
+            // takes those; else as it rendered.
+            Ok(text) => {
+                if late.iter().all(|content| text.contains(content)) {
+                    return Ok(RenderedChat {
+                        text,
+                        late_system: Some(LateSystem::InPlace),
+                    });
+                }
+                return Ok(match self.render_exact(&demoted, tools, options)? {
+                    Ok(folded) if late.iter().all(|content| folded.contains(content)) => {
+                        RenderedChat {
+                            text: folded,
+                            late_system: Some(LateSystem::FoldedDropped),
+                        }
+                    }
+                    _ => RenderedChat {
+                        text,
+                        late_system: Some(LateSystem::Dropped),
+                    },
+                });
+            }
             Err(err) if err.kind() == ErrorKind::OutOfFuel => {
                 return Err(Error::TemplateRender(format!(
                     "the chat template exceeded its work budget of {RENDER_FUEL} steps \
@@ -195,7 +289,7 @@ impl ChatTemplate {
             Err(err) => Error::TemplateRender(describe(&err)),
         };
         // Retry the shapes templates commonly reject, keeping the first error to report.
-        let demoted = demote_late_system_messages(&messages);
+        let late_system = (!late.is_empty()).then_some(LateSystem::FoldedRefused);
         let folded = fold_system_into_first_user(&demoted);
         let retries = (demoted != messages)
             .then_some(&demoted)
@@ -203,7 +297,7 @@ impl ChatTemplate {
             .chain(folded.as_ref());
         for retry in retries {
             if let Ok(Ok(text)) = self.render_exact(retry, tools, options) {
-                return Ok(text);
+                return Ok(RenderedChat { text, late_system });
             }
         }
         Err(err)
@@ -375,6 +469,85 @@ mod tests {
             t.render(&msgs, None, &RenderOptions::default()).unwrap(),
             "[user:S\n\nU]"
         );
+    }
+
+    /// A conversation with a system message after the start, as agents send it.
+    fn with_late_system() -> Vec<Message> {
+        vec![
+            Message::new("system", "S"),
+            Message::new("user", "A"),
+            Message::new("assistant", "B"),
+            Message::new("system", "Late"),
+            Message::new("user", "C"),
+        ]
+    }
+
+    #[test]
+    fn a_late_system_message_stays_in_place_where_the_template_takes_it() {
+        let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                      {% endfor %}";
+        let t = ChatTemplate::new(chatml, "", "").unwrap();
+        let rendered = t
+            .render_reporting(&with_late_system(), None, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(rendered.late_system, Some(LateSystem::InPlace));
+        assert!(
+            rendered
+                .text
+                .contains("<|im_end|>\n<|im_start|>system\nLate<|im_end|>\n<|im_start|>user\nC"),
+            "{}",
+            rendered.text
+        );
+        // Without one there is nothing to report.
+        let plain = [Message::new("system", "S"), Message::new("user", "A")];
+        let rendered = t
+            .render_reporting(&plain, None, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(rendered.late_system, None);
+    }
+
+    #[test]
+    fn a_late_system_message_is_folded_where_the_template_refuses_it() {
+        // Llama 2 and Mistral's check: after an optional system turn, user and assistant
+        // alternate.
+        let alternating = "{% for m in messages %}{% if m.role != 'system' or not loop.first %}\
+            {% if (m.role == 'user') != (loop.index0 % 2 == (1 if messages[0].role == 'system' else 0)) %}\
+            {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}\
+            {% endif %}{% endif %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
+        let t = ChatTemplate::new(alternating, "", "").unwrap();
+        let rendered = t
+            .render_reporting(&with_late_system(), None, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(rendered.late_system, Some(LateSystem::FoldedRefused));
+        assert_eq!(
+            rendered.text,
+            "[system:S][user:A][assistant:B][user:Late\n\nC]"
+        );
+    }
+
+    #[test]
+    fn a_late_system_message_is_folded_where_the_template_drops_it() {
+        // Prints the leading system prompt and then only user and assistant turns.
+        let dropping = "{% for m in messages %}{% if m.role in ['user', 'assistant'] or loop.first %}\
+                        [{{ m.role }}:{{ m.content }}]{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(dropping, "", "").unwrap();
+        let rendered = t
+            .render_reporting(&with_late_system(), None, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(rendered.late_system, Some(LateSystem::FoldedDropped));
+        assert_eq!(
+            rendered.text,
+            "[system:S][user:A][assistant:B][user:Late\n\nC]"
+        );
+        // A template that prints no user turns either cannot be given the text at all: it is
+        // said, and the prompt is the template's own.
+        let only_assistant = "{% for m in messages %}{% if m.role == 'assistant' %}\
+                              [{{ m.content }}]{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(only_assistant, "", "").unwrap();
+        let rendered = t
+            .render_reporting(&with_late_system(), None, &RenderOptions::default())
+            .unwrap();
+        assert_eq!(rendered.late_system, Some(LateSystem::Dropped));
     }
 
     #[test]

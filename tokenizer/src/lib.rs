@@ -64,7 +64,9 @@ mod template_env;
 mod template_fallback;
 mod vocab;
 
-pub use chat_template::{ChatTemplate, FunctionCall, Message, MessageToolCall, RenderOptions};
+pub use chat_template::{
+    ChatTemplate, FunctionCall, LateSystem, Message, MessageToolCall, RenderOptions, RenderedChat,
+};
 pub use detokenizer::Detokenizer;
 pub use error::{Error, Result};
 pub use family::Family;

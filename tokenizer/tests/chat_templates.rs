@@ -1,11 +1,13 @@
 //! Rendered prompts of real chat templates, as insta snapshots, plus the conversation shapes
-//! coding agents send (developer role, mid-conversation system turns) and a compile-and-render
-//! sweep over llama.cpp's collection of real templates.
+//! coding agents send (developer role, mid-conversation system turns) and compile-and-render
+//! sweeps over llama.cpp's collection of real templates.
 
 mod support;
 
 use serde_json::json;
-use tokenizer::{ChatTemplate, Family, Message, MessageToolCall, RenderOptions, Tokenizer};
+use tokenizer::{
+    ChatTemplate, Family, LateSystem, Message, MessageToolCall, RenderOptions, Tokenizer,
+};
 
 /// 2024-07-26, so templates that print today's date are reproducible.
 const PINNED_NOW: i64 = 1_722_000_309;
@@ -289,4 +291,69 @@ fn real_template_collection_renders() {
         "templates that fail:\n{}",
         failures.join("\n")
     );
+}
+
+/// A system message mid-conversation (Claude Code's `mid-conversation-system` beta) reaches
+/// the prompt with every real template: in place where the template takes it, folded into a
+/// user turn where it raises or leaves it out. Both kinds occur in the collection.
+#[test]
+fn real_templates_keep_a_mid_conversation_system_message() {
+    let Some(models) = support::llama_cpp_vocabs() else {
+        return;
+    };
+    let mut entries: Vec<_> = std::fs::read_dir(models.join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    entries.sort();
+    let late = "Context left: 1000 tokens.";
+    let messages = vec![
+        Message::new("system", "Be brief."),
+        Message::new("user", "Hi"),
+        Message::new("assistant", "Hello!"),
+        Message::new("system", late),
+        Message::new("user", "Weather?"),
+    ];
+    let mut opts = options(true, None);
+    opts.extra.insert("functions".into(), json!(""));
+    opts.extra.insert("datetime".into(), json!("2024-07-26"));
+    let mut kinds: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut lost = Vec::new();
+    for path in &entries {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let source = std::fs::read_to_string(path).unwrap();
+        let template = ChatTemplate::new(source, "<s>", "</s>").unwrap();
+        let rendered = template.render_reporting(&messages, None, &opts).unwrap();
+        let kind = rendered
+            .late_system
+            .expect("the conversation has a late system message");
+        if !rendered.text.contains(late) || kind == LateSystem::Dropped {
+            lost.push(name.clone());
+        }
+        kinds.entry(format!("{kind:?}")).or_default().push(name);
+    }
+    for (kind, names) in &kinds {
+        println!("{kind}: {}", names.len());
+    }
+    assert!(lost.is_empty(), "templates that lose it: {lost:?}");
+    assert!(kinds.contains_key("InPlace"), "{kinds:?}");
+    assert!(
+        kinds.contains_key("FoldedRefused") || kinds.contains_key("FoldedDropped"),
+        "{kinds:?}"
+    );
+    // Named witnesses of each kind: Qwen 2.5's ChatML takes it; Mistral's alternation check
+    // and Gemma 2's missing system role refuse it.
+    let kind_of = |file: &str| {
+        kinds
+            .iter()
+            .find(|(_, names)| names.iter().any(|n| n == file))
+            .map(|(kind, _)| kind.as_str())
+    };
+    assert_eq!(kind_of("Qwen-Qwen2.5-7B-Instruct.jinja"), Some("InPlace"));
+    assert_eq!(
+        kind_of("mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+        Some("FoldedRefused")
+    );
+    assert_eq!(kind_of("google-gemma-2-2b-it.jinja"), Some("FoldedRefused"));
 }

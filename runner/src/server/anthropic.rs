@@ -6,6 +6,16 @@
 //! (named by the call it answers), `thinking` the turn's reasoning. Messages render in the
 //! order sent, so a system reminder an agent inserts after every tool result stays where it
 //! was and the prompt's prefix is the previous turn's (the prefix cache hits).
+//!
+//! A `system` message inside `messages` (Claude Code's `mid-conversation-system` beta) is a
+//! system turn at its place when the model's template renders it there; where the template
+//! raises on it or leaves it out, it is folded into the user turn beside it
+//! ([`tokenizer::LateSystem`]; the log says which).
+//!
+//! What Claude's API does on Anthropic's side and a local server cannot (server tools such as
+//! web search, the MCP connector) is accepted and left undone with a warning (the
+//! `x-mlxkit-warning` header and the log, see [`crate::server::warnings`]), never refused: an
+//! agent sends these by default.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -26,10 +36,20 @@ use crate::server::prompt::{self, Attachments};
 use crate::server::request::{self, GenerationRequest, PromptSource};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
+use crate::server::warnings::Warnings;
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
 
-/// `/v1/messages`' body. Fields the API has and a local server ignores (`metadata`,
-/// `service_tier`, `container`) are accepted and ignored.
+/// `/v1/messages`' body. Beside the fields read here, the API's others are accepted:
+///
+/// - `cache_control` on any block, the system prompt or a tool: nothing to do, the prefix
+///   cache reuses whatever prefix a prompt shares with an earlier one.
+/// - `metadata`, `service_tier`, `container`, `inference_geo`, and the `anthropic-beta` and
+///   `anthropic-version` headers: they steer Anthropic's service, not a local model; ignored.
+/// - `output_config.effort` and `output_config.task_budget`: advisory spending levels a local
+///   model has no switch for (`thinking` is its reasoning switch); ignored.
+/// - `context_management`: server-side editing of old tool results and thinking is not done,
+///   the conversation renders as sent; the reply's `context_management.applied_edits` is empty.
+/// - `mcp_servers` (the MCP connector) and server tools: dropped with a warning.
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
     model: String,
@@ -54,6 +74,17 @@ pub struct MessagesRequest {
     tool_choice: Option<Value>,
     #[serde(default)]
     thinking: Option<Value>,
+    /// `effort`, `task_budget` (ignored, see above) and `format`, a JSON schema the answer
+    /// follows.
+    #[serde(default)]
+    output_config: Option<Value>,
+    /// The structured-outputs beta's spelling of `output_config.format`.
+    #[serde(default)]
+    output_format: Option<Value>,
+    #[serde(default)]
+    context_management: Option<Value>,
+    #[serde(default)]
+    mcp_servers: Option<Value>,
 }
 
 /// `/v1/messages/count_tokens`' body.
@@ -82,6 +113,8 @@ struct Conversation {
     /// Tools in the OpenAI function shape the templates and the grammar take.
     tools: Vec<Value>,
     attachments: Attachments,
+    /// What of the request is left undone.
+    warnings: Warnings,
 }
 
 /// A failure on Anthropic's endpoints (`/v1/messages`, token counting), answered in Anthropic's
@@ -113,21 +146,29 @@ fn conversation(
 ) -> Result<Conversation, ApiError> {
     let mut messages = Vec::with_capacity(input.len() + 1);
     let mut attachments = Attachments::default();
+    let mut warnings = Warnings::default();
     if let Some(system) = system {
-        let text = system_text(system)?;
+        let text = system_text(system, "`system`")?;
         if !text.is_empty() {
             messages.push(Message::new("system", text));
         }
     }
     // Tool results name the call they answer by id; templates want the tool's name.
     let mut call_names: HashMap<String, String> = HashMap::new();
+    let mut server_blocks = Vec::new();
     for (i, message) in input.iter().enumerate() {
         match message.role.as_str() {
             "user" | "assistant" => {}
+            // A system turn where it stands; the template places it (see the module docs).
+            "system" => {
+                let text = system_text(&message.content, &format!("messages[{i}]"))?;
+                messages.push(Message::new("system", text));
+                continue;
+            }
             other => {
                 return Err(bad(format!(
-                    "messages[{i}].role is {other:?}: expected \"user\" or \"assistant\" \
-                     (the system prompt is the top-level `system`)"
+                    "messages[{i}].role is {other:?}: expected \"user\", \"assistant\" or \
+                     \"system\""
                 )));
             }
         }
@@ -165,6 +206,12 @@ fn conversation(
                 }
                 // Encrypted reasoning from Anthropic's own models: nothing a local model reads.
                 "redacted_thinking" => {}
+                "document" => turn.content.push_str(&document_text(block, &at)?),
+                // A server tool's call or result, in a history carried over from Claude's API:
+                // no local tool made it and none can continue it.
+                kind if server_tool_block(kind) => {
+                    server_blocks.push(format!("{kind} ({})", at()));
+                }
                 "tool_use" if message.role == "assistant" => {
                     let name = block
                         .get("name")
@@ -197,17 +244,78 @@ fn conversation(
         }
         flush(&mut messages, &mut turn);
     }
-    let tools = tools
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| function_tool(i, tool))
-        .collect::<Result<_, _>>()?;
+    if !server_blocks.is_empty() {
+        warnings.push(format!(
+            "blocks of Anthropic's server tools, which no local tool continues, are left out: \
+             {}",
+            server_blocks.join(", ")
+        ));
+    }
+    let mut offered = Vec::new();
+    let mut built_in = Vec::new();
+    for (i, tool) in tools.unwrap_or_default().iter().enumerate() {
+        match function_tool(i, tool)? {
+            Ok(tool) => offered.push(tool),
+            Err(kind) => built_in.push(kind),
+        }
+    }
+    if !built_in.is_empty() {
+        warnings.push(format!(
+            "Anthropic's built-in tools, which a local model cannot run, are left out: {}",
+            built_in.join(", ")
+        ));
+    }
     Ok(Conversation {
         messages,
-        tools,
+        tools: offered,
         attachments,
+        warnings,
     })
+}
+
+/// Whether a content block is a server tool's call or result (`server_tool_use`,
+/// `web_search_tool_result`, `mcp_tool_use`, …), which only Anthropic's servers make.
+fn server_tool_block(kind: &str) -> bool {
+    matches!(
+        kind,
+        "server_tool_use" | "mcp_tool_use" | "mcp_tool_result" | "container_upload"
+    ) || (kind.ends_with("_tool_result") && kind != "tool_result")
+}
+
+/// A document block's text: a plain-text source, or a `content` source of text blocks. PDFs,
+/// URLs and file ids are not read.
+fn document_text(block: &Value, at: &dyn Fn() -> String) -> Result<String, ApiError> {
+    let source = block.get("source").unwrap_or(&Value::Null);
+    let text = match source.get("type").and_then(Value::as_str) {
+        Some("text") => source
+            .get("data")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        Some("content") => match source.get("content") {
+            Some(content) => system_text(content, &format!("{}.source", at()))?,
+            None => String::new(),
+        },
+        kind => {
+            return Err(bad(format!(
+                "{}: documents of source type {} are not read here; send plain text",
+                at(),
+                type_name(kind)
+            )));
+        }
+    };
+    Ok(match block.get("title").and_then(Value::as_str) {
+        Some(title) if !title.is_empty() => format!("{title}\n\n{text}"),
+        _ => text,
+    })
+}
+
+/// A `type` field as a message names it: quoted, or "(none)" when missing.
+fn type_name(kind: Option<&str>) -> String {
+    match kind {
+        Some(kind) => format!("{kind:?}"),
+        None => "(none)".to_string(),
+    }
 }
 
 /// Ends the turn built so far, if it holds anything.
@@ -221,8 +329,8 @@ fn flush(messages: &mut Vec<Message>, turn: &mut Message) {
     }
 }
 
-/// `system`: a string or a list of text blocks.
-fn system_text(system: &Value) -> Result<String, ApiError> {
+/// System text (`what` names where it came from): a string or a list of text blocks.
+fn system_text(system: &Value, what: &str) -> Result<String, ApiError> {
     match system {
         Value::Null => Ok(String::new()),
         Value::String(text) => Ok(text.clone()),
@@ -233,12 +341,12 @@ fn system_text(system: &Value) -> Result<String, ApiError> {
                     .get("text")
                     .and_then(Value::as_str)
                     .map(str::to_string)
-                    .ok_or_else(|| bad("`system` blocks must be text blocks"))
+                    .ok_or_else(|| bad(format!("{what}: system blocks must be text blocks")))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(|parts| parts.join("\n\n")),
-        other => Err(bad(format!(
-            "`system` must be a string or a list of text blocks, got {other}"
+        _ => Err(bad(format!(
+            "{what} must be a string or a list of text blocks"
         ))),
     }
 }
@@ -278,19 +386,21 @@ fn tool_result_text(
                         text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
                     }
                     Some("image") => text.push_str(&attachments.add_image(image_block(part, at)?)),
+                    Some("document") => text.push_str(&document_text(part, at)?),
                     other => {
                         return Err(bad(format!(
-                            "{}: tool result part type {other:?} is not supported",
-                            at()
+                            "{}: tool result part type {} is not supported",
+                            at(),
+                            type_name(other)
                         )));
                     }
                 }
             }
             text
         }
-        Some(other) => {
+        Some(_) => {
             return Err(bad(format!(
-                "{}: tool result content must be a string or text blocks, got {other}",
+                "{}: tool result content must be a string or a list of blocks",
                 at()
             )));
         }
@@ -301,8 +411,13 @@ fn tool_result_text(
     Ok(text)
 }
 
-/// An Anthropic tool (`name`, `description`, `input_schema`) in the function shape.
-fn function_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
+/// An Anthropic tool (`name`, `description`, `input_schema`) in the function shape; or, for
+/// Anthropic's own tools (`web_search_20250305`, `bash_20250124`, `text_editor_…`,
+/// `code_execution_…`), the tool named with its type and place, to be left out: their schemas
+/// live inside Claude or Anthropic's servers run them, so a local model can neither know nor
+/// call them. They are left out with a warning rather than refused, as agents offer them by
+/// default and work without them.
+fn function_tool(i: usize, tool: &Value) -> Result<Result<Value, String>, ApiError> {
     let name = tool
         .get("name")
         .and_then(Value::as_str)
@@ -310,15 +425,38 @@ fn function_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
     if let Some(kind) = tool.get("type").and_then(Value::as_str)
         && kind != "custom"
     {
-        return Err(bad(format!(
-            "tools[{i}] is Anthropic's server tool {kind:?}, which a local server does not run"
-        )));
+        return Ok(Err(format!("{name} ({kind}, tools[{i}])")));
     }
-    Ok(structured::function_tool(
+    Ok(Ok(structured::function_tool(
         name,
         tool.get("input_schema"),
         tool.get("description"),
-    ))
+    )))
+}
+
+/// `output_config.format` (or the beta's `output_format`): `{"type": "json_schema", "schema"}`
+/// makes the answer follow the schema.
+fn output_format(req: &MessagesRequest) -> Result<Option<grammar::GrammarSpec>, ApiError> {
+    let format = req
+        .output_config
+        .as_ref()
+        .and_then(|config| config.get("format"))
+        .or(req.output_format.as_ref())
+        .filter(|format| !format.is_null());
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {
+            let schema = format.get("schema").cloned().unwrap_or_else(|| json!({}));
+            let response_format = json!({"type": "json_schema", "json_schema": {"schema": schema}});
+            Ok(structured::openai_response_format(Some(&response_format))?)
+        }
+        other => Err(bad(format!(
+            "`output_config.format.type` must be \"json_schema\", got {}",
+            type_name(other)
+        ))),
+    }
 }
 
 /// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none"}`, with `name` for `tool` and
@@ -399,7 +537,18 @@ pub async fn messages(
     let options = options(&req, &defaults)?;
     let think = thinking(req.thinking.as_ref())?;
     let (choice, parallel) = tool_choice(req.tool_choice.as_ref())?;
-    let conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
+    let format = output_format(&req)?;
+    let mut conversation = conversation(req.system.as_ref(), &req.messages, req.tools.as_deref())?;
+    if req
+        .mcp_servers
+        .as_ref()
+        .is_some_and(|servers| servers.as_array().is_none_or(|servers| !servers.is_empty()))
+    {
+        conversation.warnings.push(
+            "`mcp_servers`: the MCP connector runs on Anthropic's servers, not here; \
+             its tools are not offered",
+        );
+    }
     conversation
         .attachments
         .require_supported(&state.store, &name)?;
@@ -423,7 +572,7 @@ pub async fn messages(
         },
         media: conversation.attachments.media,
         requested: Requested {
-            format: None,
+            format,
             tools,
             choice,
             parallel_calls: parallel,
@@ -434,11 +583,19 @@ pub async fn messages(
         load,
     };
     let started = request::start(lease, request).await?;
-    let message = MessageShape::new(name.to_string(), started.prompt_tokens);
-    if req.stream {
-        return Ok(sse(started.outputs, message));
-    }
-    Ok(collect(started.outputs, message).await?)
+    let mut message = MessageShape::new(name.to_string(), started.prompt_tokens);
+    // No edits are made here: the conversation renders as the client sent it.
+    message.context_management = req
+        .context_management
+        .as_ref()
+        .map(|_| json!({"applied_edits": []}));
+    let mut response = if req.stream {
+        sse(started.outputs, message)
+    } else {
+        collect(started.outputs, message).await?
+    };
+    conversation.warnings.attach(&mut response);
+    Ok(response)
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length as this model's template renders
@@ -456,7 +613,9 @@ pub async fn count_tokens(
         think,
     };
     let rendered = request::render(&lease.info, source, &conversation.tools, Vec::new()).await?;
-    Ok(Json(json!({ "input_tokens": rendered.tokens.len() })).into_response())
+    let mut response = Json(json!({ "input_tokens": rendered.tokens.len() })).into_response();
+    conversation.warnings.attach(&mut response);
+    Ok(response)
 }
 
 /// What Anthropic's API calls a stop reason.
@@ -526,7 +685,7 @@ async fn collect(mut outputs: Receiver<Output>, shape: MessageShape) -> Result<R
         }
     }
     let summary = summary.ok_or_else(|| ApiError::internal("generation ended without a result"))?;
-    Ok(Json(json!({
+    let mut message = json!({
         "id": shape.id,
         "type": "message",
         "role": "assistant",
@@ -535,8 +694,11 @@ async fn collect(mut outputs: Receiver<Output>, shape: MessageShape) -> Result<R
         "stop_reason": stop_reason(&summary, tool_calls),
         "stop_sequence": summary.stop_sequence,
         "usage": usage(&summary),
-    }))
-    .into_response())
+    });
+    if let Some(context_management) = shape.context_management {
+        message["context_management"] = context_management;
+    }
+    Ok(Json(message).into_response())
 }
 
 /// The kind of content block open in a stream.
@@ -558,6 +720,8 @@ struct MessageShape {
     /// Blocks started so far.
     blocks: usize,
     tool_calls: bool,
+    /// What the reply says of context editing, when the request asked for it.
+    context_management: Option<Value>,
 }
 
 impl MessageShape {
@@ -569,6 +733,7 @@ impl MessageShape {
             open: None,
             blocks: 0,
             tool_calls: false,
+            context_management: None,
         }
     }
 
@@ -653,14 +818,18 @@ impl SseShape for MessageShape {
             Output::Done(summary) => {
                 let mut events = Vec::new();
                 self.close(&mut events);
-                events.push(json!({
+                let mut delta = json!({
                     "type": "message_delta",
                     "delta": {
                         "stop_reason": stop_reason(summary, self.tool_calls),
                         "stop_sequence": summary.stop_sequence,
                     },
                     "usage": usage(summary),
-                }));
+                });
+                if let Some(context_management) = &self.context_management {
+                    delta["context_management"] = context_management.clone();
+                }
+                events.push(delta);
                 events.push(json!({"type": "message_stop"}));
                 events
             }

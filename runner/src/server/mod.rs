@@ -5,7 +5,8 @@
 //!   `n` choices streamed as one.
 //! - `embeddings`: `/api/embed`, `/api/embeddings`, `/v1/embeddings`.
 //! - `anthropic`: `/v1/messages`, `/v1/messages/count_tokens`.
-//! - `responses`: `/v1/responses`, with the store `previous_response_id` reads.
+//! - `responses`: `/v1/responses`, with the store `previous_response_id` reads;
+//!   `responses_tools`: its tools (namespaces, custom and built-in tools) as a model takes them.
 //! - `transcriptions`: `/v1/audio/transcriptions`, speech to text with a Whisper checkpoint.
 //! - `chat`: rendering, constraining and starting a conversation, for every chat-shaped API.
 //! - `generation`: the token stream → text pipeline every endpoint shares.
@@ -26,6 +27,8 @@
 //!   Content-Type rules that keep web pages from driving the server (`hosts`, `origins`);
 //!   `cors`: which pages may read answers; `api_key`: the optional key.
 //! - `stopping`: the process-wide stop that ends generations still running after the drain.
+//! - `warnings`: what a request asked that is not done here (hosted tools), logged and
+//!   reported in the response instead of refused.
 //! - `error`: errors before a stream starts (JSON with a status); after it starts, errors are
 //!   sent inside the stream; `server_paths`: the server's own paths hidden from both.
 
@@ -59,11 +62,13 @@ pub mod request;
 pub mod request_error;
 pub mod request_log;
 pub mod responses;
+pub mod responses_tools;
 pub mod server_paths;
 pub mod sse;
 pub mod stopping;
 pub mod structured;
 pub mod transcriptions;
+pub mod warnings;
 
 use std::sync::Arc;
 use std::time::SystemTime;

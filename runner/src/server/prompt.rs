@@ -289,10 +289,15 @@ pub fn render_chat(
         enable_thinking: think,
         ..RenderOptions::default()
     };
-    let text = info
+    let rendered = info
         .template
-        .render(&messages, tools.filter(|t| !t.is_empty()), &options)
+        .render_reporting(&messages, tools.filter(|t| !t.is_empty()), &options)
         .map_err(|e| RequestError::invalid(format!("rendering the chat template: {e}")))?;
+    // Where a mid-conversation system message went depends on the template: say which.
+    if let Some(placement) = rendered.late_system {
+        tracing::info!(model = %info.name, "mid-conversation system messages {placement}");
+    }
+    let text = rendered.text;
     // The template writes the special tokens itself (BOS included) as text.
     let (tokens, prompt_images, clips) = tokenize_with_images(info, &text, images, false)?;
     let parser = info.family.map(|family| {

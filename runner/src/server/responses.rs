@@ -6,6 +6,13 @@
 //! stream's events and the final response are made by one [`ResponseBuilder`]. A response is
 //! kept (unless `store: false`) in a bounded in-memory store so that `previous_response_id`
 //! can continue its conversation.
+//!
+//! Tools are read by [`crate::server::responses_tools`]: namespaces flattened, custom tools
+//! offered as one-string functions, OpenAI's built-in tools left out with a warning in the
+//! response's `metadata` (key [`WARNING_KEY`]), the `x-mlxkit-warning` header and the log.
+//!
+//! The response object carries every field the Open Responses schema requires
+//! (<https://www.openresponses.org>), the sampling numbers being the ones used.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -15,7 +22,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokenizer::{Message, MessageToolCall};
 
 use crate::engine::DoneReason;
@@ -25,8 +32,10 @@ use crate::server::openai::OpenAiError;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
 use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::responses_tools::{ToolKind, Tools};
 use crate::server::sse::{SseShape, sse};
 use crate::server::structured::{self, Requested, ToolChoice};
+use crate::server::warnings::Warnings;
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
 
 /// How many responses `previous_response_id` can reach back to; the oldest go first.
@@ -86,7 +95,23 @@ impl ResponseStore {
     }
 }
 
-/// `/v1/responses`' body.
+/// The `metadata` key under which a response lists what of its request was left undone.
+pub const WARNING_KEY: &str = "mlxkit_warning";
+
+/// `/v1/responses`' body. Beside the fields read here:
+///
+/// - `include` (`reasoning.encrypted_content`, …): reasoning comes back as summary text, which
+///   is all a follow-up needs here; there is nothing encrypted to include. Accepted.
+/// - `client_metadata`, `stream_options`, `prompt_cache_retention`: accepted and ignored;
+///   `prompt_cache_key`, `safety_identifier`, `user`: echoed. The prefix cache reuses any
+///   shared prefix whatever the key.
+/// - `text.verbosity`: echoed; a local model has no verbosity switch.
+/// - `service_tier`: the response says `"default"`, the only tier there is.
+/// - `truncation`: echoed; the input is never truncated, an input longer than the context is
+///   refused either way.
+/// - `max_tool_calls`: 0 offers no tools, 1 allows no parallel calls; echoed.
+/// - `top_logprobs`: echoed; output text carries no logprobs on this API (`logprobs: []`).
+/// - `background: true` is refused: there is no queue to poll.
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
     model: String,
@@ -118,6 +143,24 @@ pub struct ResponsesRequest {
     store: Option<bool>,
     #[serde(default)]
     metadata: Option<Value>,
+    #[serde(default)]
+    presence_penalty: Option<Value>,
+    #[serde(default)]
+    frequency_penalty: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<Value>,
+    #[serde(default)]
+    max_tool_calls: Option<Value>,
+    #[serde(default)]
+    truncation: Option<String>,
+    #[serde(default)]
+    background: Option<bool>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    safety_identifier: Option<String>,
+    #[serde(default)]
+    prompt_cache_key: Option<String>,
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -161,24 +204,90 @@ fn content_text(
                     }
                     other => {
                         return Err(bad(format!(
-                            "{at}: content part type {other:?} is not supported"
+                            "{at}: content part type {} is not supported",
+                            type_name(other)
                         )));
                     }
                 }
             }
             Ok(text)
         }
-        other => Err(bad(format!(
-            "{at}: content must be a string or a list of parts, got {other}"
+        _ => Err(bad(format!(
+            "{at}: content must be a string or a list of parts"
         ))),
     }
 }
 
-/// Appends the request's input items to `messages`.
+/// A `type` field as a message names it: quoted, or "(none)" when missing.
+fn type_name(kind: Option<&str>) -> String {
+    match kind {
+        Some(kind) => format!("{kind:?}"),
+        None => "(none)".to_string(),
+    }
+}
+
+/// Input items only OpenAI's built-in tools make (their calls and outputs) or only OpenAI
+/// keeps (references to stored items, compactions): a conversation carried over from OpenAI
+/// may hold them, and no local tool can continue them.
+fn hosted_item(kind: &str) -> bool {
+    matches!(
+        kind,
+        "web_search_call"
+            | "file_search_call"
+            | "computer_call"
+            | "computer_call_output"
+            | "code_interpreter_call"
+            | "image_generation_call"
+            | "local_shell_call"
+            | "local_shell_call_output"
+            | "shell_call"
+            | "shell_call_output"
+            | "apply_patch_call"
+            | "apply_patch_call_output"
+            | "mcp_call"
+            | "mcp_list_tools"
+            | "mcp_approval_request"
+            | "mcp_approval_response"
+            | "tool_search_call"
+            | "tool_search_output"
+            | "item_reference"
+            | "compaction"
+    )
+}
+
+/// A tool call's arguments: JSON text (a function's), parsed when it parses.
+fn call_arguments(item: &Value) -> Value {
+    match item.get("arguments") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+        Some(other) => other.clone(),
+        None => json!({}),
+    }
+}
+
+/// Adds a call to the assistant turn at the end of `messages`, or starts one: consecutive
+/// calls belong to one turn.
+fn push_call(messages: &mut Vec<Message>, reasoning: &mut Option<String>, call: MessageToolCall) {
+    match messages.last_mut() {
+        Some(last) if last.role == "assistant" && !last.tool_calls.is_empty() => {
+            last.tool_calls.push(call);
+        }
+        _ => {
+            let mut turn = Message::new("assistant", "");
+            turn.reasoning_content = reasoning.take();
+            turn.tool_calls.push(call);
+            messages.push(turn);
+        }
+    }
+}
+
+/// Appends the request's input items to `messages`; calls name their tools as `tools` offers
+/// them to the model.
 fn read_input(
     input: &Value,
     messages: &mut Vec<Message>,
     attachments: &mut Attachments,
+    tools: &Tools,
+    warnings: &mut Warnings,
 ) -> Result<(), ApiError> {
     let items = match input {
         Value::Null => return Ok(()),
@@ -187,11 +296,7 @@ fn read_input(
             return Ok(());
         }
         Value::Array(items) => items,
-        other => {
-            return Err(bad(format!(
-                "`input` must be a string or a list of items, got {other}"
-            )));
-        }
+        _ => return Err(bad("`input` must be a string or a list of items")),
     };
     // Tool outputs name their call by id; templates want the function's name.
     let mut call_names: HashMap<String, String> = messages
@@ -199,6 +304,7 @@ fn read_input(
         .filter_map(|m| m.tool_call_id.clone().zip(m.name.clone()))
         .collect();
     let mut reasoning: Option<String> = None;
+    let mut hosted = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         let kind = item
@@ -218,35 +324,29 @@ fn read_input(
                 }
                 messages.push(message);
             }
-            "function_call" => {
+            "function_call" | "custom_tool_call" => {
                 let name = item
                     .get("name")
                     .and_then(Value::as_str)
-                    .ok_or_else(|| bad(format!("{at} is a function_call without `name`")))?;
-                let arguments = match item.get("arguments") {
-                    Some(Value::String(s)) => {
-                        serde_json::from_str(s).unwrap_or(Value::String(s.clone()))
-                    }
-                    Some(other) => other.clone(),
-                    None => json!({}),
+                    .ok_or_else(|| bad(format!("{at} is a {kind} without `name`")))?;
+                let namespace = item.get("namespace").and_then(Value::as_str);
+                let name = tools.model_name(namespace, name);
+                // A custom tool's call is its one string, as the model was offered it.
+                let arguments = match kind {
+                    "custom_tool_call" => json!({"input": item.get("input").unwrap_or(&json!(""))}),
+                    _ => call_arguments(item),
                 };
                 if let Some(id) = item.get("call_id").and_then(Value::as_str) {
-                    call_names.insert(id.to_string(), name.to_string());
+                    call_names.insert(id.to_string(), name.clone());
                 }
-                // Consecutive calls belong to one assistant turn.
-                match messages.last_mut() {
-                    Some(last) if last.role == "assistant" && !last.tool_calls.is_empty() => {
-                        last.tool_calls.push(MessageToolCall::new(name, arguments));
-                    }
-                    _ => {
-                        let mut turn = Message::new("assistant", "");
-                        turn.reasoning_content = reasoning.take();
-                        turn.tool_calls.push(MessageToolCall::new(name, arguments));
-                        messages.push(turn);
-                    }
-                }
+                push_call(
+                    messages,
+                    &mut reasoning,
+                    MessageToolCall::new(name, arguments),
+                );
             }
-            "function_call_output" => {
+            kind if hosted_item(kind) => hosted.push(format!("{kind} ({at})")),
+            "function_call_output" | "custom_tool_call_output" => {
                 let id = item.get("call_id").and_then(Value::as_str);
                 let output = match item.get("output") {
                     Some(Value::String(s)) => s.clone(),
@@ -271,34 +371,14 @@ fn read_input(
             other => return Err(bad(format!("{at}: item type {other:?} is not supported"))),
         }
     }
+    if !hosted.is_empty() {
+        warnings.push(format!(
+            "items of OpenAI's built-in tools and store, which no local tool continues, are \
+             left out: {}",
+            hosted.join(", ")
+        ));
+    }
     Ok(())
-}
-
-/// Responses' tools (`{"type": "function", "name", "parameters"}`) in the chat shape.
-fn function_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            match tool.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                other => {
-                    return Err(bad(format!(
-                        "tools[{i}] of type {other:?}: only function tools run on a local server"
-                    )));
-                }
-            }
-            let name = tool
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(format!("tools[{i}] needs a `name`")))?;
-            Ok(structured::function_tool(
-                name,
-                tool.get("parameters"),
-                tool.get("description"),
-            ))
-        })
-        .collect()
 }
 
 /// `tool_choice`: `"auto"`, `"none"`, `"required"` or `{"type": "function", "name": …}`.
@@ -334,15 +414,28 @@ pub async fn create(
 ) -> Result<Response, OpenAiError> {
     let started = Instant::now();
     let (name, defaults) = stored_model(&state, &req.model)?;
+    if req.background == Some(true) {
+        return Err(bad(
+            "`background: true` is not supported: responses run in the foreground here \
+             (nothing to poll); send `background: false` or leave it out",
+        )
+        .into());
+    }
     let options = GenerationOptions::layered(
         &defaults,
         &[
             ("num_predict", req.max_output_tokens.as_ref()),
             ("temperature", req.temperature.as_ref()),
             ("top_p", req.top_p.as_ref()),
+            ("presence_penalty", req.presence_penalty.as_ref()),
+            ("frequency_penalty", req.frequency_penalty.as_ref()),
         ],
     )?;
+    let max_tool_calls = whole_number("max_tool_calls", req.max_tool_calls.as_ref())?;
+    let top_logprobs = whole_number("top_logprobs", req.top_logprobs.as_ref())?.unwrap_or(0);
 
+    let mut warnings = Warnings::default();
+    let tools = Tools::read(req.tools.as_deref().unwrap_or_default(), &mut warnings)?;
     let previous = match &req.previous_response_id {
         Some(id) => state.responses.get(id).ok_or_else(|| {
             ApiError::not_found(format!(
@@ -372,23 +465,29 @@ pub async fn create(
         req.input.as_ref().unwrap_or(&Value::Null),
         &mut messages,
         &mut attachments,
+        &tools,
+        &mut warnings,
     )?;
     attachments.require_supported(&state.store, &name)?;
     if messages.iter().all(|m| m.role == "system") {
         return Err(bad("`input` is empty").into());
     }
-    let choice = tool_choice(req.tool_choice.as_ref())?;
-    let tools = match choice {
+    let mut choice = tool_choice(req.tool_choice.as_ref())?;
+    if max_tool_calls == Some(0) {
+        choice = ToolChoice::None;
+    }
+    let functions = match choice {
         ToolChoice::None => Vec::new(),
-        _ => function_tools(req.tools.as_deref().unwrap_or_default())?,
+        _ => tools.functions.clone(),
     };
     let format = format(req.text.as_ref())?;
-    let think = req
+    let effort = req
         .reasoning
         .as_ref()
         .and_then(|r| r.get("effort"))
-        .and_then(Value::as_str)
-        .map(|effort| effort != "none" && effort != "minimal");
+        .and_then(Value::as_str);
+    let think = effort.map(|effort| effort != "none" && effort != "minimal");
+    let parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
 
     let lease = state
         .keeper
@@ -396,6 +495,7 @@ pub async fn create(
         .await?;
     let load = started.elapsed();
     let images = attachments.media;
+    let sampling = options.sampling.clone();
     let request = GenerationRequest {
         source: PromptSource::Chat {
             messages: messages.clone(),
@@ -404,9 +504,9 @@ pub async fn create(
         media: images.clone(),
         requested: Requested {
             format,
-            tools,
+            tools: functions,
             choice,
-            parallel_calls: req.parallel_tool_calls.unwrap_or(true),
+            parallel_calls: parallel_tool_calls && max_tool_calls != Some(1),
         },
         options,
         logprobs: None,
@@ -414,44 +514,94 @@ pub async fn create(
         load,
     };
     let outputs = request::start(lease, request).await?.outputs;
+    let mut metadata = match req.metadata.clone() {
+        Some(Value::Object(metadata)) => metadata,
+        _ => Map::new(),
+    };
+    if !warnings.is_empty() {
+        metadata.insert(WARNING_KEY.into(), json!(warnings.joined()));
+    }
     let echo = Echo {
         model: name.to_string(),
         previous_response_id: req.previous_response_id.clone(),
         instructions: req.instructions.clone(),
-        tools: req.tools.clone().unwrap_or_default(),
+        tools: tools.echo.clone(),
         tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        text: req
-            .text
-            .clone()
-            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
-        reasoning: req.reasoning.clone(),
+        parallel_tool_calls,
+        text: text_echo(req.text.as_ref()),
+        reasoning: json!({
+            "effort": effort,
+            "summary": req.reasoning.as_ref().and_then(|r| r.get("summary")).cloned(),
+        }),
         max_output_tokens: req.max_output_tokens.clone(),
-        temperature: req.temperature.clone(),
-        top_p: req.top_p.clone(),
-        metadata: req.metadata.clone().unwrap_or_else(|| json!({})),
+        max_tool_calls,
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        presence_penalty: sampling.presence_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        top_logprobs,
+        truncation: req.truncation.clone().unwrap_or_else(|| "disabled".into()),
+        user: req.user.clone(),
+        safety_identifier: req.safety_identifier.clone(),
+        prompt_cache_key: req.prompt_cache_key.clone(),
+        metadata: Value::Object(metadata),
         store: req.store.unwrap_or(true),
     };
     let conversation = Stored { messages, images };
-    let mut builder = ResponseBuilder::new(echo, conversation, state.responses.clone());
-    if req.stream {
-        return Ok(sse(outputs, builder));
-    }
-    let mut outputs = outputs;
-    while let Some(output) = outputs.recv().await {
-        if let Output::Error(message) = &output {
-            return Err(ApiError::internal(message.clone()).into());
+    let mut builder = ResponseBuilder::new(echo, tools, conversation, state.responses.clone());
+    let mut response = if req.stream {
+        sse(outputs, builder)
+    } else {
+        let mut outputs = outputs;
+        while let Some(output) = outputs.recv().await {
+            if let Output::Error(message) = &output {
+                return Err(ApiError::internal(message.clone()).into());
+            }
+            builder.chunks(&output);
         }
-        builder.chunks(&output);
-    }
-    builder
-        .finished
-        .take()
-        .map(|response| Json(response).into_response())
-        .ok_or_else(|| ApiError::internal("generation ended without a result").into())
+        builder
+            .finished
+            .take()
+            .map(|response| Json(response).into_response())
+            .ok_or_else(|| ApiError::internal("generation ended without a result"))?
+    };
+    warnings.attach(&mut response);
+    Ok(response)
 }
 
-/// What a response repeats of its request.
+/// `text` as the response reports it: as sent, its `format` plain text unless it says
+/// otherwise.
+fn text_echo(text: Option<&Value>) -> Value {
+    let mut text = match text {
+        Some(Value::Object(text)) => text.clone(),
+        _ => Map::new(),
+    };
+    text.entry("format")
+        .or_insert_with(|| json!({"type": "text"}));
+    Value::Object(text)
+}
+
+/// An optional whole number field (`max_tool_calls`, `top_logprobs`).
+fn whole_number(field: &str, value: Option<&Value>) -> Result<Option<u64>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(format!("`{field}` must be a whole number, got {value}"))),
+    }
+}
+
+/// A sampling setting as the response reports it: the `f32` the sampler uses, written as its
+/// shortest decimal (0.7, not 0.699999988).
+fn reported(value: f32) -> Value {
+    value
+        .to_string()
+        .parse::<f64>()
+        .map_or(Value::Null, |n| json!(n))
+}
+
+/// What a response repeats of its request, and the settings it ran with.
 struct Echo {
     model: String,
     previous_response_id: Option<String>,
@@ -460,10 +610,18 @@ struct Echo {
     tool_choice: Value,
     parallel_tool_calls: bool,
     text: Value,
-    reasoning: Option<Value>,
+    reasoning: Value,
     max_output_tokens: Option<Value>,
-    temperature: Option<Value>,
-    top_p: Option<Value>,
+    max_tool_calls: Option<u64>,
+    temperature: f32,
+    top_p: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    top_logprobs: u64,
+    truncation: String,
+    user: Option<String>,
+    safety_identifier: Option<String>,
+    prompt_cache_key: Option<String>,
     metadata: Value,
     store: bool,
 }
@@ -480,7 +638,11 @@ enum Open {
 struct ResponseBuilder {
     id: String,
     created_at: u64,
+    /// When it finished, once it has.
+    completed_at: Option<u64>,
     echo: Echo,
+    /// The request's tools, to write the model's calls as the client declared them.
+    tools: Tools,
     items: Vec<Value>,
     open: Option<Open>,
     sequence: u64,
@@ -492,14 +654,13 @@ struct ResponseBuilder {
 }
 
 impl ResponseBuilder {
-    fn new(echo: Echo, conversation: Stored, responses: Arc<ResponseStore>) -> Self {
+    fn new(echo: Echo, tools: Tools, conversation: Stored, responses: Arc<ResponseStore>) -> Self {
         Self {
             id: item_id("resp"),
-            created_at: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created_at: unix_now(),
+            completed_at: None,
             echo,
+            tools,
             items: Vec::new(),
             open: None,
             sequence: 0,
@@ -516,24 +677,34 @@ impl ResponseBuilder {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
+            "completed_at": self.completed_at,
             "status": status,
             "error": null,
             "incomplete_details": incomplete.map(|reason| json!({"reason": reason})),
             "instructions": e.instructions,
             "max_output_tokens": e.max_output_tokens,
+            "max_tool_calls": e.max_tool_calls,
             "model": e.model,
             "output": self.items,
             "parallel_tool_calls": e.parallel_tool_calls,
             "previous_response_id": e.previous_response_id,
             "reasoning": e.reasoning,
             "store": e.store,
-            "temperature": e.temperature,
+            "background": false,
+            "service_tier": "default",
+            "temperature": reported(e.temperature),
+            "top_p": reported(e.top_p),
+            "presence_penalty": reported(e.presence_penalty),
+            "frequency_penalty": reported(e.frequency_penalty),
+            "top_logprobs": e.top_logprobs,
             "text": e.text,
             "tool_choice": e.tool_choice,
             "tools": e.tools,
-            "top_p": e.top_p,
-            "truncation": "disabled",
+            "truncation": e.truncation,
             "usage": usage,
+            "user": e.user,
+            "safety_identifier": e.safety_identifier,
+            "prompt_cache_key": e.prompt_cache_key,
             "metadata": e.metadata,
         })
     }
@@ -588,7 +759,7 @@ impl ResponseBuilder {
                 Open::Message => (
                     json!({"type": "message", "id": item_id("msg"),
                            "status": "in_progress", "role": "assistant", "content": []}),
-                    json!({"type": "output_text", "text": "", "annotations": []}),
+                    json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []}),
                 ),
                 Open::Reasoning => (
                     json!({"type": "reasoning", "id": item_id("rs"),
@@ -646,6 +817,7 @@ impl ResponseBuilder {
         });
         super::generation::insert_images_encoded(&mut usage, s);
         let incomplete = (summary.reason == DoneReason::Length).then_some("max_output_tokens");
+        self.completed_at = Some(unix_now());
         let status = if incomplete.is_some() {
             "incomplete"
         } else {
@@ -667,6 +839,76 @@ impl ResponseBuilder {
         events
     }
 
+    /// The name the model called a call item's tool by.
+    fn model_name(&self, item: &Value) -> String {
+        let name = item["name"].as_str().unwrap_or("");
+        self.tools.model_name(item["namespace"].as_str(), name)
+    }
+
+    /// A call the model made, as the output item the client's declaration of the tool asks:
+    /// a `function_call` (with its `namespace` when it came in one) or a `custom_tool_call`.
+    fn call_events(&mut self, call: &tokenizer::ToolCall) -> Vec<Value> {
+        let mut events = Vec::new();
+        self.close(&mut events);
+        let tool = self.tools.client_tool(&call.name);
+        let call_id = item_id("call");
+        let (mut item, field, text, delta_event, done_event) = match tool.kind {
+            ToolKind::Function => {
+                let arguments = serde_json::to_string(&call.arguments).unwrap_or_default();
+                (
+                    json!({"type": "function_call", "id": item_id("fc"), "call_id": call_id,
+                           "name": tool.name, "arguments": arguments, "status": "completed"}),
+                    "arguments",
+                    arguments,
+                    "response.function_call_arguments.delta",
+                    "response.function_call_arguments.done",
+                )
+            }
+            ToolKind::Custom => {
+                // The one string the model was asked for; anything else, as JSON text.
+                let input = match call.arguments.get("input") {
+                    Some(Value::String(input)) => input.clone(),
+                    _ => serde_json::to_string(&call.arguments).unwrap_or_default(),
+                };
+                (
+                    json!({"type": "custom_tool_call", "id": item_id("ctc"), "call_id": call_id,
+                           "name": tool.name, "input": input, "status": "completed"}),
+                    "input",
+                    input,
+                    "response.custom_tool_call_input.delta",
+                    "response.custom_tool_call_input.done",
+                )
+            }
+        };
+        if let Some(namespace) = &tool.namespace {
+            item["namespace"] = json!(namespace);
+        }
+        let index = self.items.len();
+        let mut added = item.clone();
+        added[field] = json!("");
+        added["status"] = json!("in_progress");
+        self.items.push(item.clone());
+        let id = item["id"].clone();
+        events.push(self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        ));
+        events.push(self.event(
+            delta_event,
+            json!({"item_id": id, "output_index": index, "delta": text}),
+        ));
+        let mut done = json!({"item_id": id, "output_index": index, field: text});
+        if tool.kind == ToolKind::Function {
+            done["name"] = json!(tool.name);
+        }
+        events.push(self.event(done_event, done));
+        events.push(self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+        events
+    }
+
     /// This response as the assistant turn a follow-up continues from.
     fn assistant_turn(&self) -> Message {
         let mut turn = Message::new("assistant", "");
@@ -683,7 +925,12 @@ impl ResponseBuilder {
                         .as_str()
                         .and_then(|a| serde_json::from_str(a).ok())
                         .unwrap_or_else(|| json!({}));
-                    let name = item["name"].as_str().unwrap_or("");
+                    let name = self.model_name(item);
+                    turn.tool_calls.push(MessageToolCall::new(name, arguments));
+                }
+                Some("custom_tool_call") => {
+                    let arguments = json!({"input": item["input"]});
+                    let name = self.model_name(item);
                     turn.tool_calls.push(MessageToolCall::new(name, arguments));
                 }
                 _ => {}
@@ -706,36 +953,7 @@ impl SseShape for ResponseBuilder {
         match output {
             Output::Content(text, _) => self.text(Open::Message, text),
             Output::Thinking(text) => self.text(Open::Reasoning, text),
-            Output::ToolCall(call) => {
-                let mut events = Vec::new();
-                self.close(&mut events);
-                let arguments = serde_json::to_string(&call.arguments).unwrap_or_default();
-                let call_id = item_id("call");
-                let item = json!({"type": "function_call", "id": item_id("fc"),
-                                  "call_id": call_id, "name": call.name, "arguments": arguments,
-                                  "status": "completed"});
-                let index = self.items.len();
-                let mut added = item.clone();
-                added["arguments"] = json!("");
-                added["status"] = json!("in_progress");
-                self.items.push(item.clone());
-                let id = item["id"].clone();
-                events.push(self.event(
-                    "response.output_item.added",
-                    json!({"output_index": index, "item": added}),
-                ));
-                events.push(self.event(
-                    "response.function_call_arguments.delta",
-                    json!({"item_id": id, "output_index": index, "delta": arguments}),
-                ));
-                events.push(self.event("response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "arguments": arguments, "name": call.name})));
-                events.push(self.event(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": item}),
-                ));
-                events
-            }
+            Output::ToolCall(call) => self.call_events(call),
             Output::Done(summary) => self.finish(summary),
             Output::Error(message) => {
                 let mut response = self.response("failed", None, None);
@@ -752,4 +970,12 @@ impl SseShape for ResponseBuilder {
     fn done_marker(&self) -> Option<&'static str> {
         None
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

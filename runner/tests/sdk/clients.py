@@ -67,7 +67,24 @@ def check_anthropic():
         raise AssertionError("an unknown model was served")
     except anthropic.NotFoundError as e:
         assert e.body["error"]["type"] == "not_found_error", e.body
-    print("anthropic: messages, stream, tool use round trip, count_tokens, errors")
+    # What Claude Code sends: a system message mid-conversation, adaptive thinking, context
+    # management, cache control, a server tool (left out, with a warning header) and beta
+    # headers.
+    raw = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=8, system="You are terse.",
+        thinking={"type": "adaptive"},
+        tools=[{"type": "web_search_20250305", "name": "web_search"},
+               {**WEATHER, "cache_control": {"type": "ephemeral"}}],
+        extra_headers={"anthropic-beta": "mid-conversation-system-2026-04-07"},
+        extra_body={"temperature": 0, "context_management": {"edits": []},
+                    "output_config": {"effort": "low"}},
+        messages=[question, {"role": "system", "content": "Answer in one word."},
+                  {"role": "user", "content": [{"type": "text", "text": "Go.",
+                                                "cache_control": {"type": "ephemeral"}}]}])
+    assert "web_search" in raw.headers["x-mlxkit-warning"], raw.headers
+    agent_reply = raw.parse()
+    assert agent_reply.type == "message", agent_reply
+    print("anthropic: messages, stream, tool use round trip, count_tokens, errors, agent shapes")
 
 
 def check_openai():
@@ -139,10 +156,32 @@ def check_openai():
             "type": "object", "properties": {"name": {"type": "string"}},
             "required": ["name"], "additionalProperties": False}}})
     assert isinstance(json.loads(shaped.output_text)["name"], str), shaped
+    # What Codex sends: a namespace of functions, a custom (freeform) tool and a built-in tool
+    # (left out, said in metadata).
+    codex = client.responses.create(
+        model=MODEL, input="Ask an agent for help.", max_output_tokens=48, temperature=0,
+        tool_choice="required", store=False, include=["reasoning.encrypted_content"],
+        prompt_cache_key="thread-1", reasoning={"effort": "low", "summary": "auto"},
+        tools=[{"type": "namespace", "name": "collaboration", "description": "Agents.",
+                "tools": [{"type": "function", "name": "spawn_agent", "strict": False,
+                           "parameters": {"type": "object", "properties": {"task": {
+                               "type": "string", "enum": ["list files", "read a file"]}},
+                               "required": ["task"], "additionalProperties": False}}]},
+               {"type": "web_search"}])
+    assert "web_search" in codex.metadata["mlxkit_warning"], codex.metadata
+    call = next(o for o in codex.output if o.type == "function_call")
+    namespace = getattr(call, "namespace", None) or (call.model_extra or {}).get("namespace")
+    assert call.name == "spawn_agent" and namespace == "collaboration", call
+    patched = client.responses.create(
+        model=MODEL, input="Create hello.txt.", max_output_tokens=48, temperature=0,
+        tool_choice="required",
+        tools=[{"type": "custom", "name": "apply_patch", "description": "Edit files."}])
+    call = next(o for o in patched.output if o.type == "custom_tool_call")
+    assert call.name == "apply_patch" and isinstance(call.input, str), call
     embedded = client.embeddings.create(model=MODEL, input=["The cat sat.", "Revenue grew."])
     vectors = [d.embedding for d in embedded.data]
     assert len(vectors) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vectors)
-    print("openai: chat, stream, n choices, function calling, responses, embeddings")
+    print("openai: chat, stream, n choices, function calling, responses (agent tools), embeddings")
 
 
 def check_ollama():
