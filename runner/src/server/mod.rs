@@ -14,7 +14,8 @@
 //! - `prompt`: requests → prompt tokens (templates, media checks, context); `images`: a
 //!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
-//! - `options`: request options, validated.
+//! - `options`: request options, validated; `default_model`: the model serving requests that
+//!   name a hosted model (`claude-…`, `gpt-…`) no stored model is called.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
 //!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
@@ -33,6 +34,7 @@ pub mod audio;
 pub mod body_deadline;
 pub mod connections;
 pub mod cors;
+pub mod default_model;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
@@ -85,6 +87,9 @@ pub struct AppState {
     pub responses: Arc<responses::ResponseStore>,
     /// The Whisper model transcriptions last used, its files prepared.
     pub transcription_models: Arc<transcriptions::PreparedModels>,
+    /// What serves requests naming a hosted model that is not stored (see
+    /// [`default_model`]).
+    pub default_model: Option<model_name::ModelName>,
 }
 
 impl AppState {
@@ -95,7 +100,15 @@ impl AppState {
             keeper,
             responses: Arc::default(),
             transcription_models: Arc::default(),
+            default_model: None,
         }
+    }
+
+    /// This state, serving requests that name a hosted model no stored model is called
+    /// with `model`.
+    pub fn with_default_model(mut self, model: Option<model_name::ModelName>) -> AppState {
+        self.default_model = model;
+        self
     }
 }
 
@@ -224,8 +237,9 @@ pub fn item_id(prefix: &str) -> String {
     request_id(prefix).replacen('-', "_", 1)
 }
 
-/// `model`'s name and the default options it was stored with; an unknown model is a 404.
-/// Errors are in Ollama's shape: callers put them in their API's.
+/// `model`'s name and the default options it was stored with; an unknown model is a 404,
+/// unless it looks hosted and the server has a default model ([`default_model`]), which then
+/// serves it. Errors are in Ollama's shape: callers put them in their API's.
 pub fn stored_model(
     state: &AppState,
     model: &str,
@@ -239,7 +253,12 @@ pub fn stored_model(
     if model.is_empty() {
         return Err(ApiError::bad_request("`model` is required"));
     }
-    let name = model_name::ModelName::parse(model)?;
+    let name = default_model::resolve(
+        model_name::ModelName::parse(model)?,
+        model,
+        |name| state.store.get(name).is_ok(),
+        state.default_model.as_ref(),
+    );
     let defaults = state
         .store
         .get(&name)?
