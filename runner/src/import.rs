@@ -130,6 +130,14 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
             quantization_level: quantization,
             context_length: spec.context_length,
             capabilities: crate::capabilities::of_model(template.as_deref(), inputs),
+            model_info: match checkpoint.gguf() {
+                Some(gguf) => crate::model_info::of_gguf(gguf.metadata(), parameters),
+                None => crate::model_info::of_config(
+                    checkpoint.config(),
+                    Some(parameters),
+                    spec.context_length,
+                ),
+            },
         },
     ))
 }
@@ -156,6 +164,11 @@ fn describe_whisper(checkpoint: &quant::Checkpoint) -> Result<(Format, Details),
             quantization_level: quantization_level(checkpoint),
             context_length: decoder.max_target_positions,
             capabilities: crate::capabilities::of_transcriber(),
+            model_info: crate::model_info::of_config(
+                config,
+                Some(parameters),
+                decoder.max_target_positions,
+            ),
         },
     ))
 }

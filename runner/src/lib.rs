@@ -49,6 +49,7 @@
 //!   Modelfile's model written to the store; [`export`]: a stored model written out as a
 //!   transformers / mlx-lm folder.
 //! - [`capabilities`]: what a model can be asked to do (tools, thinking, images, audio);
+//!   [`model_info`]: `show`'s description of a checkpoint in Ollama's GGUF-key shape;
 //!   [`timestamp`]: times as the APIs and the store write them; [`fault`]: crash points for
 //!   the crash-consistency tests.
 
@@ -61,6 +62,7 @@ pub mod export;
 pub mod fault;
 pub mod import;
 pub mod logging;
+pub mod model_info;
 pub mod model_keeper;
 pub mod model_name;
 pub mod model_source;

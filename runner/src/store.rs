@@ -155,6 +155,10 @@ pub struct Details {
     /// before it was recorded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
+    /// `show`'s `model_info`, in Ollama's GGUF-key shape (see [`crate::model_info`]); empty in
+    /// manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_info: BTreeMap<String, serde_json::Value>,
 }
 
 /// Which blobs make up a model, and the settings it was created with.

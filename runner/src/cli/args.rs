@@ -104,6 +104,11 @@ pub(super) struct ServeArgs {
     /// attention), or `auto` (the dtype the model computes in).
     #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
     pub(super) kv_cache: Option<KvCacheArg>,
+    /// Serve requests that name a hosted model no stored model is called (`claude-…`,
+    /// `gpt-…`, as Claude Code and Codex send by default) with this model (pulled first if
+    /// needed).
+    #[arg(long, env = "MLXKIT_DEFAULT_MODEL")]
+    pub(super) default_model: Option<String>,
 }
 
 // `run`: the model, the prompt and how to sample.

@@ -78,7 +78,22 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         }
         config.max_sequences = n;
     }
-    runtime()?.block_on(serve::serve(store, args.host, config, default_draft))
+    let default_model = args
+        .default_model
+        .as_deref()
+        .map(|text| -> Result<ModelName> {
+            let name = ModelName::parse(text).context("--default-model")?;
+            ensure_pulled(&store, &name)?;
+            Ok(name)
+        })
+        .transpose()?;
+    runtime()?.block_on(serve::serve(
+        store,
+        args.host,
+        config,
+        default_draft,
+        default_model,
+    ))
 }
 
 fn run_command(store: Store, args: RunArgs) -> Result<()> {

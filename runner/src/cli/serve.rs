@@ -9,13 +9,15 @@ use crate::engine::LoopConfig;
 use crate::model_name::ModelName;
 use crate::store::Store;
 
-/// Serves every API on `host` over a new engine; the first stop signal drains, a second one
+/// Serves every API on `host` over a new engine, with `default_model` serving requests that
+/// name a hosted model no stored model is called; the first stop signal drains, a second one
 /// ends what still runs.
 pub(super) async fn serve(
     store: Store,
     host: String,
     config: LoopConfig,
     default_draft: Option<ModelName>,
+    default_model: Option<ModelName>,
 ) -> Result<()> {
     use crate::server::{access::Access, limits, listen, stopping};
     let limits = limits::ConnectionLimits::from_env()?;
@@ -26,8 +28,9 @@ pub(super) async fn serve(
             .map_or(host.as_str(), |(name, _)| name),
     );
     let max_output_tokens = crate::server::output_limit::from_env()?;
-    let state =
-        app_state_with(store, config, default_draft)?.with_max_output_tokens(max_output_tokens);
+    let state = app_state_with(store, config, default_draft)?
+        .with_max_output_tokens(max_output_tokens)
+        .with_default_model(default_model);
     let open_files = limits::raise_open_file_limit();
     let listener = listen::bind(&host)
         .await

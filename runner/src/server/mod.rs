@@ -17,7 +17,8 @@
 //!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated; `output_limit`: the server's default output
-//!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`).
+//!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`); `default_model`: the model serving requests that
+//!   name a hosted model (`claude-…`, `gpt-…`) no stored model is called.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request;
 //!   `loosened`: the header reporting where a schema was loosened to compile.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
@@ -40,6 +41,7 @@ pub mod body_deadline;
 pub mod choices;
 pub mod connections;
 pub mod cors;
+pub mod default_model;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
@@ -99,6 +101,9 @@ pub struct AppState {
     /// The most tokens a request generates when neither it nor its model's Modelfile names a
     /// limit (`MLXKIT_MAX_OUTPUT_TOKENS`); `None`: until the context's end.
     pub max_output_tokens: Option<usize>,
+    /// What serves requests naming a hosted model that is not stored (see
+    /// [`default_model`]).
+    pub default_model: Option<model_name::ModelName>,
 }
 
 impl AppState {
@@ -110,7 +115,15 @@ impl AppState {
             responses: Arc::default(),
             transcription_models: Arc::default(),
             max_output_tokens: None,
+            default_model: None,
         }
+    }
+
+    /// This state, serving requests that name a hosted model no stored model is called
+    /// with `model`.
+    pub fn with_default_model(mut self, model: Option<model_name::ModelName>) -> AppState {
+        self.default_model = model;
+        self
     }
 
     /// The same state with `limit` as its default output limit (see [`output_limit`]).
@@ -264,8 +277,9 @@ pub fn item_id(prefix: &str) -> String {
 }
 
 /// `model`'s name and the default options it was stored with (see
-/// [`AppState::model_defaults`]); an unknown model is a 404. Errors are in Ollama's shape:
-/// callers put them in their API's.
+/// [`AppState::model_defaults`]); an unknown model is a 404, unless it looks hosted and the
+/// server has a default model ([`default_model`]), which then serves it. Errors are in
+/// Ollama's shape: callers put them in their API's.
 pub fn stored_model(
     state: &AppState,
     model: &str,
@@ -279,7 +293,12 @@ pub fn stored_model(
     if model.is_empty() {
         return Err(ApiError::bad_request("`model` is required"));
     }
-    let name = model_name::ModelName::parse(model)?;
+    let name = default_model::resolve(
+        model_name::ModelName::parse(model)?,
+        model,
+        |name| state.store.get(name).is_ok(),
+        state.default_model.as_ref(),
+    );
     let defaults = state.model_defaults(&name)?;
     Ok((name, defaults))
 }

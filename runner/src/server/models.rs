@@ -125,15 +125,7 @@ pub async fn show(
                 .and_then(|(info, _)| info.tokenizer.chat_template().map(str::to_string))
         })
         .unwrap_or_default();
-    let model_info = loaded
-        .as_ref()
-        .map(|(info, _)| info.config.clone())
-        .unwrap_or_else(|| {
-            json!({
-                "general.architecture": m.details.family,
-                "context_length": m.details.context_length,
-            })
-        });
+    let model_info = model_info(m, loaded.as_ref().map(|(info, _)| &info.config));
     // An overridden template decides; else what was recorded at import; else the loaded
     // tokenizer's template (manifests written before capabilities were recorded). Images and
     // audio come from the checkpoint, as recorded at import.
@@ -155,6 +147,29 @@ pub async fn show(
         "capabilities": capabilities,
         "modified_at": rfc3339(entry.modified),
     })))
+}
+
+/// `show`'s `model_info`: what was recorded at import; for a manifest written before it was,
+/// the loaded model's config mapped the same way, else the architecture and context length.
+fn model_info(manifest: &Manifest, loaded_config: Option<&Value>) -> Value {
+    let details = &manifest.details;
+    let info = if !details.model_info.is_empty() {
+        details.model_info.clone()
+    } else if let Some(config) = loaded_config {
+        crate::model_info::of_config(config, None, details.context_length)
+    } else {
+        let arch = crate::model_info::gguf_architecture(&details.family);
+        [
+            ("general.architecture".to_string(), json!(arch)),
+            (
+                format!("{arch}.context_length"),
+                json!(details.context_length),
+            ),
+        ]
+        .into_iter()
+        .collect()
+    };
+    Value::Object(info.into_iter().collect())
 }
 
 fn plain(v: &Value) -> String {
