@@ -49,6 +49,7 @@ fn parse_every_split(config: &ParserConfig, text: &str) -> Vec<ParserEvent> {
         ToolCallFormat::Hermes => vec!["<tool_call>", "</tool_call>"],
         ToolCallFormat::Llama3Json => vec!["<|python_tag|>"],
         ToolCallFormat::Mistral => vec!["[TOOL_CALLS]", "[ARGS]"],
+        ToolCallFormat::Generic => vec!["\"tool_call"],
     };
     if let Some(t) = &config.thinking {
         tags.extend([t.open.as_str(), t.close.as_str()]);
@@ -117,7 +118,7 @@ fn hermes_tool_calls_between_content() {
         parse_every_split(&cfg, text),
         [
             thinking("need weather"),
-            content("Checking.\n"),
+            content("Checking."),
             call("get_weather", json!({"city": "Paris"})),
             call("get_time", json!({"tz": "CET"})),
         ]
@@ -131,19 +132,28 @@ fn hermes_call_cut_by_end_of_stream_is_still_parsed() {
     assert_eq!(parse_every_split(&cfg, text), [call("f", json!({}))]);
 }
 
+fn cut_off(config: &ParserConfig, text: &str) -> Vec<ParserEvent> {
+    let mut parser = OutputParser::new(config.clone());
+    let mut events = parser.push(text);
+    events.extend(parser.finish_cut_off());
+    coalesce(events)
+}
+
 #[test]
-fn a_call_the_token_limit_cut_off_is_text_not_an_error() {
+fn a_call_the_token_limit_cut_off_is_dropped_not_text_nor_an_error() {
     let cfg = Family::ChatMl.parser_config();
     let cut = "Let me check.\n<tool_call>\n{\"name\": \"f\", \"argum";
-    let mut parser = OutputParser::new(cfg.clone());
-    let mut events = parser.push(cut);
-    events.extend(parser.finish_cut_off());
-    assert_eq!(coalesce(events), [content(cut)]);
+    assert_eq!(cut_off(&cfg, cut), [content("Let me check.")]);
     // A call that is complete but for its closing marker is still a call.
-    let mut parser = OutputParser::new(cfg.clone());
-    let mut events = parser.push("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}");
-    events.extend(parser.finish_cut_off());
-    assert_eq!(events, [call("f", json!({}))]);
+    assert_eq!(
+        cut_off(&cfg, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}"),
+        [call("f", json!({}))]
+    );
+    // A second call cut short: the first stands, nothing of the second shows.
+    let two = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"na";
+    assert_eq!(cut_off(&cfg, two), [call("f", json!({}))]);
+    // A marker cut short is not text either.
+    assert_eq!(cut_off(&cfg, "Hi <tool_ca"), [content("Hi")]);
     // Without the limit, the same text is a malformed call.
     let mut parser = OutputParser::new(cfg);
     let mut events = parser.push(cut);
@@ -155,12 +165,41 @@ fn a_call_the_token_limit_cut_off_is_text_not_an_error() {
 }
 
 #[test]
+fn cut_off_calls_of_every_format_are_dropped() {
+    let mistral = Family::Mistral.parser_config();
+    assert_eq!(
+        cut_off(&mistral, "Sure.[TOOL_CALLS][{\"name\": \"a"),
+        [content("Sure.")]
+    );
+    assert_eq!(cut_off(&mistral, "[TOOL_CALLS]get[ARGS]{\"x\": "), []);
+    let llama = Family::Llama3.parser_config();
+    assert_eq!(cut_off(&llama, "{\"name\": \"f\", \"para"), []);
+    assert_eq!(cut_off(&llama, "<|python_tag|>{\"q"), []);
+    // JSON that is not a call is the answer, cut.
+    assert_eq!(
+        cut_off(&llama, "{\"answer\": 4"),
+        [content("{\"answer\": 4")]
+    );
+    let generic = generic();
+    assert_eq!(cut_off(&generic, "{\"tool_call\": {\"name\": \"f\""), []);
+    assert_eq!(cut_off(&generic, "{\"tool_c"), []);
+    assert_eq!(cut_off(&generic, "{\"response\": \"Hel"), [content("Hel")]);
+    assert_eq!(
+        cut_off(
+            &generic,
+            "{\"tool_calls\": [{\"name\": \"f\"}, {\"name\": \"g\", \"argu"
+        ),
+        [call("f", json!({}))]
+    );
+}
+
+#[test]
 fn malformed_call_is_reported_once_and_ends_the_stream() {
     let cfg = Family::Qwen3.parser_config();
     let text = "ok <tool_call>{\"name\": \"f\", \"arguments\": {oops}}</tool_call> more <tool_call>{bad}</tool_call>";
     let events = parse_every_split(&cfg, text);
     assert_eq!(events.len(), 2, "{events:?}");
-    assert_eq!(events[0], content("ok "));
+    assert_eq!(events[0], content("ok"));
     assert!(
         matches!(&events[1], ParserEvent::Error(e) if e.contains("not valid JSON")),
         "{events:?}"
@@ -251,4 +290,96 @@ fn unicode_survives_every_split() {
         parse_every_split(&cfg, text),
         [thinking("日本語で考える 🤔"), content("Résumé: 完了 ✅")]
     );
+}
+
+fn generic() -> ParserConfig {
+    ParserConfig {
+        tool_calls: ToolCallFormat::Generic,
+        ..ParserConfig::default()
+    }
+}
+
+#[test]
+fn generic_calls_and_answers() {
+    let cfg = generic();
+    let one = "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}";
+    assert_eq!(
+        parse_every_split(&cfg, one),
+        [call("get_weather", json!({"city": "Paris"}))]
+    );
+    let two = " \n{\"tool_calls\": [{\"name\": \"a\", \"arguments\": {}}, {\"name\": \"b\", \"arguments\": {\"x\": 1}}]}\n";
+    assert_eq!(
+        parse_every_split(&cfg, two),
+        [call("a", json!({})), call("b", json!({"x": 1}))]
+    );
+    // A second object after the first is read the same way.
+    let again = format!("{one}\n{one}");
+    assert_eq!(parse_every_split(&cfg, &again).len(), 2);
+    let answer = "{\"response\": \"Caf\\u00e9 \\\"ok\\\"\\n\\ud83d\\ude00 done\"}";
+    assert_eq!(
+        parse_every_split(&cfg, answer),
+        [content("Café \"ok\"\n😀 done")]
+    );
+    // Members after the answer are skipped; a non-string response is its JSON.
+    assert_eq!(
+        parse_every_split(
+            &cfg,
+            "{\"response\": \"hi\", \"extra\": [1, {\"a\": \"}\"}]}"
+        ),
+        [content("hi")]
+    );
+    assert_eq!(
+        parse_every_split(&cfg, "{\"response\": {\"n\": 1}}"),
+        [content("{\"n\":1}")]
+    );
+}
+
+#[test]
+fn generic_text_that_is_not_a_reply_object_is_content() {
+    let cfg = generic();
+    for text in [
+        "Plain words.",
+        "{\"answer\": 42}",
+        "{not json",
+        "Text then {\"a\": 1}",
+    ] {
+        assert_eq!(parse_every_split(&cfg, text), [content(text)], "{text}");
+    }
+}
+
+#[test]
+fn generic_answers_stream_before_the_object_closes() {
+    let mut parser = OutputParser::new(generic());
+    assert_eq!(parser.push("{\"response\": \"Hel"), [content("Hel")]);
+    assert_eq!(parser.push("lo\\"), [content("lo")]);
+    assert_eq!(parser.push("nthere\"}"), [content("\nthere")]);
+    assert_eq!(parser.finish(), []);
+}
+
+#[test]
+fn generic_malformed_call_is_an_error() {
+    let events = parse_every_split(&generic(), "{\"tool_call\": {\"name\": 3}}");
+    assert!(matches!(&events[..], [ParserEvent::Error(_)]), "{events:?}");
+    let events = parse_every_split(&generic(), "{\"tool_call\": {\"name\": \"f\"");
+    assert!(
+        matches!(&events[..], [ParserEvent::Error(e)] if e.contains("cut off")),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn whitespace_beside_calls_is_dropped() {
+    let cfg = Family::ChatMl.parser_config();
+    let text = "\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n \n";
+    assert_eq!(parse_every_split(&cfg, text), [call("f", json!({}))]);
+    let text = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n\n<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>";
+    assert_eq!(
+        parse_every_split(&cfg, text),
+        [call("f", json!({})), call("g", json!({}))]
+    );
+    // Whitespace inside text stays; trailing whitespace of an answer without calls too.
+    assert_eq!(parse_every_split(&cfg, "a \n b\n"), [content("a \n b\n")]);
+    let mut parser = OutputParser::new(cfg);
+    assert_eq!(parser.push("Hi \n"), [content("Hi")]);
+    assert_eq!(parser.push("there"), [content(" \nthere")]);
 }

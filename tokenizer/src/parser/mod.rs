@@ -4,11 +4,16 @@
 //!   tag is held back until the next piece decides it, so raw tags never reach `content`, and
 //!   the events are the same however the stream was split.
 //! - `tool_call.rs`: the JSON shapes of each family's tool calls.
+//! - `generic.rs`: the generic format's reply objects, for templates without a tool section.
+//!
+//! With tools on, trailing whitespace of content is held back until text follows: whitespace
+//! beside a tool call (`"\n"` before `<tool_call>`) is never sent as content of its own.
 //!
 //! A malformed tool call yields one [`ParserEvent::Error`]; the parser then ignores the rest of
 //! the stream, so the caller can end the request cleanly instead of re-reporting (or blocking
 //! on) the same failure for every later piece.
 
+mod generic;
 mod output_parser;
 mod tool_call;
 
@@ -59,6 +64,10 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}]` or
     /// `[TOOL_CALLS]name[ARGS]{…}`.
     Mistral,
+    /// The generic format, for templates that cannot show tools (see `generic.rs`): the reply
+    /// is one JSON object, `{"tool_call": {"name": …, "arguments": {…}}}`,
+    /// `{"tool_calls": [{…}, …]}`, or `{"response": "…"}` whose string is the answer.
+    Generic,
 }
 
 /// What to look for in one model's output.

@@ -1,5 +1,6 @@
 //! [`OutputParser`]: the streaming state machine.
 
+use super::generic::{self, ObjectRest, Opening, Reply};
 use super::tool_call::{
     JsonPrefix, call_from_object, hermes_call, json_prefix, looks_like_llama3_call, mistral_calls,
 };
@@ -19,6 +20,12 @@ enum State {
     HermesCall,
     Llama3Json,
     MistralCalls,
+    /// Inside a generic reply object, before it shows whether it is an answer or calls.
+    GenericJson,
+    /// Inside the string of a generic `{"response": "…"}`, streamed as content.
+    GenericResponse,
+    /// After that string, before the object's closing brace.
+    GenericResponseEnd,
     /// A parse error was reported, or the stream finished: nothing more is emitted.
     Done,
 }
@@ -36,8 +43,13 @@ pub struct OutputParser {
     pending: String,
     /// Drop whitespace at the start of the current segment (after `</think>`, after a call).
     trim_leading: bool,
-    /// Whether non-whitespace content was emitted (a Llama 3 call must come first).
+    /// Whether non-whitespace content was emitted in this segment (a Llama 3 call, a generic
+    /// reply object, must come first).
     content_started: bool,
+    /// Whether the Llama 3 JSON being read followed `<|python_tag|>`, so it is surely a call.
+    llama3_tagged: bool,
+    /// Whether a tool call was emitted: whitespace-only content beside calls is dropped.
+    calls_emitted: bool,
     events: Vec<ParserEvent>,
 }
 
@@ -55,6 +67,8 @@ impl OutputParser {
             config,
             pending: String::new(),
             content_started: false,
+            llama3_tagged: false,
+            calls_emitted: false,
             events: Vec::new(),
         }
     }
@@ -78,27 +92,54 @@ impl OutputParser {
         std::mem::take(&mut self.events)
     }
 
-    /// Ends a stream the token limit cut off: like [`finish`](Self::finish), except that a tool
-    /// call left unfinished is not an error but text, released as content from its opening
-    /// marker on, so a client sees a `length` ending with what the model wrote.
+    /// Ends a stream the token limit cut off: like [`finish`](Self::finish), except that what
+    /// the limit cut inside a tool call (or inside a marker that may have opened one) is
+    /// dropped, so the caller reports a `length` ending with neither a half call, nor raw
+    /// markup in the content, nor an error. A call complete but for its closing marker is
+    /// still a call.
     pub fn finish_cut_off(&mut self) -> Vec<ParserEvent> {
-        let marker = match self.state {
-            State::HermesCall => HERMES_OPEN,
-            State::MistralCalls => MISTRAL_OPEN,
-            // A cut-off Llama 3 call is already released as text.
-            _ => return self.finish(),
+        let drop_held = match self.state {
+            State::Content => {
+                // A tool-call marker cut short is not text.
+                let tags = self.content_tags();
+                let keep = undecided_from(&self.pending, &tags);
+                if keep < self.pending.len() {
+                    // With the whitespace before it, as before a whole marker.
+                    let kept = self.pending[..keep].trim_end().len();
+                    self.pending.truncate(kept);
+                }
+                false
+            }
+            State::Llama3Json => {
+                self.llama3_tagged || generic::may_open_call(&self.pending, &["name"])
+            }
+            State::GenericJson => {
+                // The whole calls of a cut list stand.
+                let calls = generic::calls_so_far(&self.pending);
+                self.calls_emitted |= !calls.is_empty();
+                self.events
+                    .extend(calls.into_iter().map(ParserEvent::ToolCall));
+                generic::opening(&self.pending) != Opening::Other
+            }
+            State::HermesCall | State::MistralCalls => {
+                let mut attempt = self.clone();
+                let events = attempt.finish();
+                if !events.iter().any(|e| matches!(e, ParserEvent::Error(_))) {
+                    *self = attempt;
+                    return events;
+                }
+                true
+            }
+            State::Thinking | State::GenericResponse | State::GenericResponseEnd | State::Done => {
+                false
+            }
         };
-        let raw = format!("{marker}{}", self.pending);
-        let mut attempt = self.clone();
-        let events = attempt.finish();
-        if !events.iter().any(|e| matches!(e, ParserEvent::Error(_))) {
-            *self = attempt;
-            return events;
+        if drop_held {
+            self.state = State::Done;
+            self.pending.clear();
+            return std::mem::take(&mut self.events);
         }
-        self.state = State::Done;
-        self.pending.clear();
-        self.emit_content(raw);
-        std::mem::take(&mut self.events)
+        self.finish()
     }
 
     /// One transition; false when nothing more can be decided now.
@@ -109,6 +150,9 @@ impl OutputParser {
             State::HermesCall => self.step_hermes(at_end),
             State::Llama3Json => self.step_llama3(at_end),
             State::MistralCalls => self.step_mistral(at_end),
+            State::GenericJson => self.step_generic_json(at_end),
+            State::GenericResponse => self.step_generic_response(),
+            State::GenericResponseEnd => self.step_generic_response_end(at_end),
             State::Done => false,
         }
     }
@@ -129,7 +173,7 @@ impl OutputParser {
     fn content_tags(&self) -> Vec<&'static str> {
         let mut tags = Vec::new();
         match self.config.tool_calls {
-            ToolCallFormat::None => {}
+            ToolCallFormat::None | ToolCallFormat::Generic => {}
             ToolCallFormat::Hermes => tags.push(HERMES_OPEN),
             ToolCallFormat::Llama3Json => tags.push(PYTHON_TAG),
             ToolCallFormat::Mistral => tags.push(MISTRAL_OPEN),
@@ -137,15 +181,32 @@ impl OutputParser {
         tags
     }
 
+    /// Whether a JSON reply (a Llama 3 call, a generic reply object) may start here.
+    fn json_reply_may_start(&self) -> bool {
+        matches!(
+            self.config.tool_calls,
+            ToolCallFormat::Llama3Json | ToolCallFormat::Generic
+        ) && !self.content_started
+    }
+
+    /// Whether trailing whitespace of content is held back (tools are on): it is dropped when
+    /// a call follows, and released when text follows.
+    fn holds_whitespace(&self) -> bool {
+        self.config.tool_calls != ToolCallFormat::None
+    }
+
     fn step_content(&mut self, at_end: bool) -> bool {
         if !self.trim_segment_start() {
             return false;
         }
-        if self.config.tool_calls == ToolCallFormat::Llama3Json && !self.content_started {
+        if self.json_reply_may_start() {
             let rest = self.pending.trim_start();
             if rest.starts_with('{') {
                 self.pending.drain(..self.pending.len() - rest.len());
-                self.state = State::Llama3Json;
+                self.state = match self.config.tool_calls {
+                    ToolCallFormat::Generic => State::GenericJson,
+                    _ => State::Llama3Json,
+                };
                 return true;
             }
             if rest.is_empty() && !at_end {
@@ -159,7 +220,10 @@ impl OutputParser {
         }
         if let Some((at, tag)) = earliest(&self.pending, &tags) {
             let tag = tag.to_string();
-            let before = self.pending[..at].to_string();
+            let mut before = self.pending[..at].to_string();
+            if self.holds_whitespace() {
+                before.truncate(before.trim_end().len());
+            }
             self.pending.drain(..at + tag.len());
             self.emit_content(before);
             let thinking = self.config.thinking.as_ref();
@@ -173,16 +237,28 @@ impl OutputParser {
                 self.state = match tag.as_str() {
                     HERMES_OPEN => State::HermesCall,
                     MISTRAL_OPEN => State::MistralCalls,
-                    _ => State::Llama3Json,
+                    _ => {
+                        self.llama3_tagged = true;
+                        State::Llama3Json
+                    }
                 };
                 self.trim_leading = true;
             }
             return true;
         }
         let cut = if at_end {
-            self.pending.len()
+            if self.holds_whitespace() && self.calls_emitted {
+                self.pending.trim_end().len()
+            } else {
+                self.pending.len()
+            }
         } else {
-            undecided_from(&self.pending, &tags)
+            let undecided = undecided_from(&self.pending, &tags);
+            if self.holds_whitespace() {
+                self.pending[..undecided].trim_end().len()
+            } else {
+                undecided
+            }
         };
         let text: String = self.pending.drain(..cut).collect();
         self.emit_content(text);
@@ -220,7 +296,8 @@ impl OutputParser {
     fn step_hermes(&mut self, at_end: bool) -> bool {
         let body_end = match self.pending.find(HERMES_CLOSE) {
             Some(at) => at,
-            None if at_end => self.pending.len(),
+            // The end came before the closing marker, or inside it.
+            None if at_end => undecided_from(&self.pending, &[HERMES_CLOSE]),
             None => return false,
         };
         let body: String = self.pending[..body_end].to_string();
@@ -233,6 +310,7 @@ impl OutputParser {
         match json_prefix(&self.pending) {
             JsonPrefix::Complete(value, used) => {
                 let raw: String = self.pending.drain(..used).collect();
+                self.llama3_tagged = false;
                 if looks_like_llama3_call(&value) {
                     return self.finish_call(call_from_object(&value).map(|call| vec![call]));
                 }
@@ -245,6 +323,7 @@ impl OutputParser {
             JsonPrefix::Incomplete | JsonPrefix::Invalid(_) => {
                 // Not (complete) JSON: it was text after all.
                 let raw = std::mem::take(&mut self.pending);
+                self.llama3_tagged = false;
                 self.emit_content(raw);
                 self.state = State::Content;
                 true
@@ -313,10 +392,110 @@ impl OutputParser {
         }
     }
 
+    fn step_generic_json(&mut self, at_end: bool) -> bool {
+        let opening = generic::opening(&self.pending);
+        match opening {
+            Opening::Response(len) => {
+                self.pending.drain(..len);
+                self.state = State::GenericResponse;
+                return true;
+            }
+            Opening::Undecided if !at_end => return false,
+            Opening::Undecided | Opening::Call | Opening::Other => {}
+        }
+        let is_call = opening == Opening::Call;
+        match json_prefix(&self.pending) {
+            JsonPrefix::Complete(value, used) => {
+                let raw: String = self.pending.drain(..used).collect();
+                match generic::reply(&value) {
+                    Reply::Calls(calls) => return self.finish_call(calls),
+                    Reply::Response(text) => {
+                        self.emit_content(text);
+                        self.end_generic_reply();
+                    }
+                    Reply::Other => {
+                        // An answer that is JSON of its own.
+                        self.emit_content(raw);
+                        self.state = State::Content;
+                    }
+                }
+                true
+            }
+            JsonPrefix::Incomplete if !at_end => false,
+            JsonPrefix::Incomplete if is_call => {
+                self.finish_call(Err("the tool call is cut off".to_string()))
+            }
+            JsonPrefix::Invalid(err) if is_call => {
+                self.finish_call(Err(format!("the tool call is not valid JSON: {err}")))
+            }
+            JsonPrefix::Incomplete | JsonPrefix::Invalid(_) => {
+                // Not (complete) JSON: it was text after all.
+                let raw = std::mem::take(&mut self.pending);
+                self.emit_content(raw);
+                self.state = State::Content;
+                true
+            }
+        }
+    }
+
+    fn step_generic_response(&mut self) -> bool {
+        let (text, used, closed) = generic::string_body(&self.pending);
+        self.pending.drain(..used);
+        self.emit_content(text);
+        if closed {
+            self.state = State::GenericResponseEnd;
+            return true;
+        }
+        false
+    }
+
+    fn step_generic_response_end(&mut self, at_end: bool) -> bool {
+        let rest = generic::skip_ws(&self.pending);
+        let from = self.pending.len() - rest.len();
+        if rest.is_empty() {
+            if at_end {
+                self.end_generic_reply();
+            }
+            return at_end;
+        }
+        let end = if rest.starts_with('}') {
+            ObjectRest::Ends(1)
+        } else {
+            generic::object_rest(rest)
+        };
+        match end {
+            ObjectRest::Ends(used) => {
+                self.pending.drain(..from + used);
+                self.end_generic_reply();
+                true
+            }
+            ObjectRest::Incomplete if !at_end => false,
+            ObjectRest::Incomplete => {
+                self.pending.clear();
+                self.end_generic_reply();
+                true
+            }
+            ObjectRest::Invalid => {
+                // Text after the answer, outside any object: content.
+                self.pending.drain(..from);
+                self.state = State::Content;
+                true
+            }
+        }
+    }
+
+    /// A generic reply object ended: another may follow.
+    fn end_generic_reply(&mut self) {
+        self.state = State::Content;
+        self.trim_leading = true;
+        self.content_started = false;
+    }
+
     /// Reports parsed calls and returns to content, or reports the error and stops.
     fn finish_call(&mut self, calls: Result<Vec<ToolCall>, String>) -> bool {
         match calls {
             Ok(calls) => {
+                self.calls_emitted |= !calls.is_empty();
                 self.events
                     .extend(calls.into_iter().map(ParserEvent::ToolCall));
                 self.state = State::Content;
