@@ -779,17 +779,19 @@ fn forced_calls_with_an_open_schema_always_complete() {
             .flatten()
             .filter(|b| b["type"] == "tool_use")
             .collect();
-        if r["stop_reason"] != "tool_use" || calls.len() != 1 {
+        // Parallel calls are allowed (no `disable_parallel_tool_use`): each must be complete.
+        if r["stop_reason"] != "tool_use" || calls.is_empty() {
             failures.push(format!("anthropic seed {seed}: {r}"));
             continue;
         }
-        let input = &calls[0]["input"];
-        let keys: Vec<&String> = input
-            .as_object()
-            .map(|m| m.keys().collect())
-            .unwrap_or_default();
-        if !input["city"].is_string() || keys.iter().any(|k| *k != "city" && *k != "days") {
-            failures.push(format!("anthropic seed {seed}: input {input}"));
+        for input in calls.iter().map(|call| &call["input"]) {
+            let keys: Vec<&String> = input
+                .as_object()
+                .map(|m| m.keys().collect())
+                .unwrap_or_default();
+            if !input["city"].is_string() || keys.iter().any(|k| *k != "city" && *k != "days") {
+                failures.push(format!("anthropic seed {seed}: input {input}"));
+            }
         }
     }
     for seed in 0..10u64 {
