@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+pub mod cache;
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -122,15 +124,40 @@ fn serve_in(
     })
 }
 
+/// Folders removed and child processes ended when the test process exits.
+static DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+static CHILDREN: Mutex<Vec<std::process::Child>> = Mutex::new(Vec::new());
+
 /// Removes `dir` when the test process exits. A binary's shared server lives in a `static`,
 /// which Rust never drops, so its home (a pulled model, hundreds of MB) would outlive every run
 /// and fill the disk; a server that is dropped removes its home itself, and this is then a
 /// no-op.
+pub fn remove_at_exit(dir: &std::path::Path) {
+    register_exit_hook();
+    DIRS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+}
+
+/// Ends `child` when the test process exits (a server process a `static` holds, which Rust
+/// never drops), before the folders are removed.
+pub fn kill_at_exit(child: std::process::Child) {
+    register_exit_hook();
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child);
+}
+
 #[allow(unsafe_code)] // registering an exit hook is a call into the C library
-fn remove_at_exit(dir: &std::path::Path) {
-    static DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+fn register_exit_hook() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
-    extern "C" fn remove_all() {
+    extern "C" fn at_exit() {
+        let mut children = CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
+        for child in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
         for dir in dirs.iter() {
             let _ = std::fs::remove_dir_all(dir);
@@ -141,12 +168,9 @@ fn remove_at_exit(dir: &std::path::Path) {
         /// test passed and when one failed.
         fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
     }
-    DIRS.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(dir.to_path_buf());
-    // SAFETY: `remove_all` is a plain function that never unwinds, as `atexit` requires.
+    // SAFETY: `at_exit` is a plain function that never unwinds, as `atexit` requires.
     REGISTERED.call_once(|| unsafe {
-        atexit(remove_all);
+        atexit(at_exit);
     });
 }
 
