@@ -143,6 +143,7 @@ pub struct Prepared {
 /// Starts `prepared` on the engine and returns its outputs. Dropping the receiver cancels the
 /// generation at its next step. What can only be checked against the loaded model (token ids
 /// in `logit_bias`) is checked here, before the response starts.
+///
 /// `lease` is shared by the jobs of one request (OpenAI's `n` choices); the last to end lets
 /// the model go.
 pub fn start(

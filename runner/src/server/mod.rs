@@ -133,7 +133,8 @@ impl AppState {
     }
 
     /// The options `name` was stored with (its Modelfile's `PARAMETER`s), with the server's
-    /// default output limit as `num_predict` when they name none; empty for a model not stored.
+    /// default output limit as `num_predict` when they name none. Fails as the store does for
+    /// a model it does not hold.
     pub fn model_defaults(
         &self,
         name: &model_name::ModelName,

@@ -31,10 +31,6 @@ pub struct GenerationOptions {
     pub draft_model: Option<ModelName>,
 }
 
-/// The most tokens one request may ask for; larger numbers are refused rather than clamped so
-/// a typo does not silently become a multi-hour generation.
-pub const MAX_PREDICT: usize = 1_048_576;
-
 fn number(key: &str, value: &Value) -> Result<f64, RequestError> {
     let n = value.as_f64().ok_or_else(|| {
         RequestError::invalid(format!("option `{key}` must be a number, got {value}"))
@@ -137,8 +133,15 @@ impl GenerationOptions {
                                 "option `{key}` must be -1 or a non-negative integer, got {n}"
                             )));
                         }
+                    } else if n.fract() != 0.0 {
+                        return Err(RequestError::invalid(format!(
+                            "option `{key}` must be an integer, got {n}"
+                        )));
                     } else {
-                        Some(count(key, value, MAX_PREDICT as f64)?)
+                        // However large, a limit ends at the context's end: it is never
+                        // refused for its size (issue 48; Claude Code asks for 32,000).
+                        // `as` saturates a number past `usize`.
+                        Some(n as usize)
                     };
                 }
                 "num_ctx" => self.num_ctx = Some(count(key, value, 1e8)?.max(1)),
@@ -298,6 +301,15 @@ mod tests {
         assert_eq!(o.stop, vec!["\n"]);
         assert_eq!(apply(json!({"num_predict": -1})).unwrap().num_predict, None);
         assert_eq!(apply(json!({"seed": -1})).unwrap().sampling.seed, None);
+        // The context bounds a limit, whatever its size.
+        assert_eq!(
+            apply(json!({"max_tokens": 1e15})).unwrap().num_predict,
+            Some(1_000_000_000_000_000)
+        );
+        assert_eq!(
+            apply(json!({"max_tokens": 1e300})).unwrap().num_predict,
+            Some(usize::MAX)
+        );
     }
 
     #[test]
@@ -306,7 +318,7 @@ mod tests {
             (json!({"temperature": -1}), "temperature"),
             (json!({"top_p": 3}), "top_p"),
             (json!({"top_k": -5}), "top_k"),
-            (json!({"num_predict": 1e12}), "num_predict"),
+            (json!({"num_predict": 2.5}), "num_predict"),
             (json!({"num_predict": -7}), "num_predict"),
             (json!({"temperature": "hot"}), "temperature"),
             (json!({"stop": 5}), "stop"),
