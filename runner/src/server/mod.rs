@@ -15,7 +15,9 @@
 //!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated.
-//! - `structured`: structured output (formats, schemas, pinned tool calls) per request.
+//! - `structured`: structured output (formats, schemas, pinned tool calls) per request;
+//!   `generic_grammar`: the reply object of the generic tool format, for templates without a
+//!   tool section; `tool_format`: which of the two a model uses, as `/api/show` reports it.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
 //!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
 //!   `body_deadline` bounding a request body's arrival.
@@ -36,6 +38,7 @@ pub mod cors;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
+pub mod generic_grammar;
 pub mod guard;
 pub mod hosts;
 pub mod images;
@@ -57,6 +60,7 @@ pub mod server_paths;
 pub mod sse;
 pub mod stopping;
 pub mod structured;
+pub mod tool_format;
 pub mod transcriptions;
 
 use std::sync::Arc;

@@ -153,6 +153,10 @@ pub fn spec_for(
         }
         return Ok(None);
     }
+    // A template without a tool section: the generic format's reply object.
+    if parser.is_some_and(|p| p.tool_calls == ToolCallFormat::Generic) {
+        return crate::server::generic_grammar::spec(requested, thinking).map(Some);
+    }
     let hermes = parser.is_some_and(|p| p.tool_calls == ToolCallFormat::Hermes);
     if !hermes || thinking.is_some() {
         if must_call {
