@@ -13,6 +13,8 @@
 //! - [`StopMatcher`] (`stop.rs`): stop strings that may span pieces, never leaked.
 //! - [`OutputParser`] (`parser/`): splits model output into content, thinking and tool calls,
 //!   per [`Family`] (`family.rs`), while it streams.
+//! - [`ToolFormat`] (`tool_format.rs`): whether a template shows tools, and how tools reach a
+//!   prompt whose template cannot show them ([`tool_messages`]).
 //!
 //! One request, end to end (the model's sampling loop is elided):
 //!
@@ -62,6 +64,7 @@ mod special_tokens;
 mod stop;
 mod template_env;
 mod template_fallback;
+mod tool_format;
 mod vocab;
 
 pub use chat_template::{
@@ -81,4 +84,5 @@ pub use hf_config::HfSideFiles;
 pub use parser::{OutputParser, ParserConfig, ParserEvent, ThinkingTags, ToolCall, ToolCallFormat};
 pub use special_tokens::SpecialTokens;
 pub use stop::{StopMatcher, StopOutput};
+pub use tool_format::{ToolFormat, tool_messages};
 pub use vocab::{Tokenizer, VocabSource};

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use grammar::GrammarCompiler;
 
-use tokenizer::{ChatTemplate, Family, Tokenizer};
+use tokenizer::{ChatTemplate, Family, Tokenizer, ToolFormat};
 
 use crate::engine::encoded_media::EncodedIds;
 use crate::engine::loaded_model::{LoadedModel, LoopConfig};
@@ -80,6 +80,9 @@ pub struct ModelInfo {
     pub template: ChatTemplate,
     /// The output-parser family (thinking and tool-call syntax), when recognized.
     pub family: Option<Family>,
+    /// How tools reach it: through its template, or in the generic format where the template
+    /// cannot show them (probed once, at load).
+    pub tool_format: ToolFormat,
     /// The context length requests are held to.
     pub context_length: usize,
     /// [`Tokenizer::longest_token_bytes`], for refusing oversize prompts before tokenizing.
@@ -131,6 +134,19 @@ pub fn tokenizer_of(
     })
 }
 
+/// The chat template a model is served with: its manifest's override, else its vocabulary's
+/// (the checkpoint's, or its family's fallback).
+fn chat_template(manifest: &Manifest, tokenizer: &Tokenizer) -> tokenizer::Result<ChatTemplate> {
+    match &manifest.template {
+        Some(source) => ChatTemplate::new(
+            source.clone(),
+            tokenizer.bos_text().unwrap_or_default(),
+            tokenizer.eos_text().unwrap_or_default(),
+        ),
+        None => ChatTemplate::for_tokenizer(tokenizer),
+    }
+}
+
 /// Whether `draft` can draft for `target` (with `manifest`, materialized in `dir`): its
 /// vocabulary is the target's, id for id. Reads the vocabularies alone, so a draft that cannot
 /// fit is refused before anything is unloaded or loaded.
@@ -171,15 +187,8 @@ pub fn load(
     };
     let loaded = load_weights(name, manifest, dir)?;
     let tokenizer = tokenizer_of(name, manifest, dir)?;
-    let template = match &manifest.template {
-        Some(source) => ChatTemplate::new(
-            source.clone(),
-            tokenizer.bos_text().unwrap_or_default(),
-            tokenizer.eos_text().unwrap_or_default(),
-        ),
-        None => ChatTemplate::for_tokenizer(&tokenizer),
-    }
-    .map_err(tok_err)?;
+    let template = chat_template(manifest, &tokenizer).map_err(tok_err)?;
+    let family = Family::detect(&tokenizer);
     let context_length = loaded.model.spec().context_length.max(1);
     let preprocessor = preprocessor_config(dir, manifest).map_err(model_err)?;
     let vision = loaded
@@ -219,7 +228,8 @@ pub fn load(
         ModelInfo {
             name: name.clone(),
             manifest: manifest.clone(),
-            family: Family::detect(&tokenizer),
+            family,
+            tool_format: ToolFormat::detect(&template, family),
             longest_token_bytes: tokenizer.longest_token_bytes(),
             tokenizer,
             template,

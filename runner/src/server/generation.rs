@@ -275,7 +275,9 @@ async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
                     "generation finished"
                 );
                 if !client_gone {
-                    let cut_off = reason == DoneReason::Length && stopped_by_text.is_none();
+                    // A token limit or a stop string ended the output, wherever it was: a
+                    // tool call they cut is dropped, not an error nor raw text (issue 48).
+                    let cut_off = reason == DoneReason::Length || stopped_by_text.is_some();
                     for output in text.finish(cut_off) {
                         let _ = out.send(output).await;
                     }
@@ -380,8 +382,8 @@ impl<'t> TextPipeline<'t> {
         (self.parse(&released.text, None), released.stopped)
     }
 
-    /// Flushes everything held back at the end of generation; `cut_off` when the token limit
-    /// ended it (a tool call left unfinished is then text, not an error).
+    /// Flushes everything held back at the end of generation; `cut_off` when a limit ended it
+    /// (a tool call left unfinished is then dropped, see [`OutputParser::finish_cut_off`]).
     fn finish(&mut self, cut_off: bool) -> Vec<Output> {
         let mut text = String::new();
         if !self.stops.is_stopped() {

@@ -20,7 +20,9 @@
 //!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`); `default_model`: the model serving requests that
 //!   name a hosted model (`claude-…`, `gpt-…`) no stored model is called.
 //! - `structured`: structured output (formats, schemas, pinned tool calls) per request;
-//!   `loosened`: the header reporting where a schema was loosened to compile.
+//!   `loosened`: the header reporting where a schema was loosened to compile;
+//!   `generic_grammar`: the reply object of the generic tool format, for templates without a
+//!   tool section; `tool_format`: which of the two a model uses, as `/api/show` reports it.
 //! - `listen`: accepting connections and serving them within `limits` (header, idle and body
 //!   timeouts, a connection cap), `connections` tracking what each open one is doing, and
 //!   `body_deadline` bounding a request body's arrival.
@@ -45,6 +47,7 @@ pub mod default_model;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
+pub mod generic_grammar;
 pub mod guard;
 pub mod hosts;
 pub mod images;
@@ -69,6 +72,7 @@ pub mod server_paths;
 pub mod sse;
 pub mod stopping;
 pub mod structured;
+pub mod tool_format;
 pub mod transcriptions;
 pub mod warnings;
 

@@ -145,6 +145,7 @@ pub async fn show(
         "details": details_json(m),
         "model_info": model_info,
         "capabilities": capabilities,
+        "tool_format": super::tool_format::for_show(loaded.as_ref().map(|(i, _)| &**i), &capabilities),
         "modified_at": rfc3339(entry.modified),
     })))
 }

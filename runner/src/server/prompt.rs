@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
-use tokenizer::{Message, MessageToolCall, ParserConfig, RenderOptions};
+use tokenizer::{
+    Message, MessageToolCall, ParserConfig, RenderOptions, ToolCallFormat, ToolFormat,
+};
 
 use crate::engine::{ModelInfo, PromptMedia};
 use crate::server::audio;
@@ -272,6 +274,12 @@ pub struct RenderedPrompt {
 /// Renders `messages` with the model's template and tokenizes the result, with the model's
 /// default system prompt when the conversation has none; the `[img-N]` tags in the messages
 /// become `images[N]` in the model's layout (see [`images`]).
+///
+/// `tools` reach the prompt whatever the template: through it where it renders them
+/// ([`ToolFormat::Template`]), else written into the system turn by
+/// [`tokenizer::tool_messages`], in Hermes' words for a family that writes Hermes calls, in
+/// the generic format (whose calls the parser reads as [`ToolCallFormat::Generic`]) for any
+/// other.
 pub fn render_chat(
     info: &ModelInfo,
     mut messages: Vec<Message>,
@@ -284,6 +292,12 @@ pub fn render_chat(
     {
         messages.insert(0, Message::new("system", system.clone()));
     }
+    let offered = tools.filter(|t| !t.is_empty());
+    // The template is handed only tools it shows; others are written into the messages.
+    let tools = offered.filter(|_| info.tool_format == ToolFormat::Template);
+    if let Some(offered) = offered.filter(|_| tools.is_none()) {
+        messages = tokenizer::tool_messages(info.tool_format, &messages, offered);
+    }
     let options = RenderOptions {
         add_generation_prompt: true,
         enable_thinking: think,
@@ -291,7 +305,7 @@ pub fn render_chat(
     };
     let rendered = info
         .template
-        .render_reporting(&messages, tools.filter(|t| !t.is_empty()), &options)
+        .render_reporting(&messages, tools, &options)
         .map_err(|e| RequestError::invalid(format!("rendering the chat template: {e}")))?;
     // Where a mid-conversation system message went depends on the template: say which.
     if let Some(placement) = rendered.late_system {
@@ -300,11 +314,18 @@ pub fn render_chat(
     let text = rendered.text;
     // The template writes the special tokens itself (BOS included) as text.
     let (tokens, prompt_images, clips) = tokenize_with_images(info, &text, images, false)?;
-    let parser = info.family.map(|family| {
-        let mut config = family.parser_config().with_think(think.unwrap_or(true));
-        if tools.is_none_or(|t| t.is_empty()) {
-            config = config.without_tools();
-        }
+    let family_config = info.family.map(|family| family.parser_config());
+    let parser = match (family_config, offered.map(|_| info.tool_format)) {
+        (config, Some(ToolFormat::Generic)) => Some(ParserConfig {
+            tool_calls: ToolCallFormat::Generic,
+            ..config.unwrap_or_default()
+        }),
+        (Some(config), Some(_)) => Some(config),
+        (Some(config), None) => Some(config.without_tools()),
+        (None, _) => None,
+    }
+    .map(|config| {
+        let config = config.with_think(think.unwrap_or(true));
         let opens = config.prompt_opens_thinking(&text);
         config.starting_in_thinking(opens)
     });
@@ -357,10 +378,7 @@ fn last_turn_start(
         add_generation_prompt: false,
         ..options.clone()
     };
-    let text = info
-        .template
-        .render(earlier, tools.filter(|t| !t.is_empty()), &options)
-        .ok()?;
+    let text = info.template.render(earlier, tools, &options).ok()?;
     let head = match images {
         [] => info.tokenizer.encode(&text, false).ok()?,
         // The clips were cut for the whole prompt already: not decoded again.

@@ -178,6 +178,12 @@ pub fn spec_for(
         }
         return Ok(None);
     }
+    // A template without a tool section: the generic format's reply object.
+    if parser.is_some_and(|p| p.tool_calls == ToolCallFormat::Generic) {
+        let mut loosened = Vec::new();
+        let spec = crate::server::generic_grammar::spec(requested, thinking, &mut loosened)?;
+        return Ok(Some(Constraint { spec, loosened }));
+    }
     let hermes = parser.is_some_and(|p| p.tool_calls == ToolCallFormat::Hermes);
     if !hermes || thinking.is_some() {
         if must_call {
@@ -196,27 +202,9 @@ pub fn spec_for(
     let mut calls = Vec::with_capacity(requested.tools.len());
     let mut loosened = Vec::new();
     for (i, tool) in requested.tools.iter().enumerate() {
-        let (name, mut parameters) = tool_signature(tool)
-            .ok_or_else(|| RequestError::invalid(format!("`tools[{i}]` needs `function.name`")))?;
-        if let ToolChoice::Named(wanted) = &requested.choice
-            && wanted != name
-        {
+        let Some((name, mut parameters)) = fitted_tool(requested, i, tool, &mut loosened)? else {
             continue;
-        }
-        grammar::close_objects(&mut parameters);
-        let notes = grammar::fit_schema(&mut parameters).map_err(|e| {
-            RequestError::invalid(format!("`tools[{i}]` ({}) parameters: {e}", quoted(name)))
-        })?;
-        for note in notes {
-            tracing::warn!(
-                tool = name,
-                index = i,
-                pointer = %note.pointer,
-                loosened = %note.what,
-                "tool schema loosened: the grammar engine cannot enforce this part"
-            );
-            loosened.push(format!("tools[{i}] {note}"));
-        }
+        };
         grammar::rebase_refs(&mut parameters, "/properties/arguments");
         calls.push(json!({
             "type": "object",
@@ -278,6 +266,40 @@ fn quoted(name: &str) -> String {
 
 /// A tool's name and its parameters' schema (any object when it declares none), as given:
 /// its local `$ref`s still point into it.
+/// Tool `i` of `requested`, unless `tool_choice` names another: its name and its parameters'
+/// schema, closed (see [`grammar::close_objects`]) and fitted to what the grammar engine
+/// compiles, with what was loosened logged and added to `loosened`. An invalid schema, or a
+/// tool without a name, is a 400.
+pub fn fitted_tool<'a>(
+    requested: &Requested,
+    i: usize,
+    tool: &'a Value,
+    loosened: &mut Vec<String>,
+) -> Result<Option<(&'a str, Value)>, RequestError> {
+    let (name, mut parameters) = tool_signature(tool)
+        .ok_or_else(|| RequestError::invalid(format!("`tools[{i}]` needs `function.name`")))?;
+    if let ToolChoice::Named(wanted) = &requested.choice
+        && wanted != name
+    {
+        return Ok(None);
+    }
+    grammar::close_objects(&mut parameters);
+    let notes = grammar::fit_schema(&mut parameters).map_err(|e| {
+        RequestError::invalid(format!("`tools[{i}]` ({}) parameters: {e}", quoted(name)))
+    })?;
+    for note in notes {
+        tracing::warn!(
+            tool = name,
+            index = i,
+            pointer = %note.pointer,
+            loosened = %note.what,
+            "tool schema loosened: the grammar engine cannot enforce this part"
+        );
+        loosened.push(format!("tools[{i}] {note}"));
+    }
+    Ok(Some((name, parameters)))
+}
+
 fn tool_signature(tool: &Value) -> Option<(&str, Value)> {
     let function = tool.get("function").unwrap_or(tool);
     let name = function.get("name")?.as_str()?;
