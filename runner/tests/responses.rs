@@ -347,6 +347,33 @@ fn a_namespace_tool_is_flattened_into_its_functions() {
     assert_eq!(status, 200, "{follow}");
 }
 
+/// Codex's default request ("responses-lite") sends no `tools`: an `additional_tools` input
+/// item declares them, in namespaces. They are offered as top-level ones are.
+#[test]
+fn tools_declared_in_the_input_are_offered() {
+    let Some(s) = server() else { return };
+    let _serial = serial();
+    let (status, response) = post(
+        s,
+        "/v1/responses",
+        json!({"model": MODEL, "tool_choice": "required", "parallel_tool_calls": false,
+        "max_output_tokens": 48, "temperature": 0, "store": false,
+        "reasoning": {"effort": "low", "context": "all_turns"},
+        "input": [
+            {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": [
+                {"type": "namespace", "name": "collaboration",
+                 "description": "Agents.", "tools": [function("spawn_agent")]}]},
+            {"type": "message", "id": "msg_1", "role": "user",
+             "content": [{"type": "input_text", "text": "Ask an agent."}]}
+        ]}),
+    );
+    assert_eq!(status, 200, "{response}");
+    let call = &response["output"][0];
+    assert_eq!(call["type"], "function_call", "{response}");
+    assert_eq!(call["name"], "spawn_agent", "{response}");
+    assert_eq!(call["namespace"], "collaboration", "{response}");
+}
+
 /// A `custom` (freeform) tool is offered as a function of one string; its call goes back as a
 /// `custom_tool_call` with that string as `input`, streamed with its input events.
 #[test]

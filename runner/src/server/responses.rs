@@ -346,6 +346,8 @@ fn read_input(
                 );
             }
             kind if hosted_item(kind) => hosted.push(format!("{kind} ({at})")),
+            // Its tools were read with the request's (`Tools::read`).
+            "additional_tools" => {}
             "function_call_output" | "custom_tool_call_output" => {
                 let id = item.get("call_id").and_then(Value::as_str);
                 let output = match item.get("output") {
@@ -435,7 +437,11 @@ pub async fn create(
     let top_logprobs = whole_number("top_logprobs", req.top_logprobs.as_ref())?.unwrap_or(0);
 
     let mut warnings = Warnings::default();
-    let tools = Tools::read(req.tools.as_deref().unwrap_or_default(), &mut warnings)?;
+    let tools = Tools::read(
+        req.tools.as_deref().unwrap_or_default(),
+        req.input.as_ref(),
+        &mut warnings,
+    )?;
     let previous = match &req.previous_response_id {
         Some(id) => state.responses.get(id).ok_or_else(|| {
             ApiError::not_found(format!(

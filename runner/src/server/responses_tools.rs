@@ -2,6 +2,9 @@
 //! expects them back.
 //!
 //! - `function` tools are offered as they are.
+//! - Tools come in the request's `tools`, and in `additional_tools` input items (Codex's
+//!   default "responses-lite" request declares all its tools so, `{"type":
+//!   "additional_tools", "role": "developer", "tools": [...]}`, and sends no `tools`).
 //! - `namespace` tools (Codex groups its MCP and app tools so: `{"type": "namespace", "name",
 //!   "description", "tools": [functions…]}`) are flattened into their functions. The model
 //!   sees each by its own name, or `namespace.name` where two namespaces share a name; its
@@ -64,13 +67,31 @@ struct Found {
 }
 
 impl Tools {
-    /// Reads a request's `tools`; what cannot be offered is left out with a warning. Fails only
+    /// Reads a request's tools: its `tools` and those its `input` declares in
+    /// `additional_tools` items. What cannot be offered is left out with a warning. Fails only
     /// on a malformed tool (no `type`, a function without a `name`).
-    pub fn read(tools: &[Value], warnings: &mut Warnings) -> Result<Tools, ApiError> {
+    pub fn read(
+        tools: &[Value],
+        input: Option<&Value>,
+        warnings: &mut Warnings,
+    ) -> Result<Tools, ApiError> {
+        let mut declared: Vec<(String, &Value)> = tools
+            .iter()
+            .enumerate()
+            .map(|(i, tool)| (format!("tools[{i}]"), tool))
+            .collect();
+        let items = input.and_then(Value::as_array).into_iter().flatten();
+        for (i, item) in items.enumerate() {
+            if item.get("type").and_then(Value::as_str) == Some("additional_tools") {
+                let tools = item.get("tools").and_then(Value::as_array);
+                for (j, tool) in tools.into_iter().flatten().enumerate() {
+                    declared.push((format!("input[{i}].tools[{j}]"), tool));
+                }
+            }
+        }
         let mut found = Vec::new();
         let mut built_in = Vec::new();
-        for (i, tool) in tools.iter().enumerate() {
-            let at = format!("tools[{i}]");
+        for (at, tool) in declared {
             match tool.get("type").and_then(Value::as_str) {
                 Some("namespace") => {
                     let namespace = name_of(tool, &at)?;
@@ -235,7 +256,7 @@ mod tests {
                    "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}}),
         ];
         let mut warnings = Warnings::default();
-        let offered = Tools::read(&tools, &mut warnings).unwrap();
+        let offered = Tools::read(&tools, None, &mut warnings).unwrap();
         let names: Vec<&str> = offered
             .functions
             .iter()
@@ -285,8 +306,38 @@ mod tests {
     }
 
     #[test]
+    fn tools_declared_in_the_input_are_offered_too() {
+        let input = json!([
+            {"type": "additional_tools", "role": "developer", "tools": [
+                {"type": "namespace", "name": "functions", "tools": [
+                    {"type": "custom", "name": "exec", "description": "Run code."},
+                    function("wait")]},
+                {"type": "web_search"}]},
+            {"type": "message", "role": "user", "content": "hi"}
+        ]);
+        let mut warnings = Warnings::default();
+        let offered = Tools::read(&[function("ask")], Some(&input), &mut warnings).unwrap();
+        let names: Vec<&str> = offered
+            .functions
+            .iter()
+            .map(|f| f["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["ask", "exec", "wait"]);
+        assert_eq!(offered.client_tool("exec").kind, ToolKind::Custom);
+        assert_eq!(
+            offered.client_tool("wait").namespace.as_deref(),
+            Some("functions")
+        );
+        assert!(
+            warnings
+                .joined()
+                .ends_with("web_search (input[0].tools[1])")
+        );
+    }
+
+    #[test]
     fn a_tool_without_a_type_is_refused_in_plain_words() {
-        let err = Tools::read(&[json!({"name": "x"})], &mut Warnings::default()).unwrap_err();
+        let err = Tools::read(&[json!({"name": "x"})], None, &mut Warnings::default()).unwrap_err();
         assert_eq!(
             err.message,
             "tools[0] needs a `type` (\"function\", \"custom\" or \"namespace\")"
