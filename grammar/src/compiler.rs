@@ -188,8 +188,9 @@ fn thinking_lark(
 
 /// A Lark grammar: free text up to the first `open` (a lazy lexeme), or free text that never
 /// contains `open` at all; then calls separated by whitespace, each body one of the schemas.
-/// A required call comes first, with no text before it: a model allowed a preamble can
-/// ramble until its budget runs out without ever calling. Without `parallel`, one call ends
+/// A required call comes first, with no text or whitespace before it: a model allowed a
+/// preamble can ramble until its budget runs out without ever calling, and whitespace alone
+/// before a call would reach the client as an empty text part. Without `parallel`, one call ends
 /// the output.
 fn tool_calls_lark(
     open: &str,
@@ -231,7 +232,7 @@ fn tool_calls_lark(
         None => lark_string(close),
     };
     let start = if required {
-        "start: WS? open call_rest more_calls"
+        "start: open call_rest more_calls"
     } else {
         "start: PLAIN | with_calls"
     };

@@ -385,17 +385,19 @@ fn tool_calls_are_pinned_to_their_schemas() {
         Err(Error::TokenRejected { .. })
     ));
 
-    // Required: the output opens with a call; no text comes first.
+    // Required: the output opens with a call; no text, not even whitespace, comes first.
     let mut g = compiler.compile(&spec(true, true)).unwrap();
     assert!(!g.is_accepting());
-    assert!(matches!(
-        g.consume(ids("Sure")[0]),
-        Err(Error::TokenRejected { .. })
-    ));
+    for early in ["Sure", "\n", " "] {
+        assert!(matches!(
+            g.consume(ids(early)[0]),
+            Err(Error::TokenRejected { .. })
+        ));
+    }
     feed(
         &mut g,
         &ends,
-        "\n<tool_call>{\"name\": \"now\"}</tool_call>",
+        "<tool_call>{\"name\": \"now\"}</tool_call>",
         true,
     );
     assert!(g.is_accepting());
