@@ -304,18 +304,19 @@ mod tests {
         )
         .unwrap();
         assert!(!raising.renders_tools());
-        for family in [
-            Family::ChatMl,
-            Family::Qwen3,
-            Family::Llama3,
-            Family::Mistral,
-        ] {
+        for family in [Family::ChatMl, Family::Qwen3, Family::Llama3] {
             let fallback = ChatTemplate::new(family.fallback_template(), "", "").unwrap();
             assert_eq!(
                 ToolFormat::detect(&fallback, Some(family)),
                 ToolFormat::Template
             );
         }
+        // Mistral's fallback renders earlier calls and results but not the tools offered.
+        let mistral = ChatTemplate::new(Family::Mistral.fallback_template(), "", "").unwrap();
+        assert_eq!(
+            ToolFormat::detect(&mistral, Some(Family::Mistral)),
+            ToolFormat::Generic
+        );
         let gemma = ChatTemplate::new(Family::Gemma.fallback_template(), "", "").unwrap();
         assert_eq!(
             ToolFormat::detect(&gemma, Some(Family::Gemma)),

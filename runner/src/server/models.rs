@@ -137,6 +137,7 @@ pub async fn show(
             crate::capabilities::of_template(Some(template.as_str()).filter(|t| !t.is_empty()))
         }
     };
+    let tool_format = super::tool_format::for_show(loaded.as_ref().map(|l| &*l.0), &capabilities);
     Ok(Json(json!({
         "modelfile": modelfile,
         "parameters": parameters,
@@ -145,7 +146,7 @@ pub async fn show(
         "details": details_json(m),
         "model_info": model_info,
         "capabilities": capabilities,
-        "tool_format": super::tool_format::for_show(loaded.as_ref().map(|(i, _)| &**i), &capabilities),
+        "tool_format": tool_format,
         "modified_at": rfc3339(entry.modified),
     })))
 }

@@ -300,8 +300,8 @@ mod tests {
 
     #[test]
     fn openings() {
-        assert_eq!(opening("{\"response\": \"hi"), Opening::Response(13));
-        assert_eq!(opening("{ \n\"response\" :\"x"), Opening::Response(15));
+        assert_eq!(opening("{\"response\": \"hi"), Opening::Response(14));
+        assert_eq!(opening("{ \n\"response\" :\"x"), Opening::Response(16));
         assert_eq!(opening("{\"tool_call\""), Opening::Call);
         assert_eq!(opening("{\"tool_calls\": ["), Opening::Call);
         for undecided in [
