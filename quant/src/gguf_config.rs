@@ -51,7 +51,8 @@ fn hf_model_type(architecture: &str) -> (&str, Option<&'static str>) {
     }
 }
 
-fn to_json(value: &MetaValue) -> Value {
+/// A metadata value as JSON: numbers, strings, booleans and arrays of them.
+pub fn metadata_json(value: &MetaValue) -> Value {
     match value {
         MetaValue::U8(v) => json!(v),
         MetaValue::I8(v) => json!(v),
@@ -70,7 +71,7 @@ fn to_json(value: &MetaValue) -> Value {
         MetaValue::F64(v) => json!(v),
         MetaValue::Bool(v) => json!(v),
         MetaValue::String(v) => json!(v),
-        MetaValue::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+        MetaValue::Array(items) => Value::Array(items.iter().map(metadata_json).collect()),
     }
 }
 
@@ -104,7 +105,7 @@ pub fn hf_config(metadata: &BTreeMap<String, MetaValue>, tensors: &[GgufTensorIn
     let family = gguf_family(arch, tensors);
     let copy = |config: &mut Map<String, Value>, hf: &str, value: Option<&MetaValue>| {
         if let Some(v) = value {
-            config.insert(hf.to_string(), to_json(v));
+            config.insert(hf.to_string(), metadata_json(v));
         }
     };
 
@@ -331,10 +332,13 @@ fn rope_scaling(metadata: &BTreeMap<String, MetaValue>, arch: &str) -> Option<Va
     let mut scaling = Map::new();
     scaling.insert("rope_type".into(), json!(kind));
     if let Some(factor) = get("factor") {
-        scaling.insert("factor".into(), to_json(factor));
+        scaling.insert("factor".into(), metadata_json(factor));
     }
     if let Some(original) = get("original_context_length") {
-        scaling.insert("original_max_position_embeddings".into(), to_json(original));
+        scaling.insert(
+            "original_max_position_embeddings".into(),
+            metadata_json(original),
+        );
     }
     Some(Value::Object(scaling))
 }
@@ -471,7 +475,7 @@ fn gemma4_layers<'a>(
     if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
         config.insert("enable_moe_block".into(), json!(experts > 0));
         if let Some(k) = key("expert_used_count") {
-            config.insert("top_k_experts".into(), to_json(k));
+            config.insert("top_k_experts".into(), metadata_json(k));
         }
     }
     let base = |k: &str| key(k).and_then(MetaValue::as_f64);
@@ -508,10 +512,10 @@ fn lfm2_layers<'a>(
         }
     }
     if let Some(kernel) = key("shortconv.l_cache") {
-        config.insert("conv_L_cache".into(), to_json(kernel));
+        config.insert("conv_L_cache".into(), metadata_json(kernel));
     }
     if let Some(eps) = key("attention.layer_norm_rms_epsilon") {
-        config.insert("norm_eps".into(), to_json(eps));
+        config.insert("norm_eps".into(), metadata_json(eps));
     }
     config.insert("block_auto_adjust_ff_dim".into(), json!(false));
     let biased = tensors
@@ -562,7 +566,7 @@ fn nemotron_h_blocks<'a>(
         config.insert("intermediate_size".into(), json!(n));
     }
     if let Some(eps) = key("attention.layer_norm_rms_epsilon") {
-        config.insert("layer_norm_epsilon".into(), to_json(eps));
+        config.insert("layer_norm_epsilon".into(), metadata_json(eps));
     }
     for (gguf, hf) in [
         ("expert_count", "n_routed_experts"),
@@ -578,7 +582,7 @@ fn nemotron_h_blocks<'a>(
         ("moe_latent_size", "moe_latent_size"),
     ] {
         if let Some(v) = key(gguf) {
-            config.insert(hf.into(), to_json(v));
+            config.insert(hf.into(), metadata_json(v));
         }
     }
     let size = |k: &str| key(k).and_then(MetaValue::as_u64);
@@ -634,7 +638,7 @@ fn granite_hybrid_layers<'a>(
         ("ssm.time_step_rank", "mamba_n_heads"),
     ] {
         if let Some(v) = key(gguf) {
-            config.insert(hf.into(), to_json(v));
+            config.insert(hf.into(), metadata_json(v));
         }
     }
     let size = |k: &str| key(k).and_then(MetaValue::as_u64);
@@ -687,7 +691,7 @@ fn deepseek2_attention<'a>(
         }
     }
     if let Some(heads) = key("attention.head_count") {
-        config.insert("num_key_value_heads".into(), to_json(heads));
+        config.insert("num_key_value_heads".into(), metadata_json(heads));
     }
     for (gguf, hf) in [
         ("attention.value_length_mla", "v_head_dim"),
@@ -701,7 +705,7 @@ fn deepseek2_attention<'a>(
         ("expert_weights_scale", "routed_scaling_factor"),
     ] {
         if let Some(v) = key(gguf) {
-            config.insert(hf.into(), to_json(v));
+            config.insert(hf.into(), metadata_json(v));
         }
     }
     config
@@ -837,10 +841,10 @@ fn gpt_oss_layers<'a>(
 ) {
     alternate_sliding_first(config, key);
     if let Some(experts) = key("expert_count") {
-        config.insert("num_local_experts".into(), to_json(experts));
+        config.insert("num_local_experts".into(), metadata_json(experts));
     }
     if let Some(width) = key("expert_feed_forward_length") {
-        config.insert("intermediate_size".into(), to_json(width));
+        config.insert("intermediate_size".into(), metadata_json(width));
     }
     let biased = tensors.iter().any(|t| t.name.ends_with(".attn_q.bias"));
     config.insert("attention_bias".into(), json!(biased));
@@ -864,13 +868,13 @@ fn llama4_layers<'a>(
     }
     config.insert("no_rope_layer_interval".into(), json!(4));
     if let Some(width) = key("feed_forward_length") {
-        config.insert("intermediate_size_mlp".into(), to_json(width));
+        config.insert("intermediate_size_mlp".into(), metadata_json(width));
     }
     if let Some(width) = key("expert_feed_forward_length") {
-        config.insert("intermediate_size".into(), to_json(width));
+        config.insert("intermediate_size".into(), metadata_json(width));
     }
     if let Some(step) = key("interleave_moe_layer_step") {
-        config.insert("interleave_moe_layer_step".into(), to_json(step));
+        config.insert("interleave_moe_layer_step".into(), metadata_json(step));
     }
     if let Some(experts) = key("expert_count").and_then(MetaValue::as_u64) {
         config.insert("num_local_experts".into(), json!(experts));

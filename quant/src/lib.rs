@@ -70,7 +70,7 @@ pub use error::{Error, Result};
 pub use fp8::{Fp8Scales, Nvfp4Global, dequantize_fp8, dequantize_nvfp4, e2m1_to_f32, e4m3_to_f32};
 pub use gguf::{GgmlType, MetaValue, TensorInfo as GgufTensorInfo};
 pub use gguf_checkpoint::GgufCheckpoint;
-pub use gguf_config::hf_config;
+pub use gguf_config::{hf_config, metadata_json};
 pub use gguf_file::GgufFile;
 pub use gguf_names::hf_tensor_name;
 pub use gguf_tensor::{

@@ -116,26 +116,12 @@ pub fn gguf_architecture(model_type: &str) -> &str {
     }
 }
 
+/// `value` as Ollama shows it: arrays past [`LONGEST_SHOWN_ARRAY`] items empty.
 fn to_json(value: &MetaValue) -> Value {
     match value {
-        MetaValue::U8(v) => json!(v),
-        MetaValue::I8(v) => json!(v),
-        MetaValue::U16(v) => json!(v),
-        MetaValue::I16(v) => json!(v),
-        MetaValue::U32(v) => json!(v),
-        MetaValue::I32(v) => json!(v),
-        MetaValue::U64(v) => json!(v),
-        MetaValue::I64(v) => json!(v),
-        // Printed at f32 precision (1e-5, not 9.99999974e-6), as llama.cpp's tools print it.
-        MetaValue::F32(v) => v
-            .to_string()
-            .parse::<f64>()
-            .map_or(Value::Null, |f| json!(f)),
-        MetaValue::F64(v) => json!(v),
-        MetaValue::Bool(v) => json!(v),
-        MetaValue::String(v) => json!(v),
         MetaValue::Array(items) if items.len() > LONGEST_SHOWN_ARRAY => json!([]),
         MetaValue::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+        scalar => quant::metadata_json(scalar),
     }
 }
 
