@@ -307,6 +307,18 @@ fn hosted_model_names_reach_the_default_model_or_a_copy() {
 fn show_describes_a_model_in_ollamas_shape() {
     let Some(s) = server() else { return };
     let _serial = serial();
+    // `tool_format` is known once the model's vocabulary is loaded (null before): load it, so
+    // the snapshot does not depend on which test ran first.
+    let loaded = support::client()
+        .post(format!("{}/api/generate", s.base))
+        .json(&json!({ "model": "smollm2:135m", "keep_alive": "5m" }))
+        .send()
+        .unwrap();
+    assert!(
+        loaded.status().is_success(),
+        "loading smollm2:135m: {}",
+        loaded.status()
+    );
     let show = support::client()
         .post(format!("{}/api/show", s.base))
         .json(&json!({ "name": "smollm2:135m" }))
