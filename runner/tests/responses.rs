@@ -384,7 +384,7 @@ fn a_custom_tool_is_called_with_free_text() {
                         "description": "Use this tool to edit files.",
                         "format": {"type": "grammar", "syntax": "lark",
                                    "definition": "start: \"*** Begin Patch\" /(.|\\n)*/"}}]);
-    let body = json!({"model": MODEL, "input": "Create hello.txt saying hi.", "tools": tools,
+    let body = json!({"model": MODEL, "input": "Call apply_patch with the input \"hi\".", "tools": tools,
                       "tool_choice": "required", "max_output_tokens": 64, "temperature": 0});
     let (response, events) = response_and_stream(s, body);
     let call = &response["output"][0];
