@@ -8,10 +8,7 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
-
-use support::cache::{required, venv_python};
+use support::cache::{required, run_client_checks, venv_python};
 use support::{MODEL, serial, server};
 
 /// The library versions the checks were written against (about 430 MB, a minute to install).
@@ -32,16 +29,11 @@ fn the_agent_libraries_are_served() {
     ) else {
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agent_libraries/clients.py");
-    let output = Command::new(python)
-        .arg(script)
-        .args([s.base.as_str(), MODEL])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    for library in ["litellm:", "ChatOllama:", "ChatOpenAI:"] {
-        assert!(stdout.contains(library), "{library} did not run: {stdout}");
-    }
+    run_client_checks(
+        &python,
+        "agent_libraries/clients.py",
+        &s.base,
+        MODEL,
+        &["litellm:", "ChatOllama:", "ChatOpenAI:"],
+    );
 }

@@ -7,10 +7,7 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
-
-use support::cache::{required, venv_python};
+use support::cache::{required, run_client_checks, venv_python};
 use support::{MODEL, serial, server};
 
 /// The SDK versions the checks were written against.
@@ -23,16 +20,11 @@ fn the_official_sdks_are_served() {
     let Some(python) = required("the SDK venv", venv_python("sdk-venv", PINS)) else {
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/clients.py");
-    let output = Command::new(python)
-        .arg(script)
-        .args([s.base.as_str(), MODEL])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    for sdk in ["anthropic:", "openai:", "ollama:"] {
-        assert!(stdout.contains(sdk), "{sdk} did not run: {stdout}");
-    }
+    run_client_checks(
+        &python,
+        "sdk/clients.py",
+        &s.base,
+        MODEL,
+        &["anthropic:", "openai:", "ollama:"],
+    );
 }

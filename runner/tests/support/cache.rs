@@ -96,3 +96,23 @@ pub fn required<T>(what: &str, result: Result<T, String>) -> Option<T> {
         }
     }
 }
+
+/// Runs `script` (under `runner/tests/`) with `python` against the server at `base` for
+/// `model`, and checks that it succeeded and printed a line for each of `expected` (the
+/// clients it drives, each as `name:`).
+pub fn run_client_checks(python: &Path, script: &str, base: &str, model: &str, expected: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let output = Command::new(python)
+        .arg(script)
+        .args([base, model])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for client in expected {
+        assert!(stdout.contains(client), "{client} did not run: {stdout}");
+    }
+}
