@@ -17,23 +17,13 @@ use serde_json::{Map, Value};
 
 use crate::schema_walk::{Position, positions};
 
-/// Keywords beside which other schemas judge the same value, so closing could contradict them.
-const BESIDE: [&str; 15] = [
+/// Keywords beside which other schemas judge the same value's properties, so closing could
+/// contradict them (besides the in-place applicators, [`crate::schema_walk::IN_PLACE`]).
+const BESIDE: [&str; 4] = [
     "additionalProperties",
     "unevaluatedProperties",
     "patternProperties",
     "propertyNames",
-    "allOf",
-    "anyOf",
-    "oneOf",
-    "$ref",
-    "$dynamicRef",
-    "$recursiveRef",
-    "if",
-    "then",
-    "else",
-    "dependentSchemas",
-    "dependencies",
 ];
 
 /// Keywords that say something about an object's properties: a choice beneath a schema with
@@ -151,7 +141,12 @@ fn closable(map: &Map<String, Value>) -> bool {
         Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
         Some(_) => false,
     };
-    if !object_type || BESIDE.iter().any(|k| map.contains_key(*k)) {
+    if !object_type
+        || BESIDE
+            .iter()
+            .chain(&crate::schema_walk::IN_PLACE)
+            .any(|k| map.contains_key(*k))
+    {
         return false;
     }
     let lists_required = map

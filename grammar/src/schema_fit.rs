@@ -44,22 +44,6 @@ const FORMATS: [&str; 11] = [
     "unknown",
 ];
 
-/// Keywords that apply other schemas to the same instance; beside them `unevaluated*` cannot
-/// be rewritten as `additional*`.
-const IN_PLACE: [&str; 11] = [
-    "allOf",
-    "anyOf",
-    "oneOf",
-    "$ref",
-    "$dynamicRef",
-    "$recursiveRef",
-    "if",
-    "then",
-    "else",
-    "dependentSchemas",
-    "dependencies",
-];
-
 /// The work llguidance spends proving two patterns disjoint, as it does itself.
 const DISJOINT_CHECK_FUEL: u64 = 10_000;
 
@@ -256,7 +240,10 @@ fn resolve<'a>(schema: &'a Value, pointer: &str) -> Option<&'a Value> {
 
 /// Drops the keywords llguidance does not implement, rewriting exactly where that is possible.
 fn fit_keywords(map: &mut Map<String, Value>, unimplemented: &[&str], what: &mut Vec<String>) {
-    let in_place = IN_PLACE.iter().any(|k| map.contains_key(*k)) || map.contains_key("contains");
+    let in_place = crate::schema_walk::IN_PLACE
+        .iter()
+        .any(|k| map.contains_key(*k))
+        || map.contains_key("contains");
     for &keyword in unimplemented {
         let Some(value) = map.remove(keyword) else {
             continue;

@@ -8,6 +8,22 @@
 
 use serde_json::Value;
 
+/// Keywords that apply other schemas to the same instance: beside them `unevaluated*` cannot
+/// be rewritten as `additional*`, and an object cannot be closed.
+pub(crate) const IN_PLACE: [&str; 11] = [
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "$dynamicRef",
+    "$recursiveRef",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",
+];
+
 /// Keywords whose value is one schema (`items` may also be an array of them, in drafts
 /// before 2020-12).
 const ONE_SCHEMA: [&str; 12] = [
