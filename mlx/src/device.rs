@@ -91,6 +91,14 @@ pub fn blas_name() -> String {
     ffi::blas_name()
 }
 
+/// How many multi-threaded BLAS calls have run on mlxkit's own BLAS threads, which sleep when
+/// idle, instead of OpenBLAS's, which spin between calls through the kernels that run on the
+/// same cores. 0 where OpenBLAS keeps its threads: another BLAS, an OpenBLAS older than 0.3.27,
+/// `MLXKIT_BLAS_THREADS=openblas`, one core.
+pub fn blas_parallel_calls() -> u64 {
+    ffi::blas_parallel_calls()
+}
+
 /// True when f32 matmuls run on the MLX wheel's reference BLAS: a Linux CPU build that found
 /// no OpenBLAS, where prefill is about 25 times slower.
 pub fn blas_is_reference() -> bool {

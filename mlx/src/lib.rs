@@ -40,9 +40,10 @@ pub use array::Array;
 pub use compile::{Compiled, compile};
 pub use conv::conv1d;
 pub use device::{
-    CpuKernels, Device, Stream, blas_gemv_forwarding, blas_is_reference, blas_name, cpu_kernels,
-    cpu_primitive_paths, cpu_primitives_enabled, cpu_threads, cuda_available, gpu_available,
-    metal_available, set_cpu_kernels, set_cpu_primitives, set_cpu_threads, synchronize, version,
+    CpuKernels, Device, Stream, blas_gemv_forwarding, blas_is_reference, blas_name,
+    blas_parallel_calls, cpu_kernels, cpu_primitive_paths, cpu_primitives_enabled, cpu_threads,
+    cuda_available, gpu_available, metal_available, set_cpu_kernels, set_cpu_primitives,
+    set_cpu_threads, synchronize, version,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};

@@ -56,6 +56,7 @@ fn main() {
     bridge
         .file("shim/shim.cc")
         .file("shim/gemv.cc")
+        .file("shim/blas_threads.cc")
         .file("shim/qmv.cc")
         .file("shim/qmv8.cc")
         .file("shim/append.cc")

@@ -536,3 +536,26 @@ fn activations_match_formulas() {
         assert!((*g as f64 - 0.5 * *v as f64 * (1.0 + *e as f64)).abs() < 1e-5);
     }
 }
+
+/// Prefill-sized products run multi-threaded, on the shim's BLAS threads where OpenBLAS takes
+/// its threading callback (`mlx-sys/shim/blas_threads.cc`), and the product is the
+/// reference's.
+#[test]
+fn threaded_matmul_matches_reference_on_our_blas_threads() {
+    let (m, k, n) = (192, 256, 160);
+    let (a, xa) = array(&[m, k], 11);
+    let (b, xb) = array(&[k, n], 12);
+    let expected = matmul(&a, &b, m as usize, k as usize, n as usize);
+    let before = mlx::blas_parallel_calls();
+    let got = xa.matmul(&xb).unwrap().to_vec::<f32>().unwrap();
+    assert_close(&got, &expected, 1e-4, "product");
+    let two_cores = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let own_threads = std::env::var("MLXKIT_BLAS_THREADS").as_deref() != Ok("openblas");
+    if mlx::blas_gemv_forwarding() && two_cores && own_threads {
+        assert!(
+            mlx::blas_parallel_calls() > before,
+            "no product ran on the shim's BLAS threads ({})",
+            mlx::blas_name()
+        );
+    }
+}

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 
+#include "blas_threads.h"
 #include "rust/cxx.h"
 
 namespace mlxkit {
@@ -62,20 +63,41 @@ struct Blas {
 };
 
 using ConfigFn = const char* (*)();
+using ThreadsCallbackFn = void (*)(int, mlxkit::BlasJob, int, std::size_t, void*, int);
+using SetThreadsCallbackFn = void (*)(ThreadsCallbackFn);
 
 // The linked OpenBLAS's symbol `name`. RTLD_NEXT: the unprefixed `cblas_sgemm` after this one.
 void* openblas_symbol(const char* name) {
   return dlsym(RTLD_NEXT, (std::string(MLXKIT_BLAS_PREFIX) + name).c_str());
 }
 
+// Hands OpenBLAS's parallel jobs to threads of ours that sleep when idle (blas_threads.cc),
+// unless `MLXKIT_BLAS_THREADS=openblas` asks for OpenBLAS's own; an OpenBLAS older than the
+// callback (0.3.27) keeps its own.
+void adopt_blas_threads() {
+  const char* choice = std::getenv("MLXKIT_BLAS_THREADS");
+  if (choice != nullptr && std::strcmp(choice, "openblas") == 0) {
+    return;
+  }
+  auto set_callback = reinterpret_cast<SetThreadsCallbackFn>(
+      openblas_symbol("openblas_set_threads_callback_function"));
+  if (set_callback != nullptr) {
+    set_callback(&mlxkit::run_blas_jobs);
+  }
+}
+
 const Blas& next_blas() {
-  // Resolved once; a thread-safe static (MLX calls BLAS from its stream threads).
-  static const Blas blas = {
-      reinterpret_cast<SgemmFn>(openblas_symbol("cblas_sgemm")),
-      reinterpret_cast<SgemvFn>(openblas_symbol("cblas_sgemv")),
-      reinterpret_cast<SetThreadsFn>(openblas_symbol("openblas_set_num_threads")),
-      reinterpret_cast<GetThreadsFn>(openblas_symbol("openblas_get_num_threads")),
-  };
+  // Resolved once, before the first product; a thread-safe static (MLX calls BLAS from its
+  // stream threads).
+  static const Blas blas = [] {
+    adopt_blas_threads();
+    return Blas{
+        reinterpret_cast<SgemmFn>(openblas_symbol("cblas_sgemm")),
+        reinterpret_cast<SgemvFn>(openblas_symbol("cblas_sgemv")),
+        reinterpret_cast<SetThreadsFn>(openblas_symbol("openblas_set_num_threads")),
+        reinterpret_cast<GetThreadsFn>(openblas_symbol("openblas_get_num_threads")),
+    };
+  }();
   return blas;
 }
 

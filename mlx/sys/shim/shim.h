@@ -4,6 +4,7 @@
 // them as returning `Result`, so cxx turns the exception into a Rust error.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -37,6 +38,8 @@ bool blas_gemv_forwarding();
 // The BLAS MLX's f32 matmuls reach, with OpenBLAS's build configuration when linked.
 rust::String blas_name();
 bool blas_is_reference();
+// OpenBLAS calls run on the shim's BLAS threads (blas_threads.cc).
+std::uint64_t blas_parallel_calls();
 bool metal_is_available();
 bool cuda_is_available();
 void set_default_device(bool gpu);

@@ -165,6 +165,8 @@ pub mod ffi {
         fn blas_gemv_forwarding() -> bool;
         /// The BLAS MLX's f32 matmuls reach (`shim/gemv.cc`), with OpenBLAS's configuration.
         fn blas_name() -> String;
+        /// OpenBLAS calls whose jobs ran on the shim's BLAS threads (`shim/blas_threads.cc`).
+        fn blas_parallel_calls() -> u64;
         /// Whether a Linux CPU build fell back to the MLX wheel's reference BLAS.
         fn blas_is_reference() -> bool;
         fn metal_is_available() -> Result<bool>;
