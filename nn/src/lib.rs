@@ -54,6 +54,7 @@ pub mod attention;
 pub mod audio;
 pub mod cached_attention;
 pub mod config;
+pub mod context_extension;
 pub mod conv1d;
 pub mod embedding;
 mod error;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use mlx::Dtype;
 use quant::{Checkpoint, Format};
 
+use crate::context_extension::{Extension, extend_context};
 use crate::model::Model;
 use crate::registry::{build_model, default_dtype, describe};
 use crate::weights::Weights;
@@ -25,6 +26,9 @@ pub struct LoadSettings {
     /// at load ([`Weights::dequantized`]): MLX's CPU matrix products are faster dense, and a
     /// small model's dense copy fits. Ignored on a GPU.
     pub dequantize_below_bytes: u64,
+    /// The context to serve, where it is longer than the one the model was trained for: the
+    /// rotary embedding is stretched to it ([`extend_context`]). `None`: as trained.
+    pub context: Option<usize>,
 }
 
 impl Default for LoadSettings {
@@ -32,6 +36,7 @@ impl Default for LoadSettings {
         LoadSettings {
             dtype: None,
             dequantize_below_bytes: DEQUANTIZE_BELOW_BYTES,
+            context: None,
         }
     }
 }
@@ -49,6 +54,8 @@ pub struct Loaded {
     pub model: Box<dyn Model>,
     /// The raw config (for a GGUF file, its metadata translated to transformers' names).
     pub config_json: serde_json::Value,
+    /// How the rotary embedding was stretched for [`LoadSettings::context`].
+    pub extension: Extension,
     /// The checkpoint's format.
     pub format: Format,
     /// The dtype the model computes in.
@@ -79,9 +86,13 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
 pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(path)?;
-    let config_json = checkpoint.config().clone();
+    let mut config_json = checkpoint.config().clone();
     // Refuses an unsupported or malformed config before any tensor is read.
-    describe(&config_json)?;
+    let trained = describe(&config_json)?.context_length;
+    let extension = match settings.context {
+        Some(tokens) => extend_context(&mut config_json, trained, tokens),
+        None => Extension::Within,
+    };
     let dtype = match settings.dtype {
         Some(d) => d,
         None => default_dtype()?,
@@ -113,6 +124,7 @@ pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
     Ok(Loaded {
         model,
         config_json,
+        extension,
         format: checkpoint.format(),
         dtype,
         parameters,

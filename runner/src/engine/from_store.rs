@@ -168,6 +168,41 @@ pub fn check_draft_vocabulary(
     }
 }
 
+/// The context a Modelfile's `num_ctx` asks for. As in Ollama, a user may run a model past
+/// its trained context (an agent's 12k-token tool prompt on an 8k model); the model is then
+/// loaded with its rotary embedding stretched to it (`nn::context_extension`). A shorter
+/// `num_ctx` is a per-request option and lowers each request's context instead
+/// (`server::prompt::check_context`).
+fn modelfile_context(manifest: &Manifest) -> Option<usize> {
+    manifest
+        .parameters
+        .get("num_ctx")
+        // A Modelfile writes every number as a float; requests refuse one past 1e8.
+        .and_then(serde_json::Value::as_f64)
+        .filter(|n| n.fract() == 0.0 && (1.0..=1e8).contains(n))
+        .map(|n| n as usize)
+}
+
+/// The context `loaded` serves, and a log line where it is past the trained one.
+fn served_context(name: &ModelName, loaded: &nn::load::Loaded, asked: Option<usize>) -> usize {
+    let trained = loaded.model.spec().context_length.max(1);
+    let Some(asked) = asked.filter(|&asked| asked > trained) else {
+        return trained;
+    };
+    match loaded.extension {
+        nn::context_extension::Extension::Yarn { factor } => tracing::info!(
+            "`{name}` serves a context of {asked} tokens (its Modelfile's num_ctx), past the \
+             {trained} it was trained for: its rotary embedding is stretched {factor:.2}x (YaRN)"
+        ),
+        _ => tracing::warn!(
+            "`{name}` serves a context of {asked} tokens (its Modelfile's num_ctx), past the \
+             {trained} it was trained for, with its rotary embedding as it ships; replies past \
+             {trained} tokens may degrade"
+        ),
+    }
+    asked
+}
+
 /// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer,
 /// and `draft` beside it, ready to serve with `loop_config`.
 pub fn load(
@@ -185,11 +220,12 @@ pub fn load(
         name: name.to_string(),
         source,
     };
-    let loaded = load_weights(name, manifest, dir)?;
+    let asked_context = modelfile_context(manifest);
+    let loaded = load_weights(name, manifest, dir, asked_context)?;
+    let context_length = served_context(name, &loaded, asked_context);
     let tokenizer = tokenizer_of(name, manifest, dir)?;
     let template = chat_template(manifest, &tokenizer).map_err(tok_err)?;
     let family = Family::detect(&tokenizer);
-    let context_length = loaded.model.spec().context_length.max(1);
     let preprocessor = preprocessor_config(dir, manifest).map_err(model_err)?;
     let vision = loaded
         .model
@@ -269,10 +305,15 @@ fn load_weights(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
+    context: Option<usize>,
 ) -> Result<nn::load::Loaded, LoadError> {
     let weights =
         weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
-    nn::load::load(&weights, None).map_err(|source| LoadError::Model {
+    let settings = nn::load::LoadSettings {
+        context,
+        ..nn::load::LoadSettings::default()
+    };
+    nn::load::load_with(&weights, settings).map_err(|source| LoadError::Model {
         name: name.to_string(),
         source,
     })
@@ -284,7 +325,7 @@ fn attach_draft(
     target: &ModelName,
     source: &DraftSource,
 ) -> Result<(), LoadError> {
-    let loaded = load_weights(&source.name, &source.manifest, &source.dir)?;
+    let loaded = load_weights(&source.name, &source.manifest, &source.dir, None)?;
     // Its tokenizer is the target's (checked before loading): cut its head as the target's.
     let vocab = session.model().spec().vocab_size;
     let model = nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, vocab);
