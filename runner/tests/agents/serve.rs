@@ -60,6 +60,11 @@ impl Served {
         }
     }
 
+    /// Everything the server has logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// The last `lines` lines of the server's log.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
