@@ -11,7 +11,11 @@
 //!   parts reach it (issue 21).
 //! - `transcription`: a Whisper checkpoint, which turns speech into text through
 //!   `/v1/audio/transcriptions` and does nothing else: it lists no `completion` (issue 21).
-//! - `tools`: the template renders a `tools` list.
+//! - `tools`: the template renders a `tools` list (recorded at import); `show` lists it for
+//!   every model that completes text, since tools reach every such model, through its template
+//!   or written into the system turn (the hermes or generic format, issue 48; [`shown`]).
+//! - `insert`: the vocabulary has fill-in-the-middle tokens, so `/api/generate`'s `suffix`
+//!   reaches the model ([`tokenizer::FillInMiddle`]).
 //! - `thinking`: the template opens or strips a reasoning block (`<think>`, `enable_thinking`,
 //!   `reasoning_content`).
 //!
@@ -22,6 +26,9 @@ pub const VISION: &str = "vision";
 
 /// The name of the audio capability, as recorded in a manifest and shown.
 pub const AUDIO: &str = "audio";
+
+/// The name of the fill-in-the-middle capability, as recorded in a manifest and shown.
+pub const INSERT: &str = "insert";
 
 /// The name of the speech-to-text capability, as recorded in a manifest and shown.
 pub const TRANSCRIPTION: &str = "transcription";
@@ -36,13 +43,15 @@ pub fn transcribes(capabilities: &[String]) -> bool {
     capabilities.iter().any(|c| c == TRANSCRIPTION)
 }
 
-/// What a checkpoint reads besides text.
+/// What a checkpoint reads besides chat turns and plain text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Inputs {
     /// It has a vision tower mlxkit builds.
     pub vision: bool,
     /// It has an audio encoder mlxkit builds.
     pub audio: bool,
+    /// Its vocabulary has fill-in-the-middle tokens.
+    pub insert: bool,
 }
 
 impl Inputs {
@@ -51,6 +60,7 @@ impl Inputs {
         Inputs {
             vision: capabilities.iter().any(|c| c == VISION),
             audio: capabilities.iter().any(|c| c == AUDIO),
+            insert: capabilities.iter().any(|c| c == INSERT),
         }
     }
 }
@@ -66,7 +76,19 @@ pub fn of_model(template: Option<&str>, inputs: Inputs) -> Vec<String> {
             at += 1;
         }
     }
+    if inputs.insert {
+        insert_before_thinking(&mut out, INSERT);
+    }
     out
+}
+
+/// Adds `name` to `list` before `thinking` (Ollama's order), or last.
+fn insert_before_thinking(list: &mut Vec<String>, name: &str) {
+    let at = list
+        .iter()
+        .position(|c| c == "thinking")
+        .unwrap_or(list.len());
+    list.insert(at, name.to_string());
 }
 
 /// The capabilities a model with this chat template offers (images aside, see [`of_model`]).
@@ -87,9 +109,39 @@ pub fn of_template(template: Option<&str>) -> Vec<String> {
     out
 }
 
+/// The capabilities `show` lists for a model with these `recorded` ones: `tools` added wherever
+/// it completes text, before `thinking` as Ollama orders them.
+pub fn shown(mut recorded: Vec<String>) -> Vec<String> {
+    let completes = recorded.iter().any(|c| c == "completion");
+    if completes && !recorded.iter().any(|c| c == "tools") {
+        // Before `insert`, where it is listed.
+        let at = recorded
+            .iter()
+            .position(|c| c == INSERT || c == "thinking")
+            .unwrap_or(recorded.len());
+        recorded.insert(at, "tools".to_string());
+    }
+    recorded
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shown_adds_tools_to_every_model_that_completes_text() {
+        let list = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(shown(list(&["completion"])), ["completion", "tools"]);
+        assert_eq!(
+            shown(list(&["completion", "vision", "thinking"])),
+            ["completion", "vision", "tools", "thinking"]
+        );
+        assert_eq!(
+            shown(list(&["completion", "tools", "thinking"])),
+            ["completion", "tools", "thinking"]
+        );
+        assert_eq!(shown(of_transcriber()), ["transcription"]);
+    }
 
     #[test]
     fn from_templates() {
@@ -106,18 +158,29 @@ mod tests {
         );
         let vision = Inputs {
             vision: true,
-            audio: false,
+            ..Inputs::default()
         };
         assert_eq!(
             of_model(Some("{{ tools }}"), vision),
             ["completion", "vision", "tools"]
         );
         let audio = Inputs {
-            vision: false,
             audio: true,
+            ..Inputs::default()
         };
         let listed = of_model(Some("{{ tools }}"), audio);
         assert_eq!(listed, ["completion", "audio", "tools"]);
         assert_eq!(Inputs::of_capabilities(&listed), audio);
+        let fills_in = Inputs {
+            insert: true,
+            ..Inputs::default()
+        };
+        let listed = of_model(Some("{{ tools }}<think>"), fills_in);
+        assert_eq!(listed, ["completion", "tools", "insert", "thinking"]);
+        assert_eq!(Inputs::of_capabilities(&listed), fills_in);
+        assert_eq!(
+            shown(of_model(None, fills_in)),
+            ["completion", "tools", "insert"]
+        );
     }
 }

@@ -82,13 +82,14 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         return describe_whisper(&checkpoint).map_err(model_err);
     }
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
-    let inputs = crate::capabilities::Inputs {
+    let mut inputs = crate::capabilities::Inputs {
         vision: nn::registry::image_input(checkpoint.config())
             .map_err(model_err)?
             .is_some(),
         audio: nn::registry::audio_input(checkpoint.config())
             .map_err(model_err)?
             .is_some(),
+        insert: false,
     };
     // The chat template, when the checkpoint carries a readable tokenizer.
     let tokenizer = match checkpoint.format() {
@@ -104,6 +105,9 @@ pub fn describe(path: &Path) -> Result<(Format, Details), ImportError> {
         }
         (tokenizer, _) => tokenizer.ok(),
     };
+    inputs.insert = tokenizer
+        .as_ref()
+        .is_some_and(|t| tokenizer::FillInMiddle::of(t).is_some());
     let template = tokenizer.and_then(|t| t.chat_template().map(str::to_string));
     if let Some(source) = &template {
         tokenizer::ChatTemplate::check(source).map_err(|source| ImportError::Template {

@@ -406,11 +406,15 @@ fn the_answer_with_audio_is_the_models_own() {
     let (_, show) = post(server(), "/api/show", json!({ "model": MODEL }));
     assert_eq!(
         show["capabilities"],
-        json!(["completion", "audio"]),
+        json!(["completion", "audio", "tools"]),
         "{show}"
     );
     let (_, show) = post(server(), "/api/show", json!({ "model": TEXT_MODEL }));
-    assert_eq!(show["capabilities"], json!(["completion"]), "{show}");
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "tools"]),
+        "{show}"
+    );
 }
 
 /// A conversation re-sends its clip each turn; the clip is encoded once, and the second turn

@@ -179,12 +179,17 @@ fn a_speculating_hybrid_answers_as_without_speculation() {
 }
 
 /// `show` reports what the model can be asked to do, from its chat template: this one renders
-/// no tools and no reasoning; a copy created with a template that does, offers both.
+/// no tools (they still reach it, written into the system turn, so `tools` is listed) and no
+/// reasoning; a copy created with a template that renders both, offers both.
 #[test]
 fn show_reports_capabilities_from_the_template() {
     let (status, show) = post(server(), "/api/show", json!({ "model": MODEL }));
     assert_eq!(status, 200, "{show}");
-    assert_eq!(show["capabilities"], json!(["completion"]), "{show}");
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "tools"]),
+        "{show}"
+    );
     assert_eq!(show["details"]["family"], "qwen3_5_text");
 
     let template =

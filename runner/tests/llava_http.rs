@@ -399,7 +399,7 @@ fn the_answer_with_an_image_is_the_models_own() {
     let (_, show) = post(server(), "/api/show", json!({ "model": MODEL }));
     assert_eq!(
         show["capabilities"],
-        json!(["completion", "vision"]),
+        json!(["completion", "vision", "tools"]),
         "{show}"
     );
 }

@@ -485,7 +485,7 @@ fn the_answer_with_images_is_the_models_own() {
     let (_, show) = post(server(), "/api/show", json!({ "model": MODEL }));
     assert_eq!(
         show["capabilities"],
-        json!(["completion", "vision"]),
+        json!(["completion", "vision", "tools"]),
         "{show}"
     );
 }

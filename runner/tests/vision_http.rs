@@ -562,11 +562,15 @@ fn capabilities_refusals_and_hostile_images() {
     let (_, show) = post(server(), "/api/show", json!({ "model": MODEL }));
     assert_eq!(
         show["capabilities"],
-        json!(["completion", "vision"]),
+        json!(["completion", "vision", "tools"]),
         "{show}"
     );
     let (_, show) = post(server(), "/api/show", json!({ "model": TEXT_MODEL }));
-    assert_eq!(show["capabilities"], json!(["completion"]), "{show}");
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "tools"]),
+        "{show}"
+    );
 
     let image = base64(&png(8, 8, 3));
     for (path, body) in [

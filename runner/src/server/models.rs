@@ -138,6 +138,7 @@ pub async fn show(
         }
     };
     let tool_format = super::tool_format::for_show(loaded.as_ref().map(|l| &*l.0), &capabilities);
+    let capabilities = crate::capabilities::shown(capabilities);
     Ok(Json(json!({
         "modelfile": modelfile,
         "parameters": parameters,
