@@ -618,13 +618,12 @@ pub async fn count_tokens(
     Ok(response)
 }
 
-/// What Anthropic's API calls a stop reason.
+/// What Anthropic's API calls a stop reason. A limit reached wins over the calls made before
+/// it: the reply was cut (a second call's half is dropped, issue 48).
 fn stop_reason(summary: &Summary, tool_calls: bool) -> &'static str {
-    if tool_calls {
-        return "tool_use";
-    }
     match (summary.reason, &summary.stop_sequence) {
         (DoneReason::Length, _) => "max_tokens",
+        _ if tool_calls => "tool_use",
         (_, Some(_)) => "stop_sequence",
         (DoneReason::Stop | DoneReason::Cancelled, None) => "end_turn",
     }

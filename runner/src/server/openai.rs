@@ -164,12 +164,12 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// What OpenAI's API calls a finish reason. A limit reached wins over the calls made before it: the reply was cut (a second call's half
+/// is dropped, issue 48), and `tool_calls` would tell the client it had every call.
 fn finish_reason(summary: &Summary, tool_calls: bool) -> &'static str {
-    if tool_calls {
-        return "tool_calls";
-    }
     match summary.reason {
         DoneReason::Length => "length",
+        _ if tool_calls => "tool_calls",
         DoneReason::Stop | DoneReason::Cancelled => "stop",
     }
 }
