@@ -847,3 +847,16 @@ impl SseShape for MessageShape {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::openai::tests::ended;
+
+    #[test]
+    fn a_limit_reached_after_a_call_is_max_tokens() {
+        assert_eq!(stop_reason(&ended(DoneReason::Length), true), "max_tokens");
+        assert_eq!(stop_reason(&ended(DoneReason::Stop), true), "tool_use");
+        assert_eq!(stop_reason(&ended(DoneReason::Stop), false), "end_turn");
+    }
+}

@@ -710,3 +710,26 @@ fn model_json(entry: &crate::store::Entry) -> Value {
         "owned_by": "library",
     })
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn ended(reason: DoneReason) -> Summary {
+        Summary {
+            reason,
+            stats: Default::default(),
+            total: Default::default(),
+            load: Default::default(),
+            draft: None,
+            stop_sequence: None,
+        }
+    }
+
+    #[test]
+    fn a_limit_reached_after_a_call_is_length() {
+        assert_eq!(finish_reason(&ended(DoneReason::Length), true), "length");
+        assert_eq!(finish_reason(&ended(DoneReason::Stop), true), "tool_calls");
+        assert_eq!(finish_reason(&ended(DoneReason::Stop), false), "stop");
+    }
+}
