@@ -15,6 +15,7 @@
 // every call uses the same static scratch buffer, so calls run one at a time.
 
 #include "blas_threads.h"
+#include "spin.h"
 
 #include <atomic>
 #include <chrono>
@@ -22,24 +23,9 @@
 #include <mutex>
 #include <thread>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace mlxkit {
 
 namespace {
-
-// How long an idle thread (or the caller, waiting for the others) spins before it sleeps.
-constexpr auto kSpin = std::chrono::microseconds(100);
-
-inline void relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Spins on `word` while it holds `value`, then sleeps on it; returns its new value.
 template <typename T>
@@ -49,7 +35,7 @@ T await_change(const std::atomic<T>& word, T value) {
   T now = word.load(std::memory_order_acquire);
   while (now == value) {
     relax();
-    if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+    if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start > kSpinBeforeSleep) {
       word.wait(value, std::memory_order_acquire);
     }
     now = word.load(std::memory_order_acquire);

@@ -12,6 +12,7 @@
 // returns only once every claimed part has run.
 
 #include "pool.h"
+#include "spin.h"
 
 #if defined(__linux__)
 #include <sched.h>
@@ -28,10 +29,6 @@
 #include <mutex>
 #include <thread>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace mlxkit {
 
 namespace {
@@ -40,17 +37,6 @@ namespace {
 constexpr int kMaxThreads = 8;
 // What `MLXKIT_THREADS` or `set_pool_threads` may ask for.
 constexpr int kMaxSetThreads = 64;
-
-// How long an idle helper spins before it sleeps.
-constexpr auto kSpin = std::chrono::microseconds(100);
-
-inline void relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // The cores worth spreading a kernel over: on Linux the CPUs this process may run on (a
 // container's or `taskset`'s limit included); on Apple silicon the performance cores, since a
@@ -158,7 +144,7 @@ class Pool {
       uint32_t now = wake_.load(std::memory_order_acquire);
       while (now == seen) {
         relax();
-        if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+        if (++spins % 64 == 0 && std::chrono::steady_clock::now() - start > kSpinBeforeSleep) {
           // `wait` returns at once if a job was published after `sleeping_` went up: the
           // publisher either sees the count and wakes us, or we see its new value.
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
