@@ -102,3 +102,26 @@ fn decode_step(bencher: divan::Bencher, rows: i32, history: i32, stored: Dtype) 
         mlx::eval(&outs).expect("eval");
     });
 }
+
+/// A prompt chunk's attention, one layer of SmolLM2-135M's shape: `CHUNK` queries that are the
+/// last positions of a `history`-token causal history, as a long prompt's later chunks attend.
+/// Work: 9 heads x CHUNK x (history - CHUNK/2) query-key pairs, 2 x 64 multiply-adds each.
+#[divan::bench(consts = [4096, 12288], sample_count = 10)]
+fn prefill_chunk<const HISTORY: i32>(bencher: divan::Bencher) {
+    const CHUNK: i32 = 512;
+    let keys = noise(&[1, KV_HEADS, HISTORY, HEAD_DIM], 11);
+    let values = noise(&[1, KV_HEADS, HISTORY, HEAD_DIM], 12);
+    let queries = noise(&[1, HEADS, CHUNK, HEAD_DIM], 13);
+    bencher.bench_local(|| {
+        let history = [RowHistory {
+            keys: &keys,
+            values: &values,
+            causal: true,
+            allowed: None,
+        }];
+        let out = rows_attention(&queries, &history, 0.125, None)
+            .expect("attention")
+            .expect("the CPU kernel applies");
+        out.eval().expect("eval");
+    });
+}

@@ -9,7 +9,9 @@
 // For a prompt chunk it attends tiles of queries against blocks of keys, so a long prompt's
 // keys and values are read once per tile rather than once per query, and keeps only the
 // tile's scores (never the whole score matrix), with a vectorized `exp` where MLX's CPU softmax
-// evaluates `exp` one lane at a time.
+// evaluates `exp` one lane at a time. With AVX-512, scores are taken sixteen keys at a time and
+// the weighted sum carries four queries per pass over the values: a 512-token chunk at 12k
+// tokens of history attends 1.65x faster than with the AVX2 kernels (`mlx/benches`).
 //
 // Keys and values are f32, or f16 from a half-precision cache (`--kv-cache f16`), widened
 // exactly as they are read: half the bytes a long history costs per step. From an 8-bit cache
@@ -288,23 +290,254 @@ MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
   return horizontal_sum(total8) + exp_portable(scores + t, len - t, max);
 }
 
+// The largest of `scores[0..len)`. Any order gives the same maximum, so lanes may take it.
+MLXKIT_AVX2 float max_avx2(const float* scores, int len) {
+  __m256 max8 = _mm256_set1_ps(-INFINITY);
+  int t = 0;
+  for (; t + 8 <= len; t += 8) {
+    max8 = _mm256_max_ps(max8, _mm256_loadu_ps(scores + t));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  float max = _mm_cvtss_f32(m);
+  for (; t < len; ++t) {
+    max = std::max(max, scores[t]);
+  }
+  return max;
+}
+
+// AVX-512 (`head_dim` a multiple of 16). The sixteen-lane kernels keep the AVX2 ones' shape
+// but do twice the work per instruction, and the weighted sum carries up to four queries of a
+// tile through one pass over the values, so each value is loaded once for all of them.
+
+// `q · k` with sixteen partial sums.
+template <typename T>
+MLXKIT_AVX512 float dot_avx512(const float* a, const T* b, int n) {
+  __m512 s = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s);
+  }
+  return _mm512_reduce_add_ps(s);
+}
+
+// Sixteen keys at a time, each with its own sixteen partial sums, then the sixteen sums
+// reduced together by a transposing tree (31 shuffles and 15 additions for sixteen keys,
+// where a horizontal sum per key takes 16 instructions). `Chunks` is `head_dim / 16` when the
+// query fits in registers (up to 128 dimensions), so the accumulators stay in registers too;
+// 0 reads the query from memory for any multiple of 16. A key's score is the same bits
+// wherever it falls: groups of sixteen start at `t0`, a multiple of 16 (the kernel's blocks
+// start at multiples of 128), and only a range's last few keys take `dot_avx512`.
+template <typename T, int Chunks>
+MLXKIT_AVX512 void scores_avx512(const float* q, int64_t token, const T* kh, int t0, int t1,
+                                 int head_dim, float scale, float* scores) {
+  // The tree below leaves the sum of input slot s in lane kLane[s]; slot s is fed key kLane[s],
+  // so lane j ends up holding key j.
+  static constexpr int kLane[16] = {0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15};
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  __m512 qd[Chunks > 0 ? Chunks : 1];
+#pragma GCC unroll 8
+  for (int c = 0; c < Chunks; ++c) {
+    qd[c] = _mm512_loadu_ps(q + 16 * c);
+  }
+  int t = t0;
+  for (; t + 16 <= t1; t += 16) {
+    __m512 acc[16];
+    const T* key = kh + t * token;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j, key += token) {
+      __m512 sum = _mm512_setzero_ps();
+      if constexpr (Chunks > 0) {
+#pragma GCC unroll 8
+        for (int c = 0; c < Chunks; ++c) {
+          sum = _mm512_fmadd_ps(qd[c], load16(key + 16 * c), sum);
+        }
+      } else {
+        for (int d = 0; d < head_dim; d += 16) {
+          sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(key + d), sum);
+        }
+      }
+      acc[j] = sum;
+    }
+    // 16 -> 8: each pair's four 128-bit quarters added in halves, [a | b] per vector.
+    __m512 half[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 a = acc[kLane[2 * j]];
+      const __m512 b = acc[kLane[2 * j + 1]];
+      half[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    // 8 -> 4: one quarter per key, four partial sums each.
+    __m512 quarter[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512 a = half[2 * j];
+      const __m512 b = half[2 * j + 1];
+      quarter[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    // 4 -> 2 -> 1: within each quarter, pairs of partial sums, then the last pair.
+    const __m512 pair0 = _mm512_add_ps(_mm512_unpacklo_ps(quarter[0], quarter[1]),
+                                       _mm512_unpackhi_ps(quarter[0], quarter[1]));
+    const __m512 pair1 = _mm512_add_ps(_mm512_unpacklo_ps(quarter[2], quarter[3]),
+                                       _mm512_unpackhi_ps(quarter[2], quarter[3]));
+    const __m512 sums = _mm512_add_ps(_mm512_unpacklo_ps(pair0, pair1),
+                                      _mm512_unpackhi_ps(pair0, pair1));
+    _mm512_storeu_ps(scores + t, _mm512_mul_ps(sums, scale16));
+  }
+  for (; t < t1; ++t) {
+    scores[t] = dot_avx512(q, kh + t * token, head_dim) * scale;
+  }
+}
+
+// `exp_avx2_sum` sixteen lanes at a time.
+MLXKIT_AVX512 float exp_avx512_sum(float* scores, int len, float max) {
+  const __m512 max16 = _mm512_set1_ps(max);
+  __m512 total16 = _mm512_setzero_ps();
+  int t = 0;
+  for (; t + 16 <= len; t += 16) {
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(scores + t), max16));
+    _mm512_storeu_ps(scores + t, e);
+    total16 = _mm512_add_ps(total16, e);
+  }
+  return _mm512_reduce_add_ps(total16) + exp_avx2_sum(scores + t, len - t, max);
+}
+
+// `scores_avx512` for this `head_dim` (a multiple of 16).
+template <typename T>
+auto scores_avx512_for(int head_dim) {
+  using Scores = void (*)(const float*, int64_t, const T*, int, int, int, float, float*);
+  static constexpr Scores by_chunks[9] = {
+      scores_avx512<T, 0>, scores_avx512<T, 1>, scores_avx512<T, 2>,
+      scores_avx512<T, 3>, scores_avx512<T, 4>, scores_avx512<T, 5>,
+      scores_avx512<T, 6>, scores_avx512<T, 7>, scores_avx512<T, 8>};
+  return head_dim / 16 <= 8 ? by_chunks[head_dim / 16] : by_chunks[0];
+}
+
+// `out[i] += Σ_t p[i][t] · v_t` over tokens `[0, n)` for `G` queries at once; each lane of
+// each query runs the same fused multiply-adds in the same order as `weighted_sum_avx2` (one
+// per token, in token order), so grouping never changes a query's bits.
+template <typename T, int G>
+MLXKIT_AVX512 void weighted_sums_avx512(const float* const* p, const T* vh, int64_t token, int n,
+                                        int head_dim, float* const* out) {
+  int d0 = 0;
+  for (; d0 + 64 <= head_dim; d0 += 64) {
+    __m512 acc[G][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        acc[g][j] = _mm512_loadu_ps(out[g] + d0 + 16 * j);
+      }
+    }
+    for (int t = 0; t < n; ++t) {
+      const T* v = vh + t * token + d0;
+      const __m512 v0 = load16(v);
+      const __m512 v1 = load16(v + 16);
+      const __m512 v2 = load16(v + 32);
+      const __m512 v3 = load16(v + 48);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        const __m512 pt = _mm512_set1_ps(p[g][t]);
+        acc[g][0] = _mm512_fmadd_ps(pt, v0, acc[g][0]);
+        acc[g][1] = _mm512_fmadd_ps(pt, v1, acc[g][1]);
+        acc[g][2] = _mm512_fmadd_ps(pt, v2, acc[g][2]);
+        acc[g][3] = _mm512_fmadd_ps(pt, v3, acc[g][3]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        _mm512_storeu_ps(out[g] + d0 + 16 * j, acc[g][j]);
+      }
+    }
+  }
+  for (; d0 < head_dim; d0 += 16) {
+    __m512 acc[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      acc[g] = _mm512_loadu_ps(out[g] + d0);
+    }
+    for (int t = 0; t < n; ++t) {
+      const __m512 v = load16(vh + t * token + d0);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][t]), v, acc[g]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      _mm512_storeu_ps(out[g] + d0, acc[g]);
+    }
+  }
+}
+
+template <typename T>
+MLXKIT_AVX512 void weighted_sums_avx512(const float* const* p, int count, const T* vh,
+                                        int64_t token, int n, int head_dim, float* const* out) {
+  for (int g = 0; g < count; g += 4) {
+    switch (std::min(4, count - g)) {
+      case 1:
+        weighted_sums_avx512<T, 1>(p + g, vh, token, n, head_dim, out + g);
+        break;
+      case 2:
+        weighted_sums_avx512<T, 2>(p + g, vh, token, n, head_dim, out + g);
+        break;
+      case 3:
+        weighted_sums_avx512<T, 3>(p + g, vh, token, n, head_dim, out + g);
+        break;
+      default:
+        weighted_sums_avx512<T, 4>(p + g, vh, token, n, head_dim, out + g);
+    }
+  }
+}
+
 #endif  // __x86_64__
+
+// The largest of `scores[0..len)`.
+float max_portable(const float* scores, int len) {
+  float max = -INFINITY;
+  for (int t = 0; t < len; ++t) {
+    max = std::max(max, scores[t]);
+  }
+  return max;
+}
+
+// `weighted_sum` for `count` queries over the same tokens `[0, n)`, one query after another.
+template <typename T, void (*weighted_sum)(const float*, const T*, int64_t, int, int, int, float*)>
+void weighted_sums_each(const float* const* p, int count, const T* vh, int64_t token, int n,
+                        int head_dim, float* const* out) {
+  for (int i = 0; i < count; ++i) {
+    weighted_sum(p[i], vh, token, 0, n, head_dim, out[i]);
+  }
+}
 
 template <typename T>
 struct Kernels {
   void (*scores)(const float*, int64_t, const T*, int, int, int, float, float*);
+  float (*max)(const float*, int);
   float (*exp_sum)(float*, int, float);
   void (*weighted_sum)(const float*, const T*, int64_t, int, int, int, float*);
+  // `weighted_sum` of several queries over one run of tokens, with the same bits per query.
+  void (*weighted_sums)(const float* const*, int, const T*, int64_t, int, int, float* const*);
 };
 
 template <typename T>
 Kernels<T> kernels_for(int head_dim) {
 #if defined(__x86_64__)
+  if (kernel_level() >= kAvx512 && head_dim % 16 == 0) {
+    return {scores_avx512_for<T>(head_dim), max_avx2, exp_avx512_sum, weighted_sum_avx2<T>,
+            weighted_sums_avx512<T>};
+  }
   if (has_avx2() && head_dim % 8 == 0) {
-    return {scores_avx2<T>, exp_avx2_sum, weighted_sum_avx2<T>};
+    return {scores_avx2<T>, max_avx2, exp_avx2_sum, weighted_sum_avx2<T>,
+            weighted_sums_each<T, weighted_sum_avx2<T>>};
   }
 #endif
-  return {scores_portable<T>, exp_portable, weighted_sum_portable<T>};
+  return {scores_portable<T>, max_portable, exp_portable, weighted_sum_portable<T>,
+          weighted_sums_each<T, weighted_sum_portable<T>>};
 }
 
 // Queries attended together, and keys per pass over them (a multiple of 8): a block of 128
@@ -316,8 +549,8 @@ constexpr int kKeyBlock = 128;
 // Queries `q[i]` of one head, `i < count <= kQueryTile`: `out[i] = softmax(scale · K q[i]) V`
 // over the first `visible[i]` tokens. Keys and values are walked in blocks shared by the
 // tile, but each query's sums run in the same order as when it is attended alone (blocks of
-// eight keys from each block's start, values accumulated token after token), so its result is
-// the same bits.
+// eight keys, or sixteen with AVX-512, from each block's start; values accumulated token after
+// token), so its result is the same bits.
 template <typename Source>
 void attend_tile(const Kernels<typename Source::Element>& k, const float* const* q,
                  const int* visible, int count, const Source& keys, const Source& values,
@@ -355,10 +588,7 @@ void attend_tile(const Kernels<typename Source::Element>& k, const float* const*
         }
       }
     }
-    float max = -INFINITY;
-    for (int t = 0; t < visible[i]; ++t) {
-      max = std::max(max, s[t]);
-    }
+    const float max = k.max(s, visible[i]);
     if (max == -INFINITY) {
       // A query that sees nothing: zero weights and zeros out, not NaN.
       std::fill(s, s + visible[i], 0.0f);
@@ -368,14 +598,24 @@ void attend_tile(const Kernels<typename Source::Element>& k, const float* const*
     }
     std::fill(out[i], out[i] + head_dim, 0.0f);
   }
+  // Every query of the tile through the tokens all of them see in this block, together; then
+  // each query alone through the rest of what it sees.
+  const float* weights[kQueryTile];
   for (int t0 = 0; t0 < longest; t0 += kKeyBlock) {
     const int end = std::min(t0 + kKeyBlock, longest);
     const auto* block = values.run(t0, end, scratch);
+    int shared = end - t0;
+    for (int i = 0; i < count; ++i) {
+      weights[i] = scores.data() + i * stride + t0;
+      shared = std::max(0, std::min(shared, visible[i] - t0));
+    }
+    if (shared > 0) {
+      k.weighted_sums(weights, count, block, values.stride(), shared, head_dim, out);
+    }
     for (int i = 0; i < count; ++i) {
       const int t1 = std::min(end, visible[i]);
-      if (t0 < t1) {
-        k.weighted_sum(scores.data() + i * stride + t0, block, values.stride(), 0, t1 - t0,
-                       head_dim, out[i]);
+      if (t0 + shared < t1) {
+        k.weighted_sum(weights[i], block, values.stride(), shared, t1 - t0, head_dim, out[i]);
       }
     }
   }

@@ -47,6 +47,15 @@ MLXKIT_AVX2 inline __m256 load8(const Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Sixteen consecutive values from `p` as f32 lanes.
+MLXKIT_AVX512 inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+
+MLXKIT_AVX512 inline __m512 load16(const Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 #endif  // __x86_64__
 
 }  // namespace mlxkit
