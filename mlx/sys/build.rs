@@ -81,15 +81,10 @@ fn main() {
         // clang (a macOS build, zig) flags MLX's own bf16 header for an implicit copy.
         .flag_if_supported("-Wno-deprecated-copy")
         // GCC 12's AVX-512 intrinsics start from `_mm512_undefined_*`, which it then reports
-        // as maybe uninitialized wherever they are inlined (a known false positive).
-        .flag_if_supported("-Wno-maybe-uninitialized");
-    // `cargo clippy` builds this script apart from the build's (clippy-driver wraps workspace
-    // members) and links nothing, so compiling the shim for it only repeats the test build's
-    // compile, ~45 s of a cold `scripts/test` (issue 45). The build and `cargo check` (the
-    // packages step, which compiles the shim from each package's own files) still compile it.
-    if !linted_by_clippy() {
-        bridge.compile("mlxkit-shim");
-    }
+        // as (maybe) uninitialized wherever they are inlined (a known false positive).
+        .flag_if_supported("-Wno-maybe-uninitialized")
+        .flag_if_supported("-Wno-uninitialized");
+    bridge.compile("mlxkit-shim");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
@@ -116,18 +111,6 @@ fn main() {
         "cargo:link_args={}",
         joined.join(&LINK_ARG_SEPARATOR.to_string())
     );
-}
-
-/// Whether this script runs for `cargo clippy`, whose workspace wrapper is `clippy-driver`
-/// (Cargo hands build scripts `RUSTC_WORKSPACE_WRAPPER`): nothing is linked then.
-fn linted_by_clippy() -> bool {
-    env::var_os("RUSTC_WORKSPACE_WRAPPER")
-        .and_then(|wrapper| {
-            Path::new(&wrapper)
-                .file_stem()
-                .map(|name| name.to_string_lossy().starts_with("clippy-driver"))
-        })
-        .unwrap_or(false)
 }
 
 /// Returns the MLX folder (with `include/` and `lib/`), or every reason each way failed.
