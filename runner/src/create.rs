@@ -174,7 +174,7 @@ pub fn convert(
     // A converted GGUF holds the same values it did: it is still, say, Q4_K_M.
     manifest.details.quantization_level = match target {
         Some(target) => target.name().to_string(),
-        None => crate::import::quantization_level(&checkpoint),
+        None => crate::checkpoint_details::quantization_level(&checkpoint),
     };
     Ok(manifest)
 }

@@ -44,7 +44,8 @@
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
 //!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
-//!   transformers folders; [`model_source`]: what a `FROM` names; [`modelfile`]: `create -f`;
+//!   transformers folders; [`checkpoint_details`]: what a checkpoint is, read at import and
+//!   from Ollama's store; [`model_source`]: what a `FROM` names; [`modelfile`]: `create -f`;
 //!   [`create`]: `create --quantize` through `quant`'s pipeline; [`create_model`]: a
 //!   Modelfile's model written to the store; [`export`]: a stored model written out as a
 //!   transformers / mlx-lm folder.
@@ -54,6 +55,7 @@
 //!   the crash-consistency tests.
 
 pub mod capabilities;
+pub mod checkpoint_details;
 pub mod cli;
 pub mod create;
 pub mod create_model;

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::model_name::ModelName;
-use crate::store::{Format, Layer, Manifest};
+use crate::store::manifest::{Format, Layer, Manifest};
 
 const DEFAULT_HOST: &str = "registry.ollama.ai";
 const DEFAULT_NAMESPACE: &str = "library";
@@ -185,7 +185,7 @@ impl OllamaStore {
             .first()
             .ok_or("its manifest has no model layer")?;
         let blob = self.blob_path(&weights.digest);
-        let (_, details) = crate::import::describe(&blob).map_err(|e| e.to_string())?;
+        let (_, details) = crate::checkpoint_details::describe(&blob).map_err(|e| e.to_string())?;
         manifest.details = details;
         Ok(())
     }

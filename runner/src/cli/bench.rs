@@ -13,7 +13,7 @@ use crate::server::AppState;
 use crate::server::generation::Output;
 use crate::server::options::GenerationOptions;
 use crate::server::request::{self, GenerationRequest, PromptSource};
-use crate::server::structured::Requested;
+use crate::server::requested_shape::Requested;
 
 /// What `bench` prompts with.
 pub(super) enum BenchPrompt {

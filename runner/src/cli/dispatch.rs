@@ -13,7 +13,7 @@ use crate::cli::progress::Bars;
 use crate::cli::{info, listing, repl, replay, serve};
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
-use crate::server::structured::{self, Requested};
+use crate::server::requested_shape::{self, Requested};
 use crate::store::Store;
 
 /// Runs `command` against the store `$MLXKIT_HOME` names.
@@ -106,7 +106,7 @@ fn run_command(store: Store, args: RunArgs) -> Result<()> {
                 Ok(schema @ serde_json::Value::Object(_)) => schema,
                 _ => serde_json::Value::String(text),
             };
-            structured::ollama_format(Some(&value))
+            requested_shape::ollama_format(Some(&value))
         })
         .transpose()?
         .flatten();

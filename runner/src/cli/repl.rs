@@ -13,7 +13,7 @@ use crate::server::AppState;
 use crate::server::generation::Output;
 use crate::server::options::GenerationOptions;
 use crate::server::request::{self, GenerationRequest, PromptSource};
-use crate::server::structured::Requested;
+use crate::server::requested_shape::Requested;
 
 /// One-shot or interactive chat, streamed to the terminal.
 pub(super) async fn chat(

@@ -34,8 +34,8 @@ use crate::server::generation::{Output, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
 use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::requested_shape::{self, Requested, ToolChoice};
 use crate::server::sse::{SseShape, sse};
-use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::warnings::Warnings;
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
 
@@ -427,7 +427,7 @@ fn function_tool(i: usize, tool: &Value) -> Result<Result<Value, String>, ApiErr
     {
         return Ok(Err(format!("{name} ({kind}, tools[{i}])")));
     }
-    Ok(Ok(structured::function_tool(
+    Ok(Ok(requested_shape::function_tool(
         name,
         tool.get("input_schema"),
         tool.get("description"),
@@ -450,7 +450,9 @@ fn output_format(req: &MessagesRequest) -> Result<Option<grammar::GrammarSpec>, 
         Some("json_schema") => {
             let schema = format.get("schema").cloned().unwrap_or_else(|| json!({}));
             let response_format = json!({"type": "json_schema", "json_schema": {"schema": schema}});
-            Ok(structured::openai_response_format(Some(&response_format))?)
+            Ok(requested_shape::openai_response_format(Some(
+                &response_format,
+            ))?)
         }
         other => Err(bad(format!(
             "`output_config.format.type` must be \"json_schema\", got {}",

@@ -19,7 +19,7 @@ use crate::model_name::ModelName;
 use crate::server::error::ApiError;
 use crate::server::openai::OpenAiError;
 use crate::server::request_error::RequestError;
-use crate::server::{AppState, JsonBody, prompt};
+use crate::server::{AppState, JsonBody, prompt, prompt_tokens};
 
 /// The most inputs one request may embed.
 pub const MAX_INPUTS: usize = 2048;
@@ -150,7 +150,7 @@ async fn embed(
                     Input::Text(text) if text.is_empty() => {
                         return Err(RequestError::invalid(format!("input {i} is empty")));
                     }
-                    Input::Text(text) => prompt::encode(&info, &text, true)?,
+                    Input::Text(text) => prompt_tokens::encode(&info, &text, true)?,
                     Input::Tokens(ids) => ids,
                 };
                 if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {

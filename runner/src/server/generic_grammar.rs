@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokenizer::ThinkingTags;
 
 use crate::server::request_error::RequestError;
-use crate::server::structured::{Requested, ToolChoice, fitted_tool};
+use crate::server::requested_shape::{Requested, ToolChoice, fitted_tool};
 
 /// The constraint for `requested`'s tools in the generic format; `thinking` (the tags, and
 /// whether the prompt opened the region) puts a reasoning region first.

@@ -21,7 +21,7 @@ use crate::engine::job::decode_image;
 use crate::engine::prompt_media::{ImageLayout, ImagePrompt};
 use crate::engine::{EncoderInput, ImageProcessing, ModelInfo, PromptMedia, UndecodedImage};
 use crate::server::audio;
-use crate::server::prompt;
+use crate::server::prompt_tokens;
 use crate::server::request_error::RequestError;
 
 /// The most images one request may carry: each is decoded and preprocessed before the engine
@@ -97,7 +97,7 @@ pub fn expand(
             }
         }
     }
-    let tokens = prompt::encode(info, &expanded, add_special)?;
+    let tokens = prompt_tokens::encode(info, &expanded, add_special)?;
     let media_tokens: Vec<u32> = info
         .vision
         .iter()

@@ -13,13 +13,15 @@
 //! - `operations`: `/health`, `/tokenize`, `/detokenize`; `metrics`: `/metrics` and what
 //!   it counts.
 //! - `sse`: server-sent event streams (OpenAI's `data:` lines, Anthropic's named events).
-//! - `prompt`: requests → prompt tokens (templates, media checks, context); `images`: a
+//! - `prompt`: requests → prompt tokens (templates, media checks, context); `prompt_tokens`:
+//!   prompt text tokenized within the context; `images`: a
 //!   prompt's `[img-N]` tags laid out as the model takes images (or audio), and the media
 //!   prepared; `audio`: a clip cut into segments, their features and token layout.
 //! - `options`: request options, validated; `output_limit`: the server's default output
 //!   limit (`MLXKIT_MAX_OUTPUT_TOKENS`); `default_model`: the model serving requests that
 //!   name a hosted model (`claude-…`, `gpt-…`) no stored model is called.
-//! - `structured`: structured output (formats, schemas, pinned tool calls) per request;
+//! - `requested_shape`: what a request asks of its output (format, tools, `tool_choice`);
+//!   `structured`: that compiled as one grammar (formats, schemas, pinned tool calls);
 //!   `loosened`: the header reporting where a schema was loosened to compile;
 //!   `generic_grammar`: the reply object of the generic tool format, for templates without a
 //!   tool section; `tool_format`: which of the two a model uses, as `/api/show` reports it.
@@ -63,9 +65,11 @@ pub mod options;
 pub mod origins;
 pub mod output_limit;
 pub mod prompt;
+pub mod prompt_tokens;
 pub mod request;
 pub mod request_error;
 pub mod request_log;
+pub mod requested_shape;
 pub mod responses;
 pub mod responses_tools;
 pub mod server_paths;

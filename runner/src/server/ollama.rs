@@ -23,7 +23,7 @@ use crate::server::generation::{self, Output, Summary};
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
 use crate::server::request::{self, GenerationRequest, PromptSource};
-use crate::server::structured::{self, Requested};
+use crate::server::requested_shape::{self, Requested};
 use crate::server::{AppState, JsonBody, rfc3339};
 
 /// The fields `/api/generate` and `/api/chat` share.
@@ -110,7 +110,7 @@ fn common(state: &AppState, fields: &GenerationFields) -> Result<Common, ApiErro
         return Err(ApiError::bad_request("`model` is required"));
     }
     let name = ModelName::parse(model)?;
-    let format = structured::ollama_format(format)?;
+    let format = requested_shape::ollama_format(format)?;
     let mut generation = GenerationOptions::default();
     if let Ok(defaults) = state.model_defaults(&name) {
         generation.apply(&defaults)?;

@@ -18,8 +18,8 @@ use crate::server::ollama::MAX_TOP_LOGPROBS;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments, ChatMessage};
 use crate::server::request::{self, GenerationRequest, MAX_CHOICES, PromptSource};
+use crate::server::requested_shape::{self, Requested, ToolChoice};
 use crate::server::sse::{SseShape, sse};
-use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::{AppState, JsonBody, request_id, stored_model};
 
 /// A failure on an OpenAI endpoint (chat and text completions, Responses, embeddings,
@@ -225,7 +225,7 @@ pub async fn chat_completions(
     let (name, defaults) = stored_model(&state, &req.model)?;
     let options = req.sampling.options(&defaults)?;
     let choices = req.sampling.choices()?;
-    let format = structured::openai_response_format(req.response_format.as_ref())?;
+    let format = requested_shape::openai_response_format(req.response_format.as_ref())?;
     let choice = ToolChoice::from_openai(req.tool_choice.as_ref())?;
     // `none` withholds the tools from the model altogether.
     let tools = match choice {
@@ -503,7 +503,7 @@ pub async fn completions(
             );
         }
     };
-    let format = structured::openai_response_format(req.response_format.as_ref())?;
+    let format = requested_shape::openai_response_format(req.response_format.as_ref())?;
     let top = req.logprobs.unwrap_or(0);
     if top > 5 {
         return Err(ApiError::bad_request("`logprobs` must be at most 5").into());

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::model_name::ModelName;
 use crate::server::error::ApiError;
-use crate::server::{AppState, JsonBody, prompt};
+use crate::server::{AppState, JsonBody, prompt, prompt_tokens};
 
 /// `GET /health`: the server answers, and which model is loaded.
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
@@ -48,7 +48,8 @@ pub async fn tokenize(
         .await?;
     let info = lease.info.clone();
     let rendered =
-        prompt::off_runtime(move || prompt::encode(&info, &req.content, req.add_special)).await?;
+        prompt::off_runtime(move || prompt_tokens::encode(&info, &req.content, req.add_special))
+            .await?;
     Ok(Json(json!({ "tokens": rendered })))
 }
 

@@ -13,6 +13,7 @@ use tokenizer::{
 use crate::engine::{ModelInfo, PromptMedia};
 use crate::server::audio;
 use crate::server::images;
+use crate::server::prompt_tokens::{check_bytes, encode};
 use crate::server::request_error::RequestError;
 
 /// The largest decoded image or audio payload accepted, in bytes.
@@ -441,29 +442,6 @@ pub fn render_infill(
         turn_starts: Vec::new(),
         images: Vec::new(),
     })
-}
-
-/// Tokenizes prompt text, refusing first a text too long for the context whatever its tokens.
-pub fn encode(info: &ModelInfo, text: &str, add_special: bool) -> Result<Vec<u32>, RequestError> {
-    check_bytes(info, text.len())?;
-    info.tokenizer
-        .encode(text, add_special)
-        .map_err(|e| RequestError::invalid(format!("tokenizing the prompt: {e}")))
-}
-
-/// Refuses `bytes` of prompt text that cannot fit the context however it tokenizes: no token
-/// covers more than the vocabulary's longest, so this is exact, not a guess, and it spares
-/// tokenizing megabytes (a 50 MB prompt took 31 s to tokenize only to be refused).
-fn check_bytes(info: &ModelInfo, bytes: usize) -> Result<(), RequestError> {
-    let most = info.context_length.saturating_mul(info.longest_token_bytes);
-    if bytes > most {
-        return Err(RequestError::refused(format!(
-            "the prompt is {bytes} bytes, more than the context of {} tokens can hold \
-             (at most {most} bytes with this vocabulary)",
-            info.context_length
-        )));
-    }
-    Ok(())
 }
 
 /// How many prompts are rendered and tokenized at once, off the async runtime.

@@ -18,7 +18,8 @@ use crate::server::loosened;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, RenderedPrompt};
 use crate::server::request_error::RequestError;
-use crate::server::structured::{self, Requested};
+use crate::server::requested_shape::Requested;
+use crate::server::structured;
 
 /// What the prompt is made from.
 pub enum PromptSource {

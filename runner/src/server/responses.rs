@@ -32,9 +32,9 @@ use crate::server::openai::OpenAiError;
 use crate::server::options::GenerationOptions;
 use crate::server::prompt::{self, Attachments};
 use crate::server::request::{self, GenerationRequest, PromptSource};
+use crate::server::requested_shape::{self, Requested, ToolChoice};
 use crate::server::responses_tools::{ToolKind, Tools};
 use crate::server::sse::{SseShape, sse};
-use crate::server::structured::{self, Requested, ToolChoice};
 use crate::server::warnings::Warnings;
 use crate::server::{AppState, JsonBody, item_id, push_str, stored_model};
 
@@ -406,7 +406,9 @@ fn format(text: Option<&Value>) -> Result<Option<grammar::GrammarSpec>, ApiError
             "schema": format.get("schema").cloned().unwrap_or(Value::Null)}}),
         _ => format.clone(),
     };
-    Ok(structured::openai_response_format(Some(&response_format))?)
+    Ok(requested_shape::openai_response_format(Some(
+        &response_format,
+    ))?)
 }
 
 /// `POST /v1/responses`.

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use crate::server::error::ApiError;
-use crate::server::structured;
+use crate::server::requested_shape;
 use crate::server::warnings::Warnings;
 
 /// How the client declared a tool the model may call.
@@ -130,7 +130,7 @@ impl Tools {
                 ToolKind::Function => (f.parameters, f.description),
                 ToolKind::Custom => custom_as_function(&f.original),
             };
-            offered.functions.push(structured::function_tool(
+            offered.functions.push(requested_shape::function_tool(
                 &model_name,
                 parameters.as_ref(),
                 description.as_ref(),
