@@ -11,7 +11,7 @@
 // tile's scores (never the whole score matrix), with a vectorized `exp` where MLX's CPU softmax
 // evaluates `exp` one lane at a time. With AVX-512, scores are taken sixteen keys at a time and
 // the weighted sum carries four queries per pass over the values: a 512-token chunk at 12k
-// tokens of history attends 1.65x faster than with the AVX2 kernels (`mlx/benches`).
+// tokens of history attends 1.6x faster than with the AVX2 kernels (`mlx/benches`).
 //
 // Keys and values are f32, or f16 from a half-precision cache (`--kv-cache f16`), widened
 // exactly as they are read: half the bytes a long history costs per step. From an 8-bit cache
