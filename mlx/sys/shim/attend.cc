@@ -290,23 +290,6 @@ MLXKIT_AVX2 float exp_avx2_sum(float* scores, int len, float max) {
   return horizontal_sum(total8) + exp_portable(scores + t, len - t, max);
 }
 
-// The largest of `scores[0..len)`. Any order gives the same maximum, so lanes may take it.
-MLXKIT_AVX2 float max_avx2(const float* scores, int len) {
-  __m256 max8 = _mm256_set1_ps(-INFINITY);
-  int t = 0;
-  for (; t + 8 <= len; t += 8) {
-    max8 = _mm256_max_ps(max8, _mm256_loadu_ps(scores + t));
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  float max = _mm_cvtss_f32(m);
-  for (; t < len; ++t) {
-    max = std::max(max, scores[t]);
-  }
-  return max;
-}
-
 // AVX-512 (`head_dim` a multiple of 16). The sixteen-lane kernels keep the AVX2 ones' shape
 // but do twice the work per instruction, and the weighted sum carries up to four queries of a
 // tile through one pass over the values, so each value is loaded once for all of them.
@@ -497,9 +480,9 @@ MLXKIT_AVX512 void weighted_sums_avx512(const float* const* p, int count, const 
 #endif  // __x86_64__
 
 // The largest of `scores[0..len)`.
-float max_portable(const float* scores, int len) {
+float max_portable(const float* scores, int64_t len) {
   float max = -INFINITY;
-  for (int t = 0; t < len; ++t) {
+  for (int64_t t = 0; t < len; ++t) {
     max = std::max(max, scores[t]);
   }
   return max;
@@ -517,7 +500,7 @@ void weighted_sums_each(const float* const* p, int count, const T* vh, int64_t t
 template <typename T>
 struct Kernels {
   void (*scores)(const float*, int64_t, const T*, int, int, int, float, float*);
-  float (*max)(const float*, int);
+  float (*max)(const float*, int64_t);
   float (*exp_sum)(float*, int, float);
   void (*weighted_sum)(const float*, const T*, int64_t, int, int, int, float*);
   // `weighted_sum` of several queries over one run of tokens, with the same bits per query.

@@ -53,21 +53,10 @@ void softmax_row_portable(const float* x, int64_t n, float* y) {
 #if defined(__x86_64__)
 
 MLXKIT_AVX2 void softmax_row_avx2(const float* x, int64_t n, float* y) {
-  int64_t i = 0;
-  __m256 max8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (; i + 8 <= n; i += 8) {
-    max8 = _mm256_max_ps(max8, _mm256_loadu_ps(x + i));
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  float max = _mm_cvtss_f32(m);
-  for (int64_t j = i; j < n; ++j) {
-    max = std::max(max, x[j]);
-  }
+  const float max = max_avx2(x, n);
   const __m256 max_all = _mm256_set1_ps(max);
   __m256 total8 = _mm256_setzero_ps();
-  i = 0;
+  int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), max_all));
     _mm256_storeu_ps(y + i, e);

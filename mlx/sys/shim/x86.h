@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -93,6 +94,23 @@ MLXKIT_AVX512 inline float horizontal_sum(__m512 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// The largest of `x[0..n)`. Any order gives the same maximum, so lanes may take it.
+MLXKIT_AVX2 inline float max_avx2(const float* x, int64_t n) {
+  __m256 max8 = _mm256_set1_ps(-__builtin_inff());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    max8 = _mm256_max_ps(max8, _mm256_loadu_ps(x + i));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max8), _mm256_extractf128_ps(max8, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  float max = _mm_cvtss_f32(m);
+  for (; i < n; ++i) {
+    max = x[i] > max ? x[i] : max;
+  }
+  return max;
 }
 
 }  // namespace mlxkit
