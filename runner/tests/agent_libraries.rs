@@ -6,7 +6,7 @@
 //! When the venv cannot be built (no Python, no package index) the test fails loudly under
 //! `CI` and is skipped with a notice otherwise.
 
-mod support;
+use crate::support;
 
 use support::cache::{required, run_client_checks, venv_python};
 use support::{MODEL, serial, server};

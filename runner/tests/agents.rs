@@ -13,11 +13,9 @@
 //! model at 12k tokens may write until the context's end). `gemma3:270m`, trained to 32,768,
 //! is a base model that never ends a reply. aider gets `smollm2:135m`, whose context it must
 //! report.
-mod support;
+use crate::support;
 
-#[path = "agents/install.rs"]
 mod install;
-#[path = "agents/serve.rs"]
 mod serve;
 
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! accepted (mid-conversation system messages, thinking, output and context settings, cache
 //! control, server tools dropped with a warning, a `max_tokens` beyond the context).
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{MODEL, PNG, Server, client, post, redact, serial, server};

@@ -6,7 +6,7 @@
 //! When they cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice
 //! otherwise.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

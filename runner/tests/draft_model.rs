@@ -5,7 +5,7 @@
 //! cancellation; seeded sampling does not depend on the depth; unseeded sampling draws its
 //! drafts from the draft's distribution without changing the target's.
 
-mod steps;
+use crate::steps;
 
 use runner::engine::{DrafterKind, LoadedModel, Speculation};
 use steps::{

@@ -8,7 +8,7 @@
 //!
 //! The tests take turns (`serial`): the flood holds most of the process's file descriptors.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

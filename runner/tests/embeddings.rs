@@ -1,7 +1,7 @@
 //! Embeddings on `smollm2:135m` through Ollama's and OpenAI's endpoints: unit vectors, a
 //! batch equal to its inputs alone, `dimensions`, `truncate`, the legacy raw vector, errors.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{MODEL, post, serial, server};

@@ -2,7 +2,7 @@
 //! prefix trie behind every request, cancellation, admission. Every answer is compared with a
 //! cold recompute (a fresh cache, one sequence, greedy).
 
-mod steps;
+use crate::steps;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -5,7 +5,7 @@
 //! The model is fetched through the project's own pull path into the per-user cache. When it
 //! cannot be fetched the tests fail loudly under `CI`, and are skipped with a notice otherwise.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::sync::Mutex;

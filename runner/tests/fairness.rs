@@ -2,7 +2,7 @@
 //! is answered while they still run, and a prompt dropped in the middle of its prefill stops
 //! there and leaves what it evaluated to its retry.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::time::Duration;

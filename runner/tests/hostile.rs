@@ -4,7 +4,7 @@
 //! still answer `/api/version` promptly: none of them may abort the process or stall the
 //! runtime. Each class here aborted the process or answered a 500 before its fix.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -5,7 +5,7 @@
 //!
 //! No download: the fixture is committed, so this runs everywhere.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::OnceLock;

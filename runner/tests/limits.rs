@@ -8,7 +8,7 @@
 //! A model made with `PARAMETER num_ctx 64` keeps the context's end a few dozen tokens away,
 //! so running into it is quick.
 
-mod support;
+use crate::support;
 
 use runner::engine::LoopConfig;
 use serde_json::{Value, json};

@@ -3,7 +3,7 @@
 //! `smollm2:135m` GGUF (hard-linked, so nothing is copied), is listed, resolved by Ollama's
 //! names and served from the very blob file.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

@@ -4,7 +4,7 @@
 //! that keeps nothing. `prompt_eval_count` is what the engine evaluated; `prompt_cached_count`
 //! what it restored.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

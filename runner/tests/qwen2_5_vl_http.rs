@@ -16,7 +16,7 @@
 //!
 //! No download: the fixture is committed, so this runs everywhere.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};

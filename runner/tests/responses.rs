@@ -4,7 +4,7 @@
 //! schema requires; the tool shapes Codex sends (namespaces, custom tools, OpenAI's built-in
 //! tools dropped with a warning) and the request fields it sets.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{MODEL, Server, client, post, post_sse, redact, serial, server};

@@ -2,7 +2,7 @@
 //! exactly what it would alone without speculation (greedy), batched with plain ones, through
 //! stop tokens, budgets, sliding windows and cancellation; the trie stays consistent.
 
-mod steps;
+use crate::steps;
 
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{

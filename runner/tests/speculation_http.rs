@@ -6,7 +6,7 @@
 //! copies of the targets (`mlxkit export --layers`): the only pairs with one vocabulary that
 //! the package registries carry.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 

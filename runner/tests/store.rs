@@ -7,7 +7,7 @@
 //! needs the real `smollm2:135m` GGUF in the per-user cache and is skipped (with a notice)
 //! without it, outside CI.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! A 135M model sampled at temperature 1.0 rarely writes valid JSON on its own, so these tests
 //! fail when the constraint is not applied on every token.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::{MODEL, Server, get, post, post_ndjson, post_sse, serial, server};

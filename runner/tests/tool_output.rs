@@ -6,7 +6,7 @@
 //! tool-call output is clean on every API: no markup in content, no half call when a limit
 //! cuts one, no whitespace-only content beside calls, parallel calls as separate calls.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 

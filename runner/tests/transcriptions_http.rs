@@ -15,7 +15,7 @@
 //! a chat model a 400 before anything loads, a Whisper model asked to chat a 400, and the
 //! server keeps answering. No download: the fixture is committed, so this runs everywhere.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

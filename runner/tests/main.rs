@@ -1,0 +1,46 @@
+//! The runner's behaviour tests, one module per subject, linked into one test binary.
+//!
+//! One binary rather than one per file: each file's binary linked the whole server, about
+//! 120 MB apiece (3.7 GB for 31 of them), which cost a cold build minutes of linking and a CI
+//! run its disk (its linker died of a bus error, lld's way of meeting a full disk). In one
+//! process the modules share what `support` starts (one `smollm2:135m` server for every
+//! module that asks for it) and `support::serial` orders the tests that read its shared
+//! state; a module's own servers stay its own.
+//!
+//! Four files stay binaries of their own. `allocator.rs`: `scripts/check-platforms` builds it
+//! to get the `mlxkit` binary for arm64 without building these. `operations.rs` and
+//! `vision_http.rs` count with the process's metrics recorder, which every server in a process
+//! shares, so other modules' requests would move their counts. `logs.rs` installs the
+//! process's tracing subscriber.
+
+mod steps;
+mod support;
+
+mod agent_libraries;
+mod agents;
+mod anthropic;
+mod audio_http;
+mod create;
+mod draft_model;
+mod edge;
+mod embeddings;
+mod engine;
+mod export;
+mod fairness;
+mod hostile;
+mod hybrid_http;
+mod limits;
+mod llava_http;
+mod ollama_store;
+mod prefix_scenarios;
+mod qwen2_5_vl_http;
+mod responses;
+mod sdk;
+mod server;
+mod speculation;
+mod speculation_http;
+mod store;
+mod store_crash;
+mod structured;
+mod tool_output;
+mod transcriptions_http;
