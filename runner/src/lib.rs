@@ -8,7 +8,8 @@
 //!
 //! 1. **Server** ([`server`]): an API module ([`server::ollama`], [`server::openai`],
 //!    [`server::responses`], [`server::anthropic`]) reads its fields and leases the model from
-//!    the [`model_keeper`] (load on first use, one model at a time, a bounded queue).
+//!    the [`model_keeper`] (load on first use beside the resident models while they fit,
+//!    the least recently used idle one out when one does not, a bounded queue).
 //! 2. **Request builder** ([`server::request`]): the one path every API and the CLI take.
 //!    It renders the prompt off the async runtime ([`server::prompt`], `tokenizer`'s chat
 //!    templates; media through [`server::images`] and [`server::audio`]), holds it to the

@@ -1,20 +1,59 @@
-//! Which model is loaded: load on first use, unload after `keep_alive`, one model at a time,
-//! and a bounded queue of requests in front of the engine.
-
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use tokio::sync::{OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
+//! Which models are resident: each loaded on first use beside the others while they fit,
+//! the least recently used idle one unloaded when a new one does not, each unloaded after its
+//! `keep_alive`; and a bounded queue of requests in front of the engine.
+//!
+//! A model fits when the resident count stays within [`ResidentLimits::max_models`] and the
+//! footprints stay within [`ResidentLimits::bytes`]. A resident's footprint is what the engine
+//! measured at its load ([`crate::engine::Resident::footprint`]: weights, one request's KV,
+//! its prefix cache's budget); a model not yet loaded counts its files' size. A model with a
+//! request in flight is never unloaded: a load that needs its room waits for its requests to
+//! end. With nothing resident a model always loads, whatever it needs.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedSemaphorePermit, RwLock, Semaphore};
 
 use crate::engine::from_store::check_draft_vocabulary;
-use crate::engine::{DraftSource, Engine, EngineError, LoadError, ModelInfo};
+use crate::engine::memory::device_memory;
+use crate::engine::{DraftSource, Engine, EngineError, LoadError, ModelInfo, ModelSlot, Resident};
 use crate::model_name::ModelName;
-use crate::store::{Store, StoreError};
+use crate::store::{Manifest, Store, StoreError};
 
 /// How long a model stays loaded after its last request, unless the request says otherwise.
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(300);
+
+/// Models resident at once unless `MLXKIT_MAX_LOADED_MODELS` says otherwise: a main model, a
+/// small fast one and an embedding model, the set a coding agent and its editor name.
+pub const DEFAULT_MAX_LOADED_MODELS: usize = 3;
+
+/// How many models may be resident at once, and in how many bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResidentLimits {
+    /// Models resident at once.
+    pub max_models: usize,
+    /// Bytes their footprints may take together.
+    pub bytes: usize,
+}
+
+impl ResidentLimits {
+    /// [`DEFAULT_MAX_LOADED_MODELS`] (`MLXKIT_MAX_LOADED_MODELS` overrides it) in three
+    /// quarters of the device's memory (`MLXKIT_RESIDENT_BYTES`): the rest is the running
+    /// requests' KV beyond each model's planned share, and the system's.
+    pub fn from_env() -> ResidentLimits {
+        let max_models = std::env::var("MLXKIT_MAX_LOADED_MODELS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_MAX_LOADED_MODELS);
+        let bytes = std::env::var("MLXKIT_RESIDENT_BYTES")
+            .ok()
+            .and_then(|v| crate::engine::memory::parse_bytes(&v))
+            .unwrap_or(device_memory() / 4 * 3);
+        ResidentLimits { max_models, bytes }
+    }
+}
 
 /// Why a request could not get the model.
 #[derive(Debug, thiserror::Error)]
@@ -35,59 +74,112 @@ pub enum LeaseError {
     NotGenerative(String),
 }
 
-struct Loaded {
-    info: Arc<ModelInfo>,
-    /// When the model may be unloaded; `None` keeps it forever (negative keep_alive). Behind
-    /// its own lock so a request holding the model can set it.
-    expires: std::sync::Mutex<Option<Instant>>,
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Loaded {
+/// A resident model and what the keeper tracks of it.
+struct Entry {
+    resident: Resident,
+    /// When it may be unloaded; `None` keeps it forever (negative keep_alive).
+    expires: Mutex<Option<Instant>>,
+    /// When a request last took it: the least recent idle one makes room first.
+    last_used: Mutex<Instant>,
+    /// Held shared by every lease on it; unloading takes it exclusively, under the set's
+    /// lock, so a model with a request in flight is never unloaded.
+    in_use: Arc<RwLock<()>>,
+}
+
+impl Entry {
     fn set_expiry(&self, keep_alive: KeepAlive) {
-        let expiry = keep_alive
+        *lock(&self.expires) = keep_alive
             .duration()
             .and_then(|d| Instant::now().checked_add(d));
-        if let Ok(mut expires) = self.expires.lock() {
-            *expires = expiry;
-        }
     }
 
     fn expiry(&self) -> Option<Instant> {
-        self.expires.lock().ok().and_then(|e| *e)
+        *lock(&self.expires)
+    }
+
+    fn expired(&self) -> bool {
+        self.expiry().is_some_and(|t| Instant::now() >= t)
     }
 
     /// Whether it is `name` with `draft` beside it (any draft, or none, when `None`).
     fn serves(&self, name: &ModelName, draft: Option<&ModelName>) -> bool {
-        self.info.name == *name && draft.is_none_or(|d| self.info.draft.as_ref() == Some(d))
+        let info = &self.resident.info;
+        info.name == *name && draft.is_none_or(|d| info.draft.as_ref() == Some(d))
     }
 }
 
-/// Keeps the loaded model and hands requests a [`Lease`] on it, shared by request handlers.
-/// It decides which model is resident, not which sequence steps next: that is the engine's
-/// step loop.
+/// A resident model as `ps` and `/metrics` show it.
+#[derive(Clone)]
+pub struct RunningModel {
+    /// The model.
+    pub info: Arc<ModelInfo>,
+    /// Its slot on the engine, for the engine's status of it.
+    pub slot: ModelSlot,
+    /// Its weights' bytes, as measured at its load.
+    pub weights_bytes: usize,
+    /// Its planned bytes (see the module docs).
+    pub footprint: usize,
+    /// When it will be unloaded; `None`: never.
+    pub expires: Option<Instant>,
+}
+
+/// Keeps the resident models and hands requests a [`Lease`] on one, shared by request
+/// handlers. It decides which models are resident, not which sequence steps next: that is
+/// the engine's step loop.
 pub struct ModelKeeper {
     engine: Arc<Engine>,
     store: Store,
-    loaded: Arc<RwLock<Option<Loaded>>>,
+    /// The resident models, in the order they were loaded.
+    residents: tokio::sync::Mutex<Vec<Arc<Entry>>>,
+    /// One load at a time: two loads deciding on room together could both count the same
+    /// free bytes.
+    loading: tokio::sync::Mutex<()>,
+    /// Signalled when a lease ends, so a load waiting for room looks again.
+    released: Arc<Notify>,
+    limits: ResidentLimits,
     queue: Arc<Semaphore>,
     capacity: usize,
     /// The draft model loaded beside targets whose Modelfile names none (`serve --draft`).
     default_draft: Option<ModelName>,
 }
 
-/// A request's hold on the loaded model: while it lives, the model stays loaded.
+/// A request's hold on a resident model: while it lives, the model stays loaded.
 pub struct Lease {
     /// The model.
     pub info: Arc<ModelInfo>,
     /// The engine running it.
     pub engine: Arc<Engine>,
-    _model: OwnedRwLockReadGuard<Option<Loaded>>,
-    _slot: OwnedSemaphorePermit,
+    /// The model's slot on the engine, which its jobs name.
+    pub slot: ModelSlot,
+    held: Option<OwnedRwLockReadGuard<()>>,
+    released: Arc<Notify>,
+    _queue_slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.held.take();
+        self.released.notify_waiters();
+    }
+}
+
+/// What an attempt to lease a resident model found.
+enum Found {
+    Leased(Lease),
+    /// Not resident: it must be loaded.
+    Absent(OwnedSemaphorePermit),
+    /// Resident but being unloaded: wait for that, then look again.
+    Leaving(Arc<Entry>, OwnedSemaphorePermit),
 }
 
 impl ModelKeeper {
     /// A keeper over `engine` admitting at most `capacity` requests at once (running or
-    /// waiting); the one after gets [`LeaseError::Busy`].
+    /// waiting); the one after gets [`LeaseError::Busy`]. Models are resident within
+    /// [`ResidentLimits::from_env`].
     pub fn new(engine: Arc<Engine>, store: Store, capacity: usize) -> Arc<ModelKeeper> {
         ModelKeeper::with_default_draft(engine, store, capacity, None)
     }
@@ -100,10 +192,24 @@ impl ModelKeeper {
         capacity: usize,
         draft: Option<ModelName>,
     ) -> Arc<ModelKeeper> {
+        ModelKeeper::with_limits(engine, store, capacity, draft, ResidentLimits::from_env())
+    }
+
+    /// Like [`ModelKeeper::with_default_draft`], with models resident within `limits`.
+    pub fn with_limits(
+        engine: Arc<Engine>,
+        store: Store,
+        capacity: usize,
+        draft: Option<ModelName>,
+        limits: ResidentLimits,
+    ) -> Arc<ModelKeeper> {
         let keeper = Arc::new(ModelKeeper {
             engine,
             store,
-            loaded: Arc::new(RwLock::new(None)),
+            residents: tokio::sync::Mutex::new(Vec::new()),
+            loading: tokio::sync::Mutex::new(()),
+            released: Arc::new(Notify::new()),
+            limits,
             queue: Arc::new(Semaphore::new(capacity)),
             capacity,
             default_draft: draft,
@@ -122,8 +228,13 @@ impl ModelKeeper {
         &self.store
     }
 
-    /// Takes a queue slot and the model `name`, loading it (and unloading another) if needed.
-    /// `keep_alive` sets how long it stays loaded after this request.
+    /// The limits models are resident within.
+    pub fn limits(&self) -> ResidentLimits {
+        self.limits
+    }
+
+    /// Takes a queue slot and the model `name`, loading it (and unloading others to make room)
+    /// if needed. `keep_alive` sets how long it stays loaded after this request.
     pub async fn acquire(
         &self,
         name: &ModelName,
@@ -133,46 +244,93 @@ impl ModelKeeper {
     }
 
     /// Like [`ModelKeeper::acquire`], with the draft model `draft` loaded beside the model
-    /// (reloading it with that draft if it is loaded with another or none).
+    /// (loading it again with that draft if it is resident with another or none).
     pub async fn acquire_drafted(
         &self,
         name: &ModelName,
         draft: Option<&ModelName>,
         keep_alive: Option<KeepAlive>,
     ) -> Result<Lease, LeaseError> {
-        let slot = self
+        let keep_alive = keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE));
+        let mut queue_slot = self
             .queue
             .clone()
             .try_acquire_owned()
             .map_err(|_| LeaseError::Busy(self.capacity))?;
         loop {
-            let guard = self.loaded.clone().read_owned().await;
-            if let Some(loaded) = guard.as_ref().filter(|l| l.serves(name, draft)) {
-                loaded.set_expiry(keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE)));
-                return Ok(Lease {
-                    info: loaded.info.clone(),
-                    engine: Arc::clone(&self.engine),
-                    _model: guard,
-                    _slot: slot,
-                });
-            }
-            drop(guard);
-            self.switch_to(name, draft).await?;
-            // Another request may switch models before we read again; the loop takes care.
+            queue_slot = match self
+                .lease_resident(name, draft, keep_alive, queue_slot)
+                .await
+            {
+                Found::Leased(lease) => return Ok(lease),
+                Found::Leaving(entry, queue_slot) => {
+                    drop(entry.in_use.read().await);
+                    queue_slot
+                }
+                Found::Absent(queue_slot) => {
+                    let _loading = self.loading.lock().await;
+                    // Another request may have loaded it while this one waited to load.
+                    match self
+                        .lease_resident(name, draft, keep_alive, queue_slot)
+                        .await
+                    {
+                        Found::Leased(lease) => return Ok(lease),
+                        Found::Leaving(_, queue_slot) => queue_slot,
+                        Found::Absent(queue_slot) => {
+                            return self.load(name, draft, keep_alive, queue_slot).await;
+                        }
+                    }
+                }
+            };
         }
     }
 
-    /// Loads `name` with `draft` (or its default draft) unless it already is, unloading the
-    /// current model first.
-    async fn switch_to(
+    /// A lease on the resident `name` (with `draft`), if it is resident.
+    async fn lease_resident(
         &self,
         name: &ModelName,
         draft: Option<&ModelName>,
-    ) -> Result<(), LeaseError> {
-        let mut slot = self.loaded.write().await;
-        if slot.as_ref().is_some_and(|l| l.serves(name, draft)) {
-            return Ok(());
+        keep_alive: KeepAlive,
+        queue_slot: OwnedSemaphorePermit,
+    ) -> Found {
+        let residents = self.residents.lock().await;
+        let Some(entry) = residents.iter().find(|e| e.serves(name, draft)) else {
+            return Found::Absent(queue_slot);
+        };
+        match entry.in_use.clone().try_read_owned() {
+            Ok(held) => Found::Leased(self.lease_on(entry, held, keep_alive, queue_slot)),
+            Err(_) => Found::Leaving(Arc::clone(entry), queue_slot),
         }
+    }
+
+    fn lease_on(
+        &self,
+        entry: &Entry,
+        held: OwnedRwLockReadGuard<()>,
+        keep_alive: KeepAlive,
+        queue_slot: OwnedSemaphorePermit,
+    ) -> Lease {
+        entry.set_expiry(keep_alive);
+        *lock(&entry.last_used) = Instant::now();
+        Lease {
+            info: Arc::clone(&entry.resident.info),
+            engine: Arc::clone(&self.engine),
+            slot: entry.resident.slot,
+            held: Some(held),
+            released: Arc::clone(&self.released),
+            _queue_slot: queue_slot,
+        }
+    }
+
+    /// Loads `name` with `draft` (or its default draft) once there is room for it, and leases
+    /// it. The caller holds `loading`.
+    async fn load(
+        &self,
+        name: &ModelName,
+        draft: Option<&ModelName>,
+        keep_alive: KeepAlive,
+        queue_slot: OwnedSemaphorePermit,
+    ) -> Result<Lease, LeaseError> {
         let entry = self.store.get(name)?;
         if crate::capabilities::transcribes(&entry.manifest.details.capabilities) {
             return Err(LeaseError::NotGenerative(name.to_string()));
@@ -207,21 +365,68 @@ impl ModelKeeper {
                 Err(e) => return Err(e),
             },
         };
-        *slot = None;
+        let files = files_bytes(&entry.manifest)
+            .saturating_add(draft.as_ref().map_or(0, |d| files_bytes(&d.manifest)));
+        self.make_room(files).await?;
         let state = self.store.state_dir(&entry.manifest);
-        let info = self
+        let resident = self
             .engine
             .load(name.clone(), entry.manifest, dir, state, draft)
             .await?;
-        *slot = Some(Loaded {
-            info,
-            expires: std::sync::Mutex::new(Instant::now().checked_add(DEFAULT_KEEP_ALIVE)),
+        let entry = Arc::new(Entry {
+            resident,
+            expires: Mutex::new(None),
+            last_used: Mutex::new(Instant::now()),
+            in_use: Arc::new(RwLock::new(())),
         });
-        Ok(())
+        let held = Arc::clone(&entry.in_use)
+            .try_read_owned()
+            .map_err(|_| EngineError::NotLoaded)?;
+        let lease = self.lease_on(&entry, held, keep_alive, queue_slot);
+        self.residents.lock().await.push(entry);
+        Ok(lease)
+    }
+
+    /// Unloads idle models, least recently used first, until a model of `needed` bytes fits
+    /// beside the rest; waits for requests to end while only busy ones stand in the way.
+    async fn make_room(&self, needed: usize) -> Result<(), LeaseError> {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            // Registered before the set is read: a lease that ends after the read wakes it.
+            released.as_mut().enable();
+            let mut residents = self.residents.lock().await;
+            let used: usize = residents.iter().map(|e| e.resident.footprint()).sum();
+            let fits = residents.len() < self.limits.max_models
+                && used.saturating_add(needed) <= self.limits.bytes;
+            if residents.is_empty() || fits {
+                return Ok(());
+            }
+            let idle = residents
+                .iter()
+                .filter_map(|e| {
+                    let held = Arc::clone(&e.in_use).try_write_owned().ok()?;
+                    Some((Arc::clone(e), held))
+                })
+                .min_by_key(|(e, _)| *lock(&e.last_used));
+            let Some((victim, held)) = idle else {
+                drop(residents);
+                released.await;
+                continue;
+            };
+            residents.retain(|e| !Arc::ptr_eq(e, &victim));
+            drop(residents);
+            tracing::info!(
+                "unloading {} to make room for another model",
+                victim.resident.info.name
+            );
+            self.engine.unload(victim.resident.slot).await?;
+            drop(held);
+        }
     }
 
     /// `manifest`'s files, verified, off the async runtime.
-    async fn materialize(&self, manifest: &crate::store::Manifest) -> Result<PathBuf, LeaseError> {
+    async fn materialize(&self, manifest: &Manifest) -> Result<PathBuf, LeaseError> {
         let store = self.store.clone();
         let manifest = manifest.clone();
         Ok(
@@ -273,41 +478,71 @@ impl ModelKeeper {
         .map_err(|e| LeaseError::Engine(EngineError::Load(e)))
     }
 
-    /// Sets the expiry of the loaded model `name` (a request with `keep_alive: 0` unloads it
-    /// right after; negative keeps it forever).
+    /// Sets the expiry of the resident model `name` (a request with `keep_alive: 0` unloads
+    /// it right after; negative keeps it forever).
     pub async fn set_keep_alive(&self, name: &ModelName, keep_alive: KeepAlive) {
-        if let Some(loaded) = self
-            .loaded
-            .read()
-            .await
-            .as_ref()
-            .filter(|l| l.info.name == *name)
-        {
-            loaded.set_expiry(keep_alive);
+        for entry in self.residents.lock().await.iter() {
+            if entry.resident.info.name == *name {
+                entry.set_expiry(keep_alive);
+            }
         }
     }
 
-    /// The loaded model and when it expires, for `ps`.
-    pub async fn running(&self) -> Option<(Arc<ModelInfo>, Option<Instant>)> {
-        self.loaded
-            .read()
+    /// The resident models, the most recently used first (as Ollama's `ps` lists them), for
+    /// `ps` and `/metrics`.
+    pub async fn running(&self) -> Vec<RunningModel> {
+        let mut running: Vec<(Instant, RunningModel)> = self
+            .residents
+            .lock()
             .await
-            .as_ref()
-            .map(|l| (l.info.clone(), l.expiry()))
+            .iter()
+            .map(|e| {
+                let model = RunningModel {
+                    info: Arc::clone(&e.resident.info),
+                    slot: e.resident.slot,
+                    weights_bytes: e.resident.weights_bytes,
+                    footprint: e.resident.footprint(),
+                    expires: e.expiry(),
+                };
+                (*lock(&e.last_used), model)
+            })
+            .collect();
+        running.sort_by_key(|(used, _)| std::cmp::Reverse(*used));
+        running.into_iter().map(|(_, model)| model).collect()
     }
 
-    /// Unloads `name` if it is loaded (for `rm`, and `keep_alive: 0`).
+    /// Unloads `name` wherever it is resident (for `rm`, and `keep_alive: 0`), once the
+    /// requests holding it end. Whether it was resident.
     pub async fn unload(&self, name: &ModelName) -> Result<bool, LeaseError> {
-        let mut slot = self.loaded.write().await;
-        if slot.as_ref().is_some_and(|l| l.info.name == *name) {
-            *slot = None;
-            self.engine.unload().await?;
-            return Ok(true);
+        let named: Vec<Arc<Entry>> = {
+            let residents = self.residents.lock().await;
+            residents
+                .iter()
+                .filter(|e| e.resident.info.name == *name)
+                .cloned()
+                .collect()
+        };
+        let mut unloaded = false;
+        for entry in named {
+            // Taken outside the set's lock: requests on other models go on meanwhile, and new
+            // ones on this model wait for it to leave (see `Found::Leaving`).
+            let held = Arc::clone(&entry.in_use).write_owned().await;
+            let removed = {
+                let mut residents = self.residents.lock().await;
+                let before = residents.len();
+                residents.retain(|e| !Arc::ptr_eq(e, &entry));
+                residents.len() < before
+            };
+            if removed {
+                self.engine.unload(entry.resident.slot).await?;
+                unloaded = true;
+            }
+            drop(held);
         }
-        Ok(false)
+        Ok(unloaded)
     }
 
-    /// Unloads the model once its keep-alive has passed and no request holds it.
+    /// Unloads each model once its keep-alive has passed and no request holds it.
     fn start_reaper(keeper: &Arc<ModelKeeper>) {
         let weak = Arc::downgrade(keeper);
         tokio::spawn(async move {
@@ -317,23 +552,40 @@ impl ModelKeeper {
                 let Some(keeper) = weak.upgrade() else {
                     return;
                 };
-                let expired = |slot: &Option<Loaded>| {
-                    slot.as_ref()
-                        .and_then(Loaded::expiry)
-                        .is_some_and(|t| Instant::now() >= t)
-                };
-                if expired(&*keeper.loaded.read().await) {
-                    // `try_write` fails while any request holds a lease: try again next tick.
-                    if let Ok(mut slot) = keeper.loaded.try_write()
-                        && expired(&slot)
-                    {
-                        *slot = None;
-                        let _ = keeper.engine.unload().await;
-                    }
+                let mut expired = Vec::new();
+                {
+                    let mut residents = keeper.residents.lock().await;
+                    residents.retain(|entry| {
+                        // `try_write` fails while any request holds a lease: next tick.
+                        let held = entry
+                            .expired()
+                            .then(|| Arc::clone(&entry.in_use).try_write_owned().ok())
+                            .flatten();
+                        match held {
+                            Some(held) => {
+                                expired.push((entry.resident.slot, held));
+                                false
+                            }
+                            None => true,
+                        }
+                    });
+                }
+                for (slot, held) in expired {
+                    let _ = keeper.engine.unload(slot).await;
+                    drop(held);
                 }
             }
         });
     }
+}
+
+/// Bytes of `manifest`'s files: what a model not yet loaded is counted at.
+fn files_bytes(manifest: &Manifest) -> usize {
+    manifest
+        .layers
+        .iter()
+        .map(|layer| usize::try_from(layer.size).unwrap_or(usize::MAX))
+        .fold(0, usize::saturating_add)
 }
 
 /// How long to keep a model loaded after a request.

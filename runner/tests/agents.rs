@@ -16,7 +16,6 @@
 use crate::support;
 
 mod install;
-mod serve;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -24,8 +23,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use serve::{Served, mlxkit};
 use support::cache::required;
+use support::served::{Served, mlxkit};
 
 /// The model hosted names fall back to (see the module's comment).
 const AGENT_MODEL: &str = "agent-smollm2";

@@ -34,6 +34,7 @@ mod llava_http;
 mod ollama_store;
 mod prefix_scenarios;
 mod qwen2_5_vl_http;
+mod resident;
 mod responses;
 mod sdk;
 mod server;

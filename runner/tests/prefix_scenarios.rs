@@ -197,9 +197,9 @@ fn a_gemma_conversation_past_its_window_evaluates_only_new_turns() {
 fn many_conversations_under_a_small_budget_equal_cold_runs() {
     let budget: u64 = 24 << 20;
     let mut small = LoopConfig::from_env();
-    small.memory.cache_bytes = budget as usize;
+    small.memory.cache_bytes = Some(budget as usize);
     let mut none = LoopConfig::from_env();
-    none.memory.cache_bytes = 0;
+    none.memory.cache_bytes = Some(0);
     let (Some(cached), Some(cold)) = (start_server(&[MODEL], small), start_server(&[MODEL], none))
     else {
         return;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::args::KvCacheArg;
 use crate::engine::{Engine, LoopConfig};
-use crate::model_keeper::ModelKeeper;
+use crate::model_keeper::{ModelKeeper, ResidentLimits};
 use crate::model_name::ModelName;
 use crate::server::AppState;
 use crate::store::Store;
@@ -31,10 +31,12 @@ pub(super) fn loop_config(kv_cache: Option<KvCacheArg>) -> LoopConfig {
 }
 
 /// The state every API handler (and the CLI's own chat and bench) runs against: a new engine
-/// under `config`, with `default_draft` loaded beside targets that name no draft model.
+/// under `config`, models resident within `limits`, with `default_draft` loaded beside
+/// targets that name no draft model.
 pub(super) fn app_state_with(
     store: Store,
     config: LoopConfig,
+    limits: ResidentLimits,
     default_draft: Option<ModelName>,
 ) -> Result<AppState> {
     if mlx::blas_is_reference() {
@@ -46,6 +48,6 @@ pub(super) fn app_state_with(
     }
     let engine = Arc::new(Engine::with_config(config)?);
     let keeper =
-        ModelKeeper::with_default_draft(engine, store.clone(), QUEUE_CAPACITY, default_draft);
+        ModelKeeper::with_limits(engine, store.clone(), QUEUE_CAPACITY, default_draft, limits);
     Ok(AppState::new(store, keeper))
 }

@@ -87,10 +87,15 @@ pub(super) struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "MLXKIT_HOST", default_value = DEFAULT_HOST)]
     pub(super) host: String,
-    /// Bytes the prefix cache keeps between requests (`4G`, `512M`; default: a quarter of
-    /// the device's memory, at most 8 GiB).
+    /// Bytes each model's prefix cache keeps between requests (`4G`, `512M`; default: 32,768
+    /// tokens of the model's keys and values, at most a quarter of the device's memory and
+    /// 8 GiB).
     #[arg(long, env = "MLXKIT_CACHE_BYTES")]
     pub(super) cache_bytes: Option<String>,
+    /// Models resident at once (default 3); a model that does not fit beside them unloads
+    /// the least recently used idle one.
+    #[arg(long, env = "MLXKIT_MAX_LOADED_MODELS")]
+    pub(super) max_loaded_models: Option<usize>,
     /// Requests decoded at once; more wait in the queue.
     #[arg(long, env = "MLXKIT_MAX_SEQUENCES")]
     pub(super) max_sequences: Option<usize>,

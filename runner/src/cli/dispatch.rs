@@ -11,6 +11,7 @@ use crate::cli::args::{BenchArgs, Command, CreateArgs, ExportArgs, RunArgs, Serv
 use crate::cli::bench::{BenchLength, BenchPrompt, BenchStreams, bench, read_prompt_ids};
 use crate::cli::progress::Bars;
 use crate::cli::{info, listing, repl, replay, serve};
+use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
 use crate::server::requested_shape::{self, Requested};
@@ -69,14 +70,23 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         }
     }
     if let Some(text) = args.cache_bytes {
-        config.memory.cache_bytes = crate::engine::memory::parse_bytes(&text)
-            .with_context(|| format!("--cache-bytes `{text}` is not a byte count"))?;
+        config.memory.cache_bytes = Some(
+            crate::engine::memory::parse_bytes(&text)
+                .with_context(|| format!("--cache-bytes `{text}` is not a byte count"))?,
+        );
     }
     if let Some(n) = args.max_sequences {
         if n == 0 {
             bail!("--max-sequences must be at least 1");
         }
         config.max_sequences = n;
+    }
+    let mut limits = ResidentLimits::from_env();
+    if let Some(n) = args.max_loaded_models {
+        if n == 0 {
+            bail!("--max-loaded-models must be at least 1");
+        }
+        limits.max_models = n;
     }
     let default_model = args
         .default_model
@@ -91,6 +101,7 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         store,
         args.host,
         config,
+        limits,
         default_draft,
         default_model,
     ))
@@ -135,7 +146,7 @@ fn run_command(store: Store, args: RunArgs) -> Result<()> {
     let config = loop_config(args.kv_cache);
     let (think, verbose) = (args.think, args.verbose);
     runtime()?.block_on(async move {
-        let state = app_state_with(store, config, None)?;
+        let state = app_state_with(store, config, ResidentLimits::from_env(), None)?;
         repl::chat(state, name, prompt, think, verbose, options, requested).await
     })
 }
@@ -244,7 +255,7 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
     let (runs, as_json) = (args.runs.max(1), args.json);
     let config = loop_config(args.kv_cache);
     runtime()?.block_on(async move {
-        let state = app_state_with(store, config, None)?;
+        let state = app_state_with(store, config, ResidentLimits::from_env(), None)?;
         bench(state, name, prompt, length, streams, runs, as_json).await
     })
 }

@@ -106,15 +106,17 @@ pub(super) async fn ps(host: String) -> Result<()> {
         );
     }
     println!(
-        "{:<32} {:>10}  {:<8} {:>7} {:>6} {:>12}  UNTIL",
-        "NAME", "SIZE", "CONTEXT", "RUNNING", "QUEUED", "CACHE"
+        "{:<32} {:>10} {:>10} {:>10}  {:<8} {:>7} {:>6} {:>10}  UNTIL",
+        "NAME", "SIZE", "WEIGHTS", "KV", "CONTEXT", "RUNNING", "QUEUED", "CACHE"
     );
     for m in body["models"].as_array().into_iter().flatten() {
         let count = |key: &str| m[key].as_u64().unwrap_or(0);
         println!(
-            "{:<32} {:>10}  {:<8} {:>7} {:>6} {:>12}  {}",
+            "{:<32} {:>10} {:>10} {:>10}  {:<8} {:>7} {:>6} {:>10}  {}",
             m["name"].as_str().unwrap_or(""),
             human_bytes(count("size")),
+            human_bytes(count("weights_bytes")),
+            human_bytes(count("kv_bytes")),
             count("context_length"),
             count("running_sequences"),
             count("queued_requests"),

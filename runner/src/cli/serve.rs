@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::app::app_state_with;
 use crate::engine::LoopConfig;
+use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
 use crate::store::Store;
 
@@ -16,6 +17,7 @@ pub(super) async fn serve(
     store: Store,
     host: String,
     config: LoopConfig,
+    resident: ResidentLimits,
     default_draft: Option<ModelName>,
     default_model: Option<ModelName>,
 ) -> Result<()> {
@@ -28,7 +30,7 @@ pub(super) async fn serve(
             .map_or(host.as_str(), |(name, _)| name),
     );
     let max_output_tokens = crate::server::output_limit::from_env()?;
-    let state = app_state_with(store, config, default_draft)?
+    let state = app_state_with(store, config, resident, default_draft)?
         .with_max_output_tokens(max_output_tokens)
         .with_default_model(default_model);
     let open_files = limits::raise_open_file_limit();

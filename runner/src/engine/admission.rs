@@ -60,7 +60,7 @@ impl LoadedModel {
 
     /// KV bytes a job reserves: its prompt plus its whole budget, held to the context, in the
     /// target and, when it drafts with one, in the draft model.
-    fn reservation(&self, job: &Job) -> usize {
+    pub(super) fn reservation(&self, job: &Job) -> usize {
         let tokens = job
             .prompt
             .len()

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvcache::KvStorage;
+use mlx::Dtype;
 use nn::Model;
 use sampler::Sampler;
 
@@ -23,7 +24,7 @@ use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::drafters::Drafters;
 use crate::engine::encoded_media::{self, EncodedIds, EncodedMedia};
 use crate::engine::job::{DrafterKind, Job};
-use crate::engine::memory::MemoryBudget;
+use crate::engine::memory::{MemoryBudget, default_cache_bytes};
 use crate::engine::prefill_pace::PrefillPace;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sequence::{Phase, Sequence, SequenceId};
@@ -34,6 +35,10 @@ use crate::engine::step::{Pending, Result, StepError};
 /// half a second for the prefill step in flight, while a forward that long still amortizes
 /// reading the weights on the machines prefill is slowest on.
 pub const DEFAULT_PREFILL_STEP_TARGET: Duration = Duration::from_millis(500);
+
+/// Tokens of KV a resident model is planned to need at least, for one request: what an
+/// agent's first request takes.
+pub const MIN_KV_RESERVATION_TOKENS: usize = 16_384;
 
 /// How the step loop schedules work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +147,9 @@ pub struct LoopStatus {
     pub prefilled_tokens: usize,
     /// Jobs waiting for admission.
     pub queued: usize,
+    /// Bytes of KV the running sequences reserved (their prompts and budgets, held to the
+    /// context).
+    pub kv_reserved: usize,
     /// Bytes the prefix trie holds.
     pub cache_bytes: usize,
     /// Its budget.
@@ -196,12 +204,17 @@ impl LoadedModel {
     pub fn new(
         model: Box<dyn Model>,
         context_length: usize,
-        config: LoopConfig,
+        mut config: LoopConfig,
     ) -> Result<LoadedModel> {
         check_kv_storage(model.as_ref(), config.kv_storage)?;
+        let storage = config.kv_storage.unwrap_or(KvStorage::Float(Dtype::F32));
+        let cache_bytes = config.memory.cache_bytes.unwrap_or_else(|| {
+            default_cache_bytes(|tokens| model.spec().state_bytes_in(tokens, storage))
+        });
+        config.memory.cache_bytes = Some(cache_bytes);
         let prefix = PrefixCache::new(
             &fresh_caches(model.as_ref(), config.kv_storage)?,
-            config.memory.cache_bytes,
+            cache_bytes,
             config.capture_interval,
         )?;
         Ok(LoadedModel {
@@ -233,7 +246,7 @@ impl LoadedModel {
     ) -> Result<()> {
         let serving = DraftServing {
             catch_up: self.config.prefill_chunk,
-            target_cache_bytes: self.config.memory.cache_bytes,
+            target_cache_bytes: self.prefix.budget(),
             capture_interval: self.config.capture_interval,
         };
         let draft = DraftModel::new(name, model, self.model.as_ref(), serving)?;
@@ -273,6 +286,21 @@ impl LoadedModel {
         self.queue.push_back(job);
     }
 
+    /// Bytes it plans for beyond its weights: one sequence's KV of
+    /// [`MIN_KV_RESERVATION_TOKENS`] (or its whole context, when shorter) and its prefix
+    /// cache's budget.
+    pub fn planned_bytes(&self) -> usize {
+        let storage = self
+            .config
+            .kv_storage
+            .unwrap_or(KvStorage::Float(Dtype::F32));
+        let tokens = self.context_length.min(MIN_KV_RESERVATION_TOKENS);
+        self.model
+            .spec()
+            .state_bytes_in(tokens, storage)
+            .saturating_add(self.prefix.budget())
+    }
+
     /// Whether nothing runs and nothing waits.
     pub fn is_idle(&self) -> bool {
         self.sequences.is_empty() && self.queue.is_empty()
@@ -294,6 +322,11 @@ impl LoadedModel {
                 .map(|s| s.tokens.len() - s.stats.cached_tokens)
                 .sum(),
             queued: self.queue.len(),
+            kv_reserved: self
+                .sequences
+                .iter()
+                .map(|s| self.reservation(&s.job))
+                .fold(0, usize::saturating_add),
             cache_bytes: self.prefix.bytes(),
             cache_budget: self.prefix.budget(),
             cache_nodes: self.prefix.node_count(),

@@ -68,24 +68,39 @@ pub fn device_memory() -> usize {
 /// The engine's memory settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryBudget {
-    /// Bytes the prefix trie may keep between requests.
-    pub cache_bytes: usize,
+    /// Bytes the prefix trie may keep between requests; `None`: sized by the model
+    /// ([`default_cache_bytes`]).
+    pub cache_bytes: Option<usize>,
     /// Bytes of KV the running sequences may reserve together; a sequence that would exceed
     /// it waits (one sequence is always admitted).
     pub kv_bytes: usize,
 }
 
 impl MemoryBudget {
-    /// Defaults from the device's memory: a quarter (at most 8 GiB) for the prefix cache, half
-    /// for running sequences' KV. `MLXKIT_CACHE_BYTES` and `MLXKIT_KV_BYTES` override them.
+    /// Defaults from the device's memory: each model's prefix cache sized by the model, half
+    /// the device for running sequences' KV. `MLXKIT_CACHE_BYTES` and `MLXKIT_KV_BYTES`
+    /// override them.
     pub fn from_env() -> MemoryBudget {
         let device = device_memory();
         let read = |name: &str| -> Option<usize> { parse_bytes(&std::env::var(name).ok()?) };
         MemoryBudget {
-            cache_bytes: read("MLXKIT_CACHE_BYTES").unwrap_or((device / 4).min(8 << 30)),
+            cache_bytes: read("MLXKIT_CACHE_BYTES"),
             kv_bytes: read("MLXKIT_KV_BYTES").unwrap_or(device / 2),
         }
     }
+}
+
+/// Tokens of its own keys and values a model's prefix cache keeps by default: two coding
+/// agents' conversations (their first requests are 12k to 14k tokens), or many short chats.
+pub const DEFAULT_CACHE_TOKENS: usize = 32_768;
+
+/// A model's default prefix-cache budget: [`DEFAULT_CACHE_TOKENS`] of its KV, which
+/// `state_bytes` gives for a token count, and at most a quarter of the device's memory and
+/// 8 GiB. The cache is worth what it saves re-evaluating, which is counted in tokens, so its
+/// budget is too: a fixed share of memory gave a 98 MB model a 6 GB cache, beside which
+/// several resident models could not fit.
+pub fn default_cache_bytes(state_bytes: impl Fn(usize) -> usize) -> usize {
+    state_bytes(DEFAULT_CACHE_TOKENS).min((device_memory() / 4).min(8 << 30))
 }
 
 /// Parses a byte count: a plain number, or one with a `K`, `M`, `G` (powers of 1024) suffix,
@@ -125,6 +140,19 @@ mod tests {
         assert_eq!(parse_bytes("lots"), None);
         assert_eq!(parse_bytes("-1G"), None);
         assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn a_models_cache_holds_its_own_tokens_up_to_the_cap() {
+        // 46 KB a token: SmolLM2 135M's f32 keys and values.
+        let per_token = 30 * 2 * 3 * 64 * 4;
+        assert_eq!(
+            default_cache_bytes(|tokens| tokens * per_token),
+            DEFAULT_CACHE_TOKENS * per_token,
+            "1.5 GB, not a quarter of memory"
+        );
+        let cap = (device_memory() / 4).min(8 << 30);
+        assert_eq!(default_cache_bytes(|tokens| tokens << 20), cap);
     }
 
     #[test]

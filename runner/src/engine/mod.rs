@@ -1,5 +1,5 @@
-//! The engine: one MLX worker thread that owns the loaded model and runs its step loop over
-//! every request at once.
+//! The engine: one MLX worker thread that owns the resident models and runs their step loops
+//! over every request at once, one step of each model with work per round.
 //!
 //! - `job`: what a generation asks for and what it streams back.
 //! - `sequence`: one request's state inside the loop.
@@ -10,6 +10,8 @@
 //!   batch-row helpers. The bottom of the step loop.
 //! - `loaded_model`: [`LoadedModel`], what a loaded model holds to serve many sequences at once,
 //!   its configuration and status.
+//! - `residents`: the models resident on the worker, each under the [`ModelSlot`] its load
+//!   gave it.
 //! - The step's rooms, each a file over that state: `admission` (the queue, KV reservations,
 //!   restoring a new sequence's caches), `prefill` (prompt chunks, image and audio encoding),
 //!   `decode` (the batched forward, sampling, reading tokens), `speculation` (speculative
@@ -47,15 +49,15 @@
 //! ```
 //!
 //! Submitting a job puts it in an inbox and, unless the loop is already running, queues the
-//! loop on the worker. The loop steps while anything runs or waits and then returns, so loads
-//! and unloads (which the scheduler only starts with no request in flight) get the worker.
+//! loop on the worker. The loop steps while anything runs or waits and then returns.
 //!
 //! Work that needs the worker but is no sequence — one text's embedding, one clip's
-//! transcription — goes into a second queue that the loop serves between its steps: at least
-//! one piece, then more while they have taken less time than the step before them. Under
-//! generation load such work waits about one step rather than for the generations to end, and
-//! when both kinds wait each gets about half of the worker; a step waits for at most one piece
-//! (bounded by the context length, or one clip) beyond that half.
+//! transcription, loading or unloading a model — goes into a second queue that the loop serves
+//! between its rounds of steps: at least one piece, then more while they have taken less time
+//! than the round before them. Under generation load such work waits about one round rather
+//! than for the generations to end, and when both kinds wait each gets about half of the
+//! worker; a round waits for at most one piece (bounded by the context length, one clip, or
+//! one model's load) beyond that half.
 
 mod admission;
 pub mod controllers;
@@ -74,6 +76,7 @@ mod prefill;
 pub mod prefill_pace;
 pub mod prefix_cache;
 pub mod prompt_media;
+pub mod residents;
 mod retirement;
 pub mod rollback;
 pub mod sequence;
@@ -84,10 +87,10 @@ mod step_loop;
 pub mod transcription;
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -99,33 +102,37 @@ pub use job::{
     SpeculationStats, Stats, TokenLogprobs, UndecodedImage,
 };
 pub use loaded_model::{LoadedModel, LoopConfig, LoopStatus};
+pub use residents::{ModelSlot, Residents};
 
 use crate::model_name::ModelName;
 use crate::store::Manifest;
 
 thread_local! {
-    /// The loaded model lives on the worker thread: MLX arrays belong to the thread that
+    /// The resident models live on the worker thread: MLX arrays belong to the thread that
     /// builds their graphs.
-    static LOADED: RefCell<Option<LoadedModel>> = const { RefCell::new(None) };
+    static RESIDENTS: RefCell<Residents> = RefCell::new(Residents::default());
 }
 
 /// What request handlers and the loop share.
 #[derive(Default)]
 struct Shared {
-    /// Jobs submitted and not yet handed to the loop.
-    inbox: Mutex<VecDeque<Job>>,
+    /// Jobs submitted and not yet handed to the loop, each for the model in its slot.
+    inbox: Mutex<VecDeque<(ModelSlot, Job)>>,
     /// Work the loop runs between its steps, one piece per step (see the module docs).
     aside: Mutex<VecDeque<Aside>>,
     /// Whether the loop is queued or running on the worker.
     running: AtomicBool,
-    /// The loop's last status.
-    status: Mutex<LoopStatus>,
+    /// Each resident model's last status.
+    status: Mutex<HashMap<ModelSlot, LoopStatus>>,
     /// The running loop's completion, kept so the queued loop is not cancelled.
     loop_completion: Mutex<Option<Completion<()>>>,
+    /// The slot the next load takes.
+    next_slot: AtomicU64,
 }
 
-/// A piece of work the loop runs on the worker between two steps, given the loaded model.
-type Aside = Box<dyn FnOnce(Option<&LoadedModel>) + Send>;
+/// A piece of work the loop runs on the worker between two steps, given the resident models
+/// (loading and unloading one is such a piece).
+type Aside = Box<dyn FnOnce(&mut Residents) + Send>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -143,8 +150,8 @@ pub enum EngineError {
     /// MLX failed while setting up.
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
-    /// A job was submitted with no model loaded.
-    #[error("no model is loaded")]
+    /// A job was submitted for a model that is not resident.
+    #[error("the model is not loaded")]
     NotLoaded,
     /// An embedding could not be computed.
     #[error("embedding: {0}")]
@@ -155,7 +162,27 @@ pub enum EngineError {
     AsideDropped,
 }
 
-/// The MLX worker and the model it holds.
+/// A model [`Engine::load`] made resident.
+#[derive(Clone)]
+pub struct Resident {
+    /// Where its jobs go.
+    pub slot: ModelSlot,
+    /// What it is.
+    pub info: Arc<ModelInfo>,
+    /// Its weights' bytes, as measured across the load (the growth of MLX's active memory).
+    pub weights_bytes: usize,
+    /// What it plans for beyond them ([`LoadedModel::planned_bytes`]).
+    pub planned_bytes: usize,
+}
+
+impl Resident {
+    /// Bytes it is planned to take: its weights and what it plans for beyond them.
+    pub fn footprint(&self) -> usize {
+        self.weights_bytes.saturating_add(self.planned_bytes)
+    }
+}
+
+/// The MLX worker and the models resident on it.
 pub struct Engine {
     worker: Worker,
     shared: Arc<Shared>,
@@ -184,7 +211,11 @@ impl Engine {
     }
 
     /// Loads `manifest`'s model from `dir` (its materialized files), and `draft` beside it,
-    /// replacing any loaded model; what serving it teaches the engine is kept in `state`.
+    /// beside the models already resident; what serving it teaches the engine is kept in
+    /// `state`.
+    ///
+    /// The load runs between two rounds of the loop, so generations on the other resident
+    /// models pause for it rather than it waiting for them to end.
     pub async fn load(
         &self,
         name: ModelName,
@@ -192,39 +223,56 @@ impl Engine {
         dir: PathBuf,
         state: PathBuf,
         draft: Option<DraftSource>,
-    ) -> Result<Arc<ModelInfo>, EngineError> {
+    ) -> Result<Resident, EngineError> {
         let loop_config = self.loop_config;
-        let completion = self.worker.submit(move || -> Result<ModelInfo, LoadError> {
-            // Free the previous model first: two models need not fit in memory at once.
-            LOADED.with(|s| s.borrow_mut().take());
-            transcription::release();
-            let _ = memory::release_pool();
-            let (mut loaded, info) =
-                from_store::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
-            loaded.keep_state_in(state);
-            LOADED.with(|s| *s.borrow_mut() = Some(loaded));
-            let _ = memory::release_pool();
-            Ok(info)
-        });
-        Ok(Arc::new(completion.await??))
+        let slot = ModelSlot(self.shared.next_slot.fetch_add(1, Ordering::SeqCst));
+        let (info, weights_bytes, planned_bytes) = self
+            .run_aside(
+                move |residents| -> Result<(ModelInfo, usize, usize), LoadError> {
+                    transcription::release();
+                    let _ = memory::release_pool();
+                    let before = mlx::memory::active_memory().unwrap_or(0);
+                    let (mut loaded, info) =
+                        from_store::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
+                    loaded.keep_state_in(state);
+                    let _ = memory::release_pool();
+                    let weights = mlx::memory::active_memory()
+                        .unwrap_or(0)
+                        .saturating_sub(before);
+                    let planned = loaded.planned_bytes();
+                    residents.insert(slot, loaded);
+                    Ok((info, weights, planned))
+                },
+            )
+            .await??;
+        Ok(Resident {
+            slot,
+            info: Arc::new(info),
+            weights_bytes,
+            planned_bytes,
+        })
     }
 
-    /// Drops the loaded model and returns its memory.
-    pub async fn unload(&self) -> Result<(), EngineError> {
-        self.worker
-            .submit(|| {
-                LOADED.with(|s| s.borrow_mut().take());
+    /// Drops the model in `slot` (its running requests end as failed) and returns its memory.
+    pub async fn unload(&self, slot: ModelSlot) -> Result<(), EngineError> {
+        self.run_aside(move |residents| {
+            if let Some(mut loaded) = residents.remove(slot) {
+                loaded.fail_all(&EngineError::NotLoaded.to_string());
+            }
+            if residents.is_empty() {
                 transcription::release();
-                let _ = memory::release_pool();
-            })
-            .await?;
+            }
+            let _ = memory::release_pool();
+        })
+        .await?;
+        lock(&self.shared.status).remove(&slot);
         Ok(())
     }
 
-    /// Queues `job` for the loaded model's step loop; its events arrive on the job's channel,
-    /// ending with `Done` or `Failed`.
-    pub fn submit(&self, job: Job) {
-        lock(&self.shared.inbox).push_back(job);
+    /// Queues `job` for the step loop of the model in `slot`; its events arrive on the job's
+    /// channel, ending with `Done` or `Failed`.
+    pub fn submit(&self, slot: ModelSlot, job: Job) {
+        lock(&self.shared.inbox).push_back((slot, job));
         self.wake_loop();
     }
 
@@ -238,34 +286,44 @@ impl Engine {
     }
 
     /// Runs `work` on the worker between two steps of the loop (see the module docs), given
-    /// the loaded model, and returns what it returns.
+    /// the resident models, and returns what it returns.
     async fn run_aside<T: Send + 'static>(
         &self,
-        work: impl FnOnce(Option<&LoadedModel>) -> T + Send + 'static,
+        work: impl FnOnce(&mut Residents) -> T + Send + 'static,
     ) -> Result<T, EngineError> {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        lock(&self.shared.aside).push_back(Box::new(move |loaded| {
-            let _ = answer.send(work(loaded));
+        lock(&self.shared.aside).push_back(Box::new(move |residents| {
+            let _ = answer.send(work(residents));
         }));
         self.wake_loop();
         answered.await.map_err(|_| EngineError::AsideDropped)
     }
 
-    /// What the step loop is doing (as of its last step).
-    pub fn status(&self) -> LoopStatus {
-        let mut status = *lock(&self.shared.status);
-        status.queued += lock(&self.shared.inbox).len();
+    /// What the step loop is doing with the model in `slot` (as of its last step).
+    pub fn status(&self, slot: ModelSlot) -> LoopStatus {
+        let mut status = lock(&self.shared.status)
+            .get(&slot)
+            .copied()
+            .unwrap_or_default();
+        status.queued += lock(&self.shared.inbox)
+            .iter()
+            .filter(|(s, _)| *s == slot)
+            .count();
         status
     }
 
-    /// Embeddings of `inputs` with the loaded model, in order (not normalized). Each input is
-    /// one piece of work between two steps of the loop, so generations running meanwhile
+    /// Embeddings of `inputs` with the model in `slot`, in order (not normalized). Each input
+    /// is one piece of work between two steps of the loop, so generations running meanwhile
     /// neither wait for the whole batch nor make it wait for them.
-    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub async fn embed(
+        &self,
+        slot: ModelSlot,
+        inputs: Vec<Vec<u32>>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let mut vectors = Vec::with_capacity(inputs.len());
         for tokens in inputs {
             let vector = self
-                .run_aside(move |loaded| match loaded {
+                .run_aside(move |residents| match residents.get(slot) {
                     Some(loaded) => loaded.embed(&tokens).map_err(EngineError::from),
                     None => Err(EngineError::NotLoaded),
                 })
@@ -291,8 +349,12 @@ impl Engine {
     /// last step (a query must not wait behind running generations).
     pub async fn memory(&self) -> Result<(usize, usize), EngineError> {
         if self.shared.running.load(Ordering::SeqCst) {
-            let status = *lock(&self.shared.status);
-            return Ok((status.active_memory, status.peak_memory));
+            let status = lock(&self.shared.status);
+            let last = status
+                .values()
+                .map(|s| (s.active_memory, s.peak_memory))
+                .max();
+            return Ok(last.unwrap_or_default());
         }
         let result = self
             .worker
@@ -335,33 +397,37 @@ fn wait_for_burst(shared: &Shared) {
     }
 }
 
-/// The step loop: hands submitted jobs to the loaded model, runs aside work between steps
-/// ([`run_aside_work`]), and steps until nothing runs or waits. A panic inside a step ends the sequences it
-/// concerned with an error, not the loop; one inside aside work drops that work's answer.
+/// The step loop: hands submitted jobs to their models, runs aside work between steps
+/// ([`run_aside_work`]), and steps every model with work, one step each per round, until
+/// nothing runs or waits. A long generation on one model so delays another model's requests
+/// by one of its steps per round, never by its whole length. A panic inside a step ends the
+/// sequences it concerned with an error, not the loop; one inside aside work drops that
+/// work's answer.
 fn run_loop(shared: &Shared) {
-    LOADED.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let mut last_step = Duration::ZERO;
+    RESIDENTS.with(|cell| {
+        let mut residents = cell.borrow_mut();
+        let mut last_round = Duration::ZERO;
         loop {
-            if slot.as_ref().is_none_or(LoadedModel::is_idle) {
+            if residents.all_idle() {
                 wait_for_burst(shared);
             }
-            let jobs: Vec<Job> = lock(&shared.inbox).drain(..).collect();
-            match slot.as_mut() {
-                Some(loaded) => jobs.into_iter().for_each(|job| loaded.submit(job)),
-                None => {
-                    for job in jobs {
+            let jobs: Vec<(ModelSlot, Job)> = lock(&shared.inbox).drain(..).collect();
+            for (slot, job) in jobs {
+                match residents.get_mut(slot) {
+                    Some(loaded) => loaded.submit(job),
+                    None => {
                         let message = EngineError::NotLoaded.to_string();
                         let _ = job.events.send(Event::Failed(message));
                     }
                 }
             }
-            run_aside_work(shared, slot.as_ref(), last_step);
-            let idle = slot.as_ref().is_none_or(LoadedModel::is_idle);
-            if idle {
-                if let Some(loaded) = slot.as_ref() {
-                    *lock(&shared.status) = loaded.status();
+            run_aside_work(shared, &mut residents, last_round);
+            if residents.all_idle() {
+                let mut status = lock(&shared.status);
+                for (slot, loaded) in residents.iter_mut() {
+                    status.insert(slot, loaded.status());
                 }
+                drop(status);
                 shared.running.store(false, Ordering::SeqCst);
                 // A job submitted after the drain above saw the loop running and queued no
                 // new one: take it over unless a new loop was queued meanwhile.
@@ -371,38 +437,41 @@ fn run_loop(shared: &Shared) {
                 }
                 continue;
             }
-            let Some(loaded) = slot.as_mut() else {
-                continue;
-            };
-            let step_started = Instant::now();
-            let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step()));
-            last_step = step_started.elapsed();
-            if let Err(panic) = stepped {
-                let message = panic_message(&*panic);
-                tracing::error!("the engine step panicked: {message}");
-                loaded.fail_all(&format!("internal error in the engine: {message}"));
+            let round_started = Instant::now();
+            for (slot, loaded) in residents.iter_mut() {
+                if loaded.is_idle() {
+                    continue;
+                }
+                let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step()));
+                if let Err(panic) = stepped {
+                    let message = panic_message(&*panic);
+                    tracing::error!("the engine step panicked: {message}");
+                    loaded.fail_all(&format!("internal error in the engine: {message}"));
+                }
+                lock(&shared.status).insert(slot, loaded.status());
             }
-            *lock(&shared.status) = loaded.status();
+            last_round = round_started.elapsed();
         }
     })
 }
 
-/// Runs queued aside work between two steps: at least one piece, then more while they have
-/// taken less time than the step just run (`last_step`). When generations and aside work
-/// both wait, each gets about half of the worker; with nothing generating, the queue drains.
-fn run_aside_work(shared: &Shared, loaded: Option<&LoadedModel>, last_step: Duration) {
+/// Runs queued aside work between two rounds of steps: at least one piece, then more while
+/// they have taken less time than the round just run (`last_round`). When generations and
+/// aside work both wait, each gets about half of the worker; with nothing generating, the
+/// queue drains.
+fn run_aside_work(shared: &Shared, residents: &mut Residents, last_round: Duration) {
     let started = Instant::now();
     loop {
         let Some(work) = lock(&shared.aside).pop_front() else {
             return;
         };
-        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| work(loaded))) {
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| work(residents))) {
             tracing::error!(
                 "work beside the step loop panicked: {}",
                 panic_message(&*panic)
             );
         }
-        if started.elapsed() >= last_step {
+        if started.elapsed() >= last_round {
             return;
         }
     }

@@ -179,7 +179,7 @@ async fn embed(
     let evaluated = tokenized.iter().map(Vec::len).sum();
     let vectors = lease
         .engine
-        .embed(tokenized)
+        .embed(lease.slot, tokenized)
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((vectors, evaluated))

@@ -203,7 +203,7 @@ async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
         cancel: Arc::clone(&cancel),
     };
     // The lease, held until the job ends, keeps the model loaded.
-    lease.engine.submit(job);
+    lease.engine.submit(lease.slot, job);
     let mut text = TextPipeline::new(&info.tokenizer, &prepared.options.stop, prepared.parser);
     let metrics = metrics::RequestMetrics::new(&info.name.to_string());
     let mut last_token: Option<Instant> = None;

@@ -5,10 +5,11 @@
 //! served from the prefix cache; generated tokens; images decoded; speculative tokens drafted
 //! and accepted.
 //! Timed: time to first token and the gap between tokens (histograms). Read at each scrape:
-//! queue depth, running and prefilling sequences, the prefix cache's bytes and nodes, MLX's
-//! active and peak memory.
+//! per resident model, queue depth, running and prefilling sequences, weights and reserved KV
+//! bytes, the prefix cache's bytes and nodes; MLX's active and peak memory.
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -18,7 +19,8 @@ use axum::response::{IntoResponse, Response};
 use metrics::{Label, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::engine::Stats;
+use crate::engine::{LoopStatus, Stats};
+use crate::model_keeper::RunningModel;
 use crate::server::AppState;
 use crate::server::error::ApiError;
 
@@ -165,25 +167,44 @@ impl RequestMetrics {
     }
 }
 
+/// One resident model's gauges, labelled with its name.
+fn set_model_gauges(name: &str, weights_bytes: usize, status: &LoopStatus) {
+    let label = || vec![Label::new("model", name.to_string())];
+    gauge!("mlxkit_queued_requests", label()).set(status.queued as f64);
+    gauge!("mlxkit_running_sequences", label()).set(status.running as f64);
+    gauge!("mlxkit_prefilling_sequences", label()).set(status.prefilling as f64);
+    gauge!("mlxkit_weights_bytes", label()).set(weights_bytes as f64);
+    gauge!("mlxkit_kv_reserved_bytes", label()).set(status.kv_reserved as f64);
+    gauge!("mlxkit_prefix_cache_bytes", label()).set(status.cache_bytes as f64);
+    gauge!("mlxkit_prefix_cache_budget_bytes", label()).set(status.cache_budget as f64);
+    gauge!("mlxkit_prefix_cache_nodes", label()).set(status.cache_nodes as f64);
+}
+
+/// Every resident model's gauges; a model whose gauges were set and is no longer resident
+/// reads 0, not its last values.
+fn set_resident_gauges(state: &AppState, resident: Vec<RunningModel>) {
+    static GAUGED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let mut gauged = GAUGED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut stale = std::mem::take(&mut *gauged);
+    for running in resident {
+        let name = running.info.name.to_string();
+        stale.remove(&name);
+        let status = state.keeper.engine().status(running.slot);
+        set_model_gauges(&name, running.weights_bytes, &status);
+        gauged.insert(name);
+    }
+    for name in stale {
+        set_model_gauges(&name, 0, &LoopStatus::default());
+    }
+}
+
 /// `GET /metrics`.
 pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError> {
     let handle = handle().ok_or_else(|| {
         ApiError::internal("another metrics recorder was installed; /metrics has nothing to show")
     })?;
-    let status = state.keeper.engine().status();
-    let model = state
-        .keeper
-        .running()
-        .await
-        .map(|(info, _)| info.name.to_string())
-        .unwrap_or_default();
-    let label = || vec![Label::new("model", model.clone())];
-    gauge!("mlxkit_queued_requests", label()).set(status.queued as f64);
-    gauge!("mlxkit_running_sequences", label()).set(status.running as f64);
-    gauge!("mlxkit_prefilling_sequences", label()).set(status.prefilling as f64);
-    gauge!("mlxkit_prefix_cache_bytes", label()).set(status.cache_bytes as f64);
-    gauge!("mlxkit_prefix_cache_budget_bytes", label()).set(status.cache_budget as f64);
-    gauge!("mlxkit_prefix_cache_nodes", label()).set(status.cache_nodes as f64);
+    let resident = state.keeper.running().await;
+    set_resident_gauges(&state, resident);
     if let Ok((active, peak)) = state.keeper.engine().memory().await {
         gauge!("mlxkit_mlx_active_memory_bytes").set(active as f64);
         gauge!("mlxkit_mlx_peak_memory_bytes").set(peak as f64);

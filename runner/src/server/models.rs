@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::model_keeper::RunningModel;
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
 use crate::pull::PullProgress;
@@ -115,17 +116,19 @@ pub async fn show(
         .keeper
         .running()
         .await
-        .filter(|(info, _)| info.name == name);
+        .into_iter()
+        .find(|running| running.info.name == name)
+        .map(|running| running.info);
     let template = m
         .template
         .clone()
         .or_else(|| {
             loaded
                 .as_ref()
-                .and_then(|(info, _)| info.tokenizer.chat_template().map(str::to_string))
+                .and_then(|info| info.tokenizer.chat_template().map(str::to_string))
         })
         .unwrap_or_default();
-    let model_info = model_info(m, loaded.as_ref().map(|(info, _)| &info.config));
+    let model_info = model_info(m, loaded.as_ref().map(|info| &info.config));
     // An overridden template decides; else what was recorded at import; else the loaded
     // tokenizer's template (manifests written before capabilities were recorded). Images and
     // audio come from the checkpoint, as recorded at import.
@@ -137,7 +140,7 @@ pub async fn show(
             crate::capabilities::of_template(Some(template.as_str()).filter(|t| !t.is_empty()))
         }
     };
-    let tool_format = super::tool_format::for_show(loaded.as_ref().map(|l| &*l.0), &capabilities);
+    let tool_format = super::tool_format::for_show(loaded.as_deref(), &capabilities);
     let capabilities = crate::capabilities::shown(capabilities);
     Ok(Json(json!({
         "modelfile": modelfile,
@@ -182,18 +185,21 @@ fn plain(v: &Value) -> String {
     }
 }
 
-/// `GET /api/ps`.
+/// `GET /api/ps`: every resident model, the most recently used first.
 pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let Some((info, expires)) = state.keeper.running().await else {
-        return Ok(Json(json!({ "models": [] })));
-    };
-    let (active, _) = state
-        .keeper
-        .engine()
-        .memory()
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let expires_at = match expires {
+    let running = state.keeper.running().await;
+    let models: Vec<Value> = running
+        .iter()
+        .map(|model| ps_entry(&state, model))
+        .collect();
+    Ok(Json(json!({ "models": models })))
+}
+
+/// One resident model's entry of `ps`. `size` is what it holds now: its weights, the KV its
+/// running requests reserved and its prefix cache.
+fn ps_entry(state: &AppState, model: &RunningModel) -> Value {
+    let info = &model.info;
+    let expires_at = match model.expires {
         Some(at) => {
             let from_now = at.saturating_duration_since(Instant::now());
             rfc3339(SystemTime::now() + from_now)
@@ -201,32 +207,37 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         None => "forever".to_string(),
     };
     let name = info.name.to_string();
-    let engine = state.keeper.engine().status();
-    let mut response = json!({
-        "models": [{
-            "running_sequences": engine.running,
-            "prefilling_sequences": engine.prefilling,
-            "prefilled_tokens": engine.prefilled_tokens,
-            "queued_requests": engine.queued,
-            "prefix_cache_bytes": engine.cache_bytes,
-            "prefix_cache_budget": engine.cache_budget,
-            "prefix_cache_nodes": engine.cache_nodes,
-            "draft_depth": engine.draft_depth.map(|depth| json!({ "ngram": depth })),
-            "name": name,
-            "model": name,
-            "size": active,
-            "digest": info.manifest.digest().trim_start_matches("sha256:"),
-            "details": details_json(&info.manifest),
-            "expires_at": expires_at,
-            "size_vram": if mlx::gpu_available().unwrap_or(false) { active } else { 0 },
-            "context_length": info.context_length,
-        }]
+    let engine = state.keeper.engine().status(model.slot);
+    let size = model
+        .weights_bytes
+        .saturating_add(engine.kv_reserved)
+        .saturating_add(engine.cache_bytes)
+        .saturating_add(engine.draft_cache_bytes);
+    let mut entry = json!({
+        "running_sequences": engine.running,
+        "prefilling_sequences": engine.prefilling,
+        "prefilled_tokens": engine.prefilled_tokens,
+        "queued_requests": engine.queued,
+        "weights_bytes": model.weights_bytes,
+        "kv_bytes": engine.kv_reserved,
+        "prefix_cache_bytes": engine.cache_bytes,
+        "prefix_cache_budget": engine.cache_budget,
+        "prefix_cache_nodes": engine.cache_nodes,
+        "draft_depth": engine.draft_depth.map(|depth| json!({ "ngram": depth })),
+        "name": name,
+        "model": name,
+        "size": size,
+        "digest": info.manifest.digest().trim_start_matches("sha256:"),
+        "details": details_json(&info.manifest),
+        "expires_at": expires_at,
+        "size_vram": if mlx::gpu_available().unwrap_or(false) { size } else { 0 },
+        "context_length": info.context_length,
     });
     // Not in Ollama's API: the draft model loaded beside it, and its own prefix cache.
-    if let (Some(draft), Some(model)) = (&info.draft, response["models"][0].as_object_mut()) {
-        model.insert("draft_model".into(), json!(draft.to_string()));
+    if let (Some(draft), Some(fields)) = (&info.draft, entry.as_object_mut()) {
+        fields.insert("draft_model".into(), json!(draft.to_string()));
         if let Some(depth) = engine.draft_model_depth {
-            let depths = model.entry("draft_depth").or_insert(Value::Null);
+            let depths = fields.entry("draft_depth").or_insert(Value::Null);
             if !depths.is_object() {
                 *depths = json!({});
             }
@@ -234,12 +245,12 @@ pub async fn ps(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
                 depths.insert(draft.to_string(), json!(depth));
             }
         }
-        model.insert(
+        fields.insert(
             "draft_prefix_cache_bytes".into(),
             json!(engine.draft_cache_bytes),
         );
     }
-    Ok(Json(response))
+    entry
 }
 
 /// `DELETE /api/delete`.

@@ -10,14 +10,17 @@ use crate::model_name::ModelName;
 use crate::server::error::ApiError;
 use crate::server::{AppState, JsonBody, prompt, prompt_tokens};
 
-/// `GET /health`: the server answers, and which model is loaded.
+/// `GET /health`: the server answers, and which models are resident, the most recently used
+/// first (`model`: that one, as when one model was resident at a time).
 pub async fn health(State(state): State<AppState>) -> Json<Value> {
-    let loaded = state
+    let resident: Vec<String> = state
         .keeper
         .running()
         .await
-        .map(|(info, _)| info.name.to_string());
-    Json(json!({ "status": "ok", "model": loaded }))
+        .iter()
+        .map(|running| running.info.name.to_string())
+        .collect();
+    Json(json!({ "status": "ok", "model": resident.first(), "models": resident }))
 }
 
 /// `/tokenize`'s body (llama.cpp's server's fields, with the model to use).

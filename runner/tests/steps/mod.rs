@@ -33,7 +33,7 @@ pub fn config(cache_bytes: usize) -> LoopConfig {
         max_sequences: 8,
         capture_interval: 32,
         memory: MemoryBudget {
-            cache_bytes,
+            cache_bytes: Some(cache_bytes),
             kv_bytes: 1 << 30,
         },
         draft: None,

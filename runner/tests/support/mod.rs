@@ -7,12 +7,13 @@
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 pub mod cache;
+pub mod served;
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use runner::engine::{Engine, LoopConfig};
-use runner::model_keeper::ModelKeeper;
+use runner::model_keeper::{ModelKeeper, ResidentLimits};
 use runner::model_name::ModelName;
 use runner::server::{AppState, router};
 use runner::store::Store;
@@ -72,7 +73,15 @@ pub fn start_server_configured(
 ) -> Option<Server> {
     let home = tempfile::tempdir().unwrap();
     let store = Store::open(home.path().to_path_buf()).unwrap();
-    serve_in(home, store, models, config, |_| {}, configure)
+    serve_in(
+        home,
+        store,
+        models,
+        config,
+        |_| {},
+        configure,
+        ResidentLimits::from_env(),
+    )
 }
 
 /// Like [`start_server_with`], over `store` (kept in `home`, which the server owns).
@@ -83,7 +92,27 @@ pub fn start_server_in(
     config: LoopConfig,
     prepare: impl FnOnce(&Store),
 ) -> Option<Server> {
-    serve_in(home, store, models, config, prepare, |state| state)
+    serve_in(
+        home,
+        store,
+        models,
+        config,
+        prepare,
+        |state| state,
+        ResidentLimits::from_env(),
+    )
+}
+
+/// Like [`start_server_with`], its models resident within `limits`.
+pub fn start_server_resident(
+    models: &[&str],
+    limits: ResidentLimits,
+    prepare: impl FnOnce(&Store),
+) -> Option<Server> {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().to_path_buf()).unwrap();
+    let config = LoopConfig::from_env();
+    serve_in(home, store, models, config, prepare, |state| state, limits)
 }
 
 fn serve_in(
@@ -93,6 +122,7 @@ fn serve_in(
     config: LoopConfig,
     prepare: impl FnOnce(&Store),
     configure: impl FnOnce(AppState) -> AppState,
+    limits: ResidentLimits,
 ) -> Option<Server> {
     remove_at_exit(home.path());
     if !models.iter().all(|model| pulled(&store, model)) {
@@ -106,7 +136,7 @@ fn serve_in(
         .unwrap();
     let base = runtime.block_on(async {
         let engine = Arc::new(Engine::with_config(config).unwrap());
-        let keeper = ModelKeeper::new(engine, store.clone(), 16);
+        let keeper = ModelKeeper::with_limits(engine, store.clone(), 16, None, limits);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = router(configure(AppState::new(store, keeper)));
@@ -288,6 +318,8 @@ pub fn redact(value: &Value) -> Value {
         "id",
         "digest",
         "size",
+        // Measured at load: the dtype a device computes in decides it.
+        "weights_bytes",
         "system_fingerprint",
         "response",
         "content",

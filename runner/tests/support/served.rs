@@ -1,5 +1,6 @@
-//! `mlxkit serve` as its own process, on a loopback port the agents (separate processes)
-//! connect to: the binary, its command line and its environment, as a user runs it.
+//! `mlxkit serve` as its own process, on a loopback port that separate processes (the agents)
+//! connect to: the binary, its command line and its environment, as a user runs it, with its
+//! own allocator, whose memory a test can read.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -14,6 +15,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Served {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// Its process id.
+    pub pid: u32,
     /// What it has written to stderr (its request log among it).
     log: Arc<Mutex<String>>,
 }
@@ -34,6 +37,7 @@ impl Served {
             .spawn()
             .unwrap_or_else(|e| panic!("starting mlxkit serve: {e}"));
         let stderr = child.stderr.take().expect("stderr is piped");
+        let pid = child.id();
         crate::support::kill_at_exit(child);
         let log = Arc::new(Mutex::new(String::new()));
         let (address_tx, address_rx) = mpsc::channel();
@@ -56,6 +60,7 @@ impl Served {
         });
         Served {
             base: format!("http://{address}"),
+            pid,
             log,
         }
     }
