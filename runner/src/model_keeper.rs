@@ -228,11 +228,6 @@ impl ModelKeeper {
         &self.store
     }
 
-    /// The limits models are resident within.
-    pub fn limits(&self) -> ResidentLimits {
-        self.limits
-    }
-
     /// Takes a queue slot and the model `name`, loading it (and unloading others to make room)
     /// if needed. `keep_alive` sets how long it stays loaded after this request.
     pub async fn acquire(
