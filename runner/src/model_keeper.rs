@@ -147,7 +147,8 @@ pub struct ModelKeeper {
     default_draft: Option<ModelName>,
 }
 
-/// A request's hold on a resident model: while it lives, the model stays loaded.
+/// A request's hold on a resident model: while it lives, the model stays loaded, and its
+/// `keep_alive` counts from when it ends.
 pub struct Lease {
     /// The model.
     pub info: Arc<ModelInfo>,
@@ -155,6 +156,8 @@ pub struct Lease {
     pub engine: Arc<Engine>,
     /// The model's slot on the engine, which its jobs name.
     pub slot: ModelSlot,
+    entry: Arc<Entry>,
+    keep_alive: KeepAlive,
     held: Option<OwnedRwLockReadGuard<()>>,
     released: Arc<Notify>,
     _queue_slot: OwnedSemaphorePermit,
@@ -162,6 +165,9 @@ pub struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        // From the request's end, as Ollama counts it: counted from its start, a generation
+        // longer than its keep_alive unloaded its model the moment it ended.
+        self.entry.set_expiry(self.keep_alive);
         self.held.take();
         self.released.notify_waiters();
     }
@@ -300,7 +306,7 @@ impl ModelKeeper {
 
     fn lease_on(
         &self,
-        entry: &Entry,
+        entry: &Arc<Entry>,
         held: OwnedRwLockReadGuard<()>,
         keep_alive: KeepAlive,
         queue_slot: OwnedSemaphorePermit,
@@ -311,6 +317,8 @@ impl ModelKeeper {
             info: Arc::clone(&entry.resident.info),
             engine: Arc::clone(&self.engine),
             slot: entry.resident.slot,
+            entry: Arc::clone(entry),
+            keep_alive,
             held: Some(held),
             released: Arc::clone(&self.released),
             _queue_slot: queue_slot,
@@ -471,16 +479,6 @@ impl ModelKeeper {
         .await
         .map_err(|e| refuse(format!("checking the vocabulary: {e}")))?
         .map_err(|e| LeaseError::Engine(EngineError::Load(e)))
-    }
-
-    /// Sets the expiry of the resident model `name` (a request with `keep_alive: 0` unloads
-    /// it right after; negative keeps it forever).
-    pub async fn set_keep_alive(&self, name: &ModelName, keep_alive: KeepAlive) {
-        for entry in self.residents.lock().await.iter() {
-            if entry.resident.info.name == *name {
-                entry.set_expiry(keep_alive);
-            }
-        }
     }
 
     /// The resident models, the most recently used first (as Ollama's `ps` lists them), for

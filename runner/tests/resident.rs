@@ -213,6 +213,34 @@ fn keep_alive_zero_unloads_only_its_model() {
     );
 }
 
+/// `keep_alive` counts from the request's end: a generation longer than it leaves its model
+/// loaded for that long after, not unloaded the moment it ends.
+#[test]
+fn keep_alive_counts_from_the_requests_end() {
+    let Some(s) = server_with(ResidentLimits::from_env()) else {
+        return;
+    };
+    let (status, reply) = post(
+        &s,
+        "/api/generate",
+        json!({ "model": MODEL, "prompt": "Write a long story.", "stream": false,
+                "keep_alive": "3s",
+                "options": { "temperature": 0, "num_predict": 1000, "ignore_eos": true } }),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let took = reply["total_duration"].as_u64().unwrap_or(0);
+    eprintln!("the generation took {} ms", took / 1_000_000);
+    // Two of the reaper's ticks: counted from the start, a generation past 3 s is gone by now.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        resident(&s),
+        [MODEL],
+        "still kept after a {took} ns request"
+    );
+    let names = resident_when(&s, <[String]>::is_empty);
+    assert!(names.is_empty(), "unloaded once 3 s have passed: {names:?}");
+}
+
 #[test]
 fn a_long_generation_on_one_model_lets_the_other_through() {
     let Some(s) = server_with(ResidentLimits::from_env()) else {
