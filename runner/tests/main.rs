@@ -7,11 +7,12 @@
 //! module that asks for it) and `support::serial` orders the tests that read its shared
 //! state; a module's own servers stay its own.
 //!
-//! Four files stay binaries of their own. `allocator.rs`: `scripts/check-platforms` builds it
+//! Five files stay binaries of their own. `allocator.rs`: `scripts/check-platforms` builds it
 //! to get the `mlxkit` binary for arm64 without building these. `operations.rs` and
 //! `vision_http.rs` count with the process's metrics recorder, which every server in a process
 //! shares, so other modules' requests would move their counts. `logs.rs` installs the
-//! process's tracing subscriber.
+//! process's tracing subscriber. `resident.rs` reads each model's weights as the growth of
+//! MLX's active memory across its load, which every engine in a process moves.
 
 mod steps;
 mod support;
@@ -34,7 +35,6 @@ mod llava_http;
 mod ollama_store;
 mod prefix_scenarios;
 mod qwen2_5_vl_http;
-mod resident;
 mod responses;
 mod sdk;
 mod server;

@@ -3,8 +3,11 @@
 //! recently used idle one (by count and by bytes), a model with a request in flight is never
 //! unloaded, `keep_alive: 0` unloads only its model, and a long generation on one model lets
 //! the other's requests through while it runs.
+//!
+//! A binary of its own, its tests one at a time: a model's weights are read as the growth of
+//! MLX's active memory across its load, which any other engine working in the process moves.
 
-use crate::support;
+mod support;
 
 use std::io::{BufRead, BufReader, Lines};
 use std::sync::Mutex;
@@ -89,6 +92,7 @@ fn long_generation(s: &Server, tokens: u32) -> Lines<BufReader<reqwest::blocking
 
 #[test]
 fn two_models_answer_at_once_and_both_stay_resident() {
+    let _serial = support::serial();
     let Some(s) = server_with(ResidentLimits::from_env()) else {
         return;
     };
@@ -124,6 +128,7 @@ fn two_models_answer_at_once_and_both_stay_resident() {
 
 #[test]
 fn a_model_past_the_count_unloads_the_least_recently_used_idle_one() {
+    let _serial = support::serial();
     let Some(s) = server_with(at_most(2)) else {
         return;
     };
@@ -144,6 +149,7 @@ fn a_model_past_the_count_unloads_the_least_recently_used_idle_one() {
 
 #[test]
 fn a_model_past_the_memory_budget_unloads_the_others() {
+    let _serial = support::serial();
     // A budget nothing fits beside anything: one model at a time, whatever its size.
     let limits = ResidentLimits {
         max_models: 3,
@@ -164,6 +170,7 @@ fn a_model_past_the_memory_budget_unloads_the_others() {
 
 #[test]
 fn a_model_with_a_request_in_flight_is_never_unloaded() {
+    let _serial = support::serial();
     let Some(s) = server_with(at_most(1)) else {
         return;
     };
@@ -194,6 +201,7 @@ fn a_model_with_a_request_in_flight_is_never_unloaded() {
 
 #[test]
 fn keep_alive_zero_unloads_only_its_model() {
+    let _serial = support::serial();
     let Some(s) = server_with(ResidentLimits::from_env()) else {
         return;
     };
@@ -217,6 +225,7 @@ fn keep_alive_zero_unloads_only_its_model() {
 /// loaded for that long after, not unloaded the moment it ends.
 #[test]
 fn keep_alive_counts_from_the_requests_end() {
+    let _serial = support::serial();
     let Some(s) = server_with(ResidentLimits::from_env()) else {
         return;
     };
@@ -243,6 +252,7 @@ fn keep_alive_counts_from_the_requests_end() {
 
 #[test]
 fn a_long_generation_on_one_model_lets_the_other_through() {
+    let _serial = support::serial();
     let Some(s) = server_with(ResidentLimits::from_env()) else {
         return;
     };
@@ -305,6 +315,7 @@ fn rss(pid: u32) -> u64 {
 #[cfg(target_os = "linux")]
 #[test]
 fn unloading_both_models_returns_the_servers_memory() {
+    let _serial = support::serial();
     use support::served::Served;
     let home = tempfile::tempdir().unwrap();
     if support::store_with(home.path(), MODEL).is_none()

@@ -230,11 +230,16 @@ impl Engine {
             .run_aside(
                 move |residents| -> Result<(ModelInfo, usize, usize), LoadError> {
                     transcription::release();
+                    // The other models' steps may still be computing (a step does not wait
+                    // for its tokens): their temporaries must not count for or against this
+                    // model's weights.
+                    let _ = mlx::synchronize();
                     let _ = memory::release_pool();
                     let before = mlx::memory::active_memory().unwrap_or(0);
                     let (mut loaded, info) =
                         from_store::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
                     loaded.keep_state_in(state);
+                    let _ = mlx::synchronize();
                     let _ = memory::release_pool();
                     let weights = mlx::memory::active_memory()
                         .unwrap_or(0)
