@@ -39,9 +39,11 @@
 //! - [`cli`]: the `mlxkit` commands (arguments, one function per command, the chat REPL, the
 //!   bench harness); [`logging`]: text or JSON log lines.
 //! - [`server`]: Ollama's, OpenAI's and Anthropic's HTTP APIs and the request builder.
-//! - [`model_keeper`]: which model is resident, leased to requests; `keep_alive`.
-//! - [`engine`]: the MLX worker, the loaded model and its step loop over many requests at
-//!   once (batched decode, the prefix trie behind every request, speculation, cancellation).
+//! - [`model_keeper`]: which models are resident (fit to memory, the least recently used idle
+//!   one out), leased to requests; `keep_alive`.
+//! - [`engine`]: the MLX worker, the resident models and their step loops over many requests
+//!   at once (batched decode, the prefix trie behind every request, speculation,
+//!   cancellation), stepped in turn.
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
 //!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
 //! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
