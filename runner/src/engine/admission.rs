@@ -7,8 +7,6 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvcache::KvStorage;
-use mlx::Dtype;
 use nn::ImageGrid;
 use prefix_trie::SessionId;
 
@@ -73,13 +71,8 @@ impl LoadedModel {
             _ => 0,
         };
         // The draft model's caches keep its compute dtype; the target's follow `--kv-cache`.
-        let storage = self
-            .config
-            .kv_storage
-            .unwrap_or(KvStorage::Float(Dtype::F32));
-        self.model
-            .spec()
-            .state_bytes_in(tokens, storage)
+        self.config
+            .kv_bytes(self.model.as_ref(), tokens)
             .saturating_add(draft)
     }
 

@@ -70,6 +70,13 @@ pub struct LoopConfig {
 }
 
 impl LoopConfig {
+    /// Bytes one sequence of `tokens` tokens of `model` holds in its caches as they store keys
+    /// and values; f32 when the model's own dtype decides, the most that can be.
+    pub fn kv_bytes(&self, model: &dyn Model, tokens: usize) -> usize {
+        let storage = self.kv_storage.unwrap_or(KvStorage::Float(Dtype::F32));
+        model.spec().state_bytes_in(tokens, storage)
+    }
+
     /// Defaults, overridable by `MLXKIT_MAX_SEQUENCES`, `MLXKIT_CACHE_BYTES`,
     /// `MLXKIT_KV_BYTES`, `MLXKIT_DRAFT` and `MLXKIT_PREFILL_STEP_MS` (0: no pacing).
     pub fn from_env() -> LoopConfig {
@@ -207,9 +214,8 @@ impl LoadedModel {
         mut config: LoopConfig,
     ) -> Result<LoadedModel> {
         check_kv_storage(model.as_ref(), config.kv_storage)?;
-        let storage = config.kv_storage.unwrap_or(KvStorage::Float(Dtype::F32));
         let cache_bytes = config.memory.cache_bytes.unwrap_or_else(|| {
-            default_cache_bytes(|tokens| model.spec().state_bytes_in(tokens, storage))
+            default_cache_bytes(|tokens| config.kv_bytes(model.as_ref(), tokens))
         });
         config.memory.cache_bytes = Some(cache_bytes);
         let prefix = PrefixCache::new(
@@ -290,14 +296,9 @@ impl LoadedModel {
     /// [`MIN_KV_RESERVATION_TOKENS`] (or its whole context, when shorter) and its prefix
     /// cache's budget.
     pub fn planned_bytes(&self) -> usize {
-        let storage = self
-            .config
-            .kv_storage
-            .unwrap_or(KvStorage::Float(Dtype::F32));
         let tokens = self.context_length.min(MIN_KV_RESERVATION_TOKENS);
-        self.model
-            .spec()
-            .state_bytes_in(tokens, storage)
+        self.config
+            .kv_bytes(self.model.as_ref(), tokens)
             .saturating_add(self.prefix.budget())
     }
 
