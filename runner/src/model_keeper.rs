@@ -7,7 +7,8 @@
 //! measured at its load ([`crate::engine::Resident::footprint`]: weights, one request's KV,
 //! its prefix cache's budget); a model not yet loaded counts its files' size. A model with a
 //! request in flight is never unloaded: a load that needs its room waits for its requests to
-//! end. With nothing resident a model always loads, whatever it needs.
+//! end, and meanwhile holds back its new ones, so that a model never idle cannot keep the
+//! other out. With nothing resident a model always loads, whatever it needs.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -391,14 +392,18 @@ impl ModelKeeper {
     }
 
     /// Unloads idle models, least recently used first, until a model of `needed` bytes fits
-    /// beside the rest; waits for requests to end while only busy ones stand in the way.
+    /// beside the rest. While only models with requests in flight stand in the way, the least
+    /// recently used of them is marked leaving: its requests in flight finish, its new ones
+    /// wait behind this load (see `Found::Leaving`), and it unloads once the last one ends. A
+    /// model kept busy without a pause (two clients taking turns) so cannot keep another out
+    /// for good. Should another model fall idle first, it goes instead.
     async fn make_room(&self, needed: usize) -> Result<(), LeaseError> {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
             // Registered before the set is read: a lease that ends after the read wakes it.
             released.as_mut().enable();
-            let mut residents = self.residents.lock().await;
+            let residents = self.residents.lock().await;
             let used: usize = residents.iter().map(|e| e.resident.footprint()).sum();
             let fits = residents.len() < self.limits.max_models
                 && used.saturating_add(needed) <= self.limits.bytes;
@@ -412,18 +417,38 @@ impl ModelKeeper {
                     Some((Arc::clone(e), held))
                 })
                 .min_by_key(|(e, _)| *lock(&e.last_used));
-            let Some((victim, held)) = idle else {
-                drop(residents);
-                released.await;
-                continue;
+            let (victim, held) = match idle {
+                Some(idle) => {
+                    drop(residents);
+                    idle
+                }
+                None => {
+                    let Some(busy) = residents.iter().min_by_key(|e| *lock(&e.last_used)) else {
+                        return Ok(());
+                    };
+                    let busy = Arc::clone(busy);
+                    drop(residents);
+                    // tokio's RwLock is fair: from the moment this write waits, leases on the
+                    // model wait too, so its requests in flight are the last it takes.
+                    tokio::select! {
+                        held = Arc::clone(&busy.in_use).write_owned() => (busy, held),
+                        () = &mut released => continue,
+                    }
+                }
             };
-            residents.retain(|e| !Arc::ptr_eq(e, &victim));
-            drop(residents);
-            tracing::info!(
-                "unloading {} to make room for another model",
-                victim.resident.info.name
-            );
-            self.engine.unload(victim.resident.slot).await?;
+            let removed = {
+                let mut residents = self.residents.lock().await;
+                let before = residents.len();
+                residents.retain(|e| !Arc::ptr_eq(e, &victim));
+                residents.len() < before
+            };
+            if removed {
+                tracing::info!(
+                    "unloading {} to make room for another model",
+                    victim.resident.info.name
+                );
+                self.engine.unload(victim.resident.slot).await?;
+            }
             drop(held);
         }
     }

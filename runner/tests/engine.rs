@@ -224,6 +224,43 @@ fn a_small_budget_bounds_the_trie() {
     }
 }
 
+/// The KV budget is shared by every resident model: sequences another model reserves count
+/// against it, though a model with nothing running always admits one.
+#[test]
+fn the_kv_budget_counts_what_other_models_reserve() {
+    let mut measuring = engine("llama", 64 << 20);
+    let _one = submit(&mut measuring, &ids(1, 20), 8);
+    measuring.step();
+    let one = measuring.kv_reserved();
+    assert!(one > 0);
+    // Room for two of those sequences.
+    let mut config = steps::config(64 << 20);
+    config.memory.kv_bytes = 2 * one;
+    let two_fit =
+        || runner::engine::LoadedModel::new(steps::model("llama"), CONTEXT, config).unwrap();
+    let admitted = |reserved_elsewhere: usize| {
+        let mut engine = two_fit();
+        let _handles = [
+            submit(&mut engine, &ids(1, 20), 8),
+            submit(&mut engine, &ids(2, 20), 8),
+        ];
+        engine.step_beside(reserved_elsewhere);
+        let status = engine.status();
+        (status.running, status.queued)
+    };
+    assert_eq!(admitted(0), (2, 0), "alone, both fit");
+    assert_eq!(
+        admitted(one),
+        (1, 1),
+        "beside another model's sequence, one waits"
+    );
+    assert_eq!(
+        admitted(2 * one),
+        (1, 1),
+        "with the budget spent elsewhere, one still runs"
+    );
+}
+
 #[test]
 fn bad_prompts_fail_and_the_loop_goes_on() {
     let mut engine = engine("llama", 64 << 20);

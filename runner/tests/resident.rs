@@ -1,8 +1,8 @@
 //! Several models resident at once (issue 52), with `smollm2:135m` and `gemma3:270m`: both
 //! answer requests sent together and stay loaded, a model that does not fit unloads the least
 //! recently used idle one (by count and by bytes), a model with a request in flight is never
-//! unloaded, `keep_alive: 0` unloads only its model, and a long generation on one model lets
-//! the other's requests through while it runs.
+//! unloaded (nor does one never idle keep another out), `keep_alive: 0` unloads only its model,
+//! and a long generation on one model lets the other's requests through while it runs.
 //!
 //! A binary of its own, its tests one at a time: a model's weights are read as the growth of
 //! MLX's active memory across its load, which any other engine working in the process moves.
@@ -197,6 +197,50 @@ fn a_model_with_a_request_in_flight_is_never_unloaded() {
         "gemma waited for the request holding the only place"
     );
     assert_eq!(resident(&s), [GEMMA]);
+}
+
+/// A model kept busy without a pause cannot keep another out: two clients take turns on
+/// `MODEL` so that one of them always has a request in flight, and a request for `GEMMA`,
+/// with room for one model, gets in after the requests then in flight, ahead of their next.
+#[test]
+fn a_model_never_idle_does_not_keep_another_out() {
+    let _serial = support::serial();
+    let Some(s) = server_with(at_most(1)) else {
+        return;
+    };
+    generate(&s, MODEL, greedy(1));
+    let answered = Mutex::new(Vec::new());
+    let (first_done_tx, first_done) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        // Lengths apart, so that the two never end in the same step: one always holds the model.
+        for (client, tokens) in [(0, 40), (1, 57)] {
+            let (answered, first_done_tx) = (&answered, first_done_tx.clone());
+            let s = &s;
+            scope.spawn(move || {
+                for round in 0..4 {
+                    let options = json!({ "temperature": 0, "num_predict": tokens,
+                                          "ignore_eos": true });
+                    generate(s, MODEL, options);
+                    answered
+                        .lock()
+                        .unwrap()
+                        .push(format!("{MODEL} {client}.{round}"));
+                    let _ = first_done_tx.send(());
+                }
+            });
+            // The second client starts once the first is under way.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        first_done.recv().unwrap();
+        generate(&s, GEMMA, greedy(2));
+        answered.lock().unwrap().push(GEMMA.to_string());
+    });
+    let answered = answered.into_inner().unwrap();
+    let gemma_at = answered.iter().position(|a| a == GEMMA).unwrap();
+    assert!(
+        gemma_at + 2 < answered.len(),
+        "{GEMMA} got in while {MODEL} still had requests coming: {answered:?}"
+    );
 }
 
 #[test]

@@ -93,12 +93,11 @@ impl LoadedModel {
         }
     }
 
-    pub(super) fn admit(&mut self) {
-        let mut reserved: usize = self
-            .sequences
-            .iter()
-            .map(|s| self.reservation(&s.job))
-            .sum();
+    /// Admits waiting jobs while their reservations, beside this model's running sequences'
+    /// and `reserved_elsewhere` (the other resident models'), fit the KV budget. A model with
+    /// nothing running always admits one, so no model waits on another's long generation.
+    pub(super) fn admit(&mut self, reserved_elsewhere: usize) {
+        let mut reserved = self.kv_reserved().saturating_add(reserved_elsewhere);
         while self.sequences.len() < self.config.max_sequences {
             let Some(job) = self.queue.front() else {
                 return;

@@ -302,6 +302,14 @@ impl LoadedModel {
             .saturating_add(self.prefix.budget())
     }
 
+    /// KV bytes its running sequences reserve ([`LoadedModel::reservation`]).
+    pub fn kv_reserved(&self) -> usize {
+        self.sequences
+            .iter()
+            .map(|s| self.reservation(&s.job))
+            .fold(0, usize::saturating_add)
+    }
+
     /// Whether nothing runs and nothing waits.
     pub fn is_idle(&self) -> bool {
         self.sequences.is_empty() && self.queue.is_empty()
@@ -323,11 +331,7 @@ impl LoadedModel {
                 .map(|s| s.tokens.len() - s.stats.cached_tokens)
                 .sum(),
             queued: self.queue.len(),
-            kv_reserved: self
-                .sequences
-                .iter()
-                .map(|s| self.reservation(&s.job))
-                .fold(0, usize::saturating_add),
+            kv_reserved: self.kv_reserved(),
             cache_bytes: self.prefix.bytes(),
             cache_budget: self.prefix.budget(),
             cache_nodes: self.prefix.node_count(),

@@ -71,8 +71,8 @@ pub struct MemoryBudget {
     /// Bytes the prefix trie may keep between requests; `None`: sized by the model
     /// ([`default_cache_bytes`]).
     pub cache_bytes: Option<usize>,
-    /// Bytes of KV the running sequences may reserve together; a sequence that would exceed
-    /// it waits (one sequence is always admitted).
+    /// Bytes of KV the running sequences of every resident model may reserve together; a
+    /// sequence that would exceed it waits (one sequence per model is always admitted).
     pub kv_bytes: usize,
 }
 

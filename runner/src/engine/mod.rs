@@ -443,16 +443,22 @@ fn run_loop(shared: &Shared) {
                 continue;
             }
             let round_started = Instant::now();
+            // The KV budget is the device's, shared by every resident model.
+            let mut reserved = residents.kv_reserved();
             for (slot, loaded) in residents.iter_mut() {
                 if loaded.is_idle() {
                     continue;
                 }
-                let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step()));
+                let own = loaded.kv_reserved();
+                let elsewhere = reserved.saturating_sub(own);
+                let stepped =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| loaded.step_beside(elsewhere)));
                 if let Err(panic) = stepped {
                     let message = panic_message(&*panic);
                     tracing::error!("the engine step panicked: {message}");
                     loaded.fail_all(&format!("internal error in the engine: {message}"));
                 }
+                reserved = elsewhere.saturating_add(loaded.kv_reserved());
                 lock(&shared.status).insert(slot, loaded.status());
             }
             last_round = round_started.elapsed();

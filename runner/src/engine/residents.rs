@@ -47,6 +47,14 @@ impl Residents {
         self.models.iter_mut().map(|(slot, model)| (*slot, model))
     }
 
+    /// KV bytes every resident model's running sequences reserve together.
+    pub fn kv_reserved(&self) -> usize {
+        self.models
+            .iter()
+            .map(|(_, model)| model.kv_reserved())
+            .fold(0, usize::saturating_add)
+    }
+
     /// Whether no resident model has anything running or waiting.
     pub fn all_idle(&self) -> bool {
         self.models.iter().all(|(_, model)| model.is_idle())

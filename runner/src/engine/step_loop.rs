@@ -28,14 +28,20 @@ use crate::engine::speculation;
 use crate::engine::step::{Pending, Result, Step};
 
 impl LoadedModel {
-    /// Runs one step (see the module docs). Failures end the sequences they concern with an
-    /// error event; the loop itself always goes on.
+    /// Runs one step (see the module docs), as the only model resident. Failures end the
+    /// sequences they concern with an error event; the loop itself always goes on.
     pub fn step(&mut self) {
+        self.step_beside(0);
+    }
+
+    /// Like [`LoadedModel::step`], admitting within the KV budget beside
+    /// `reserved_elsewhere`, the bytes the other resident models' sequences reserve.
+    pub fn step_beside(&mut self, reserved_elsewhere: usize) {
         self.drop_cancelled_queued();
         // Cancelled sequences retire before anything is admitted, so a retry finds what they
         // evaluated in the trie.
         self.retire_cancelled();
-        self.admit();
+        self.admit(reserved_elsewhere);
         if let Err(e) = self.advance() {
             // A failed batched forward may leave any running cache half-written.
             self.fail_all(&e.to_string());
