@@ -184,6 +184,16 @@ pub(crate) fn tie_word_embeddings(config: &Value) -> Result<Option<bool>> {
     Ok(text.or(Fields { object: config }.bool(key)?))
 }
 
+/// The family a config names: its text section's `model_type`, else the top level's.
+pub fn model_type(config: &Value) -> Result<String> {
+    let text = Fields::text_section(config);
+    let root = Fields { object: config };
+    text.str("model_type")
+        .or_else(|| root.str("model_type"))
+        .map(str::to_string)
+        .ok_or_else(|| missing("model_type"))
+}
+
 pub(crate) fn missing(key: &str) -> Error {
     Error::Config(format!("required field `{key}` is missing"))
 }

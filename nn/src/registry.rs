@@ -18,7 +18,8 @@ use crate::arch::{
     llama4, llava, mistral, nemotron_h, olmo2, phi3, qwen2, qwen2_5_vl, qwen2_audio, qwen3,
     qwen3_5, qwen3_moe,
 };
-use crate::config::{Fields, missing};
+use crate::config::Fields;
+pub use crate::config::model_type;
 use crate::model::{AudioInput, ImageInput, Model, ModelSpec};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -308,6 +309,7 @@ const ARCHITECTURES: &[Architecture] = &[
             Ok(Box::new(llava::Llava::new(
                 llava::Config::from_json(config)?,
                 weights,
+                build_text_model,
             )?))
         },
     },
@@ -334,16 +336,6 @@ fn find(name: &str) -> Option<&'static Architecture> {
     }
     let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
     registered.iter().copied().find(|a| a.names.contains(&name))
-}
-
-/// The family a config names: its text section's `model_type`, else the top level's.
-pub fn model_type(config: &Value) -> Result<String> {
-    let text = Fields::text_section(config);
-    let root = Fields { object: config };
-    text.str("model_type")
-        .or_else(|| root.str("model_type"))
-        .map(str::to_string)
-        .ok_or_else(|| missing("model_type"))
 }
 
 fn architecture_of(config: &Value) -> Result<&'static Architecture> {
@@ -421,7 +413,9 @@ pub fn default_dtype() -> Result<Dtype> {
 
 /// The text model a multimodal family wraps, from its text config as a text checkpoint of
 /// that family would have it, weights not yet evaluated (the whole model's are, once built).
-pub(crate) fn build_text_model(config: &Value, weights: &mut Weights) -> Result<Box<dyn Model>> {
+/// A wrapper is handed this function where the registry builds it ([`llava::Llava::new`]), so
+/// that no family file imports the registry.
+pub fn build_text_model(config: &Value, weights: &mut Weights) -> Result<Box<dyn Model>> {
     (architecture_of(config)?.build)(config, weights)
 }
 

@@ -408,7 +408,7 @@ mod llava {
     fn load(config_file: &str, layout: Layout) -> Llava {
         let config = Config::from_json(&json(config_file)).unwrap();
         let mut weights = weights(layout);
-        let model = Llava::new(config, &mut weights).unwrap();
+        let model = Llava::new(config, &mut weights, nn::registry::build_text_model).unwrap();
         assert_eq!(
             weights.unused(),
             Vec::<&str>::new(),

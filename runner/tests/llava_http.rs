@@ -136,7 +136,7 @@ fn direct() -> &'static Direct {
             .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
             .collect::<Vec<_>>();
         let mut weights = nn::Weights::new(tensors, Dtype::F32);
-        let model = Llava::new(config, &mut weights).unwrap();
+        let model = Llava::new(config, &mut weights, nn::registry::build_text_model).unwrap();
         mlx::eval(&model.parameters()).unwrap();
         let folder = tokenizer_folder();
         let tokenizer = tokenizer::Tokenizer::from_hf_dir(folder.path()).unwrap();

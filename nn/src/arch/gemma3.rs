@@ -21,12 +21,11 @@ use crate::attention::{Attention, AttentionParts};
 use crate::cached_attention::{
     BatchPositions, TokenBlocks, attend_cached, attend_cached_blocks, check_cache_sets,
 };
-use crate::config::{Fields, dim, limits, missing, read_rope, tie_word_embeddings};
+use crate::config::{Fields, dim, limits, missing, model_type, read_rope, tie_word_embeddings};
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
-use crate::registry::model_type;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig, RopeScaling};
 use crate::weights::{Weights, check_matrix};

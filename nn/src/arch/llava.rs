@@ -25,7 +25,6 @@ use crate::model::{
     Batch, Forward, ImageInput, ImagePreprocessing, InputEmbeddings, Model, ModelSpec, Vision,
 };
 use crate::placement::{MediaTokens, Placed, place_image_features};
-use crate::registry;
 use crate::vision::clip::{self, VisionModel};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -261,9 +260,14 @@ impl Llava {
     /// `vision_tower.`), by transformers 5's modules (`model.vision_tower.…`,
     /// `model.multi_modal_projector.…`, `model.language_model.…`, `lm_head`) or as mlx-vlm
     /// converts it (llava-hf's names, the patch kernel in MLX's channels-last layout). The text
-    /// model is the registry's for `text_config`; a family that cannot take input embeddings
-    /// is refused by name.
-    pub fn new(config: Config, weights: &mut Weights) -> Result<Llava> {
+    /// model is the one `build_text` makes of `text_config` (the registry passes
+    /// [`crate::registry::build_text_model`]); a family that cannot take input embeddings is
+    /// refused by name.
+    pub fn new(
+        config: Config,
+        weights: &mut Weights,
+        build_text: fn(&Value, &mut Weights) -> Result<Box<dyn Model>>,
+    ) -> Result<Llava> {
         let tower = [
             "vision_tower.vision_model",
             "vision_tower",
@@ -290,7 +294,7 @@ impl Llava {
         weights.rename_prefix("language_model.model.", "model.")?;
         weights.rename_prefix("language_model.lm_head.", "lm_head.")?;
         weights.rename_prefix("model.language_model.", "model.")?;
-        let language_model = registry::build_text_model(&config.text_config, weights)?;
+        let language_model = build_text(&config.text_config, weights)?;
         if language_model.input_embeddings().is_none() {
             return Err(Error::Config(format!(
                 "LLaVA over a `{}` text model: that family cannot take image features in place \
