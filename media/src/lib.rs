@@ -90,9 +90,9 @@ pub use crate::image::patches::{
     ImagePatches, PatchGrid, PatchProcessorConfig, patchify, preprocess_patches,
 };
 pub use crate::image::preprocess::{
-    Fit, ImageProcessorConfig, PixelValues, Resample, ResizeBackend, normalize, preprocess,
-    resize_to_fit,
+    Fit, ImageProcessorConfig, PixelValues, normalize, preprocess, resize_to_fit,
 };
+pub use crate::image::resize::{Resample, ResizeBackend};
 pub use crate::image::tiling::{TileGrid, smart_resize, split_tiles, tile_grid};
 pub use crate::intake::{
     Capabilities, DEFAULT_MAX_PAYLOAD_BYTES, decode_base64, decode_image_url, decode_input_audio,

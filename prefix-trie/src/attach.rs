@@ -6,8 +6,9 @@ use crate::error::{BoxError, Error, Result};
 use crate::key::Key;
 use crate::node::NodeId;
 use crate::prompt::span_containing;
+use crate::session::SessionId;
 use crate::snapshot::{Coverage, LayerKind, Snapshot};
-use crate::trie::{PrefixTrie, SessionId};
+use crate::trie::PrefixTrie;
 
 /// One layer's snapshot captured during prefill.
 #[derive(Debug)]

@@ -8,8 +8,9 @@
 use crate::error::{Error, Result};
 use crate::node::{Node, NodeId, Stored};
 use crate::restore::common_prefix;
+use crate::session::SessionId;
 use crate::snapshot::{LayerKind, Snapshot};
-use crate::trie::{PrefixTrie, SessionId};
+use crate::trie::PrefixTrie;
 
 impl<S: Snapshot> PrefixTrie<S> {
     /// Splits `id` at `at` (strictly inside its edge). The existing id keeps the tail, so ids

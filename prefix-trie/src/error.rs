@@ -2,8 +2,8 @@
 
 use std::ops::Range;
 
+use crate::session::SessionId;
 use crate::snapshot::{Coverage, LayerKind};
-use crate::trie::SessionId;
 
 /// Boxed error from a snapshot operation or a page-out callback.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -84,7 +84,8 @@
 //! - `prompt.rs`: [`Prompt`] keys built from tokens and [`MediaItem`]s.
 //! - `snapshot.rs`: the [`Snapshot`] trait, [`Coverage`] and [`LayerKind`].
 //! - `node.rs`: nodes and their arena.
-//! - `trie.rs`: [`PrefixTrie`], its [`Config`], [`SessionId`], `begin` and `abandon`.
+//! - `session.rs`: [`SessionId`], the name of a live request.
+//! - `trie.rs`: [`PrefixTrie`], its [`Config`], `begin` and `abandon`.
 //! - `restore.rs`: longest match, the restore point, [`LayerRestore`] plans.
 //! - `schedule.rs`: [`SchedulePolicy`], the offsets worth capturing.
 //! - `edit.rs`: splitting, merging, growing and compacting paths.
@@ -116,6 +117,7 @@ mod node;
 mod prompt;
 mod restore;
 mod schedule;
+mod session;
 mod snapshot;
 mod trie;
 mod view;
@@ -128,6 +130,7 @@ pub use node::NodeId;
 pub use prompt::{MediaItem, Prompt};
 pub use restore::{LayerRestore, MatchInfo};
 pub use schedule::SchedulePolicy;
+pub use session::SessionId;
 pub use snapshot::{Coverage, LayerKind, Snapshot};
-pub use trie::{Begin, Config, PrefixTrie, SessionId};
+pub use trie::{Begin, Config, PrefixTrie};
 pub use view::NodeView;

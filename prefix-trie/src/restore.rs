@@ -4,8 +4,9 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::node::NodeId;
 use crate::prompt::{Prompt, span_containing};
+use crate::session::SessionId;
 use crate::snapshot::{LayerKind, Snapshot};
-use crate::trie::{PrefixTrie, SessionId};
+use crate::trie::PrefixTrie;
 
 /// How much of a prompt the trie holds and where a request for it would resume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,6 @@
 //! The `PrefixTrie` itself: configuration, live sessions, `begin` and `abandon`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::ops::Range;
 
 use crate::error::{Error, Result};
@@ -9,6 +8,7 @@ use crate::key::{Key, Lookahead};
 use crate::node::{Arena, Node, NodeId};
 use crate::prompt::Prompt;
 use crate::schedule::SchedulePolicy;
+use crate::session::SessionId;
 use crate::snapshot::{LayerKind, Snapshot};
 
 /// How a trie is shaped: one entry per cache slot of the model, plus keying and scheduling.
@@ -20,17 +20,6 @@ pub struct Config {
     pub lookahead: Lookahead,
     /// Which offsets `begin` asks the engine to capture.
     pub schedule: SchedulePolicy,
-}
-
-/// Names one live request (a session) from `begin` to `close` or `abandon`. Ids are never
-/// reused, so an ended session's id stays unknown to the trie.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionId(u64);
-
-impl fmt::Display for SessionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "s{}", self.0)
-    }
 }
 
 /// What `begin` decided for a request.

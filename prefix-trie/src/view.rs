@@ -2,8 +2,9 @@
 
 use crate::key::Key;
 use crate::node::NodeId;
+use crate::session::SessionId;
 use crate::snapshot::Snapshot;
-use crate::trie::{PrefixTrie, SessionId};
+use crate::trie::PrefixTrie;
 
 /// One node as seen from outside.
 #[derive(Debug)]

@@ -11,12 +11,12 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use mlx::Array;
 use mlx::quantized::Quantized;
 
 use crate::gguf_config::{gguf_family, hf_config};
 use crate::gguf_delta_net::{DeltaNetHeads, undo_delta_net};
 use crate::gguf_names::hf_tensor_name;
+use crate::gguf_recurrent::{a_log_of, unsqueezed_kernel};
 use crate::gguf_tensor::{gguf_packed_16, gguf_tensor};
 use crate::rope_permutation::{qk_rows_permuted, unpermute_qk_rows};
 use crate::tensor::Tensor;
@@ -97,18 +97,6 @@ fn apply_rope_factors(
     }
     object.insert("rope_scaling".into(), scaling(serde_json::Map::new()));
     Ok(())
-}
-
-/// `A_log` back from the `A = -exp(A_log)` llama.cpp's converter stores for recurrent mixers
-/// (Mamba-2, gated delta nets), flattened from the column it may be written as.
-pub(crate) fn a_log_of(stored: &Array) -> Result<Array> {
-    Ok(stored.negative()?.log()?.reshape(&[-1])?)
-}
-
-/// A depthwise convolution kernel back to transformers' `[channels, 1, kernel]` from the
-/// `[channels, kernel]` llama.cpp's converter squeezes it to.
-pub(crate) fn unsqueezed_kernel(kernel: &Array) -> Result<Array> {
-    Ok(kernel.expand_dims(&[1])?)
 }
 
 /// A deepseek2 file whose queries pass through a low-rank bottleneck must say how wide it is:

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use mlx::Array;
 
 use crate::MetaValue;
-use crate::gguf_checkpoint::{a_log_of, unsqueezed_kernel};
+use crate::gguf_recurrent::{a_log_of, unsqueezed_kernel};
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 

@@ -11,7 +11,8 @@ use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
 use crate::GgmlType;
-use crate::block_formats::{BlockShape, Group, block_shape, decode_block};
+use crate::block_formats::{BlockShape, block_shape, decode_block};
+use crate::block_group::Group;
 use crate::tensor::Tensor;
 use crate::{Error, Result};
 

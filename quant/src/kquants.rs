@@ -1,10 +1,10 @@
 //! The k-quant block formats (Q2_K … Q6_K): 256-element super-blocks whose groups carry
 //! scales (and mins) quantized against one or two f16 super-scales.
 //!
-//! Each decoder writes the integers and the per-group map of `block_formats::Group`, walking
+//! Each decoder writes the integers and the per-group map of `block_group::Group`, walking
 //! the block in the same order as GGML's `dequantize_row_*` loops.
 
-use crate::block_formats::{Group, f16_at};
+use crate::block_group::{Group, f16_at};
 
 /// Q2_K: `scales[16]` (low nibble scale, high nibble min), `qs[64]`, `d`, `dmin`.
 /// Groups of 16; element `32·j + l` (per 128-element half) is 2 bits at shift `2·j`.

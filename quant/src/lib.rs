@@ -29,11 +29,13 @@
 //! - `mlx_quantization`: mlx-lm's `quantization` config with per-module overrides.
 //! - `gguf_file`: [`GgufFile`], a mapped GGUF file; the `gguf` crate reads its header,
 //!   metadata and tensor directory, and checks their bounds (and owns [`GgmlType`]).
-//! - `block_formats`: GGUF blocks decoded to integers plus a per-group affine map.
+//! - `block_group`: the per-group affine map every GGUF block format decodes to.
+//! - `block_formats`: the legacy GGUF blocks decoded to integers plus their groups' maps.
 //! - `kquants`: the Q2_K … Q6_K block decoders.
 //! - `gguf_tensor`: GGUF data to MLX (pass-through, affine repack, or Rust dequantization).
 //! - `gguf_names`: llama.cpp tensor names to HF names.
 //! - `gguf_config`: GGUF metadata to an HF-style `config.json`.
+//! - `gguf_recurrent`: recurrent mixers' `A_log` and convolution kernels back from llama.cpp's.
 //! - `gguf_delta_net`: Qwen3.5's delta nets back from llama.cpp's value-head order.
 //! - `gguf_checkpoint`: a GGUF file as an HF checkpoint (names, config, converter changes undone).
 //! - `rope_permutation`: llama.cpp's Q/K row permutation and its inverse.
@@ -44,6 +46,7 @@
 #![deny(missing_docs)]
 
 mod block_formats;
+mod block_group;
 mod checkpoint;
 pub mod create;
 mod error;
@@ -53,6 +56,7 @@ mod gguf_config;
 mod gguf_delta_net;
 mod gguf_file;
 mod gguf_names;
+mod gguf_recurrent;
 mod gguf_tensor;
 mod kquants;
 mod mapped_file;

@@ -14,9 +14,8 @@
 use image::RgbImage;
 
 use crate::error::{Error, Result};
-use crate::image::preprocess::{
-    Fit, ImageProcessorConfig, PixelValues, Resample, ResizeBackend, preprocess,
-};
+use crate::image::preprocess::{Fit, ImageProcessorConfig, PixelValues, preprocess};
+use crate::image::resize::{Resample, ResizeBackend};
 use crate::image::tiling::smart_resize;
 
 /// Largest `max_pixels` a config may ask for: 8192 x 8192, far above any released model's

@@ -6,29 +6,7 @@ use image::imageops;
 use image::{Rgb, RgbImage};
 
 use crate::error::{Error, Result};
-use crate::image::resize::resize_rgb;
-
-/// The resampling filter a processor config names (`resample: 2` bilinear, `3` bicubic in HF).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resample {
-    /// Triangle filter, widened when shrinking so it averages instead of aliasing.
-    Bilinear,
-    /// Catmull-Rom cubic, widened when shrinking.
-    Bicubic,
-}
-
-/// Whose integer resize arithmetic to reproduce: Hugging Face's two image-processor backends
-/// agree on the filter and the taps but round differently, so up to one grey level apart on a
-/// few percent of values (see the resize module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ResizeBackend {
-    /// transformers' default (`backend="torchvision"`, the "fast" processors): PyTorch's
-    /// antialiased `uint8` resize, `i16` weights, horizontal pass first.
-    #[default]
-    Torchvision,
-    /// `backend="pil"` (the `*ImageProcessorPil` classes): `PIL.Image.resize`, `i32` weights.
-    Pil,
-}
+use crate::image::resize::{Resample, ResizeBackend, resize_rgb};
 
 /// How an image whose aspect ratio differs from the target's is made to fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,27 @@
 
 use image::RgbImage;
 
-use crate::image::preprocess::{Resample, ResizeBackend};
+/// The resampling filter a processor config names (`resample: 2` bilinear, `3` bicubic in HF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resample {
+    /// Triangle filter, widened when shrinking so it averages instead of aliasing.
+    Bilinear,
+    /// Catmull-Rom cubic, widened when shrinking.
+    Bicubic,
+}
+
+/// Whose integer resize arithmetic to reproduce: Hugging Face's two image-processor backends
+/// agree on the filter and the taps but round differently, so up to one grey level apart on a
+/// few percent of values (see this module's docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResizeBackend {
+    /// transformers' default (`backend="torchvision"`, the "fast" processors): PyTorch's
+    /// antialiased `uint8` resize, `i16` weights, horizontal pass first.
+    #[default]
+    Torchvision,
+    /// `backend="pil"` (the `*ImageProcessorPil` classes): `PIL.Image.resize`, `i32` weights.
+    Pil,
+}
 
 /// Resizes `image` to `width` x `height` (both at least 1).
 pub(crate) fn resize_rgb(
