@@ -6,9 +6,10 @@
 //! When something cannot be installed (no Python, no npm, no package index) the tests fail
 //! loudly under `CI` and are skipped with a notice otherwise ([`required`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// `$XDG_CACHE_HOME/mlxkit` (else `~/.cache/mlxkit`).
 pub fn cache_root() -> PathBuf {
@@ -41,10 +42,18 @@ pub fn cached_folder(
     name: &str,
     build: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<PathBuf, String> {
-    // One build at a time in this process: tests running in parallel that need the same
-    // folder build it once.
-    static BUILDING: Mutex<()> = Mutex::new(());
-    let _building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    // One build of each folder at a time in this process: tests running in parallel that need
+    // the same folder build it once, while different folders (a venv, the npm agents) install
+    // side by side, their downloads beside the other tests' work.
+    static BUILDING: Mutex<BTreeMap<String, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+    let this_one = Arc::clone(
+        BUILDING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default(),
+    );
+    let _building = this_one.lock().unwrap_or_else(|e| e.into_inner());
     let folder = cache_root().join(name);
     if folder.exists() {
         return Ok(folder);
