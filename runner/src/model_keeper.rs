@@ -436,13 +436,7 @@ impl ModelKeeper {
                     }
                 }
             };
-            let removed = {
-                let mut residents = self.residents.lock().await;
-                let before = residents.len();
-                residents.retain(|e| !Arc::ptr_eq(e, &victim));
-                residents.len() < before
-            };
-            if removed {
+            if self.take_out(&victim).await {
                 tracing::info!(
                     "unloading {} to make room for another model",
                     victim.resident.info.name
@@ -451,6 +445,15 @@ impl ModelKeeper {
             }
             drop(held);
         }
+    }
+
+    /// Takes `entry` out of the resident set (its unload is the caller's, who holds it
+    /// exclusively); whether it was still there.
+    async fn take_out(&self, entry: &Arc<Entry>) -> bool {
+        let mut residents = self.residents.lock().await;
+        let before = residents.len();
+        residents.retain(|e| !Arc::ptr_eq(e, entry));
+        residents.len() < before
     }
 
     /// `manifest`'s files, verified, off the async runtime.
@@ -545,13 +548,7 @@ impl ModelKeeper {
             // Taken outside the set's lock: requests on other models go on meanwhile, and new
             // ones on this model wait for it to leave (see `Found::Leaving`).
             let held = Arc::clone(&entry.in_use).write_owned().await;
-            let removed = {
-                let mut residents = self.residents.lock().await;
-                let before = residents.len();
-                residents.retain(|e| !Arc::ptr_eq(e, &entry));
-                residents.len() < before
-            };
-            if removed {
+            if self.take_out(&entry).await {
                 self.engine.unload(entry.resident.slot).await?;
                 unloaded = true;
             }
