@@ -191,7 +191,11 @@ mod tests {
     fn a_deep_schema_is_walked_without_recursion() {
         let mut deep = json!({"type": "string"});
         for _ in 0..2_000 {
-            deep = json!({"not": deep});
+            // Wrapped by hand: `json!({"not": deep})` serializes `deep` into the new value,
+            // recursively, and 2,000 levels of that overflowed a test thread's stack.
+            let mut wrapper = serde_json::Map::new();
+            wrapper.insert("not".to_string(), deep);
+            deep = Value::Object(wrapper);
         }
         assert_eq!(positions(&deep).len(), 2_001);
         // Dropping it recursively would overflow the stack too.
