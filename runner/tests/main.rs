@@ -7,6 +7,10 @@
 //! module that asks for it) and `support::serial` orders the tests that read its shared
 //! state; a module's own servers stay its own.
 //!
+//! Run it by name, `cargo test --workspace --test integration` (a module: add its name after):
+//! it is `test = false`, so a plain `cargo test` leaves it out and scripts/test can run it
+//! beside every other test binary.
+//!
 //! Five files stay binaries of their own. `allocator.rs`: `scripts/check-platforms` builds it
 //! to get the `mlxkit` binary for arm64 without building these. `operations.rs` and
 //! `vision_http.rs` count with the process's metrics recorder, which every server in a process
