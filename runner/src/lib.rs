@@ -15,7 +15,8 @@
 //!    templates; media through [`server::images`] and [`server::audio`]), holds it to the
 //!    context, compiles the output constraint ([`server::structured`], `grammar`) and submits
 //!    the job ([`server::generation`]). It fails with a [`server::request_error::RequestError`]
-//!    that each API turns into its wire format at its edge.
+//!    that each API turns into its wire format at its edge. Embeddings take its shorter path,
+//!    [`server::embedding_request`]: inputs tokenized, held to the context, evaluated.
 //! 3. **Engine** ([`engine`]): the job crosses to the MLX worker (`mlx-thread`) and
 //!    waits in admission (`engine::admission`) until its KV reservation fits.
 //! 4. **Prefix trie** (`engine::prefix_cache` over `prefix-trie`): admission restores the

@@ -46,6 +46,7 @@ pub mod choices;
 pub mod connections;
 pub mod cors;
 pub mod default_model;
+pub mod embedding_request;
 pub mod embeddings;
 pub mod error;
 pub mod generation;
