@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokenizer::{Message, MessageToolCall};
+use tokio::sync::mpsc::Receiver;
 
 use crate::engine::DoneReason;
 use crate::server::error::ApiError;
@@ -444,38 +445,7 @@ pub async fn create(
         req.input.as_ref(),
         &mut warnings,
     )?;
-    let previous = match &req.previous_response_id {
-        Some(id) => state.responses.get(id).ok_or_else(|| {
-            ApiError::not_found(format!(
-                "previous response `{id}` is not stored (the last {STORED_RESPONSES} are kept)"
-            ))
-        })?,
-        None => Stored::default(),
-    };
-    let mut messages = previous.messages;
-    // The earlier turns' `[img-N]` tags keep naming their images and clips; new ones number
-    // on.
-    let audio = previous
-        .images
-        .iter()
-        .filter(|bytes| matches!(media::detect(bytes), Ok(media::MediaFormat::Audio(_))))
-        .count();
-    let mut attachments = Attachments {
-        media: previous.images,
-        audio,
-    };
-    if let Some(instructions) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
-        // Instructions apply to this response only: they replace any carried over.
-        messages.retain(|m| m.role != "system");
-        messages.insert(0, Message::new("system", instructions.clone()));
-    }
-    read_input(
-        req.input.as_ref().unwrap_or(&Value::Null),
-        &mut messages,
-        &mut attachments,
-        &tools,
-        &mut warnings,
-    )?;
+    let (messages, attachments) = conversation(&state, &req, &tools, &mut warnings)?;
     attachments.require_supported(&state.store, &name)?;
     if messages.iter().all(|m| m.role == "system") {
         return Err(bad("`input` is empty").into());
@@ -556,25 +526,76 @@ pub async fn create(
         store: req.store.unwrap_or(true),
     };
     let conversation = Stored { messages, images };
-    let mut builder = ResponseBuilder::new(echo, tools, conversation, state.responses.clone());
+    let builder = ResponseBuilder::new(echo, tools, conversation, state.responses.clone());
     let mut response = if req.stream {
         sse(outputs, builder)
     } else {
-        let mut outputs = outputs;
-        while let Some(output) = outputs.recv().await {
-            if let Output::Error(message) = &output {
-                return Err(ApiError::internal(message.clone()).into());
-            }
-            builder.chunks(&output);
-        }
-        builder
-            .finished
-            .take()
-            .map(|response| Json(response).into_response())
-            .ok_or_else(|| ApiError::internal("generation ended without a result"))?
+        whole_response(outputs, builder).await?
     };
     warnings.attach(&mut response);
     Ok(response)
+}
+
+/// The conversation a response continues: the turns stored under `previous_response_id`,
+/// this request's `instructions` in place of any carried over, then its `input` read into
+/// messages and attachments.
+fn conversation(
+    state: &AppState,
+    req: &ResponsesRequest,
+    tools: &Tools,
+    warnings: &mut Warnings,
+) -> Result<(Vec<Message>, Attachments), ApiError> {
+    let previous = match &req.previous_response_id {
+        Some(id) => state.responses.get(id).ok_or_else(|| {
+            ApiError::not_found(format!(
+                "previous response `{id}` is not stored (the last {STORED_RESPONSES} are kept)"
+            ))
+        })?,
+        None => Stored::default(),
+    };
+    let mut messages = previous.messages;
+    // The earlier turns' `[img-N]` tags keep naming their images and clips; new ones number
+    // on.
+    let audio = previous
+        .images
+        .iter()
+        .filter(|bytes| matches!(media::detect(bytes), Ok(media::MediaFormat::Audio(_))))
+        .count();
+    let mut attachments = Attachments {
+        media: previous.images,
+        audio,
+    };
+    if let Some(instructions) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
+        // Instructions apply to this response only: they replace any carried over.
+        messages.retain(|m| m.role != "system");
+        messages.insert(0, Message::new("system", instructions.clone()));
+    }
+    read_input(
+        req.input.as_ref().unwrap_or(&Value::Null),
+        &mut messages,
+        &mut attachments,
+        tools,
+        warnings,
+    )?;
+    Ok((messages, attachments))
+}
+
+/// The response of a request that does not stream, once its generation ends.
+async fn whole_response(
+    mut outputs: Receiver<Output>,
+    mut builder: ResponseBuilder,
+) -> Result<Response, ApiError> {
+    while let Some(output) = outputs.recv().await {
+        if let Output::Error(message) = &output {
+            return Err(ApiError::internal(message.clone()));
+        }
+        builder.chunks(&output);
+    }
+    builder
+        .finished
+        .take()
+        .map(|response| Json(response).into_response())
+        .ok_or_else(|| ApiError::internal("generation ended without a result"))
 }
 
 /// `text` as the response reports it: as sent, its `format` plain text unless it says
