@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory, TokenParser};
@@ -414,8 +414,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The process-wide state for `tokenizer`, keyed by a hash of its serialized form and end
 /// tokens, so two loads of the same vocabulary share one factory.
+///
+/// The table holds its states weakly: a factory lives as long as some compiler of its
+/// vocabulary does, so a server that unloads a model frees its factory (tens of MB for a
+/// 262k-token vocabulary) with it.
 fn shared_for(tokenizer: &tokenizer::Tokenizer) -> Result<Arc<Shared>> {
-    static BY_TOKENIZER: OnceLock<Mutex<HashMap<u64, Arc<Shared>>>> = OnceLock::new();
+    static BY_TOKENIZER: OnceLock<Mutex<HashMap<u64, Weak<Shared>>>> = OnceLock::new();
     let json = tokenizer
         .hf()
         .to_string(false)
@@ -427,8 +431,8 @@ fn shared_for(tokenizer: &tokenizer::Tokenizer) -> Result<Arc<Shared>> {
     let key = hasher.finish();
 
     let table = BY_TOKENIZER.get_or_init(Default::default);
-    if let Some(shared) = lock(table).get(&key) {
-        return Ok(shared.clone());
+    if let Some(shared) = lock(table).get(&key).and_then(Weak::upgrade) {
+        return Ok(shared);
     }
     // Built outside the lock: another tokenizer's requests need not wait ≈0.2 s.
     let env = token_env::build(tokenizer, &json)?;
@@ -445,5 +449,12 @@ fn shared_for(tokenizer: &tokenizer::Tokenizer) -> Result<Arc<Shared>> {
         factory,
         compiled: Mutex::default(),
     });
-    Ok(lock(table).entry(key).or_insert(shared).clone())
+    let mut table = lock(table);
+    table.retain(|_, state| state.strong_count() > 0);
+    // Another request may have built the same state meanwhile: keep the first.
+    if let Some(built) = table.get(&key).and_then(Weak::upgrade) {
+        return Ok(built);
+    }
+    table.insert(key, Arc::downgrade(&shared));
+    Ok(shared)
 }

@@ -441,7 +441,11 @@ impl ModelKeeper {
                     "unloading {} to make room for another model",
                     victim.resident.info.name
                 );
-                self.engine.unload(victim.resident.slot).await?;
+                let slot = victim.resident.slot;
+                // Its tokenizer and grammar factory go before the engine's unload returns the
+                // freed pages to the system, so that they are among them.
+                drop(victim);
+                self.engine.unload(slot).await?;
             }
             drop(held);
         }
@@ -549,7 +553,10 @@ impl ModelKeeper {
             // ones on this model wait for it to leave (see `Found::Leaving`).
             let held = Arc::clone(&entry.in_use).write_owned().await;
             if self.take_out(&entry).await {
-                self.engine.unload(entry.resident.slot).await?;
+                let slot = entry.resident.slot;
+                // As in `make_room`: freed before the unload returns the pages.
+                drop(entry);
+                self.engine.unload(slot).await?;
                 unloaded = true;
             }
             drop(held);

@@ -148,8 +148,15 @@ pub fn smollm2() -> Option<&'static tokenizer::Tokenizer> {
         .as_ref()
 }
 
-/// A compiler for the SmolLM2 vocabulary.
+/// A compiler for the SmolLM2 vocabulary. One is kept for the whole test binary: compilers
+/// share their vocabulary's factory only while one of them lives, and each test building it
+/// anew would cost ~0.2 s.
 pub fn smollm2_compiler() -> Option<grammar::GrammarCompiler> {
+    static KEPT: std::sync::OnceLock<Option<grammar::GrammarCompiler>> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| {
+        Some(grammar::GrammarCompiler::new(smollm2()?).expect("compiler for SmolLM2"))
+    })
+    .as_ref()?;
     Some(grammar::GrammarCompiler::new(smollm2()?).expect("compiler for SmolLM2"))
 }
 
