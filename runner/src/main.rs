@@ -19,10 +19,19 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// to 0.81 GB (bench/RESULTS.md). Where the time goes was not pinned down: huge pages under
 /// the weights alone gave one stream only 3-9%, and the packed matvec's from-memory bench ran
 /// no faster on them. A kernel without transparent huge pages ignores the option.
+///
+/// `narenas:1` and `background_thread:true` are for a server that unloads models (issue 52).
+/// By default jemalloc makes four arenas per CPU and hands threads out among them; each arena
+/// keeps its own metadata and part-filled pages, so every thread that ever allocated (tokio's,
+/// the worker pool's, MLX's) left memory behind after an unload. Nearly every allocation of a
+/// step comes from the one MLX worker thread, so one arena costs no contention: alternating
+/// `mlxkit bench` runs on SmolLM2 decoded as fast (1 and 8 streams, within the machine's
+/// noise). jemalloc also purges freed pages only when some thread allocates; its background
+/// thread purges them while the server sits idle after an unload.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)] // jemalloc looks the options up by this exact, unmangled name
 #[unsafe(no_mangle)]
-pub static malloc_conf: &u8 = &b"thp:always\0"[0];
+pub static malloc_conf: &u8 = &b"thp:always,narenas:1,background_thread:true\0"[0];
 
 fn main() -> std::process::ExitCode {
     runner::cli::main()
