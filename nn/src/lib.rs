@@ -80,8 +80,8 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use model::{
-    Audio, AudioInput, Batch, Forward, ImageGrid, ImageInput, ImagePreprocessing, InputEmbeddings,
-    LayerState, Model, ModelSpec, PatchInput, Vision,
+    Audio, AudioInput, Batch, DraftHead, Forward, ImageGrid, ImageInput, ImagePreprocessing,
+    InputEmbeddings, LayerState, Model, ModelSpec, PatchInput, Vision,
 };
 pub use registry::build_model;
 pub use weights::Weights;

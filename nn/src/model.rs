@@ -241,9 +241,39 @@ impl Batch {
 pub struct Forward {
     /// Final hidden states, `[rows, tokens, hidden]`, before the output head.
     pub hidden: Array,
-    /// Extra state a drafter head conditions on (pre-norm hidden states), when the model
-    /// offers one.
+    /// The state a drafter conditions on, where it is not `hidden` itself (a block drafter's
+    /// tapped layers); `None` when it is, so a model with no such drafter computes nothing
+    /// more.
     pub conditioning: Option<Array>,
+}
+
+impl Forward {
+    /// The state a drafter head conditions on: [`Forward::conditioning`] where the model set
+    /// one, else the final hidden states (what a multi-token-prediction head reads).
+    pub fn conditioning(&self) -> &Array {
+        self.conditioning.as_ref().unwrap_or(&self.hidden)
+    }
+}
+
+/// A drafter head a checkpoint ships beside its decoder (Qwen3.5's multi-token-prediction
+/// layer under `mtp.*`): from the target's state at position `S` (its
+/// [`Forward::conditioning`]) and the token at `S + 1`, it predicts the token at `S + 2`, with
+/// the target's own embedding and output head. Chained drafting feeds a step's `hidden` back
+/// as the next step's conditioning.
+pub trait DraftHead {
+    /// Fresh caches for the head's own layers, one slot per layer.
+    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>>;
+
+    /// Runs the head over `batch`, whose tokens are each position's *next* token and whose
+    /// positions are the target's (`S`), conditioned on `conditioning` (`[rows, tokens,
+    /// hidden]`, the target's state at the same positions), row `r` appending to `caches[r]`.
+    /// Its `hidden` goes through the target's [`Model::unembed`] for the draft's logits.
+    fn forward_head(
+        &self,
+        batch: &Batch,
+        conditioning: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward>;
 }
 
 /// How a model reads images: the pixels its encoder takes and the tokens that stand for an
@@ -525,6 +555,12 @@ pub trait Model {
 
     /// Its audio side, when it reads audio; `None` (the default) for a text model.
     fn audio(&self) -> Option<&dyn Audio> {
+        None
+    }
+
+    /// The drafter head its checkpoint ships, when it has one; `None` (the default)
+    /// otherwise.
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
         None
     }
 }

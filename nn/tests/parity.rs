@@ -644,7 +644,9 @@ fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
 }
 
 /// A released Qwen3.5 checkpoint also holds a vision tower and a multi-token-prediction head:
-/// a text load sets exactly those aside, and any other stray tensor is still reported.
+/// a text load whose config names no head (`mtp_num_hidden_layers`) sets exactly those aside,
+/// and any other stray tensor is still reported. A head the config names is read
+/// (`nn/tests/mtp.rs`).
 #[test]
 fn qwen3_5_sets_aside_its_vision_tower_and_mtp_head_only() {
     let dir = fixture("qwen3_5");

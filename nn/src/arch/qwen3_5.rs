@@ -20,8 +20,10 @@
 //! `qwen3_next` (5.24). Positions of text
 //! tokens are the same on the three M-RoPE axes, so for text the rotary embedding is the plain
 //! one over `head_dim · partial_rotary_factor` features; the sections matter only for images
-//! (issue 21). The vision tower and the multi-token-prediction head of the released
-//! checkpoints are set aside at load, not read.
+//! (issue 21). The vision tower of the released checkpoints is set aside at load, not read;
+//! their multi-token-prediction head (`mtp.*`, one decoder layer over the next token's
+//! embedding and the target's final state) is read when the config names it, and drafts
+//! through [`DraftHead`].
 
 use kvcache::{LayerCache, LogicalMask, RecurrentConfig};
 use mlx::{Array, Dtype};
@@ -35,7 +37,7 @@ use crate::embedding::Embedding;
 use crate::gated_delta::{DeltaInputs, gated_delta_rule, softplus};
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::model::{Batch, DraftHead, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
 use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
@@ -91,6 +93,9 @@ pub struct Config {
     pub moe: Option<SparseConfig>,
     /// How the delta net's input projections are stored.
     pub projections: Projections,
+    /// `mtp_num_hidden_layers` (Qwen3-Next: `num_nextn_predict_layers`): the layers of the
+    /// multi-token-prediction head the checkpoint ships, 0 when it says nothing.
+    pub mtp_layers: usize,
 }
 
 /// The mixture-of-experts hyperparameters.
@@ -207,6 +212,12 @@ impl Config {
             linear_conv_kernel_dim,
             moe,
             projections,
+            mtp_layers: match f.bounded("mtp_num_hidden_layers", limits::LAYERS)? {
+                Some(layers) => layers,
+                None => f
+                    .bounded("num_nextn_predict_layers", limits::LAYERS)?
+                    .unwrap_or(0),
+            },
         })
     }
 
@@ -214,6 +225,15 @@ impl Config {
     fn conv_dim(&self) -> usize {
         2 * self.linear_num_key_heads * self.linear_key_head_dim
             + self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// What a full-attention layer keeps: keys and values of every position.
+    fn attention_state(&self) -> LayerState {
+        LayerState::Attention {
+            kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            window: None,
+        }
     }
 
     fn recurrent_config(&self) -> RecurrentConfig {
@@ -240,11 +260,7 @@ impl Config {
                     if linear {
                         LayerState::Recurrent { state: recurrent }
                     } else {
-                        LayerState::Attention {
-                            kv_heads: self.num_key_value_heads,
-                            head_dim: self.head_dim,
-                            window: None,
-                        }
+                        self.attention_state()
                     }
                 })
                 .collect(),
@@ -628,6 +644,62 @@ struct DecoderLayer {
     mlp: FeedForward,
 }
 
+impl DecoderLayer {
+    /// The layer over `h`, its mixer reading and appending to cache slot `index` of each row.
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let mixed = match &self.mixer {
+            Mixer::Linear(net) => net.forward(&x, caches, index)?,
+            Mixer::Attention(attention) => {
+                let projected = attention.project(&x, positions.rope())?;
+                attend_cached(
+                    attention,
+                    &projected,
+                    caches,
+                    index,
+                    &batch.positions,
+                    LogicalMask::Causal,
+                )?
+            }
+        };
+        let h = h.add(&mixed)?;
+        Ok(h.add(
+            &self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&h)?)?,
+        )?)
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.input_layernorm.collect_arrays(out);
+        match &self.mixer {
+            Mixer::Linear(net) => net.collect_arrays(out),
+            Mixer::Attention(attention) => attention.collect_arrays(out),
+        }
+        self.post_attention_layernorm.collect_arrays(out);
+        self.mlp.collect_arrays(out);
+    }
+}
+
+/// The multi-token-prediction head (`mtp.*`): the next token's embedding and the target's
+/// state, each normed, side by side (embedding first) through `fc`, then one full-attention
+/// decoder layer and its own final norm. Embedding and output head are the target's.
+struct MtpHead {
+    pre_fc_norm_embedding: RmsNorm,
+    pre_fc_norm_hidden: RmsNorm,
+    fc: Linear,
+    layer: DecoderLayer,
+    norm: RmsNorm,
+    cache: LayerState,
+}
+
 /// A Qwen3.5 text model.
 pub struct Qwen3_5 {
     spec: ModelSpec,
@@ -635,6 +707,7 @@ pub struct Qwen3_5 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    mtp: Option<MtpHead>,
 }
 
 impl Qwen3_5 {
@@ -649,11 +722,8 @@ impl Qwen3_5 {
         } else {
             "model"
         };
-        // The released checkpoints carry a vision tower (images: issue 21) and a
-        // multi-token-prediction head (a drafter: issue 17) beside the decoder.
-        for unread in ["model.visual.", "mtp."] {
-            weights.set_aside(unread);
-        }
+        // The released checkpoints carry a vision tower (images: issue 21) beside the decoder.
+        weights.set_aside("model.visual.");
         let norm = |weights: &mut Weights, name: &str, size: i32| -> Result<RmsNorm> {
             RmsNorm::with_unit_offset(weights.dense(name, &[size])?, eps)
         };
@@ -664,9 +734,7 @@ impl Qwen3_5 {
         let activation = Activation::from_name(&config.hidden_act)?;
         let rope = Rope::new(&config.rope)?;
 
-        let mut layers = Vec::with_capacity(config.linear_layers.len());
-        for (i, &linear) in config.linear_layers.iter().enumerate() {
-            let p = format!("{root}.layers.{i}");
+        let layer = |weights: &mut Weights, p: &str, linear: bool, sparse_mlp: bool| {
             let mixer = if linear {
                 Mixer::Linear(GatedDeltaNet::new(
                     &config,
@@ -681,8 +749,7 @@ impl Qwen3_5 {
                     &rope,
                 )?)
             };
-            let inter = dim(config.intermediate_size, "intermediate_size")?;
-            layers.push(DecoderLayer {
+            Ok::<_, Error>(DecoderLayer {
                 input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"), hidden)?,
                 mixer,
                 post_attention_layernorm: norm(
@@ -691,7 +758,7 @@ impl Qwen3_5 {
                     hidden,
                 )?,
                 mlp: match &config.moe {
-                    Some(moe) if moe.is_sparse(i) => FeedForward::Sparse(sparse(
+                    Some(moe) if sparse_mlp => FeedForward::Sparse(sparse(
                         moe,
                         weights,
                         &format!("{p}.mlp"),
@@ -701,13 +768,40 @@ impl Qwen3_5 {
                     _ => FeedForward::Dense(Mlp::load(
                         weights,
                         &format!("{p}.mlp"),
-                        inter,
+                        dim(config.intermediate_size, "intermediate_size")?,
                         hidden,
                         activation,
                     )?),
                 },
-            });
+            })
+        };
+
+        let mut layers = Vec::with_capacity(config.linear_layers.len());
+        for (i, &linear) in config.linear_layers.iter().enumerate() {
+            let sparse_mlp = config.moe.as_ref().is_some_and(|moe| moe.is_sparse(i));
+            layers.push(layer(
+                weights,
+                &format!("{root}.layers.{i}"),
+                linear,
+                sparse_mlp,
+            )?);
         }
+        // The multi-token-prediction head, when the config names one layer and the checkpoint
+        // kept its tensors (many conversions drop them). Its layer attends, and its MLP is
+        // sparse wherever the decoder's are. A head of several layers is set aside, unread.
+        let mtp = if config.mtp_layers == 1 && weights.contains("mtp.fc.weight") {
+            Some(MtpHead {
+                pre_fc_norm_embedding: norm(weights, "mtp.pre_fc_norm_embedding.weight", hidden)?,
+                pre_fc_norm_hidden: norm(weights, "mtp.pre_fc_norm_hidden.weight", hidden)?,
+                fc: weights.matrix("mtp.fc", hidden, 2 * hidden)?,
+                layer: layer(weights, "mtp.layers.0", false, config.moe.is_some())?,
+                norm: norm(weights, "mtp.norm.weight", hidden)?,
+                cache: config.attention_state(),
+            })
+        } else {
+            weights.set_aside("mtp.");
+            None
+        };
         let final_norm = norm(weights, &format!("{root}.norm.weight"), hidden)?;
         let lm_head = embed_tokens.output_head(
             weights,
@@ -722,6 +816,7 @@ impl Qwen3_5 {
             layers,
             norm: final_norm,
             lm_head,
+            mtp,
         })
     }
 }
@@ -841,27 +936,7 @@ impl Model for Qwen3_5 {
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embed_tokens.forward(&batch.tokens)?;
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let mixed = match &layer.mixer {
-                Mixer::Linear(net) => net.forward(&x, caches, i)?,
-                Mixer::Attention(attention) => {
-                    let projected = attention.project(&x, positions.rope())?;
-                    attend_cached(
-                        attention,
-                        &projected,
-                        caches,
-                        i,
-                        &batch.positions,
-                        LogicalMask::Causal,
-                    )?
-                }
-            };
-            h = h.add(&mixed)?;
-            h = h.add(
-                &layer
-                    .mlp
-                    .forward(&layer.post_attention_layernorm.forward(&h)?)?,
-            )?;
+            h = layer.forward(&h, caches, i, batch, &positions)?;
         }
         Ok(Forward {
             hidden: self.norm.forward(&h)?,
@@ -877,16 +952,54 @@ impl Model for Qwen3_5 {
         let mut out = Vec::new();
         self.embed_tokens.collect_arrays(&mut out);
         for layer in &self.layers {
-            layer.input_layernorm.collect_arrays(&mut out);
-            match &layer.mixer {
-                Mixer::Linear(net) => net.collect_arrays(&mut out),
-                Mixer::Attention(attention) => attention.collect_arrays(&mut out),
-            }
-            layer.post_attention_layernorm.collect_arrays(&mut out);
-            layer.mlp.collect_arrays(&mut out);
+            layer.collect_arrays(&mut out);
         }
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
+        if let Some(mtp) = &self.mtp {
+            mtp.pre_fc_norm_embedding.collect_arrays(&mut out);
+            mtp.pre_fc_norm_hidden.collect_arrays(&mut out);
+            mtp.fc.collect_arrays(&mut out);
+            mtp.layer.collect_arrays(&mut out);
+            mtp.norm.collect_arrays(&mut out);
+        }
         out
     }
+
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
+    }
+}
+
+impl DraftHead for Qwen3_5 {
+    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
+        Ok(vec![mtp.cache.new_cache(0)?])
+    }
+
+    fn forward_head(
+        &self,
+        batch: &Batch,
+        conditioning: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
+        check_cache_sets(batch, caches, 1)?;
+        let positions = BatchPositions::new(batch)?;
+        let embedded = mtp
+            .pre_fc_norm_embedding
+            .forward(&self.embed_tokens.forward(&batch.tokens)?)?;
+        let state = mtp.pre_fc_norm_hidden.forward(conditioning)?;
+        let h = mtp.fc.forward(&mlx::concatenate(&[embedded, state], -1)?)?;
+        let h = mtp.layer.forward(&h, caches, 0, batch, &positions)?;
+        Ok(Forward {
+            hidden: mtp.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+}
+
+/// A head asked of a model loaded without one (`draft_head` gives `None` then).
+fn no_head() -> Error {
+    Error::InvalidInput("this model was loaded without a multi-token-prediction head".into())
 }

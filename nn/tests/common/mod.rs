@@ -45,7 +45,8 @@ fn log_softmax(logits: &Array) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn argmax(row: &[f32]) -> u32 {
+/// The index of the largest logit (the first, on a tie).
+pub fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {

@@ -1,0 +1,242 @@
+//! Qwen3.5's multi-token-prediction head against its reference forward (issue 49).
+//!
+//! `nn/tests/fixtures/qwen3_5_mtp/` holds a head drawn at random beside the `qwen3_5` fixture's
+//! decoder, and what a float64 numpy forward written from the published layout gives for it
+//! (`scripts/make_mtp_fixture.py`). The head is fed the fixture's conditioning rather than the
+//! decoder's own state, so the comparison isolates the head; 1e-4 is the tolerance of every f32
+//! parity test here (the reference is exact to far better, and f32 sums over a 64-wide hidden
+//! state and a 512-token vocabulary stay well inside it).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::argmax;
+
+use kvcache::LayerCache;
+use mlx::{Array, Dtype};
+use nn::{Batch, DraftHead, Model, Weights, build_model};
+use quant::{SafetensorsFile, Tensor};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Every tensor of `path`, by name.
+fn tensors(path: &Path) -> Vec<(String, Tensor)> {
+    let file = SafetensorsFile::open(path).unwrap();
+    file.entries()
+        .keys()
+        .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
+        .collect()
+}
+
+/// The decoder with its head, from the qwen3_5 fixture's weights and the head's, leaving out
+/// the tensors named in `without`.
+fn load(without: &[&str]) -> nn::Result<Box<dyn Model>> {
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("qwen3_5_mtp").join("config.json")).unwrap())
+            .unwrap();
+    let mut all = tensors(&fixture("qwen3_5").join("model.safetensors"));
+    all.extend(tensors(&fixture("qwen3_5_mtp").join("head.safetensors")));
+    all.retain(|(name, _)| !without.contains(&name.as_str()));
+    let mut weights = Weights::new(all, Dtype::F32);
+    let model = build_model(&config, &mut weights)?;
+    assert!(weights.unused().is_empty(), "{:?}", weights.unused());
+    Ok(model)
+}
+
+struct Reference {
+    tokens: Vec<u32>,
+    conditioning: Array,
+    logits: Vec<f32>,
+    chain_tokens: Vec<u32>,
+    chain_logits: Vec<f32>,
+}
+
+fn reference() -> Reference {
+    let file =
+        SafetensorsFile::open(&fixture("qwen3_5_mtp").join("reference.safetensors")).unwrap();
+    let ids = |name: &str| -> Vec<u32> {
+        let values: Vec<i32> = file.load(name).unwrap().to_vec().unwrap();
+        values.into_iter().map(|id| id as u32).collect()
+    };
+    Reference {
+        tokens: ids("tokens"),
+        conditioning: file.load("conditioning").unwrap(),
+        logits: file.load("logits").unwrap().to_vec().unwrap(),
+        chain_tokens: ids("chain_tokens"),
+        chain_logits: file.load("chain_logits").unwrap().to_vec().unwrap(),
+    }
+}
+
+/// The head's logits and final state over `tokens` at `position` on, conditioned on
+/// `conditioning`, appending to `caches`.
+fn head_step(
+    model: &dyn Model,
+    head: &dyn DraftHead,
+    caches: &mut [Option<LayerCache>],
+    tokens: &[u32],
+    position: usize,
+    conditioning: &Array,
+) -> (Vec<f32>, Array) {
+    let batch = Batch::single(tokens, position).unwrap();
+    let forward = head
+        .forward_head(&batch, conditioning, &mut [caches])
+        .unwrap();
+    let logits = model.unembed(&forward.hidden).unwrap().to_vec().unwrap();
+    (logits, forward.conditioning().clone())
+}
+
+fn assert_close(got: &[f32], expected: &[f32], what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths");
+    let worst = got
+        .iter()
+        .zip(expected)
+        .map(|(g, e)| (g - e).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= TOLERANCE, "{what}: worst difference {worst}");
+}
+
+/// Positions `start..end` of a `[1, n, hidden]` state.
+fn rows(state: &Array, start: usize, end: usize) -> Array {
+    state.slice_axis(1, start as i32, end as i32).unwrap()
+}
+
+#[test]
+fn the_head_matches_its_reference_in_one_forward_and_in_chunks() {
+    let model = load(&[]).unwrap();
+    let head = model.draft_head().expect("the fixture's head loads");
+    let reference = reference();
+    let n = reference.tokens.len();
+
+    let mut caches = head.new_head_caches().unwrap();
+    let (logits, _) = head_step(
+        model.as_ref(),
+        head,
+        &mut caches,
+        &reference.tokens,
+        0,
+        &reference.conditioning,
+    );
+    assert_close(&logits, &reference.logits, "one forward");
+
+    // Through the head's own cache, five positions at a time.
+    let vocab = reference.logits.len() / n;
+    let mut caches = head.new_head_caches().unwrap();
+    for start in (0..n).step_by(5) {
+        let end = (start + 5).min(n);
+        let (logits, _) = head_step(
+            model.as_ref(),
+            head,
+            &mut caches,
+            &reference.tokens[start..end],
+            start,
+            &rows(&reference.conditioning, start, end),
+        );
+        assert_close(
+            &logits,
+            &reference.logits[start * vocab..end * vocab],
+            &format!("positions {start}..{end}"),
+        );
+    }
+}
+
+/// Chained drafting: each step conditions on the previous step's own state and reads the
+/// previous step's greedy token, as a drafter proposing several tokens does.
+#[test]
+fn a_chain_of_drafts_matches_its_reference() {
+    let model = load(&[]).unwrap();
+    let head = model.draft_head().unwrap();
+    let reference = reference();
+    let n = reference.tokens.len();
+    let vocab = reference.logits.len() / n;
+
+    let mut caches = head.new_head_caches().unwrap();
+    let (logits, state) = head_step(
+        model.as_ref(),
+        head,
+        &mut caches,
+        &reference.tokens,
+        0,
+        &reference.conditioning,
+    );
+    let mut state = rows(&state, n - 1, n);
+    let mut token = argmax(&logits[(n - 1) * vocab..]);
+    for (step, &expected) in reference.chain_tokens.iter().enumerate() {
+        assert_eq!(token, expected, "chained token {step}");
+        let (logits, next) = head_step(
+            model.as_ref(),
+            head,
+            &mut caches,
+            &[token],
+            n + step,
+            &state,
+        );
+        assert_close(
+            &logits,
+            &reference.chain_logits[step * vocab..(step + 1) * vocab],
+            &format!("chained step {step}"),
+        );
+        token = argmax(&logits);
+        state = next;
+    }
+}
+
+/// The head reads the target's final state: a forward offers it as its conditioning, so the
+/// head drafts from a real prompt's state without anything more computed.
+#[test]
+fn the_decoder_offers_its_final_state_as_the_heads_conditioning() {
+    let model = load(&[]).unwrap();
+    let head = model.draft_head().unwrap();
+    let prompt = [5, 17, 200, 42, 9, 311];
+    let mut caches = model.new_caches().unwrap();
+    let forward = model
+        .forward(&Batch::single(&prompt, 0).unwrap(), &mut caches)
+        .unwrap();
+    assert!(forward.conditioning.is_none());
+    let state = forward.conditioning();
+    assert_eq!(state.shape(), forward.hidden.shape());
+
+    // Position S pairs the target's state at S with the token at S + 1.
+    let next_tokens = [17, 200, 42, 9, 311, 64];
+    let mut head_caches = head.new_head_caches().unwrap();
+    let (logits, _) = head_step(
+        model.as_ref(),
+        head,
+        &mut head_caches,
+        &next_tokens,
+        0,
+        state,
+    );
+    assert_eq!(logits.len(), prompt.len() * model.spec().vocab_size);
+    assert!(logits.iter().all(|l| l.is_finite()));
+}
+
+#[test]
+fn a_model_without_the_head_drafts_with_nothing_of_its_own() {
+    // The qwen3_5 fixture's config names no head: its decoder alone.
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("qwen3_5").join("config.json")).unwrap())
+            .unwrap();
+    let mut weights = Weights::new(
+        tensors(&fixture("qwen3_5").join("model.safetensors")),
+        Dtype::F32,
+    );
+    let model = build_model(&config, &mut weights).unwrap();
+    assert!(model.draft_head().is_none());
+}
+
+#[test]
+fn a_head_missing_a_tensor_is_refused_by_name() {
+    let missing = "mtp.layers.0.self_attn.k_norm.weight";
+    let error = load(&[missing])
+        .err()
+        .expect("a head without k_norm")
+        .to_string();
+    assert!(error.contains(missing), "{error}");
+}

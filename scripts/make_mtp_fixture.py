@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Build the tiny multi-token-prediction head fixture for Qwen3.5 (issue 49), and its reference.
+
+Qwen3.5 checkpoints ship a one-layer MTP head under `mtp.*` beside the decoder. Given the
+target's final (post-norm) hidden state h_S at position S and the token t_{S+1} that follows,
+it predicts t_{S+2}:
+
+    e   = rms_norm(embed(t_{S+1}), 1 + mtp.pre_fc_norm_embedding)
+    h   = rms_norm(h_S,            1 + mtp.pre_fc_norm_hidden)
+    x   = mtp.fc([e, h])                         # the embedding first
+    x  += attention(rms_norm(x, 1 + mtp.layers.0.input_layernorm))   at rope position S
+    x  += mlp(rms_norm(x, 1 + mtp.layers.0.post_attention_layernorm))
+    out = rms_norm(x, 1 + mtp.norm);   logits = lm_head(out)
+
+with the target's own `embed_tokens` and `lm_head`, and the layer the decoder's full-attention
+layers use (gated attention: `q_proj` gives each head's query and its output gate side by side;
+per-head q/k norms; rotary embedding over the first quarter of each head). Chained drafting
+feeds `out` back as the next step's h. Sources for the layout: vLLM's `qwen3_5_mtp.py` and
+`qwen3_next_mtp.py`, Ollama's Qwen3.5 model; the layer's own forward follows transformers'
+`Qwen3_5Attention` and `Qwen3_5MLP` (5.24). transformers has no MTP code, and mlx-lm cannot read
+`qwen3_5_text`, so the reference forward is written here, in float64 numpy, from that layout.
+
+Writes, under nn/tests/fixtures/qwen3_5_mtp/:
+
+    config.json          the qwen3_5 fixture's config with `mtp_num_hidden_layers: 1`
+    head.safetensors     the 15 `mtp.*` tensors (f32), drawn with a fixed seed
+    reference.safetensors
+        tokens      [n]       i32: t_{S+1} for S = 0 .. n-1
+        conditioning[1, n, H] f32: h_S (random draws: the head's parity does not depend on them)
+        logits      [1, n, V] f32: the head over all n positions, causally, from an empty cache
+        chain_tokens[k]       i32: greedy chain from the last position: each step's argmax
+        chain_logits[1, k, V] f32: each chained step's logits (conditioned on the previous out)
+
+The target weights are the committed qwen3_5 fixture's, read from its model.safetensors.
+
+Run by hand, once, by whoever changes the fixture (CI never runs it):
+
+    python3 -m venv ~/.cache/mlxkit/mtp-fixture-venv
+    ~/.cache/mlxkit/mtp-fixture-venv/bin/pip install numpy==2.4.6
+    ~/.cache/mlxkit/mtp-fixture-venv/bin/python scripts/make_mtp_fixture.py
+"""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = ROOT / "nn" / "tests" / "fixtures" / "qwen3_5"
+OUT = ROOT / "nn" / "tests" / "fixtures" / "qwen3_5_mtp"
+SEED = 49
+POSITIONS = 12
+CHAIN = 4
+
+DTYPES = {"F32": np.float32, "I32": np.int32}
+
+
+def read_safetensors(path: Path) -> dict:
+    raw = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + header_len])
+    data = raw[8 + header_len :]
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        array = np.frombuffer(data[start:end], dtype=DTYPES[entry["dtype"]])
+        tensors[name] = array.reshape(entry["shape"])
+    return tensors
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        dtype = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[array.dtype]
+        blob = array.tobytes()
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
+
+
+def head_tensors(config: dict, rng: np.random.Generator) -> dict:
+    """The `mtp.*` tensors, in the checkpoint's layout; norms store w - 1, as the decoder's do."""
+    hidden = config["hidden_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim, inter = config["head_dim"], config["intermediate_size"]
+
+    def matrix(out: int, inp: int) -> np.ndarray:
+        return (rng.standard_normal((out, inp)) * 0.15).astype(np.float32)
+
+    def norm(size: int) -> np.ndarray:
+        return (rng.standard_normal(size) * 0.3).astype(np.float32)
+
+    p = "mtp.layers.0"
+    return {
+        "mtp.pre_fc_norm_embedding.weight": norm(hidden),
+        "mtp.pre_fc_norm_hidden.weight": norm(hidden),
+        "mtp.fc.weight": matrix(hidden, 2 * hidden),
+        f"{p}.input_layernorm.weight": norm(hidden),
+        f"{p}.self_attn.q_proj.weight": matrix(2 * heads * head_dim, hidden),
+        f"{p}.self_attn.k_proj.weight": matrix(kv_heads * head_dim, hidden),
+        f"{p}.self_attn.v_proj.weight": matrix(kv_heads * head_dim, hidden),
+        f"{p}.self_attn.o_proj.weight": matrix(hidden, heads * head_dim),
+        f"{p}.self_attn.q_norm.weight": norm(head_dim),
+        f"{p}.self_attn.k_norm.weight": norm(head_dim),
+        f"{p}.post_attention_layernorm.weight": norm(hidden),
+        f"{p}.mlp.gate_proj.weight": matrix(inter, hidden),
+        f"{p}.mlp.up_proj.weight": matrix(inter, hidden),
+        f"{p}.mlp.down_proj.weight": matrix(hidden, inter),
+        "mtp.norm.weight": norm(hidden),
+    }
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + w)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class Head:
+    """The reference forward, float64, keeping its own keys and values across calls."""
+
+    def __init__(self, config: dict, target: dict, head: dict):
+        f64 = {k: v.astype(np.float64) for k, v in {**target, **head}.items()}
+        self.w = f64
+        self.c = config
+        self.eps = config["rms_norm_eps"]
+        rope = config["rope_parameters"]
+        self.rotary = int(config["head_dim"] * rope["partial_rotary_factor"])
+        self.theta = rope["rope_theta"]
+        self.keys: list = []
+        self.values: list = []
+
+    def rope(self, x: np.ndarray, position: int) -> np.ndarray:
+        # Text positions are equal on the three M-RoPE axes: the plain rotary embedding over the
+        # first `rotary` features, halves rotated (transformers' rotate_half).
+        r = self.rotary
+        inv_freq = 1.0 / self.theta ** (np.arange(0, r, 2, dtype=np.float64) / r)
+        angles = position * inv_freq
+        cos = np.concatenate([np.cos(angles), np.cos(angles)])
+        sin = np.concatenate([np.sin(angles), np.sin(angles)])
+        rot, rest = x[..., :r], x[..., r:]
+        half = r // 2
+        rotated = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+        return np.concatenate([rot * cos + rotated * sin, rest], axis=-1)
+
+    def step(self, token: int, h: np.ndarray, position: int) -> tuple:
+        """One position: returns (out, logits)."""
+        w, c, eps = self.w, self.c, self.eps
+        heads, kv_heads, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        p = "mtp.layers.0"
+        e = rms_norm(w["model.embed_tokens.weight"][token], w["mtp.pre_fc_norm_embedding.weight"], eps)
+        hn = rms_norm(h, w["mtp.pre_fc_norm_hidden.weight"], eps)
+        x = w["mtp.fc.weight"] @ np.concatenate([e, hn])
+
+        a = rms_norm(x, w[f"{p}.input_layernorm.weight"], eps)
+        q_and_gate = (w[f"{p}.self_attn.q_proj.weight"] @ a).reshape(heads, 2 * hd)
+        q, gate = q_and_gate[:, :hd], q_and_gate[:, hd:].reshape(-1)
+        q = rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], eps)
+        k = rms_norm((w[f"{p}.self_attn.k_proj.weight"] @ a).reshape(kv_heads, hd),
+                     w[f"{p}.self_attn.k_norm.weight"], eps)
+        v = (w[f"{p}.self_attn.v_proj.weight"] @ a).reshape(kv_heads, hd)
+        q, k = self.rope(q, position), self.rope(k, position)
+        self.keys.append(k)
+        self.values.append(v)
+        keys, values = np.stack(self.keys), np.stack(self.values)  # [t, kv_heads, hd]
+        group = heads // kv_heads
+        attended = np.empty((heads, hd))
+        for head in range(heads):
+            kv = head // group
+            scores = keys[:, kv] @ q[head] / np.sqrt(hd)
+            weights = np.exp(scores - scores.max())
+            attended[head] = (weights / weights.sum()) @ values[:, kv]
+        gated = attended.reshape(-1) * (1.0 / (1.0 + np.exp(-gate)))
+        x = x + w[f"{p}.self_attn.o_proj.weight"] @ gated
+
+        m = rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], eps)
+        up = w[f"{p}.mlp.up_proj.weight"] @ m
+        x = x + w[f"{p}.mlp.down_proj.weight"] @ (silu(w[f"{p}.mlp.gate_proj.weight"] @ m) * up)
+
+        out = rms_norm(x, w["mtp.norm.weight"], eps)
+        return out, w["lm_head.weight"] @ out
+
+
+def main() -> None:
+    config = json.loads((TARGET / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    target = read_safetensors(TARGET / "model.safetensors")
+    rng = np.random.default_rng(SEED)
+    head = head_tensors(config, rng)
+
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    tokens = rng.integers(3, vocab, size=POSITIONS).astype(np.int32)
+    conditioning = rng.standard_normal((POSITIONS, hidden)).astype(np.float32)
+
+    reference = Head(config, target, head)
+    logits, out = [], None
+    for position in range(POSITIONS):
+        out, row = reference.step(int(tokens[position]), conditioning[position].astype(np.float64), position)
+        logits.append(row)
+    chain_tokens, chain_logits = [], []
+    token = int(np.argmax(logits[-1]))
+    for step in range(CHAIN):
+        chain_tokens.append(token)
+        out, row = reference.step(token, out, POSITIONS + step)
+        chain_logits.append(row)
+        token = int(np.argmax(row))
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_safetensors(OUT / "head.safetensors", head)
+    write_safetensors(
+        OUT / "reference.safetensors",
+        {
+            "tokens": tokens,
+            "conditioning": conditioning[None],
+            "logits": np.stack(logits)[None].astype(np.float32),
+            "chain_tokens": np.array(chain_tokens, dtype=np.int32),
+            "chain_logits": np.stack(chain_logits)[None].astype(np.float32),
+        },
+    )
+    margins = [np.sort(row)[-1] - np.sort(row)[-2] for row in chain_logits]
+    print(f"wrote {OUT}: chain {chain_tokens}, top-2 margins {[round(float(m), 4) for m in margins]}")
+
+
+if __name__ == "__main__":
+    main()
