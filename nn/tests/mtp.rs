@@ -240,3 +240,63 @@ fn a_head_missing_a_tensor_is_refused_by_name() {
         .to_string();
     assert!(error.contains(missing), "{error}");
 }
+
+/// A drafter runs the head for every speculating sequence of a step at once: two rows at
+/// different positions, each over its own cache, give what each gives alone (to the parity
+/// tolerance: only the matrix products' summation order may differ).
+#[test]
+fn rows_drafted_together_match_each_alone() {
+    let model = load(&[]).unwrap();
+    let head = model.draft_head().unwrap();
+    let reference = reference();
+    let n = reference.tokens.len();
+    let vocab = reference.logits.len() / n;
+    // Row a has taken the first 7 positions, row b the first 4, each through its own cache.
+    let (a, b) = (7, 4);
+    let mut cache_a = head.new_head_caches().unwrap();
+    let mut cache_b = head.new_head_caches().unwrap();
+    head_step(
+        model.as_ref(),
+        head,
+        &mut cache_a,
+        &reference.tokens[..a],
+        0,
+        &rows(&reference.conditioning, 0, a),
+    );
+    head_step(
+        model.as_ref(),
+        head,
+        &mut cache_b,
+        &reference.tokens[..b],
+        0,
+        &rows(&reference.conditioning, 0, b),
+    );
+    // Then one position each, in one batch.
+    let batch = Batch::rows(&[
+        (&reference.tokens[a..a + 1], a),
+        (&reference.tokens[b..b + 1], b),
+    ])
+    .unwrap();
+    let conditioning = mlx::concatenate(
+        &[
+            rows(&reference.conditioning, a, a + 1),
+            rows(&reference.conditioning, b, b + 1),
+        ],
+        0,
+    )
+    .unwrap();
+    let forward = head
+        .forward_head(&batch, &conditioning, &mut [&mut cache_a, &mut cache_b])
+        .unwrap();
+    let logits: Vec<f32> = model.unembed(&forward.hidden).unwrap().to_vec().unwrap();
+    assert_close(
+        &logits[..vocab],
+        &reference.logits[a * vocab..(a + 1) * vocab],
+        "row a in a batch",
+    );
+    assert_close(
+        &logits[vocab..],
+        &reference.logits[b * vocab..(b + 1) * vocab],
+        "row b in a batch",
+    );
+}
