@@ -23,7 +23,8 @@ feeds `out` back as the next step's h. Sources for the layout: vLLM's `qwen3_5_m
 Writes, under nn/tests/fixtures/qwen3_5_mtp/:
 
     config.json          the qwen3_5 fixture's config with `mtp_num_hidden_layers: 1`
-    head.safetensors     the 15 `mtp.*` tensors (f32), drawn with a fixed seed
+    model.safetensors    the qwen3_5 fixture's decoder and the 15 `mtp.*` tensors (f32, drawn
+                         with a fixed seed): a checkpoint with its head, as released ones are
     reference.safetensors
         tokens      [n]       i32: t_{S+1} for S = 0 .. n-1
         conditioning[1, n, H] f32: h_S (random draws: the head's parity does not depend on them)
@@ -220,7 +221,7 @@ def main() -> None:
 
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    write_safetensors(OUT / "head.safetensors", head)
+    write_safetensors(OUT / "model.safetensors", {**target, **head})
     write_safetensors(
         OUT / "reference.safetensors",
         {

@@ -35,14 +35,12 @@ fn tensors(path: &Path) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// The decoder with its head, from the qwen3_5 fixture's weights and the head's, leaving out
-/// the tensors named in `without`.
+/// The decoder with its head, leaving out the tensors named in `without`.
 fn load(without: &[&str]) -> nn::Result<Box<dyn Model>> {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture("qwen3_5_mtp").join("config.json")).unwrap())
             .unwrap();
-    let mut all = tensors(&fixture("qwen3_5").join("model.safetensors"));
-    all.extend(tensors(&fixture("qwen3_5_mtp").join("head.safetensors")));
+    let mut all = tensors(&fixture("qwen3_5_mtp").join("model.safetensors"));
     all.retain(|(name, _)| !without.contains(&name.as_str()));
     let mut weights = Weights::new(all, Dtype::F32);
     let model = build_model(&config, &mut weights)?;
