@@ -7,7 +7,7 @@ use crate::steps;
 use runner::engine::{DoneReason, DrafterKind, LoadedModel, Speculation};
 use steps::{
     Handle, assert_first_tokens_alike, cancel_after, check_trie, cold, controller_of_drafting,
-    controller_of_plain_decoding, engine, ids, run_to_idle, submit_job, submit_with,
+    controller_of_plain_decoding, engine, ids, run_to_idle, submit, submit_job, submit_with,
 };
 
 fn ngram(depth: usize) -> Speculation {
@@ -347,4 +347,116 @@ fn a_round_right_after_a_plain_stretch_stays_within_the_budget() {
         );
     }
     assert!(probed > 0, "no probe drafted anything");
+}
+
+fn mtp(depth: usize) -> Speculation {
+    Speculation::On {
+        drafter: DrafterKind::Mtp,
+        max_depth: Some(depth),
+    }
+}
+
+/// Drafts from the head Qwen3.5's checkpoint ships (`nn/tests/fixtures/qwen3_5_mtp`, a head
+/// drawn at random, so it guesses some tokens and misses most): three greedy requests at
+/// once, beside a plain one, answer what each answers alone, through the hybrid's recurrent
+/// rollbacks; the trie stays consistent.
+#[test]
+fn mtp_drafts_leave_answers_unchanged() {
+    let mut engine = engine("qwen3_5_mtp", 64 << 20);
+    let prompts: Vec<Vec<u32>> = (0..3).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
+    let mut handles: Vec<Handle> = prompts
+        .iter()
+        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), mtp(4)))
+        .collect();
+    let plain = ids(50, 12);
+    let mut plain_handle = submit_with(
+        &mut engine,
+        &plain,
+        20,
+        sampler::Options::greedy(),
+        Speculation::Off,
+    );
+    run_to_idle(&mut engine);
+    let mut drafted = 0;
+    let mut accepted = 0;
+    for (prompt, handle) in prompts.iter().zip(&mut handles) {
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
+        let spec = handle.stats().speculation.expect("it speculated");
+        assert_eq!(spec.drafter, DrafterKind::Mtp);
+        drafted += spec.drafted;
+        accepted += spec.accepted;
+    }
+    assert!(plain_handle.ended());
+    assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
+    assert!(drafted > 0, "nothing was drafted");
+    assert!(
+        accepted < drafted,
+        "every draft was accepted: no rollback ran"
+    );
+    check_trie(&engine);
+}
+
+/// A request whose prefix comes back from the trie: the head has no target states before the
+/// restored prefix's end, so its cache starts there, and the answer is still the plain one.
+#[test]
+fn mtp_drafts_from_where_a_restored_prefix_ends() {
+    // A controller that has learnt to draft: the random head's low acceptance would otherwise
+    // soon send the request to plain decoding, and this is about its first rounds. Made before
+    // the engine, which writes the controller back when it unloads.
+    let state = tempfile::tempdir().unwrap();
+    controller_of_drafting(3)
+        .save(state.path().join("mtp.json"))
+        .unwrap();
+    let mut engine = engine("qwen3_5_mtp", 64 << 20);
+    engine.keep_state_in(state.path().to_path_buf());
+    let first = ids(41, 24);
+    let mut plain = submit(&mut engine, &first, 8);
+    run_to_idle(&mut engine);
+    assert!(plain.ended());
+    let longer = [first.clone(), ids(61, 6)].concat();
+    let mut again = submit_with(&mut engine, &longer, 20, sampler::Options::greedy(), mtp(3));
+    run_to_idle(&mut engine);
+    assert!(again.ended());
+    assert_eq!(again.failed, None);
+    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
+    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    assert!(again.stats().speculation.expect("it speculated").drafted > 0);
+    check_trie(&engine);
+}
+
+#[test]
+fn seeded_mtp_sampling_does_not_depend_on_the_depth() {
+    let mut engine = engine("qwen3_5_mtp", 64 << 20);
+    let prompt = ids(44, 14);
+    let mut answers = Vec::new();
+    for depth in [1, 4, 2] {
+        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), mtp(depth));
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+#[test]
+fn mtp_is_refused_where_the_checkpoint_ships_no_head() {
+    let mut engine = engine("qwen3_5", 64 << 20);
+    let mut refused = submit_with(
+        &mut engine,
+        &ids(3, 8),
+        4,
+        sampler::Options::greedy(),
+        mtp(3),
+    );
+    run_to_idle(&mut engine);
+    refused.poll();
+    let message = refused.failed.clone().expect("refused");
+    assert!(message.contains("mtp"), "{message}");
+    assert!(
+        message.contains("no multi-token-prediction head"),
+        "{message}"
+    );
 }

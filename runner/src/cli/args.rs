@@ -100,7 +100,7 @@ pub(super) struct ServeArgs {
     #[arg(long, env = "MLXKIT_MAX_SEQUENCES")]
     pub(super) max_sequences: Option<usize>,
     /// Decode speculatively with this drafter unless a request says otherwise (`ngram`:
-    /// prompt lookup; `none`: plain decoding).
+    /// prompt lookup; `mtp`: the head the model's checkpoint ships; `none`: plain decoding).
     #[arg(long, env = "MLXKIT_DRAFT", value_parser = parse_draft)]
     pub(super) draft: Option<DraftArg>,
     /// How KV caches store keys and values: `f32`, `f16` (half the memory and the
@@ -142,7 +142,8 @@ pub(super) struct RunArgs {
     /// Constrain answers: `json` for any JSON object, or a JSON Schema as JSON text.
     #[arg(long)]
     pub(super) format: Option<String>,
-    /// Decode speculatively with this drafter (`ngram`: prompt lookup).
+    /// Decode speculatively with this drafter (`ngram`: prompt lookup; `mtp`: the head the
+    /// model's checkpoint ships).
     #[arg(long, value_parser = parse_draft)]
     pub(super) draft: Option<DraftArg>,
     /// How KV caches store keys and values: `f32`, `f16` (half the memory and the

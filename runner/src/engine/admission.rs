@@ -168,6 +168,7 @@ impl LoadedModel {
             captures: Vec::new(),
             speculating: enrolled.speculating,
             rope_delta: enrolled.rope_delta,
+            head_states: Default::default(),
             job,
         })
     }
@@ -280,6 +281,11 @@ impl LoadedModel {
             return Err(StepError::Request(format!(
                 "draft `self:{k}`: a layer-skip draft needs fewer layers than the model's {layers}"
             )));
+        }
+        if drafter == DrafterKind::Mtp && self.model.draft_head().is_none() {
+            return Err(StepError::Request(
+                "draft `mtp`: this model's checkpoint ships no multi-token-prediction head".into(),
+            ));
         }
         self.drafters
             .of(drafter)?

@@ -165,10 +165,18 @@ impl LoadedModel {
                 self.sequences[i].tokens.push(token);
             }
         }
+        let positions_kept = positions.clone();
         let batch = Batch::from_device(&tokens, positions)?;
         let batch = with_rope_deltas(batch, &self.sequences, &indices)?;
         let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
+        drop(caches);
+        for (row, (&i, &position)) in indices.iter().zip(&positions_kept).enumerate() {
+            let state = out
+                .conditioning()
+                .slice_axis(0, row as i32, row as i32 + 1)?;
+            self.sequences[i].keep_head_states(position, &state)?;
+        }
         last_logits(self.model.as_ref(), &out.hidden)
     }
 

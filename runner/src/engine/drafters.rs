@@ -1,6 +1,7 @@
 //! The drafters of a loaded model, one per kind its sequences ask for, each a
 //! [`speculate::Drafter`]: prompt lookup ([`speculate::NgramDrafter`] per sequence), the target's
-//! own first layers (`layer_skip`) and the draft model loaded beside it (`draft_model`). The
+//! own first layers (`layer_skip`), the draft model loaded beside it (`draft_model`) and the
+//! head the target's checkpoint ships (`mtp`). The
 //! rounds in `speculation` reach every kind through that one trait; this registry is the only
 //! place that knows which object serves which kind.
 
@@ -12,6 +13,7 @@ use crate::engine::draft_context::EngineDrafter;
 use crate::engine::draft_model::DraftModel;
 use crate::engine::job::DrafterKind;
 use crate::engine::layer_skip::LayerSkip;
+use crate::engine::mtp::Mtp;
 use crate::engine::step::StepError;
 
 /// The drafters of a loaded model.
@@ -20,6 +22,7 @@ pub struct Drafters {
     /// One per number of layers asked for (`self:4`, `self:8`, ...).
     layer_skip: BTreeMap<usize, LayerSkip>,
     model: Option<DraftModel>,
+    mtp: Mtp,
 }
 
 impl Default for Drafters {
@@ -28,6 +31,7 @@ impl Default for Drafters {
             ngram: PerSequence::new(NgramDrafter::new(NgramConfig::default())),
             layer_skip: BTreeMap::new(),
             model: None,
+            mtp: Mtp::default(),
         }
     }
 }
@@ -53,6 +57,7 @@ impl Drafters {
                     .or_insert_with(|| LayerSkip::new(layers)),
             ),
             DrafterKind::Model => self.model.as_mut().map(|m| m as &mut EngineDrafter),
+            DrafterKind::Mtp => Some(&mut self.mtp),
         }
     }
 

@@ -227,6 +227,9 @@ pub enum DrafterKind {
     /// The draft model loaded beside the target (Modelfile `DRAFT`, `draft: "<model>"`):
     /// a smaller model with the same vocabulary and caches of its own.
     Model,
+    /// The multi-token-prediction head the target's checkpoint ships (`mtp`): one decoder
+    /// layer over the target's final state and the next token, with caches of its own.
+    Mtp,
 }
 
 /// The deepest layer-skip draft `self:<k>` names.
@@ -240,6 +243,7 @@ impl DrafterKind {
             DrafterKind::Ngram => "ngram".into(),
             DrafterKind::SelfDraft(layers) => format!("self:{layers}"),
             DrafterKind::Model => "model".into(),
+            DrafterKind::Mtp => "mtp".into(),
         }
     }
 
@@ -248,6 +252,7 @@ impl DrafterKind {
     pub fn parse(name: &str) -> Option<DrafterKind> {
         match name.split_once(':') {
             None if name == "ngram" => Some(DrafterKind::Ngram),
+            None if name == "mtp" => Some(DrafterKind::Mtp),
             Some(("self", layers)) => layers
                 .parse()
                 .ok()

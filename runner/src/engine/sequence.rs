@@ -4,9 +4,11 @@
 use std::time::Instant;
 
 use kvcache::{LayerCache, LayerSnapshot};
+use mlx::Array;
 use prefix_trie::{Capture, SessionId};
 
-use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
+use crate::engine::head_states::HeadStates;
+use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Stats, TokenLogprobs};
 use crate::engine::speculating::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
@@ -54,9 +56,25 @@ pub struct Sequence {
     /// (`nn::Batch::rope_deltas`); only images change it, so generated text and rolled-back
     /// drafts leave it as it is.
     pub rope_delta: i64,
+    /// The target's final states its drafter head has not read, when it speculates with
+    /// one (`mtp`); empty otherwise.
+    pub head_states: HeadStates,
 }
 
 impl Sequence {
+    /// Keeps `rows` (`[1, r, hidden]`, the target's final states at `position..`) for its
+    /// drafter head, when it speculates with one; otherwise does nothing.
+    pub fn keep_head_states(&mut self, position: usize, rows: &Array) -> mlx::Result<()> {
+        let with_head = self
+            .speculating
+            .as_ref()
+            .is_some_and(|spec| spec.kind == DrafterKind::Mtp);
+        if with_head {
+            self.head_states.push(position, rows.clone())?;
+        }
+        Ok(())
+    }
+
     /// Tokens the caches hold.
     pub fn cache_len(&self) -> usize {
         self.tokens.len()

@@ -115,6 +115,9 @@ struct Dispatched {
     masks: Option<Vec<Vec<u32>>>,
     /// As [`Planned::catching_up`].
     catching_up: bool,
+    /// The target's final states over the round's positions (`[1, w, hidden]`), for the
+    /// accepted ones to reach the sequence's drafter head.
+    states: Array,
 }
 
 impl Dispatched {
@@ -297,22 +300,24 @@ impl Rounds<'_> {
             for plan in &mut plans {
                 plan.cut_to(width);
             }
-            let logits = self.forward(&plans, width)?;
+            let (logits, states) = self.forward(&plans, width)?;
             let vocab = usize::try_from(logits.dim(2)?).unwrap_or(0);
             for (row, plan) in plans.into_iter().enumerate() {
                 let row_logits = logits
                     .slice_axis(0, row as i32, row as i32 + 1)?
                     .squeeze(&[0])?;
-                dispatched.push(self.dispatch(plan, row_logits, vocab)?);
+                let row_states = states.slice_axis(0, row as i32, row as i32 + 1)?;
+                dispatched.push(self.dispatch(plan, row_logits, row_states, vocab)?);
             }
         }
         Ok(dispatched)
     }
 
     /// The target's f32 logits `[rows, width, V]` over `plans`' tokens, a row each, from one
-    /// forward. Wider than one token, the recurrent layers capture after each position, so
-    /// the round can roll back to any of them.
-    fn forward(&mut self, plans: &[Planned], width: usize) -> Result<Array> {
+    /// forward, and the final states a drafter head reads (`nn::Forward::conditioning`).
+    /// Wider than one token, the recurrent layers capture after each position, so the round
+    /// can roll back to any of them.
+    fn forward(&mut self, plans: &[Planned], width: usize) -> Result<(Array, Array)> {
         let rows: Vec<(&[u32], usize)> = plans
             .iter()
             .map(|plan| {
@@ -336,13 +341,20 @@ impl Rounds<'_> {
             let mut caches = caches_of(self.sequences, &indices)?;
             self.model.forward_rows(&forward_batch, &mut caches)?
         };
-        Ok(self.model.unembed(&out.hidden)?.astype(Dtype::F32)?)
+        let logits = self.model.unembed(&out.hidden)?.astype(Dtype::F32)?;
+        Ok((logits, out.conditioning().clone()))
     }
 
     /// `plan`'s distributions, from its `[width, V]` logits: the sampler's chain with the
     /// drafts before each position (penalties see them) and the grammar's masks; a greedy
     /// round keeps only each position's argmax.
-    fn dispatch(&mut self, mut plan: Planned, logits: Array, vocab: usize) -> Result<Dispatched> {
+    fn dispatch(
+        &mut self,
+        mut plan: Planned,
+        logits: Array,
+        states: Array,
+        vocab: usize,
+    ) -> Result<Dispatched> {
         let seq = &self.sequences[plan.index];
         let chain = match plan.draft.len() {
             0 => None,
@@ -377,6 +389,7 @@ impl Rounds<'_> {
             logits: seq.job.sampling.logprobs.map(|_| logits),
             masks: plan.masks,
             catching_up: plan.catching_up,
+            states,
         })
     }
 
@@ -398,7 +411,13 @@ impl Rounds<'_> {
             .as_ref()
             .map(Array::to_vec::<f32>)
             .transpose()?;
-        let accepted = Accepted::rewind(&mut self.sequences[round.index], &round, verdict)?;
+        let seq = &mut self.sequences[round.index];
+        let accepted = Accepted::rewind(seq, &round, verdict)?;
+        // The target's states of the positions its caches now hold reach its head.
+        let kept = round
+            .states
+            .slice_axis(1, 0, 1 + accepted.accepted as i32)?;
+        seq.keep_head_states(accepted.start, &kept)?;
         self.commit(&round, &accepted, cost)?;
         self.stream(&round, &accepted, logits.as_deref())
     }
