@@ -195,7 +195,8 @@ fn greedy_speculation_answers_as_plain_decoding_does() {
 }
 
 /// OpenAI clients pass the options at the top level (the SDK's `extra_body`), and read what
-/// speculation did from `usage`; an unknown drafter is a 400 naming it.
+/// speculation did from `usage`; an unknown drafter, or `mtp` on a model without a head, is a
+/// 400 naming it.
 #[test]
 fn openai_requests_choose_their_drafter() {
     let Some(s) = server() else { return };
@@ -220,6 +221,14 @@ fn openai_requests_choose_their_drafter() {
     let (status, response) = post(s, "/v1/chat/completions", body("bogus"));
     assert_eq!(status, 400, "{response}");
     assert!(response.to_string().contains("bogus"), "{response}");
+    // The head drafter, of a checkpoint that ships no head: refused before anything runs.
+    let (status, response) = post(s, "/v1/chat/completions", body("mtp"));
+    assert_eq!(status, 400, "{response}");
+    let message = response.to_string();
+    assert!(
+        message.contains("`mtp`") && message.contains("ships none"),
+        "{response}"
+    );
 }
 
 /// A draft model is named like any model; one with another vocabulary is refused with a 400

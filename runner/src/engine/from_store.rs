@@ -94,6 +94,8 @@ pub struct ModelInfo {
     pub grammar_compiler: OnceLock<Result<GrammarCompiler, String>>,
     /// The draft model loaded beside it, if any.
     pub draft: Option<ModelName>,
+    /// Whether its checkpoint ships a drafter head (`draft: "mtp"`).
+    pub draft_head: bool,
     /// How images enter its prompts, when it reads images.
     pub vision: Option<ImagePrompt>,
     /// How audio enters its prompts, when it reads audio.
@@ -233,6 +235,7 @@ pub fn load(
         .map(|v| ImagePrompt::new(v, preprocessor.as_ref(), &tokenizer))
         .transpose()
         .map_err(|reason| model_err(nn::Error::Config(reason)))?;
+    let draft_head = loaded.model.draft_head().is_some();
     let audio = loaded
         .model
         .audio()
@@ -273,6 +276,7 @@ pub fn load(
             config: loaded.config_json,
             grammar_compiler: OnceLock::new(),
             draft,
+            draft_head,
             vision,
             audio,
             encoded,

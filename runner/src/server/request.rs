@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokenizer::Message;
 use tokio::sync::mpsc::Receiver;
 
-use crate::engine::ModelInfo;
+use crate::engine::{DrafterKind, ModelInfo, Speculation};
 use crate::model_keeper::Lease;
 use crate::server::generation::{self, Output, Prepared};
 use crate::server::loosened;
@@ -114,6 +114,7 @@ pub async fn start_choices(
     choices: usize,
 ) -> Result<StartedChoices, RequestError> {
     let info = Arc::clone(&lease.info);
+    check_drafter(&info, request.options.speculation)?;
     let checks_context = !matches!(request.source, PromptSource::Tokens(_));
     let rendered = render(
         &info,
@@ -160,6 +161,22 @@ pub async fn start_choices(
         prompt_tokens,
         loosened,
     })
+}
+
+/// Refuses a drafter the model cannot serve before anything starts: the head drafter of a
+/// checkpoint that ships none.
+fn check_drafter(info: &ModelInfo, speculation: Speculation) -> Result<(), RequestError> {
+    match speculation {
+        Speculation::On {
+            drafter: DrafterKind::Mtp,
+            ..
+        } if !info.draft_head => Err(RequestError::invalid(format!(
+            "option `draft`: `mtp` drafts with a multi-token-prediction head, and `{}` ships \
+             none",
+            info.name
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The seed choice `choice` of a seeded request draws with: the request's own for choice 0
