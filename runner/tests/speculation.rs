@@ -460,3 +460,76 @@ fn mtp_is_refused_where_the_checkpoint_ships_no_head() {
         "{message}"
     );
 }
+
+/// The `qwen3_5_mtp` fixture made into a target whose head predicts it exactly. Every layer's
+/// output projection is zeroed, so each position's final state is its own token's embedding,
+/// normed: the greedy answer goes from one token to the next by a fixed map. The head's `fc`
+/// passes the next token's embedding through (`[I | 0]`), its layer adds nothing and its norm
+/// is the target's, so from the state at `S` and the token at `S + 1` it gives the target's
+/// own state at `S + 1`, and drafts the target's next token.
+fn target_with_a_predicting_head() -> Box<dyn nn::Model> {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/qwen3_5_mtp");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let hidden = config["hidden_size"].as_u64().unwrap() as usize;
+    let file = quant::SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+    let mut tensors = Vec::new();
+    for name in file.entries().keys() {
+        let array = file.load(name).unwrap();
+        let silenced = ["o_proj.weight", "out_proj.weight", "down_proj.weight"]
+            .iter()
+            .any(|end| name.ends_with(end))
+            || name == "mtp.pre_fc_norm_embedding.weight";
+        let array = if silenced {
+            mlx::Array::zeros(&array.shape(), mlx::Dtype::F32).unwrap()
+        } else if name == "mtp.fc.weight" {
+            let mut pass = vec![0f32; hidden * 2 * hidden];
+            for i in 0..hidden {
+                pass[i * 2 * hidden + i] = 1.0;
+            }
+            mlx::Array::from_slice(&pass, &[hidden as i32, 2 * hidden as i32]).unwrap()
+        } else if name == "mtp.norm.weight" {
+            file.load("model.norm.weight").unwrap()
+        } else {
+            array
+        };
+        tensors.push((name.clone(), quant::Tensor::Dense(array)));
+    }
+    let mut weights = nn::Weights::new(tensors, mlx::Dtype::F32);
+    nn::build_model(&config, &mut weights).unwrap()
+}
+
+/// With a head that predicts its target, every draft is accepted at every depth and across
+/// rounds: the engine gives the head each target state beside the token after it, and the
+/// chained steps their own states. A state paired with the wrong token would draft the token
+/// one step behind (the answers below keep changing, so that token is never right).
+#[test]
+fn a_head_that_predicts_its_target_has_every_draft_accepted() {
+    let mut engine = LoadedModel::new(
+        target_with_a_predicting_head(),
+        steps::CONTEXT,
+        steps::config(64 << 20),
+    )
+    .unwrap();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|r| ids(70 + r, 5 + 4 * r as usize)).collect();
+    let mut handles: Vec<Handle> = prompts
+        .iter()
+        .map(|p| submit_with(&mut engine, p, 24, sampler::Options::greedy(), mtp(4)))
+        .collect();
+    run_to_idle(&mut engine);
+    for (prompt, handle) in prompts.iter().zip(&mut handles) {
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens, cold(engine.model(), prompt, 24));
+        // The answer keeps changing token to token, so a draft one step behind would miss.
+        assert!(
+            handle.tokens.windows(2).all(|pair| pair[0] != pair[1]),
+            "{:?}",
+            handle.tokens
+        );
+        let spec = handle.stats().speculation.expect("it speculated");
+        assert!(spec.drafted > 0, "{spec:?}");
+        assert_eq!(spec.accepted, spec.drafted, "{spec:?}");
+    }
+}
