@@ -172,10 +172,12 @@ impl LoadedModel {
         let out = self.model.forward_rows(&batch, &mut caches)?;
         drop(caches);
         for (row, (&i, &position)) in indices.iter().zip(&positions_kept).enumerate() {
-            let state = out
-                .conditioning()
-                .slice_axis(0, row as i32, row as i32 + 1)?;
-            self.sequences[i].keep_head_states(position, &state)?;
+            if self.sequences[i].wants_head_states() {
+                let state = out
+                    .conditioning()
+                    .slice_axis(0, row as i32, row as i32 + 1)?;
+                self.sequences[i].keep_head_states(position, state)?;
+            }
         }
         last_logits(self.model.as_ref(), &out.hidden)
     }

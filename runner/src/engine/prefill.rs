@@ -192,11 +192,12 @@ impl LoadedModel {
         for (row, &i) in group.iter().enumerate() {
             let seq = &mut self.sequences[i];
             let from = seq.tokens.len();
-            seq.keep_head_states(
-                from,
-                &out.conditioning()
-                    .slice_axis(0, row as i32, row as i32 + 1)?,
-            )?;
+            if seq.wants_head_states() {
+                let states = out
+                    .conditioning()
+                    .slice_axis(0, row as i32, row as i32 + 1)?;
+                seq.keep_head_states(from, states)?;
+            }
             seq.tokens
                 .extend_from_slice(&seq.job.prompt[from..from + width]);
             seq.rope_delta += moved[row];

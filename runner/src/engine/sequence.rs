@@ -62,15 +62,19 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// Keeps `rows` (`[1, r, hidden]`, the target's final states at `position..`) for its
-    /// drafter head, when it speculates with one; otherwise does nothing.
-    pub fn keep_head_states(&mut self, position: usize, rows: &Array) -> mlx::Result<()> {
-        let with_head = self
-            .speculating
+    /// Whether it drafts with a head that reads the target's final states (`mtp`): only then
+    /// are they kept ([`Sequence::keep_head_states`]), so other sequences pay nothing.
+    pub fn wants_head_states(&self) -> bool {
+        self.speculating
             .as_ref()
-            .is_some_and(|spec| spec.kind == DrafterKind::Mtp);
-        if with_head {
-            self.head_states.push(position, rows.clone())?;
+            .is_some_and(|spec| spec.kind == DrafterKind::Mtp)
+    }
+
+    /// Keeps `rows` (`[1, r, hidden]`, the target's final states at `position..`) for its
+    /// drafter head, when it [wants them](Sequence::wants_head_states); otherwise does nothing.
+    pub fn keep_head_states(&mut self, position: usize, rows: Array) -> mlx::Result<()> {
+        if self.wants_head_states() {
+            self.head_states.push(position, rows)?;
         }
         Ok(())
     }

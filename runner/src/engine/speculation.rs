@@ -116,8 +116,8 @@ struct Dispatched {
     /// As [`Planned::catching_up`].
     catching_up: bool,
     /// The target's final states over the round's positions (`[1, w, hidden]`), for the
-    /// accepted ones to reach the sequence's drafter head.
-    states: Array,
+    /// accepted ones to reach the sequence's drafter head, when it has one.
+    states: Option<Array>,
 }
 
 impl Dispatched {
@@ -306,7 +306,10 @@ impl Rounds<'_> {
                 let row_logits = logits
                     .slice_axis(0, row as i32, row as i32 + 1)?
                     .squeeze(&[0])?;
-                let row_states = states.slice_axis(0, row as i32, row as i32 + 1)?;
+                let row_states = match self.sequences[plan.index].wants_head_states() {
+                    true => Some(states.slice_axis(0, row as i32, row as i32 + 1)?),
+                    false => None,
+                };
                 dispatched.push(self.dispatch(plan, row_logits, row_states, vocab)?);
             }
         }
@@ -352,7 +355,7 @@ impl Rounds<'_> {
         &mut self,
         mut plan: Planned,
         logits: Array,
-        states: Array,
+        states: Option<Array>,
         vocab: usize,
     ) -> Result<Dispatched> {
         let seq = &self.sequences[plan.index];
@@ -414,10 +417,10 @@ impl Rounds<'_> {
         let seq = &mut self.sequences[round.index];
         let accepted = Accepted::rewind(seq, &round, verdict)?;
         // The target's states of the positions its caches now hold reach its head.
-        let kept = round
-            .states
-            .slice_axis(1, 0, 1 + accepted.accepted as i32)?;
-        seq.keep_head_states(accepted.start, &kept)?;
+        if let Some(states) = &round.states {
+            let kept = states.slice_axis(1, 0, 1 + accepted.accepted as i32)?;
+            seq.keep_head_states(accepted.start, kept)?;
+        }
         self.commit(&round, &accepted, cost)?;
         self.stream(&round, &accepted, logits.as_deref())
     }
