@@ -162,7 +162,8 @@ class Head:
         w, c, eps = self.w, self.c, self.eps
         heads, kv_heads, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         p = "mtp.layers.0"
-        e = rms_norm(w["model.embed_tokens.weight"][token], w["mtp.pre_fc_norm_embedding.weight"], eps)
+        embedding = w["model.embed_tokens.weight"][token]
+        e = rms_norm(embedding, w["mtp.pre_fc_norm_embedding.weight"], eps)
         hn = rms_norm(h, w["mtp.pre_fc_norm_hidden.weight"], eps)
         x = w["mtp.fc.weight"] @ np.concatenate([e, hn])
 
@@ -209,7 +210,8 @@ def main() -> None:
     reference = Head(config, target, head)
     logits, out = [], None
     for position in range(POSITIONS):
-        out, row = reference.step(int(tokens[position]), conditioning[position].astype(np.float64), position)
+        state = conditioning[position].astype(np.float64)
+        out, row = reference.step(int(tokens[position]), state, position)
         logits.append(row)
     chain_tokens, chain_logits = [], []
     token = int(np.argmax(logits[-1]))
@@ -233,7 +235,8 @@ def main() -> None:
         },
     )
     margins = [np.sort(row)[-1] - np.sort(row)[-2] for row in chain_logits]
-    print(f"wrote {OUT}: chain {chain_tokens}, top-2 margins {[round(float(m), 4) for m in margins]}")
+    shown = [round(float(m), 4) for m in margins]
+    print(f"wrote {OUT}: chain {chain_tokens}, top-2 margins {shown}")
 
 
 if __name__ == "__main__":
