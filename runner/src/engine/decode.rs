@@ -165,13 +165,12 @@ impl LoadedModel {
                 self.sequences[i].tokens.push(token);
             }
         }
-        let positions_kept = positions.clone();
         let batch = Batch::from_device(&tokens, positions)?;
         let batch = with_rope_deltas(batch, &self.sequences, &indices)?;
         let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         drop(caches);
-        for (row, (&i, &position)) in indices.iter().zip(&positions_kept).enumerate() {
+        for (row, (&i, &position)) in indices.iter().zip(&batch.positions).enumerate() {
             if self.sequences[i].wants_head_states() {
                 let state = out
                     .conditioning()

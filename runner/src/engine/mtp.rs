@@ -36,6 +36,17 @@ struct HeadCache {
     len: usize,
 }
 
+impl HeadCache {
+    /// A cache no states continue (it ends at no position), replaced at first use.
+    fn unused() -> HeadCache {
+        HeadCache {
+            caches: Vec::new(),
+            start: usize::MAX,
+            len: 0,
+        }
+    }
+}
+
 impl<'a> Drafter<DraftContext<'a>, StepError> for Mtp {
     fn name(&self) -> &str {
         "mtp"
@@ -84,20 +95,15 @@ impl Mtp {
             seq.head_states.clear();
             return Ok(Vec::new());
         }
-        let cache = match self.live.get_mut(&seq.id) {
-            Some(cache) if cache.start + cache.len == from => cache,
-            _ => {
-                let fresh = HeadCache {
-                    caches: head.new_head_caches()?,
-                    start: from,
-                    len: 0,
-                };
-                self.live.insert(seq.id, fresh);
-                self.live
-                    .get_mut(&seq.id)
-                    .ok_or_else(|| StepError::Internal("a head cache vanished".into()))?
-            }
-        };
+        // The head's cache goes on where it stopped, or starts afresh where the states do.
+        let cache = self.live.entry(seq.id).or_insert_with(HeadCache::unused);
+        if cache.start + cache.len != from {
+            *cache = HeadCache {
+                caches: head.new_head_caches()?,
+                start: from,
+                len: 0,
+            };
+        }
         // Slot S pairs the state at S with the token at S + 1: the cached tokens, then `first`.
         let mut next_tokens: Vec<u32> = seq.tokens[from + 1..].to_vec();
         next_tokens.push(first);
