@@ -160,6 +160,9 @@ fn codex_exec_runs_in_its_default_configuration() {
     std::fs::create_dir_all(&codex_home).unwrap();
     // Only the provider: Codex picks its own model (a hosted name), tools and options.
     // Retries off: a refused request should fail the test at once, not after backoffs.
+    // A minute of silence drops the stream (the default is five): reading Codex's ~14k-token
+    // first prompt takes longer than that here, so the answer arrives only because the
+    // server's `response.in_progress` heartbeats count as events.
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
@@ -169,7 +172,8 @@ fn codex_exec_runs_in_its_default_configuration() {
              base_url = \"{}/v1\"\n\
              wire_api = \"responses\"\n\
              request_max_retries = 0\n\
-             stream_max_retries = 0\n",
+             stream_max_retries = 0\n\
+             stream_idle_timeout_ms = 60000\n",
             s.base
         ),
     )

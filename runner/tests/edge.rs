@@ -767,7 +767,8 @@ fn read_stream(
     for line in BufReader::new(response).lines() {
         let Ok(line) = line else { break };
         let payload = line.strip_prefix("data: ").unwrap_or(&line);
-        if payload.is_empty() || payload == "[DONE]" {
+        // A comment (`: heartbeat`) is not an event, as every SSE reader treats it.
+        if payload.is_empty() || payload == "[DONE]" || payload.starts_with(':') {
             continue;
         }
         events.push(serde_json::from_str(payload).unwrap_or(Value::String(payload.to_string())));

@@ -795,6 +795,11 @@ impl SseShape for MessageShape {
         ]
     }
 
+    /// Anthropic's own keep-alive event, which its SDKs and Claude Code read and skip.
+    fn heartbeat(&mut self) -> Option<Value> {
+        Some(json!({"type": "ping"}))
+    }
+
     fn chunks(&mut self, output: &Output) -> Vec<Value> {
         match output {
             Output::Content(text, _) => {

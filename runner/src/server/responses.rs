@@ -992,6 +992,13 @@ impl SseShape for ResponseBuilder {
         }
     }
 
+    /// `response.in_progress` again: Codex counts only events, not comments, against its
+    /// idle timeout.
+    fn heartbeat(&mut self) -> Option<Value> {
+        let response = self.response("in_progress", None, None);
+        Some(self.event("response.in_progress", json!({"response": response})))
+    }
+
     fn named_events(&self) -> bool {
         true
     }
