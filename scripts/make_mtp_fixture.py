@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the tiny multi-token-prediction head fixture for Qwen3.5 (issue 49), and its reference.
+"""Build the tiny multi-token-prediction head fixtures (issue 49), and their references.
 
 Qwen3.5 checkpoints ship a one-layer MTP head under `mtp.*` beside the decoder. Given the
 target's final (post-norm) hidden state h_S at position S and the token t_{S+1} that follows,
@@ -34,6 +34,15 @@ Writes, under nn/tests/fixtures/qwen3_5_mtp/:
 
 The target weights are the committed qwen3_5 fixture's, read from its model.safetensors.
 
+A second head, in the same layout over a Llama decoder layer (plain RMS norms, grouped-query
+attention with the rotary embedding over whole heads, no gate, no q/k norms), is what
+`scripts/train_mtp_head.py` trains for SmolLM2 and `nn::load::load_with_head` attaches. It
+goes under nn/tests/fixtures/llama_mtp/, beside the `llama` fixture it drafts for:
+
+    head.safetensors      the 13 `mtp.*` tensors, f32, with their config in the file's
+                          metadata (`config`), as a trained head ships
+    reference.safetensors as above
+
 Run by hand, once, by whoever changes the fixture (CI never runs it):
 
     python3 -m venv ~/.cache/mlxkit/mtp-fixture-venv
@@ -48,8 +57,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "nn" / "tests" / "fixtures" / "qwen3_5"
-OUT = ROOT / "nn" / "tests" / "fixtures" / "qwen3_5_mtp"
+FIXTURES = ROOT / "nn" / "tests" / "fixtures"
 SEED = 49
 POSITIONS = 12
 CHAIN = 4
@@ -72,7 +80,7 @@ def read_safetensors(path: Path) -> dict:
     return tensors
 
 
-def write_safetensors(path: Path, tensors: dict) -> None:
+def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -> None:
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
@@ -85,13 +93,16 @@ def write_safetensors(path: Path, tensors: dict) -> None:
         }
         blobs.append(blob)
         offset += len(blob)
+    if metadata:
+        header["__metadata__"] = metadata
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
     path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
 
 
-def head_tensors(config: dict, rng: np.random.Generator) -> dict:
-    """The `mtp.*` tensors, in the checkpoint's layout; norms store w - 1, as the decoder's do."""
+def head_tensors(config: dict, rng: np.random.Generator, gated: bool) -> dict:
+    """The `mtp.*` tensors, in the checkpoint's layout. Qwen3.5's norms store w - 1, as its
+    decoder's do, and its attention is gated with q/k norms (`gated`); Llama's is neither."""
     hidden = config["hidden_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim, inter = config["head_dim"], config["intermediate_size"]
@@ -103,17 +114,20 @@ def head_tensors(config: dict, rng: np.random.Generator) -> dict:
         return (rng.standard_normal(size) * 0.3).astype(np.float32)
 
     p = "mtp.layers.0"
-    return {
+    tensors = {
         "mtp.pre_fc_norm_embedding.weight": norm(hidden),
         "mtp.pre_fc_norm_hidden.weight": norm(hidden),
         "mtp.fc.weight": matrix(hidden, 2 * hidden),
         f"{p}.input_layernorm.weight": norm(hidden),
-        f"{p}.self_attn.q_proj.weight": matrix(2 * heads * head_dim, hidden),
+        f"{p}.self_attn.q_proj.weight": matrix((2 if gated else 1) * heads * head_dim, hidden),
         f"{p}.self_attn.k_proj.weight": matrix(kv_heads * head_dim, hidden),
         f"{p}.self_attn.v_proj.weight": matrix(kv_heads * head_dim, hidden),
         f"{p}.self_attn.o_proj.weight": matrix(hidden, heads * head_dim),
-        f"{p}.self_attn.q_norm.weight": norm(head_dim),
-        f"{p}.self_attn.k_norm.weight": norm(head_dim),
+    }
+    if gated:
+        tensors[f"{p}.self_attn.q_norm.weight"] = norm(head_dim)
+        tensors[f"{p}.self_attn.k_norm.weight"] = norm(head_dim)
+    return tensors | {
         f"{p}.post_attention_layernorm.weight": norm(hidden),
         f"{p}.mlp.gate_proj.weight": matrix(inter, hidden),
         f"{p}.mlp.up_proj.weight": matrix(inter, hidden),
@@ -122,8 +136,8 @@ def head_tensors(config: dict, rng: np.random.Generator) -> dict:
     }
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + w)
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, offset: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + w)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -133,13 +147,16 @@ def silu(x: np.ndarray) -> np.ndarray:
 class Head:
     """The reference forward, float64, keeping its own keys and values across calls."""
 
-    def __init__(self, config: dict, target: dict, head: dict):
+    def __init__(self, config: dict, target: dict, head: dict, gated: bool):
         f64 = {k: v.astype(np.float64) for k, v in {**target, **head}.items()}
         self.w = f64
         self.c = config
+        self.gated = gated
+        # Qwen3.5 stores each norm's weight less one; Llama stores the weight.
+        self.offset = 1.0 if gated else 0.0
         self.eps = config["rms_norm_eps"]
         rope = config["rope_parameters"]
-        self.rotary = int(config["head_dim"] * rope["partial_rotary_factor"])
+        self.rotary = int(config["head_dim"] * rope.get("partial_rotary_factor", 1.0))
         self.theta = rope["rope_theta"]
         self.keys: list = []
         self.values: list = []
@@ -162,17 +179,22 @@ class Head:
         w, c, eps = self.w, self.c, self.eps
         heads, kv_heads, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         p = "mtp.layers.0"
+        norm = lambda x, name: rms_norm(x, w[name], eps, self.offset)  # noqa: E731
         embedding = w["model.embed_tokens.weight"][token]
-        e = rms_norm(embedding, w["mtp.pre_fc_norm_embedding.weight"], eps)
-        hn = rms_norm(h, w["mtp.pre_fc_norm_hidden.weight"], eps)
+        e = norm(embedding, "mtp.pre_fc_norm_embedding.weight")
+        hn = norm(h, "mtp.pre_fc_norm_hidden.weight")
         x = w["mtp.fc.weight"] @ np.concatenate([e, hn])
 
-        a = rms_norm(x, w[f"{p}.input_layernorm.weight"], eps)
-        q_and_gate = (w[f"{p}.self_attn.q_proj.weight"] @ a).reshape(heads, 2 * hd)
-        q, gate = q_and_gate[:, :hd], q_and_gate[:, hd:].reshape(-1)
-        q = rms_norm(q, w[f"{p}.self_attn.q_norm.weight"], eps)
-        k = rms_norm((w[f"{p}.self_attn.k_proj.weight"] @ a).reshape(kv_heads, hd),
-                     w[f"{p}.self_attn.k_norm.weight"], eps)
+        a = norm(x, f"{p}.input_layernorm.weight")
+        q = w[f"{p}.self_attn.q_proj.weight"] @ a
+        k = (w[f"{p}.self_attn.k_proj.weight"] @ a).reshape(kv_heads, hd)
+        if self.gated:
+            q_and_gate = q.reshape(heads, 2 * hd)
+            q, gate = q_and_gate[:, :hd], q_and_gate[:, hd:].reshape(-1)
+            q = norm(q, f"{p}.self_attn.q_norm.weight")
+            k = norm(k, f"{p}.self_attn.k_norm.weight")
+        else:
+            q = q.reshape(heads, hd)
         v = (w[f"{p}.self_attn.v_proj.weight"] @ a).reshape(kv_heads, hd)
         q, k = self.rope(q, position), self.rope(k, position)
         self.keys.append(k)
@@ -185,47 +207,65 @@ class Head:
             scores = keys[:, kv] @ q[head] / np.sqrt(hd)
             weights = np.exp(scores - scores.max())
             attended[head] = (weights / weights.sum()) @ values[:, kv]
-        gated = attended.reshape(-1) * (1.0 / (1.0 + np.exp(-gate)))
-        x = x + w[f"{p}.self_attn.o_proj.weight"] @ gated
+        attended = attended.reshape(-1)
+        if self.gated:
+            attended = attended * (1.0 / (1.0 + np.exp(-gate)))
+        x = x + w[f"{p}.self_attn.o_proj.weight"] @ attended
 
-        m = rms_norm(x, w[f"{p}.post_attention_layernorm.weight"], eps)
+        m = norm(x, f"{p}.post_attention_layernorm.weight")
         up = w[f"{p}.mlp.up_proj.weight"] @ m
         x = x + w[f"{p}.mlp.down_proj.weight"] @ (silu(w[f"{p}.mlp.gate_proj.weight"] @ m) * up)
 
-        out = rms_norm(x, w["mtp.norm.weight"], eps)
-        return out, w["lm_head.weight"] @ out
+        out = norm(x, "mtp.norm.weight")
+        lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        return out, lm_head @ out
 
 
 def main() -> None:
-    config = json.loads((TARGET / "config.json").read_text())
-    config["mtp_num_hidden_layers"] = 1
-    target = read_safetensors(TARGET / "model.safetensors")
+    make("qwen3_5", "qwen3_5_mtp", gated=True)
+    make("llama", "llama_mtp", gated=False)
+
+
+def make(target_name: str, out_name: str, gated: bool) -> None:
+    """A head for fixture `target_name`, and its reference, under fixtures/`out_name`."""
+    target_dir, out = FIXTURES / target_name, FIXTURES / out_name
+    config = json.loads((target_dir / "config.json").read_text())
+    if gated:
+        config["mtp_num_hidden_layers"] = 1
+    target = read_safetensors(target_dir / "model.safetensors")
     rng = np.random.default_rng(SEED)
-    head = head_tensors(config, rng)
+    head = head_tensors(config, rng, gated)
 
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     tokens = rng.integers(3, vocab, size=POSITIONS).astype(np.int32)
     conditioning = rng.standard_normal((POSITIONS, hidden)).astype(np.float32)
 
-    reference = Head(config, target, head)
-    logits, out = [], None
+    reference = Head(config, target, head, gated)
+    logits, state = [], None
     for position in range(POSITIONS):
         state = conditioning[position].astype(np.float64)
-        out, row = reference.step(int(tokens[position]), state, position)
+        state, row = reference.step(int(tokens[position]), state, position)
         logits.append(row)
     chain_tokens, chain_logits = [], []
     token = int(np.argmax(logits[-1]))
     for step in range(CHAIN):
         chain_tokens.append(token)
-        out, row = reference.step(token, out, POSITIONS + step)
+        state, row = reference.step(token, state, POSITIONS + step)
         chain_logits.append(row)
         token = int(np.argmax(row))
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    write_safetensors(OUT / "model.safetensors", {**target, **head})
+    out.mkdir(parents=True, exist_ok=True)
+    if gated:
+        # A checkpoint that ships its head: decoder and head in one file, named by the config.
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_safetensors(out / "model.safetensors", {**target, **head})
+    else:
+        # A head trained apart: its own file, describing itself.
+        described = {"hidden_size": hidden, "vocab_size": vocab, "target": target_name}
+        write_safetensors(out / "head.safetensors", head,
+                          {"config": json.dumps(described, sort_keys=True)})
     write_safetensors(
-        OUT / "reference.safetensors",
+        out / "reference.safetensors",
         {
             "tokens": tokens,
             "conditioning": conditioning[None],
@@ -236,7 +276,7 @@ def main() -> None:
     )
     margins = [np.sort(row)[-1] - np.sort(row)[-2] for row in chain_logits]
     shown = [round(float(m), 4) for m in margins]
-    print(f"wrote {OUT}: chain {chain_tokens}, top-2 margins {shown}")
+    print(f"wrote {out}: chain {chain_tokens}, top-2 margins {shown}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@
 //!   softmax, sigmoid or top-k logits, shared experts, expert groups and biases),
 //!   [`short_conv`] (causal depthwise convolution with a carried tail), [`gated_delta`] (the
 //!   gated delta rule's recurrence), [`ssd`] (Mamba-2's state space recurrence), [`mamba2`]
-//!   (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures).
+//!   (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures),
+//!   `mtp_head` (a multi-token-prediction head over a family's own decoder layer, read from
+//!   `mtp.*`: Qwen3.5's, or one trained apart and attached at load).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family), and [`Vision`], the image side of a model
@@ -67,6 +69,7 @@ pub mod mamba2;
 pub mod mlp;
 pub mod model;
 pub mod moe;
+mod mtp_head;
 mod placement;
 pub mod recurrent_rows;
 pub mod registry;

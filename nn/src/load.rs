@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use mlx::Dtype;
 use quant::{Checkpoint, Format};
 
+use crate::config::limits;
 use crate::context_extension::{Extension, extend_context};
 use crate::model::Model;
 use crate::registry::{build_model, default_dtype, describe};
@@ -84,6 +85,15 @@ pub fn load(path: &Path, dtype: Option<Dtype>) -> Result<Loaded> {
 /// used by the architecture; a leftover tensor means a misread checkpoint and is an error
 /// naming it.
 pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
+    load_with_head(path, None, settings)
+}
+
+/// [`load_with`], with `head` (when given) attached: a multi-token-prediction head trained
+/// apart from the checkpoint, one safetensors file of `mtp.*` tensors that carries its own
+/// config ([`Checkpoint::open_self_described`]). The model's family must read such a head
+/// (see [`Model::draft_head`]), and every tensor must fit the model's shapes; either refusal
+/// names what does not fit.
+pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) -> Result<Loaded> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(path)?;
     let mut config_json = checkpoint.config().clone();
@@ -97,8 +107,26 @@ pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
         Some(d) => d,
         None => default_dtype()?,
     };
-    let parameters = checkpoint.parameters()?;
-    let tensors = checkpoint_tensors(&checkpoint)?;
+    let mut parameters = checkpoint.parameters()?;
+    let mut tensors = checkpoint_tensors(&checkpoint)?;
+    if let Some(head) = head {
+        let head = Checkpoint::open_self_described(head)?;
+        check_head_fits(head.config(), &config_json)?;
+        for (name, tensor) in checkpoint_tensors(&head)? {
+            if !name.starts_with("mtp.") {
+                return Err(Error::Weights(format!(
+                    "the attached head holds `{name}`, which is not a head tensor (`mtp.*`)"
+                )));
+            }
+            if checkpoint.contains(&name) {
+                return Err(Error::Weights(format!(
+                    "the checkpoint has a head of its own (`{name}`); it takes no attached one"
+                )));
+            }
+            tensors.push((name, tensor));
+        }
+        parameters = parameters.saturating_add(head.parameters()?);
+    }
     let dense_bytes = parameters.saturating_mul(dtype.size_of() as u64);
     let on_cpu = !mlx::gpu_available()?;
     let dequantize = on_cpu && dense_bytes <= settings.dequantize_below_bytes;
@@ -116,6 +144,12 @@ pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
         .with_packed_copies(packed_copies)
         .with_packed_forms(packed_forms);
     let model = build_model(&config_json, &mut weights)?;
+    if head.is_some() && model.draft_head().is_none() {
+        return Err(Error::Weights(format!(
+            "`{}` models do not read a multi-token-prediction head",
+            describe(&config_json)?.model_type
+        )));
+    }
     if let Some(unused) = weights.unused().first() {
         return Err(Error::Weights(format!(
             "the checkpoint holds `{unused}`, which the architecture does not use"
@@ -130,6 +164,36 @@ pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
         parameters,
         duration: start.elapsed(),
     })
+}
+
+/// Refuses a head whose config names another width or vocabulary than the model's: it was
+/// trained for another model, and would draft nonsense where its shapes happen to fit.
+fn check_head_fits(head: &serde_json::Value, model: &serde_json::Value) -> Result<()> {
+    let fields = crate::config::Fields::text_section(model);
+    let theirs = [
+        (
+            "hidden_size",
+            fields.required_bounded("hidden_size", limits::HIDDEN)?,
+        ),
+        (
+            "vocab_size",
+            fields.required_bounded("vocab_size", limits::VOCAB)?,
+        ),
+    ];
+    for (key, model_value) in theirs {
+        let Some(head_value) = head.get(key).and_then(serde_json::Value::as_u64) else {
+            return Err(Error::Config(format!(
+                "the attached head's config does not say its `{key}`"
+            )));
+        };
+        if usize::try_from(head_value) != Ok(model_value) {
+            return Err(Error::Config(format!(
+                "the attached head was trained for a `{key}` of {head_value}; \
+                 this model's is {model_value}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every tensor `checkpoint` holds, by name.

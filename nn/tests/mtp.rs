@@ -1,8 +1,10 @@
-//! Qwen3.5's multi-token-prediction head against its reference forward (issue 49).
+//! Multi-token-prediction heads against their reference forward (issue 49).
 //!
 //! `nn/tests/fixtures/qwen3_5_mtp/` holds a head drawn at random beside the `qwen3_5` fixture's
-//! decoder, and what a float64 numpy forward written from the published layout gives for it
-//! (`scripts/make_mtp_fixture.py`). The head is fed the fixture's conditioning rather than the
+//! decoder, in one checkpoint as Qwen3.5 ships it; `llama_mtp/` holds one in the same layout
+//! over a Llama layer, in a file of its own that `nn::load::load_with_head` attaches to the
+//! `llama` fixture, as a head trained apart ships. Each has what a float64 numpy forward written
+//! from the published layout gives for it (`scripts/make_mtp_fixture.py`). The head is fed the fixture's conditioning rather than the
 //! decoder's own state, so the comparison isolates the head; 1e-4 is the tolerance of every f32
 //! parity test here (the reference is exact to far better, and f32 sums over a 64-wide hidden
 //! state and a 512-token vocabulary stay well inside it).
@@ -35,7 +37,25 @@ fn tensors(path: &Path) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// The decoder with its head, leaving out the tensors named in `without`.
+/// Each fixture's model with its head: Qwen3.5's from one checkpoint, Llama's attached.
+fn with_heads() -> [(&'static str, Box<dyn Model>); 2] {
+    [
+        ("qwen3_5_mtp", load(&[]).unwrap()),
+        ("llama_mtp", attached(&fixture("llama")).unwrap()),
+    ]
+}
+
+/// The `llama` fixture's decoder at `target`, with `llama_mtp`'s head attached.
+fn attached(target: &Path) -> nn::Result<Box<dyn Model>> {
+    let head = fixture("llama_mtp").join("head.safetensors");
+    let settings = nn::load::LoadSettings {
+        dtype: Some(Dtype::F32),
+        ..nn::load::LoadSettings::default()
+    };
+    Ok(nn::load::load_with_head(target, Some(&head), settings)?.model)
+}
+
+/// The Qwen3.5 decoder with its head, leaving out the tensors named in `without`.
 fn load(without: &[&str]) -> nn::Result<Box<dyn Model>> {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture("qwen3_5_mtp").join("config.json")).unwrap())
@@ -56,9 +76,8 @@ struct Reference {
     chain_logits: Vec<f32>,
 }
 
-fn reference() -> Reference {
-    let file =
-        SafetensorsFile::open(&fixture("qwen3_5_mtp").join("reference.safetensors")).unwrap();
+fn reference(name: &str) -> Reference {
+    let file = SafetensorsFile::open(&fixture(name).join("reference.safetensors")).unwrap();
     let ids = |name: &str| -> Vec<u32> {
         let values: Vec<i32> = file.load(name).unwrap().to_vec().unwrap();
         values.into_iter().map(|id| id as u32).collect()
@@ -107,21 +126,26 @@ fn rows(state: &Array, start: usize, end: usize) -> Array {
 
 #[test]
 fn the_head_matches_its_reference_in_one_forward_and_in_chunks() {
-    let model = load(&[]).unwrap();
+    for (name, model) in with_heads() {
+        matches_in_one_forward_and_in_chunks(name, model.as_ref());
+    }
+}
+
+fn matches_in_one_forward_and_in_chunks(name: &str, model: &dyn Model) {
     let head = model.draft_head().expect("the fixture's head loads");
-    let reference = reference();
+    let reference = reference(name);
     let n = reference.tokens.len();
 
     let mut caches = head.new_head_caches().unwrap();
     let (logits, _) = head_step(
-        model.as_ref(),
+        model,
         head,
         &mut caches,
         &reference.tokens,
         0,
         &reference.conditioning,
     );
-    assert_close(&logits, &reference.logits, "one forward");
+    assert_close(&logits, &reference.logits, &format!("{name}: one forward"));
 
     // Through the head's own cache, five positions at a time.
     let vocab = reference.logits.len() / n;
@@ -129,7 +153,7 @@ fn the_head_matches_its_reference_in_one_forward_and_in_chunks() {
     for start in (0..n).step_by(5) {
         let end = (start + 5).min(n);
         let (logits, _) = head_step(
-            model.as_ref(),
+            model,
             head,
             &mut caches,
             &reference.tokens[start..end],
@@ -139,7 +163,7 @@ fn the_head_matches_its_reference_in_one_forward_and_in_chunks() {
         assert_close(
             &logits,
             &reference.logits[start * vocab..end * vocab],
-            &format!("positions {start}..{end}"),
+            &format!("{name}: positions {start}..{end}"),
         );
     }
 }
@@ -148,15 +172,20 @@ fn the_head_matches_its_reference_in_one_forward_and_in_chunks() {
 /// previous step's greedy token, as a drafter proposing several tokens does.
 #[test]
 fn a_chain_of_drafts_matches_its_reference() {
-    let model = load(&[]).unwrap();
+    for (name, model) in with_heads() {
+        chain_matches(name, model.as_ref());
+    }
+}
+
+fn chain_matches(name: &str, model: &dyn Model) {
     let head = model.draft_head().unwrap();
-    let reference = reference();
+    let reference = reference(name);
     let n = reference.tokens.len();
     let vocab = reference.logits.len() / n;
 
     let mut caches = head.new_head_caches().unwrap();
     let (logits, state) = head_step(
-        model.as_ref(),
+        model,
         head,
         &mut caches,
         &reference.tokens,
@@ -166,19 +195,12 @@ fn a_chain_of_drafts_matches_its_reference() {
     let mut state = rows(&state, n - 1, n);
     let mut token = argmax(&logits[(n - 1) * vocab..]);
     for (step, &expected) in reference.chain_tokens.iter().enumerate() {
-        assert_eq!(token, expected, "chained token {step}");
-        let (logits, next) = head_step(
-            model.as_ref(),
-            head,
-            &mut caches,
-            &[token],
-            n + step,
-            &state,
-        );
+        assert_eq!(token, expected, "{name}: chained token {step}");
+        let (logits, next) = head_step(model, head, &mut caches, &[token], n + step, &state);
         assert_close(
             &logits,
             &reference.chain_logits[step * vocab..(step + 1) * vocab],
-            &format!("chained step {step}"),
+            &format!("{name}: chained step {step}"),
         );
         token = argmax(&logits);
         state = next;
@@ -189,7 +211,12 @@ fn a_chain_of_drafts_matches_its_reference() {
 /// head drafts from a real prompt's state without anything more computed.
 #[test]
 fn the_decoder_offers_its_final_state_as_the_heads_conditioning() {
-    let model = load(&[]).unwrap();
+    for (_, model) in with_heads() {
+        offers_its_final_state(model.as_ref());
+    }
+}
+
+fn offers_its_final_state(model: &dyn Model) {
     let head = model.draft_head().unwrap();
     let prompt = [5, 17, 200, 42, 9, 311];
     let mut caches = model.new_caches().unwrap();
@@ -203,14 +230,7 @@ fn the_decoder_offers_its_final_state_as_the_heads_conditioning() {
     // Position S pairs the target's state at S with the token at S + 1.
     let next_tokens = [17, 200, 42, 9, 311, 64];
     let mut head_caches = head.new_head_caches().unwrap();
-    let (logits, _) = head_step(
-        model.as_ref(),
-        head,
-        &mut head_caches,
-        &next_tokens,
-        0,
-        state,
-    );
+    let (logits, _) = head_step(model, head, &mut head_caches, &next_tokens, 0, state);
     assert_eq!(logits.len(), prompt.len() * model.spec().vocab_size);
     assert!(logits.iter().all(|l| l.is_finite()));
 }
@@ -244,9 +264,14 @@ fn a_head_missing_a_tensor_is_refused_by_name() {
 /// tolerance: only the matrix products' summation order may differ).
 #[test]
 fn rows_drafted_together_match_each_alone() {
-    let model = load(&[]).unwrap();
+    for (name, model) in with_heads() {
+        rows_together_match(name, model.as_ref());
+    }
+}
+
+fn rows_together_match(name: &str, model: &dyn Model) {
     let head = model.draft_head().unwrap();
-    let reference = reference();
+    let reference = reference(name);
     let n = reference.tokens.len();
     let vocab = reference.logits.len() / n;
     // Row a has taken the first 7 positions, row b the first 4, each through its own cache.
@@ -254,7 +279,7 @@ fn rows_drafted_together_match_each_alone() {
     let mut cache_a = head.new_head_caches().unwrap();
     let mut cache_b = head.new_head_caches().unwrap();
     head_step(
-        model.as_ref(),
+        model,
         head,
         &mut cache_a,
         &reference.tokens[..a],
@@ -262,7 +287,7 @@ fn rows_drafted_together_match_each_alone() {
         &rows(&reference.conditioning, 0, a),
     );
     head_step(
-        model.as_ref(),
+        model,
         head,
         &mut cache_b,
         &reference.tokens[..b],
@@ -290,11 +315,46 @@ fn rows_drafted_together_match_each_alone() {
     assert_close(
         &logits[..vocab],
         &reference.logits[a * vocab..(a + 1) * vocab],
-        "row a in a batch",
+        &format!("{name}: row a in a batch"),
     );
     assert_close(
         &logits[vocab..],
         &reference.logits[b * vocab..(b + 1) * vocab],
-        "row b in a batch",
+        &format!("{name}: row b in a batch"),
+    );
+}
+
+#[test]
+fn an_attached_head_is_refused_where_it_does_not_fit() {
+    // A family that reads no head.
+    let head = fixture("llama_mtp").join("head.safetensors");
+    let error = nn::load::load_with_head(&fixture("qwen3"), Some(&head), Default::default())
+        .err()
+        .expect("qwen3 reads no attached head")
+        .to_string();
+    assert!(
+        error.contains("do not read a multi-token-prediction head"),
+        "{error}"
+    );
+
+    // A head trained for another vocabulary: its config says so, and is read.
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("head.safetensors");
+    let mut bytes = std::fs::read(&head).unwrap();
+    let said = br#"\"vocab_size\": 512"#;
+    let at = bytes
+        .windows(said.len())
+        .position(|w| w == said)
+        .expect("the fixture head's config names its vocabulary");
+    // Same length, so the header's offsets still hold.
+    bytes[at + said.len() - 3..at + said.len()].copy_from_slice(b"999");
+    std::fs::write(&other, bytes).unwrap();
+    let error = nn::load::load_with_head(&fixture("llama"), Some(&other), Default::default())
+        .err()
+        .expect("a head for another vocabulary")
+        .to_string();
+    assert!(
+        error.contains("trained for a `vocab_size` of 999; this model's is 512"),
+        "{error}"
     );
 }

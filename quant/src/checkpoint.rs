@@ -66,6 +66,27 @@ impl Checkpoint {
         Ok(Checkpoint { source })
     }
 
+    /// Opens one safetensors file that carries its own config, as JSON in its `__metadata__`
+    /// under `config` (quantization included), so it needs no folder around it: a store keeps
+    /// it as one blob. A drafter head trained apart from its model ships this way.
+    pub fn open_self_described(path: &Path) -> Result<Checkpoint> {
+        let file = crate::SafetensorsFile::open(path)?;
+        let text = file
+            .metadata()
+            .get("config")
+            .ok_or_else(|| Error::malformed(path, "its metadata has no `config`"))?;
+        let config: Value = serde_json::from_str(text)
+            .map_err(|e| Error::malformed(path, format!("its `config` is not JSON: {e}")))?;
+        let quantization = crate::mlx_quantization::QuantizationConfig::from_config(&config)?;
+        Ok(Checkpoint {
+            source: Source::Safetensors(SafetensorsDir::with_single_file(
+                path,
+                config,
+                quantization,
+            )?),
+        })
+    }
+
     /// The format read.
     pub fn format(&self) -> Format {
         match self.source {

@@ -3,7 +3,9 @@
 //! RMS norm. Llama 3.1 stretches the rope's low frequencies (`rope_scaling` of type `llama3`);
 //! the output head is the embedding table or a matrix of its own (`tie_word_embeddings`, or
 //! whether the checkpoint has `lm_head`). Attention biases are read when the checkpoint has
-//! them (`attention_bias`).
+//! them (`attention_bias`). A multi-token-prediction head is read when the weights carry
+//! `mtp.*` (one trained for a catalog model and attached at load: `nn::load`), with a decoder
+//! layer of the model's own shape.
 //!
 //! References: transformers' `models/llama/modeling_llama.py` (5.24); Touvron et al., "Llama 2:
 //! Open Foundation and Fine-Tuned Chat Models" (2023); Grattafiori et al., "The Llama 3 Herd of
@@ -20,7 +22,10 @@ use crate::config::{Fields, dim, limits, missing, model_type, read_rope, tie_wor
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth};
+use crate::model::{
+    Batch, DraftHead, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth,
+};
+use crate::mtp_head::{self, HeadLayer, MtpHead, no_head};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -127,6 +132,7 @@ pub struct Llama {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    mtp: Option<MtpHead<DecoderLayer>>,
 }
 
 impl Llama {
@@ -146,10 +152,8 @@ impl Llama {
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let rope = Rope::new(&config.rope)?;
 
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            layers.push(DecoderLayer {
+        let layer = |weights: &mut Weights, p: &str| -> Result<DecoderLayer> {
+            Ok(DecoderLayer {
                 input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
                 self_attn: attention(&config, weights, &format!("{p}.self_attn"), &rope)?,
                 post_attention_layernorm: norm(
@@ -157,8 +161,22 @@ impl Llama {
                     &format!("{p}.post_attention_layernorm.weight"),
                 )?,
                 mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
-            });
+            })
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            layers.push(layer(weights, &format!("model.layers.{i}"))?);
         }
+        let mtp = if mtp_head::present(weights) {
+            let cache = LayerState::Attention {
+                kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+                window: None,
+            };
+            Some(MtpHead::load(weights, hidden, cache, norm, layer)?)
+        } else {
+            None
+        };
         let final_norm = norm(weights, "model.norm.weight")?;
         let lm_head = embed_tokens.output_head(
             weights,
@@ -174,6 +192,7 @@ impl Llama {
             layers,
             norm: final_norm,
             lm_head,
+            mtp,
         })
     }
 }
@@ -228,18 +247,43 @@ impl Model for Llama {
         let mut out = Vec::new();
         self.embed_tokens.collect_arrays(&mut out);
         for layer in &self.layers {
-            layer.input_layernorm.collect_arrays(&mut out);
-            layer.self_attn.collect_arrays(&mut out);
-            layer.post_attention_layernorm.collect_arrays(&mut out);
-            layer.mlp.collect_arrays(&mut out);
+            layer.collect_arrays(&mut out);
         }
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
+        if let Some(mtp) = &self.mtp {
+            mtp.collect_arrays(&mut out);
+        }
         out
     }
 
     fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
         Some(self)
+    }
+
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
+    }
+}
+
+impl DraftHead for Llama {
+    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+        self.mtp.as_ref().ok_or_else(no_head)?.new_caches()
+    }
+
+    fn forward_head(
+        &self,
+        batch: &Batch,
+        conditioning: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
+        mtp.forward(
+            &self.embed_tokens.forward(&batch.tokens)?,
+            batch,
+            conditioning,
+            caches,
+        )
     }
 }
 
@@ -285,25 +329,45 @@ impl Llama {
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let attended = attend_cached(
-                &layer.self_attn,
-                &projected,
-                caches,
-                i,
-                &batch.positions,
-                LogicalMask::Causal,
-            )?;
-            h = h.add(&attended)?;
-            let ff = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
-            h = h.add(&ff)?;
+            h = layer.forward(&h, caches, i, batch, &positions)?;
         }
         Ok(Forward {
             hidden: self.norm.forward(&h)?,
             conditioning: None,
         })
+    }
+}
+
+impl HeadLayer for DecoderLayer {
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let projected = self.self_attn.project(&x, positions.rope())?;
+        let attended = attend_cached(
+            &self.self_attn,
+            &projected,
+            caches,
+            index,
+            &batch.positions,
+            LogicalMask::Causal,
+        )?;
+        let h = h.add(&attended)?;
+        let ff = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(h.add(&ff)?)
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.input_layernorm.collect_arrays(out);
+        self.self_attn.collect_arrays(out);
+        self.post_attention_layernorm.collect_arrays(out);
+        self.mlp.collect_arrays(out);
     }
 }

@@ -39,6 +39,7 @@ use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
 use crate::model::{Batch, DraftHead, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
+use crate::mtp_head::{self, HeadLayer, MtpHead, no_head};
 use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -688,18 +689,6 @@ impl DecoderLayer {
     }
 }
 
-/// The multi-token-prediction head (`mtp.*`): the next token's embedding and the target's
-/// state, each normed, side by side (embedding first) through `fc`, then one full-attention
-/// decoder layer and its own final norm. Embedding and output head are the target's.
-struct MtpHead {
-    pre_fc_norm_embedding: RmsNorm,
-    pre_fc_norm_hidden: RmsNorm,
-    fc: Linear,
-    layer: DecoderLayer,
-    norm: RmsNorm,
-    cache: LayerState,
-}
-
 /// A Qwen3.5 text model.
 pub struct Qwen3_5 {
     spec: ModelSpec,
@@ -707,7 +696,7 @@ pub struct Qwen3_5 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
-    mtp: Option<MtpHead>,
+    mtp: Option<MtpHead<DecoderLayer>>,
 }
 
 impl Qwen3_5 {
@@ -789,15 +778,14 @@ impl Qwen3_5 {
         // The multi-token-prediction head, when the config names one layer and the checkpoint
         // kept its tensors (many conversions drop them). Its layer attends, and its MLP is
         // sparse wherever the decoder's are. A head of several layers is set aside, unread.
-        let mtp = if config.mtp_layers == 1 && weights.contains("mtp.fc.weight") {
-            Some(MtpHead {
-                pre_fc_norm_embedding: norm(weights, "mtp.pre_fc_norm_embedding.weight", hidden)?,
-                pre_fc_norm_hidden: norm(weights, "mtp.pre_fc_norm_hidden.weight", hidden)?,
-                fc: weights.matrix("mtp.fc", hidden, 2 * hidden)?,
-                layer: layer(weights, "mtp.layers.0", false, config.moe.is_some())?,
-                norm: norm(weights, "mtp.norm.weight", hidden)?,
-                cache: config.attention_state(),
-            })
+        let mtp = if config.mtp_layers == 1 && mtp_head::present(weights) {
+            Some(MtpHead::load(
+                weights,
+                hidden,
+                config.attention_state(),
+                |weights, name| norm(weights, name, hidden),
+                |weights, p| layer(weights, p, false, config.moe.is_some()),
+            )?)
         } else {
             weights.set_aside("mtp.");
             None
@@ -957,11 +945,7 @@ impl Model for Qwen3_5 {
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
         if let Some(mtp) = &self.mtp {
-            mtp.pre_fc_norm_embedding.collect_arrays(&mut out);
-            mtp.pre_fc_norm_hidden.collect_arrays(&mut out);
-            mtp.fc.collect_arrays(&mut out);
-            mtp.layer.collect_arrays(&mut out);
-            mtp.norm.collect_arrays(&mut out);
+            mtp.collect_arrays(&mut out);
         }
         out
     }
@@ -973,8 +957,7 @@ impl Model for Qwen3_5 {
 
 impl DraftHead for Qwen3_5 {
     fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
-        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
-        Ok(vec![mtp.cache.new_cache(0)?])
+        self.mtp.as_ref().ok_or_else(no_head)?.new_caches()
     }
 
     fn forward_head(
@@ -984,22 +967,28 @@ impl DraftHead for Qwen3_5 {
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
         let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
-        check_cache_sets(batch, caches, 1)?;
-        let positions = BatchPositions::new(batch)?;
-        let embedded = mtp
-            .pre_fc_norm_embedding
-            .forward(&self.embed_tokens.forward(&batch.tokens)?)?;
-        let state = mtp.pre_fc_norm_hidden.forward(conditioning)?;
-        let h = mtp.fc.forward(&mlx::concatenate(&[embedded, state], -1)?)?;
-        let h = mtp.layer.forward(&h, caches, 0, batch, &positions)?;
-        Ok(Forward {
-            hidden: mtp.norm.forward(&h)?,
-            conditioning: None,
-        })
+        mtp.forward(
+            &self.embed_tokens.forward(&batch.tokens)?,
+            batch,
+            conditioning,
+            caches,
+        )
     }
 }
 
-/// A head asked of a model loaded without one (`draft_head` gives `None` then).
-fn no_head() -> Error {
-    Error::InvalidInput("this model was loaded without a multi-token-prediction head".into())
+impl HeadLayer for DecoderLayer {
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        DecoderLayer::forward(self, h, caches, index, batch, positions)
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        DecoderLayer::collect_arrays(self, out)
+    }
 }
