@@ -10,7 +10,7 @@ use kvcache::LayerCache;
 use mlx::Array;
 
 use crate::Result;
-use crate::model::{Audio, Batch, Forward, Model, ModelSpec, Vision};
+use crate::model::{Audio, Batch, DraftHead, Forward, Model, ModelSpec, Vision};
 
 /// `inner` with logits for ids `0..vocab` only.
 pub struct LimitedVocabulary {
@@ -73,5 +73,11 @@ impl Model for LimitedVocabulary {
 
     fn audio(&self) -> Option<&dyn Audio> {
         self.inner.audio()
+    }
+
+    /// The inner model's head: its drafts' logits come through [`Model::unembed`], so they
+    /// are cut here as the model's are.
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.inner.draft_head()
     }
 }

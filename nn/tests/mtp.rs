@@ -358,3 +358,26 @@ fn an_attached_head_is_refused_where_it_does_not_fit() {
         "{error}"
     );
 }
+
+/// A model whose head is cut to its tokenizer (Qwen's padded rows) keeps its drafter head,
+/// and the drafts' logits are cut as the model's are.
+#[test]
+fn a_model_cut_to_its_tokenizer_keeps_its_head() {
+    let model = nn::limited_vocabulary::LimitedVocabulary::wrap(load(&[]).unwrap(), 500);
+    let head = model.draft_head().expect("the wrapped model's head");
+    let reference = reference("qwen3_5_mtp");
+    let mut caches = head.new_head_caches().unwrap();
+    let (logits, _) = head_step(
+        model.as_ref(),
+        head,
+        &mut caches,
+        &reference.tokens[..1],
+        0,
+        &rows(&reference.conditioning, 0, 1),
+    );
+    assert_close(
+        &logits,
+        &reference.logits[..500],
+        "the cut head's first row",
+    );
+}
