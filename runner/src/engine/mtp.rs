@@ -115,21 +115,24 @@ impl Mtp {
             &states,
         )?;
         cache.len += rows;
+        // Each draft stays on the device and feeds the next step: the chain is one graph,
+        // read back once.
         let mut state = out.hidden.slice_axis(1, rows as i32 - 1, rows as i32)?;
-        let mut token = argmax_last(model, &state)?;
-        let mut drafts = vec![token];
+        let mut token = argmax(model, &state)?;
+        let mut drafts = vec![token.clone()];
         for step in 1..depth {
-            out = forward(
-                head,
-                &mut cache.caches,
-                &[token],
-                held - cache.start + step - 1,
-                &state,
-            )?;
+            let position = held - cache.start + step - 1;
+            let batch = Batch::from_device(&token, vec![position])?;
+            out = head.forward_head(&batch, &state, &mut [&mut cache.caches])?;
             state = out.hidden;
-            token = argmax_last(model, &state)?;
-            drafts.push(token);
+            token = argmax(model, &state)?;
+            drafts.push(token.clone());
         }
+        let drafts: Vec<u32> = mlx::concatenate(&drafts, 1)?
+            .to_vec::<i32>()?
+            .into_iter()
+            .map(|t| u32::try_from(t).unwrap_or(0))
+            .collect();
         // The chained slots read the head's own guesses, not the target's states: drop them.
         for layer in cache.caches.iter_mut().flatten() {
             layer.rewind(cache.len)?;
@@ -150,14 +153,8 @@ fn forward(
     Ok(head.forward_head(&batch, states, &mut [caches])?)
 }
 
-/// The argmax token of the last row of `state` (`[1, r, hidden]`) through the target's head.
-fn argmax_last(model: &dyn nn::Model, state: &Array) -> Result<u32, StepError> {
-    let rows = state.dim(1)?;
-    let last = state.slice_axis(1, rows - 1, rows)?;
-    let id = model
-        .unembed(&last)?
-        .argmax(2, false)?
-        .astype(Dtype::I32)?
-        .to_vec::<i32>()?;
-    Ok(id.first().map_or(0, |&t| u32::try_from(t).unwrap_or(0)))
+/// The argmax token of `state` (`[1, 1, hidden]`) through the target's head, as a `[1, 1]`
+/// int32 array left on the device.
+fn argmax(model: &dyn nn::Model, state: &Array) -> Result<Array, StepError> {
+    Ok(model.unembed(state)?.argmax(2, false)?.astype(Dtype::I32)?)
 }
