@@ -503,7 +503,9 @@ fn target_with_a_predicting_head() -> Box<dyn nn::Model> {
 /// With a head that predicts its target, every draft is accepted at every depth and across
 /// rounds: the engine gives the head each target state beside the token after it, and the
 /// chained steps their own states. A state paired with the wrong token would draft the token
-/// one step behind (the answers below keep changing, so that token is never right).
+/// one step behind (the answers below keep changing, so that token is never right). The three
+/// sequences draft together, their chained steps one forward of a row each: a row read back
+/// as another's drafts would miss too.
 #[test]
 fn a_head_that_predicts_its_target_has_every_draft_accepted() {
     let mut engine = LoadedModel::new(

@@ -52,15 +52,69 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for Mtp {
         "mtp"
     }
 
+    /// Each sequence's head first reads the target states it has not read (one forward per
+    /// sequence, as their counts differ); then every chained step runs once for all the
+    /// sequences still drafting, one row each. Drafts stay on the device until all are made,
+    /// and are read back together.
     fn propose(
         &mut self,
         ctx: &mut DraftContext<'a>,
         proposals: &mut [Proposal],
     ) -> Result<(), StepError> {
-        for proposal in proposals.iter_mut().filter(|p| p.depth > 0) {
+        let model = ctx.target;
+        let mut chains = Vec::new();
+        for (slot, proposal) in proposals.iter().enumerate().filter(|(_, p)| p.depth > 0) {
             let index = ctx.index_of(proposal.sequence)?;
-            let tokens = self.draft(ctx, index, proposal.first, proposal.depth)?;
-            proposal.draft = Draft::one_hot(tokens);
+            if let Some(chain) = self.first_draft(ctx, index, proposal.first, proposal.depth)? {
+                chains.push((slot, chain));
+            }
+        }
+        let deepest = chains.iter().map(|(_, c)| c.depth).max().unwrap_or(0);
+        for step in 1..deepest {
+            let going: Vec<usize> = (0..chains.len())
+                .filter(|&i| chains[i].1.depth > step)
+                .collect();
+            let tokens: Vec<Array> = going.iter().map(|&i| chains[i].1.token.clone()).collect();
+            let states: Vec<Array> = going.iter().map(|&i| chains[i].1.state.clone()).collect();
+            let positions = going
+                .iter()
+                .map(|&i| chains[i].1.position + step - 1)
+                .collect();
+            let batch = Batch::from_device(&mlx::concatenate(&tokens, 0)?, positions)?;
+            let ids: Vec<SequenceId> = going.iter().map(|&i| chains[i].1.sequence).collect();
+            let mut caches = self.caches_of(&ids)?;
+            let head = draft_head(model)?;
+            let out = head.forward_head(&batch, &mlx::concatenate(&states, 0)?, &mut caches)?;
+            let next = argmax(model, &out.hidden)?;
+            for (row, &i) in going.iter().enumerate() {
+                let chain = &mut chains[i].1;
+                let row = row as i32;
+                chain.state = out.hidden.slice_axis(0, row, row + 1)?;
+                chain.token = next.slice_axis(0, row, row + 1)?;
+                chain.drafts.push(chain.token.clone());
+            }
+        }
+        // One read for every draft of the round.
+        let all: Vec<Array> = chains
+            .iter()
+            .flat_map(|(_, c)| c.drafts.iter().cloned())
+            .collect();
+        let mut read = if all.is_empty() {
+            Vec::new()
+        } else {
+            mlx::concatenate(&all, 1)?.to_vec::<i32>()?
+        }
+        .into_iter()
+        .map(|t| u32::try_from(t).unwrap_or(0));
+        for (slot, chain) in &chains {
+            let tokens: Vec<u32> = read.by_ref().take(chain.drafts.len()).collect();
+            proposals[*slot].draft = Draft::one_hot(tokens);
+            // The chained slots read the head's own guesses, not the target's states.
+            if let Some(cache) = self.live.get_mut(&chain.sequence) {
+                for layer in cache.caches.iter_mut().flatten() {
+                    layer.rewind(cache.len)?;
+                }
+            }
         }
         Ok(())
     }
@@ -70,30 +124,41 @@ impl<'a> Drafter<DraftContext<'a>, StepError> for Mtp {
     }
 }
 
+/// A sequence's drafts so far in a round, on the device.
+struct Chain {
+    sequence: SequenceId,
+    depth: usize,
+    /// The head position of its next chained step's first slot, less the step.
+    position: usize,
+    /// The last step's output state, `[1, 1, hidden]`, and its draft, `[1, 1]`.
+    state: Array,
+    token: Array,
+    drafts: Vec<Array>,
+}
+
 impl Mtp {
-    /// At most `depth` drafts for the sequence at `index`, whose round starts from `first`;
-    /// none when the head has not been given the state its first draft reads.
-    fn draft(
+    /// The sequence at `index`'s first draft of a round that starts from `first`: its head
+    /// reads the target states it has not read. `None` when the head has not been given the
+    /// state that draft reads.
+    fn first_draft(
         &mut self,
         ctx: &mut DraftContext<'_>,
         index: usize,
         first: u32,
         depth: usize,
-    ) -> Result<Vec<u32>, StepError> {
+    ) -> Result<Option<Chain>, StepError> {
         let model = ctx.target;
-        let head = model
-            .draft_head()
-            .ok_or_else(|| StepError::Request("this model ships no drafter head".into()))?;
+        let head = draft_head(model)?;
         let seq = &mut ctx.sequences[index];
         let held = seq.tokens.len();
         let Some((from, states)) = seq.head_states.take()? else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let rows = usize::try_from(states.dim(1)?).unwrap_or(0);
         // The states must reach the last position the caches hold, whose pair is `first`.
         if rows == 0 || from + rows != held {
             seq.head_states.clear();
-            return Ok(Vec::new());
+            return Ok(None);
         }
         // The head's cache goes on where it stopped, or starts afresh where the states do.
         let cache = self.live.entry(seq.id).or_insert_with(HeadCache::unused);
@@ -107,54 +172,53 @@ impl Mtp {
         // Slot S pairs the state at S with the token at S + 1: the cached tokens, then `first`.
         let mut next_tokens: Vec<u32> = seq.tokens[from + 1..].to_vec();
         next_tokens.push(first);
-        let mut out = forward(
-            head,
-            &mut cache.caches,
-            &next_tokens,
-            from - cache.start,
-            &states,
-        )?;
+        let batch = Batch::single(&next_tokens, from - cache.start)?;
+        let out = head.forward_head(&batch, &states, &mut [&mut cache.caches])?;
         cache.len += rows;
-        // Each draft stays on the device and feeds the next step: the chain is one graph,
-        // read back once.
-        let mut state = out.hidden.slice_axis(1, rows as i32 - 1, rows as i32)?;
-        let mut token = argmax(model, &state)?;
-        let mut drafts = vec![token.clone()];
-        for step in 1..depth {
-            let position = held - cache.start + step - 1;
-            let batch = Batch::from_device(&token, vec![position])?;
-            out = head.forward_head(&batch, &state, &mut [&mut cache.caches])?;
-            state = out.hidden;
-            token = argmax(model, &state)?;
-            drafts.push(token.clone());
-        }
-        let drafts: Vec<u32> = mlx::concatenate(&drafts, 1)?
-            .to_vec::<i32>()?
-            .into_iter()
-            .map(|t| u32::try_from(t).unwrap_or(0))
+        let state = out.hidden.slice_axis(1, rows as i32 - 1, rows as i32)?;
+        let token = argmax(model, &state)?;
+        Ok(Some(Chain {
+            sequence: seq.id,
+            depth,
+            position: held - cache.start,
+            state,
+            token: token.clone(),
+            drafts: vec![token],
+        }))
+    }
+
+    /// The head caches of `sequences`, in that order.
+    fn caches_of(
+        &mut self,
+        sequences: &[SequenceId],
+    ) -> Result<Vec<&mut [Option<LayerCache>]>, StepError> {
+        let mut found: Vec<(usize, &mut [Option<LayerCache>])> = self
+            .live
+            .iter_mut()
+            .filter_map(|(id, cache)| {
+                let at = sequences.iter().position(|s| s == id)?;
+                Some((at, cache.caches.as_mut_slice()))
+            })
             .collect();
-        // The chained slots read the head's own guesses, not the target's states: drop them.
-        for layer in cache.caches.iter_mut().flatten() {
-            layer.rewind(cache.len)?;
+        if found.len() != sequences.len() {
+            return Err(StepError::Request(
+                "a drafting sequence lost its head cache".into(),
+            ));
         }
-        Ok(drafts)
+        found.sort_by_key(|(at, _)| *at);
+        Ok(found.into_iter().map(|(_, caches)| caches).collect())
     }
 }
 
-/// The head over `tokens` at head position `position` on, conditioned on `states`.
-fn forward(
-    head: &dyn nn::DraftHead,
-    caches: &mut [Option<LayerCache>],
-    tokens: &[u32],
-    position: usize,
-    states: &Array,
-) -> Result<nn::Forward, StepError> {
-    let batch = Batch::single(tokens, position)?;
-    Ok(head.forward_head(&batch, states, &mut [caches])?)
+/// The model's drafter head.
+fn draft_head(model: &dyn nn::Model) -> Result<&dyn nn::DraftHead, StepError> {
+    model
+        .draft_head()
+        .ok_or_else(|| StepError::Request("this model ships no drafter head".into()))
 }
 
-/// The argmax token of `state` (`[1, 1, hidden]`) through the target's head, as a `[1, 1]`
-/// int32 array left on the device.
+/// The argmax token of each row of `state` (`[rows, 1, hidden]`) through the target's head,
+/// as a `[rows, 1]` int32 array left on the device.
 fn argmax(model: &dyn nn::Model, state: &Array) -> Result<Array, StepError> {
     Ok(model.unembed(state)?.argmax(2, false)?.astype(Dtype::I32)?)
 }
