@@ -108,7 +108,8 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
         None => default_dtype()?,
     };
     let mut parameters = checkpoint.parameters()?;
-    let mut tensors = checkpoint_tensors(&checkpoint)?;
+    let tensors = checkpoint_tensors(&checkpoint)?;
+    let mut head_tensors = Vec::new();
     if let Some(head) = head {
         let head = Checkpoint::open_self_described(head)?;
         check_head_fits(head.config(), &config_json)?;
@@ -123,7 +124,7 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
                     "the checkpoint has a head of its own (`{name}`); it takes no attached one"
                 )));
             }
-            tensors.push((name, tensor));
+            head_tensors.push((name, tensor));
         }
         parameters = parameters.saturating_add(head.parameters()?);
     }
@@ -139,7 +140,7 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
             }
         }
     }
-    let mut weights = Weights::new(tensors, dtype)
+    let mut weights = Weights::new(tensors.into_iter().chain(head_tensors), dtype)
         .dequantized(dequantize)
         .with_packed_copies(packed_copies)
         .with_packed_forms(packed_forms);

@@ -38,10 +38,16 @@ fn tensors(path: &Path) -> Vec<(String, Tensor)> {
 }
 
 /// Each fixture's model with its head: Qwen3.5's from one checkpoint, Llama's attached.
-fn with_heads() -> [(&'static str, Box<dyn Model>); 2] {
+/// Llama's is attached twice: to the safetensors checkpoint and to the same weights as a GGUF
+/// file (as a catalog model is stored).
+fn with_heads() -> [(&'static str, Box<dyn Model>); 3] {
     [
         ("qwen3_5_mtp", load(&[]).unwrap()),
         ("llama_mtp", attached(&fixture("llama")).unwrap()),
+        (
+            "llama_mtp",
+            attached(&fixture("llama").join("model.gguf")).unwrap(),
+        ),
     ]
 }
 
