@@ -357,13 +357,13 @@ fn mtp(depth: usize) -> Speculation {
 }
 
 /// Drafts from the head Qwen3.5's checkpoint ships (`nn/tests/fixtures/qwen3_5_mtp`, a head
-/// drawn at random, so it guesses some tokens and misses most): three greedy requests at
+/// drawn at random, so it guesses some tokens and misses most): eight greedy requests at
 /// once, beside a plain one, answer what each answers alone, through the hybrid's recurrent
 /// rollbacks; the trie stays consistent.
 #[test]
 fn mtp_drafts_leave_answers_unchanged() {
     let mut engine = engine("qwen3_5_mtp", 64 << 20);
-    let prompts: Vec<Vec<u32>> = (0..3).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
     let mut handles: Vec<Handle> = prompts
         .iter()
         .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), mtp(4)))
