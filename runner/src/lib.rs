@@ -47,7 +47,8 @@
 //!   cancellation), stepped in turn.
 //! - [`store`]: content-addressed blobs and manifests under `$MLXKIT_HOME`; [`model_name`];
 //!   [`ollama_store`]: the models an Ollama installation pulled, read in place.
-//! - [`pull`]: catalog models fetched from their packages; [`import`]: local GGUF files and
+//! - [`pull`]: catalog models fetched from their packages, with the drafter heads trained for
+//!   them ([`shipped_heads`]); [`import`]: local GGUF files and
 //!   transformers folders; [`checkpoint_details`]: what a checkpoint is, read at import and
 //!   from Ollama's store; [`model_source`]: what a `FROM` names; [`modelfile`]: `create -f`;
 //!   [`create`]: `create --quantize` through `quant`'s pipeline; [`create_model`]: a
@@ -76,5 +77,6 @@ pub mod modelfile;
 pub mod ollama_store;
 pub mod pull;
 pub mod server;
+pub mod shipped_heads;
 pub mod store;
 pub mod timestamp;

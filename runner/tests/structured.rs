@@ -272,11 +272,14 @@ fn speculative_samples_validate_and_greedy_answers_do_not_change() {
             });
         }
     });
-    // Greedy answers alone, plain and drafted.
+    // Greedy answers alone, plain and drafted (by prompt lookup, and by the head `pull`
+    // installed for SmolLM2).
     for (i, (prompt, schema)) in schemas().iter().enumerate() {
         let plain = ask_with(s, i, prompt, schema, 0, 0.0, "none");
-        let drafted = ask_with(s, i, prompt, schema, 0, 0.0, "ngram");
-        assert_eq!(drafted, plain, "schema {i}");
+        for draft in ["ngram", "mtp"] {
+            let drafted = ask_with(s, i, prompt, schema, 0, 0.0, draft);
+            assert_eq!(drafted, plain, "schema {i}, drafted by {draft}");
+        }
     }
 }
 

@@ -317,9 +317,17 @@ fn load_weights(
         context,
         ..nn::load::LoadSettings::default()
     };
-    nn::load::load_with(&weights, settings).map_err(|source| LoadError::Model {
-        name: name.to_string(),
-        source,
+    // A drafter head trained for the model and stored beside it (`pull`'s shipped heads).
+    let head = manifest
+        .layers
+        .iter()
+        .find(|l| l.path == crate::shipped_heads::HEAD_FILE)
+        .map(|l| dir.join(&l.path));
+    nn::load::load_with_head(&weights, head.as_deref(), settings).map_err(|source| {
+        LoadError::Model {
+            name: name.to_string(),
+            source,
+        }
     })
 }
 

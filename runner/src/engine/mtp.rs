@@ -1,5 +1,6 @@
 //! The multi-token-prediction drafter (`mtp`): the head a checkpoint ships beside its decoder
-//! (`nn::DraftHead`, Qwen3.5's `mtp.*`), with caches of its own per sequence.
+//! (`nn::DraftHead`, Qwen3.5's `mtp.*`) or one trained apart and attached at load (the
+//! project's `shipped_heads`), with caches of its own per sequence.
 //!
 //! Head slot `S` reads the target's final state at `S` and the token at `S + 1`, and predicts
 //! the token at `S + 2`. A round starting from `first` (the token at the caches' length `L`,
