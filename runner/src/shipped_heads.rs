@@ -6,7 +6,7 @@
 /// The head's file name within a stored model.
 pub const HEAD_FILE: &str = "mtp-head.safetensors";
 
-/// SmolLM2-135M-Instruct's multi-token-prediction head, 4-bit.
+/// SmolLM2-135M-Instruct's multi-token-prediction head, 8-bit.
 const SMOLLM2_135M: &[u8] = include_bytes!("../heads/smollm2-135m-mtp.safetensors");
 
 /// The head shipped for catalog model `name`, if one is.
