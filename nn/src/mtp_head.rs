@@ -5,21 +5,23 @@
 //!
 //! The layer is the family's: each architecture that carries a head hands its own decoder
 //! layer in through [`HeadLayer`], so the head's attention is computed exactly as the
-//! decoder's.
+//! decoder's. The head keeps a handle on the target's embedding (its arrays are shared, not
+//! copied), so it is the model's [`DraftHead`] itself.
 
 use kvcache::LayerCache;
 use mlx::Array;
 
 use crate::Result;
 use crate::cached_attention::{BatchPositions, check_cache_sets};
+use crate::embedding::Embedding;
 use crate::linear::Linear;
-use crate::model::{Batch, Forward, LayerState};
+use crate::model::{Batch, DraftHead, Forward, LayerState};
 use crate::rms_norm::RmsNorm;
 use crate::weights::Weights;
 
 /// A decoder layer a head runs: the family's own, over cache slot `index` of each row.
 pub(crate) trait HeadLayer {
-    /// The layer over `h`.
+    /// The layer over `h`, reading and appending to cache slot `index` of each row.
     fn forward(
         &self,
         h: &Array,
@@ -35,6 +37,8 @@ pub(crate) trait HeadLayer {
 
 /// The head's tensors, read from `mtp.*`.
 pub(crate) struct MtpHead<L> {
+    /// The target's token embedding.
+    embed_tokens: Embedding,
     pre_fc_norm_embedding: RmsNorm,
     pre_fc_norm_hidden: RmsNorm,
     fc: Linear,
@@ -49,17 +53,19 @@ pub(crate) fn present(weights: &Weights) -> bool {
 }
 
 impl<L: HeadLayer> MtpHead<L> {
-    /// Reads the head: `norm(weights, name)` reads each norm the family's way (Qwen3.5's
-    /// unit offset), `layer(weights, "mtp.layers.0")` its decoder layer, whose cache is
-    /// `cache`.
+    /// Reads the head beside the target's `embed_tokens`: `norm(weights, name)` reads each
+    /// norm the family's way (Qwen3.5's unit offset), `layer(weights, "mtp.layers.0")` its
+    /// decoder layer, whose cache is `cache`.
     pub(crate) fn load(
         weights: &mut Weights,
+        embed_tokens: &Embedding,
         hidden: i32,
         cache: LayerState,
         norm: impl Fn(&mut Weights, &str) -> Result<RmsNorm>,
         layer: impl FnOnce(&mut Weights, &str) -> Result<L>,
     ) -> Result<MtpHead<L>> {
         Ok(MtpHead {
+            embed_tokens: embed_tokens.clone(),
             pre_fc_norm_embedding: norm(weights, "mtp.pre_fc_norm_embedding.weight")?,
             pre_fc_norm_hidden: norm(weights, "mtp.pre_fc_norm_hidden.weight")?,
             fc: weights.matrix("mtp.fc", hidden, 2 * hidden)?,
@@ -69,24 +75,32 @@ impl<L: HeadLayer> MtpHead<L> {
         })
     }
 
-    /// Fresh caches for the head's one layer.
-    pub(crate) fn new_caches(&self) -> Result<Vec<Option<LayerCache>>> {
+    /// Its own arrays (the embedding is the target's, counted there).
+    pub(crate) fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.pre_fc_norm_embedding.collect_arrays(out);
+        self.pre_fc_norm_hidden.collect_arrays(out);
+        self.fc.collect_arrays(out);
+        self.layer.collect_arrays(out);
+        self.norm.collect_arrays(out);
+    }
+}
+
+impl<L: HeadLayer> DraftHead for MtpHead<L> {
+    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
         Ok(vec![self.cache.new_cache(0)?])
     }
 
-    /// The head over `batch` (each position's next token, at the target's positions), given
-    /// `embedded`, the target's embedding of those tokens, and `conditioning`, the target's
-    /// state at the same positions.
-    pub(crate) fn forward(
+    fn forward_head(
         &self,
-        embedded: &Array,
         batch: &Batch,
         conditioning: &Array,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
         check_cache_sets(batch, caches, 1)?;
         let positions = BatchPositions::new(batch)?;
-        let embedded = self.pre_fc_norm_embedding.forward(embedded)?;
+        let embedded = self
+            .pre_fc_norm_embedding
+            .forward(&self.embed_tokens.forward(&batch.tokens)?)?;
         let state = self.pre_fc_norm_hidden.forward(conditioning)?;
         let h = self
             .fc
@@ -97,18 +111,4 @@ impl<L: HeadLayer> MtpHead<L> {
             conditioning: None,
         })
     }
-
-    /// Its arrays.
-    pub(crate) fn collect_arrays(&self, out: &mut Vec<Array>) {
-        self.pre_fc_norm_embedding.collect_arrays(out);
-        self.pre_fc_norm_hidden.collect_arrays(out);
-        self.fc.collect_arrays(out);
-        self.layer.collect_arrays(out);
-        self.norm.collect_arrays(out);
-    }
-}
-
-/// A head asked of a model loaded without one (`draft_head` gives `None` then).
-pub(crate) fn no_head() -> crate::Error {
-    crate::Error::InvalidInput("this model was loaded without a multi-token-prediction head".into())
 }

@@ -25,7 +25,7 @@ use crate::mlp::Mlp;
 use crate::model::{
     Batch, DraftHead, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth,
 };
-use crate::mtp_head::{self, HeadLayer, MtpHead, no_head};
+use crate::mtp_head::{self, HeadLayer, MtpHead};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -173,7 +173,14 @@ impl Llama {
                 head_dim: config.head_dim,
                 window: None,
             };
-            Some(MtpHead::load(weights, hidden, cache, norm, layer)?)
+            Some(MtpHead::load(
+                weights,
+                &embed_tokens,
+                hidden,
+                cache,
+                norm,
+                layer,
+            )?)
         } else {
             None
         };
@@ -262,28 +269,7 @@ impl Model for Llama {
     }
 
     fn draft_head(&self) -> Option<&dyn DraftHead> {
-        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
-    }
-}
-
-impl DraftHead for Llama {
-    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
-        self.mtp.as_ref().ok_or_else(no_head)?.new_caches()
-    }
-
-    fn forward_head(
-        &self,
-        batch: &Batch,
-        conditioning: &Array,
-        caches: &mut [&mut [Option<LayerCache>]],
-    ) -> Result<Forward> {
-        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
-        mtp.forward(
-            &self.embed_tokens.forward(&batch.tokens)?,
-            batch,
-            conditioning,
-            caches,
-        )
+        self.mtp.as_ref().map(|mtp| mtp as &dyn DraftHead)
     }
 }
 

@@ -39,7 +39,7 @@ use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
 use crate::model::{Batch, DraftHead, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
-use crate::mtp_head::{self, HeadLayer, MtpHead, no_head};
+use crate::mtp_head::{self, HeadLayer, MtpHead};
 use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -645,7 +645,8 @@ struct DecoderLayer {
     mlp: FeedForward,
 }
 
-impl DecoderLayer {
+/// The decoder's layers and the head's run the same code.
+impl HeadLayer for DecoderLayer {
     /// The layer over `h`, its mixer reading and appending to cache slot `index` of each row.
     fn forward(
         &self,
@@ -781,6 +782,7 @@ impl Qwen3_5 {
         let mtp = if config.mtp_layers == 1 && mtp_head::present(weights) {
             Some(MtpHead::load(
                 weights,
+                &embed_tokens,
                 hidden,
                 config.attention_state(),
                 |weights, name| norm(weights, name, hidden),
@@ -951,44 +953,6 @@ impl Model for Qwen3_5 {
     }
 
     fn draft_head(&self) -> Option<&dyn DraftHead> {
-        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
-    }
-}
-
-impl DraftHead for Qwen3_5 {
-    fn new_head_caches(&self) -> Result<Vec<Option<LayerCache>>> {
-        self.mtp.as_ref().ok_or_else(no_head)?.new_caches()
-    }
-
-    fn forward_head(
-        &self,
-        batch: &Batch,
-        conditioning: &Array,
-        caches: &mut [&mut [Option<LayerCache>]],
-    ) -> Result<Forward> {
-        let mtp = self.mtp.as_ref().ok_or_else(no_head)?;
-        mtp.forward(
-            &self.embed_tokens.forward(&batch.tokens)?,
-            batch,
-            conditioning,
-            caches,
-        )
-    }
-}
-
-impl HeadLayer for DecoderLayer {
-    fn forward(
-        &self,
-        h: &Array,
-        caches: &mut [&mut [Option<LayerCache>]],
-        index: usize,
-        batch: &Batch,
-        positions: &BatchPositions,
-    ) -> Result<Array> {
-        DecoderLayer::forward(self, h, caches, index, batch, positions)
-    }
-
-    fn collect_arrays(&self, out: &mut Vec<Array>) {
-        DecoderLayer::collect_arrays(self, out)
+        self.mtp.as_ref().map(|mtp| mtp as &dyn DraftHead)
     }
 }
