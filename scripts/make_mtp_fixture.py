@@ -43,15 +43,36 @@ goes under nn/tests/fixtures/llama_mtp/, beside the `llama` fixture it drafts fo
                           metadata (`config`), as a trained head ships
     reference.safetensors as above
 
+A third head is DeepSeek-V3's next-token-prediction layer, `model.layers.{num_hidden_layers}`,
+beside the `deepseek_v3` fixture's decoder (GLM-4-MoE-Lite ships the same layout):
+
+    e   = rms_norm(embed(t_{S+1}), enorm),  zero at S = 0
+    h   = rms_norm(h_S, hnorm)
+    x   = eh_proj([e, h])
+    x   = decoder_layer(x)                   a sparse layer of the decoder's own kind
+    out = rms_norm(x, shared_head.norm);  logits = lm_head(out)
+
+The position-0 zero follows vLLM's `deepseek_mtp.py`, the serving stack these checkpoints are
+published for; the rest is the DeepSeek-V3 report's module. Its decoder layer (multi-head latent
+attention and the routed experts) is transformers' own `DeepseekV3DecoderLayer` (5.24), run in
+float64 over the whole sequence with a causal mask, so this part needs the fixtures venv of
+`scripts/make_fixtures.py` (torch, transformers); the two heads above need only numpy. It goes
+under nn/tests/fixtures/deepseek_v3_mtp/ as config.json (the fixture's, unchanged: it already
+says `num_nextn_predict_layers: 1`), model.safetensors (decoder and head, with the head's
+copies of `embed_tokens` and `shared_head.head` as released checkpoints carry them) and
+reference.safetensors as above.
+
 Run by hand, once, by whoever changes the fixture (CI never runs it):
 
     python3 -m venv ~/.cache/mlxkit/mtp-fixture-venv
     ~/.cache/mlxkit/mtp-fixture-venv/bin/pip install numpy==2.4.6
     ~/.cache/mlxkit/mtp-fixture-venv/bin/python scripts/make_mtp_fixture.py
+    ~/.cache/mlxkit/fixtures-venv/bin/python scripts/make_mtp_fixture.py deepseek_v3_mtp
 """
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -222,8 +243,13 @@ class Head:
 
 
 def main() -> None:
-    make("qwen3_5", "qwen3_5_mtp", gated=True)
-    make("llama", "llama_mtp", gated=False)
+    wanted = set(sys.argv[1:]) or {"qwen3_5_mtp", "llama_mtp"}
+    if "qwen3_5_mtp" in wanted:
+        make("qwen3_5", "qwen3_5_mtp", gated=True)
+    if "llama_mtp" in wanted:
+        make("llama", "llama_mtp", gated=False)
+    if "deepseek_v3_mtp" in wanted:
+        make_next_n("deepseek_v3", "deepseek_v3_mtp")
 
 
 def make(target_name: str, out_name: str, gated: bool) -> None:
@@ -274,9 +300,108 @@ def make(target_name: str, out_name: str, gated: bool) -> None:
             "chain_logits": np.stack(chain_logits)[None].astype(np.float32),
         },
     )
+    report(out, chain_tokens, chain_logits)
+
+
+def report(out: Path, chain_tokens: list, chain_logits: list) -> None:
     margins = [np.sort(row)[-1] - np.sort(row)[-2] for row in chain_logits]
     shown = [round(float(m), 4) for m in margins]
     print(f"wrote {out}: chain {chain_tokens}, top-2 margins {shown}")
+
+
+def make_next_n(target_name: str, out_name: str) -> None:
+    """DeepSeek-V3's head for fixture `target_name`, and its reference, under `out_name`."""
+    import torch
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek
+
+    target_dir, out = FIXTURES / target_name, FIXTURES / out_name
+    config = json.loads((target_dir / "config.json").read_text())
+    target = read_safetensors(target_dir / "model.safetensors")
+    index = config["num_hidden_layers"]
+    p = f"model.layers.{index}"
+    hidden, vocab, eps = config["hidden_size"], config["vocab_size"], config["rms_norm_eps"]
+
+    settings = DeepseekV3Config.from_dict(config)
+    settings._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    # Its index is past `first_k_dense_replace`, so the layer is sparse, as released heads are.
+    layer = deepseek.DeepseekV3DecoderLayer(settings, index).double().eval()
+    rotary = deepseek.DeepseekV3RotaryEmbedding(settings).double()
+    rng = np.random.default_rng(SEED)
+    with torch.no_grad():
+        for name, value in list(layer.named_parameters()) + list(layer.named_buffers()):
+            if name.endswith("norm.weight"):
+                drawn = 1.0 + rng.standard_normal(value.shape) * 0.3
+            else:
+                drawn = rng.standard_normal(value.shape) * 0.15
+            value.copy_(torch.from_numpy(drawn))
+    head = {f"{p}.{name}": value.detach().numpy().astype(np.float32)
+            for name, value in layer.state_dict().items()}
+    norm = lambda: (1.0 + rng.standard_normal(hidden) * 0.3).astype(np.float32)  # noqa: E731
+    head |= {
+        f"{p}.enorm.weight": norm(),
+        f"{p}.hnorm.weight": norm(),
+        f"{p}.eh_proj.weight": (rng.standard_normal((hidden, 2 * hidden)) * 0.15).astype(
+            np.float32),
+        f"{p}.shared_head.norm.weight": norm(),
+        # The released checkpoints repeat the embedding and output head inside the layer.
+        f"{p}.embed_tokens.weight": target["model.embed_tokens.weight"],
+        f"{p}.shared_head.head.weight": target["lm_head.weight"],
+    }
+
+    tokens = rng.integers(3, vocab, size=POSITIONS).astype(np.int32)
+    conditioning = rng.standard_normal((POSITIONS, hidden)).astype(np.float32)
+    w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**target, **head}.items()}
+
+    def rms(x, weight):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+    def head_forward(ids: list, states: torch.Tensor) -> torch.Tensor:
+        """The head over positions 0.. of `ids` and `states` at once, causally: [n, vocab]."""
+        n = len(ids)
+        e = w["model.embed_tokens.weight"][torch.tensor(ids)].clone()
+        e[0] = 0.0
+        x = torch.cat([rms(e, w[f"{p}.enorm.weight"]), rms(states, w[f"{p}.hnorm.weight"])], -1)
+        x = (x @ w[f"{p}.eh_proj.weight"].T)[None]
+        positions = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        x = layer(x, attention_mask=mask, position_ids=positions,
+                  position_embeddings=rotary(x, positions))[0]
+        out = rms(x, w[f"{p}.shared_head.norm.weight"])
+        return out, out @ w["lm_head.weight"].T
+
+    with torch.no_grad():
+        states = torch.from_numpy(conditioning.astype(np.float64))
+        ids = [int(t) for t in tokens]
+        out_states, logits = head_forward(ids, states)
+        chain_tokens, chain_logits = [], []
+        token = int(torch.argmax(logits[-1]))
+        for _ in range(CHAIN):
+            chain_tokens.append(token)
+            ids.append(token)
+            states = torch.cat([states, out_states[-1:]], 0)
+            # Earlier positions keep the target's states; each chained one is fed the state
+            # the step before gave.
+            out_states, all_logits = head_forward(ids, states)
+            chain_logits.append(all_logits[-1].numpy())
+            token = int(torch.argmax(all_logits[-1]))
+        logits = logits.numpy()
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_safetensors(out / "model.safetensors", {**target, **head})
+    write_safetensors(
+        out / "reference.safetensors",
+        {
+            "tokens": tokens,
+            "conditioning": conditioning[None],
+            "logits": logits[None].astype(np.float32),
+            "chain_tokens": np.array(chain_tokens, dtype=np.int32),
+            "chain_logits": np.stack(chain_logits)[None].astype(np.float32),
+        },
+    )
+    report(out, chain_tokens, chain_logits)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@
 //!   [`short_conv`] (causal depthwise convolution with a carried tail), [`gated_delta`] (the
 //!   gated delta rule's recurrence), [`ssd`] (Mamba-2's state space recurrence), [`mamba2`]
 //!   (its mixer), [`recurrent_rows`] (recurrent state across batch rows and captures),
-//!   `mtp_head` (a multi-token-prediction head over a family's own decoder layer, read from
-//!   `mtp.*`: Qwen3.5's, or one trained apart and attached at load).
+//!   `mtp_head` (a multi-token-prediction head over a family's own decoder layer: Qwen3.5's
+//!   `mtp.*`, DeepSeek-V3's layer after its last, or one trained apart and attached at load).
 //! - [`limited_vocabulary`]: a model's head cut to the ids its tokenizer decodes.
 //! - [`model`]: the [`Model`] contract, [`Batch`], [`Forward`], [`ModelSpec`] (what the engine
 //!   needs to know of a model, whatever its family), and [`Vision`], the image side of a model

@@ -3,8 +3,11 @@
 //! `nn/tests/fixtures/qwen3_5_mtp/` holds a head drawn at random beside the `qwen3_5` fixture's
 //! decoder, in one checkpoint as Qwen3.5 ships it; `llama_mtp/` holds one in the same layout
 //! over a Llama layer, in a file of its own that `nn::load::load_with_head` attaches to the
-//! `llama` fixture, as a head trained apart ships. Each has what a float64 numpy forward written
-//! from the published layout gives for it (`scripts/make_mtp_fixture.py`). The head is fed the fixture's conditioning rather than the
+//! `llama` fixture, as a head trained apart ships; `deepseek_v3_mtp/` holds DeepSeek-V3's
+//! next-token-prediction layer after the `deepseek_v3` fixture's decoder. Each has what a
+//! float64 forward written from the published layout gives for it
+//! (`scripts/make_mtp_fixture.py`; numpy for the first two, transformers' own decoder layer
+//! inside it for DeepSeek's). The head is fed the fixture's conditioning rather than the
 //! decoder's own state, so the comparison isolates the head; 1e-4 is the tolerance of every f32
 //! parity test here (the reference is exact to far better, and f32 sums over a 64-wide hidden
 //! state and a 512-token vocabulary stay well inside it).
@@ -37,12 +40,13 @@ fn tensors(path: &Path) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// Each fixture's model with its head: Qwen3.5's from one checkpoint, Llama's attached.
-/// Llama's is attached twice: to the safetensors checkpoint and to the same weights as a GGUF
-/// file (as a catalog model is stored).
-fn with_heads() -> [(&'static str, Box<dyn Model>); 3] {
+/// Each fixture's model with its head: Qwen3.5's and DeepSeek-V3's from one checkpoint,
+/// Llama's attached. Llama's is attached twice: to the safetensors checkpoint and to the same
+/// weights as a GGUF file (as a catalog model is stored).
+fn with_heads() -> [(&'static str, Box<dyn Model>); 4] {
     [
-        ("qwen3_5_mtp", load(&[]).unwrap()),
+        ("qwen3_5_mtp", load("qwen3_5_mtp", &[]).unwrap()),
+        ("deepseek_v3_mtp", load("deepseek_v3_mtp", &[]).unwrap()),
         ("llama_mtp", attached(&fixture("llama")).unwrap()),
         (
             "llama_mtp",
@@ -61,12 +65,11 @@ fn attached(target: &Path) -> nn::Result<Box<dyn Model>> {
     Ok(nn::load::load_with_head(target, Some(&head), settings)?.model)
 }
 
-/// The Qwen3.5 decoder with its head, leaving out the tensors named in `without`.
-fn load(without: &[&str]) -> nn::Result<Box<dyn Model>> {
+/// The decoder of fixture `name` with its head, leaving out the tensors named in `without`.
+fn load(name: &str, without: &[&str]) -> nn::Result<Box<dyn Model>> {
     let config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture("qwen3_5_mtp").join("config.json")).unwrap())
-            .unwrap();
-    let mut all = tensors(&fixture("qwen3_5_mtp").join("model.safetensors"));
+        serde_json::from_slice(&std::fs::read(fixture(name).join("config.json")).unwrap()).unwrap();
+    let mut all = tensors(&fixture(name).join("model.safetensors"));
     all.retain(|(name, _)| !without.contains(&name.as_str()));
     let mut weights = Weights::new(all, Dtype::F32);
     let model = build_model(&config, &mut weights)?;
@@ -257,12 +260,36 @@ fn a_model_without_the_head_drafts_with_nothing_of_its_own() {
 
 #[test]
 fn a_head_missing_a_tensor_is_refused_by_name() {
-    let missing = "mtp.layers.0.self_attn.k_norm.weight";
-    let error = load(&[missing])
-        .err()
-        .expect("a head without k_norm")
-        .to_string();
-    assert!(error.contains(missing), "{error}");
+    for (name, missing) in [
+        ("qwen3_5_mtp", "mtp.layers.0.self_attn.k_norm.weight"),
+        ("deepseek_v3_mtp", "model.layers.2.hnorm.weight"),
+    ] {
+        let error = load(name, &[missing])
+            .err()
+            .expect("a head without one of its tensors")
+            .to_string();
+        assert!(error.contains(missing), "{error}");
+    }
+}
+
+/// DeepSeek-V3's head reads a zero embedding at position 0 and the real one everywhere else:
+/// the reference's logits at 0 come only from the state, so a head that read the embedding
+/// there would miss them, while the chunked test shows every later position reads it.
+#[test]
+fn deepseek_v3s_head_sets_the_first_positions_embedding_to_zero() {
+    let model = load("deepseek_v3_mtp", &[]).unwrap();
+    let head = model.draft_head().unwrap();
+    let reference = reference("deepseek_v3_mtp");
+    let vocab = reference.logits.len() / reference.tokens.len();
+    let first_state = rows(&reference.conditioning, 0, 1);
+    let mut logits_by_token = Vec::new();
+    for token in [reference.tokens[0], reference.tokens[0] + 1] {
+        let mut caches = head.new_head_caches().unwrap();
+        let (logits, _) = head_step(model.as_ref(), head, &mut caches, &[token], 0, &first_state);
+        assert_close(&logits, &reference.logits[..vocab], "position 0");
+        logits_by_token.push(logits);
+    }
+    assert_eq!(logits_by_token[0], logits_by_token[1]);
 }
 
 /// A drafter runs the head for every speculating sequence of a step at once: two rows at
@@ -369,7 +396,8 @@ fn an_attached_head_is_refused_where_it_does_not_fit() {
 /// and the drafts' logits are cut as the model's are.
 #[test]
 fn a_model_cut_to_its_tokenizer_keeps_its_head() {
-    let model = nn::limited_vocabulary::LimitedVocabulary::wrap(load(&[]).unwrap(), 500);
+    let model =
+        nn::limited_vocabulary::LimitedVocabulary::wrap(load("qwen3_5_mtp", &[]).unwrap(), 500);
     let head = model.draft_head().expect("the wrapped model's head");
     let reference = reference("qwen3_5_mtp");
     let mut caches = head.new_head_caches().unwrap();

@@ -362,7 +362,18 @@ fn mtp(depth: usize) -> Speculation {
 /// rollbacks; the trie stays consistent.
 #[test]
 fn mtp_drafts_leave_answers_unchanged() {
-    let mut engine = engine("qwen3_5_mtp", 64 << 20);
+    drafts_leave_answers_unchanged("qwen3_5_mtp");
+}
+
+/// The same with DeepSeek-V3's head (`deepseek_v3_mtp`): a sparse layer over latent-attention
+/// caches, of the target's and of its own.
+#[test]
+fn deepseek_v3_mtp_drafts_leave_answers_unchanged() {
+    drafts_leave_answers_unchanged("deepseek_v3_mtp");
+}
+
+fn drafts_leave_answers_unchanged(fixture: &str) {
+    let mut engine = engine(fixture, 64 << 20);
     let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
     let mut handles: Vec<Handle> = prompts
         .iter()

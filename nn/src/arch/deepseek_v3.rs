@@ -18,8 +18,12 @@
 //! first `first_k_dense_replace` layers (GLM: `mlp_layer_types`) keep a dense MLP.
 //!
 //! References: transformers' `models/deepseek_v3/modeling_deepseek_v3.py` and
-//! `models/glm4_moe_lite` (5.24); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024). The
-//! multi-token-prediction layers of the released checkpoints are set aside at load.
+//! `models/glm4_moe_lite` (5.24); DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024).
+//!
+//! The released checkpoints append a **multi-token-prediction layer** after the decoder's
+//! (`num_nextn_predict_layers`, the layer `model.layers.{num_hidden_layers}`). The first is
+//! read as the model's draft head ([`MtpHead`] with [`HeadNames::next_n`]): a decoder layer of
+//! this kind, dense or sparse as its tensors say; any further ones are set aside.
 
 use kvcache::{LayerCache, LogicalMask};
 use mlx::Array;
@@ -31,8 +35,9 @@ use crate::config::{Fields, dim, limits, missing, read_rope};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::model::{Batch, DraftHead, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterOptions, RouterScoring, SharedExpert, StackedExperts};
+use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig, RopeScaling};
 use crate::sdpa::ScaledDotProduct;
@@ -225,15 +230,17 @@ impl Config {
             model_type: self.model_type.clone(),
             vocab_size: self.vocab_size,
             context_length: self.max_position_embeddings,
-            // Keys and values each hold the latent width (values padded with zeros).
-            layers: vec![
-                LayerState::Attention {
-                    kv_heads: 1,
-                    head_dim: self.latent_width(),
-                    window: None,
-                };
-                self.sparse_layers.len()
-            ],
+            layers: vec![self.latent_state(); self.sparse_layers.len()],
+        }
+    }
+
+    /// A layer's cache: keys and values each hold the latent width (values padded with
+    /// zeros).
+    fn latent_state(&self) -> LayerState {
+        LayerState::Attention {
+            kv_heads: 1,
+            head_dim: self.latent_width(),
+            window: None,
         }
     }
 }
@@ -453,6 +460,7 @@ pub struct DeepseekV3 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    mtp: Option<MtpHead<DecoderLayer>>,
 }
 
 impl DeepseekV3 {
@@ -464,12 +472,6 @@ impl DeepseekV3 {
         let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
-        // The released checkpoints append their multi-token-prediction layers after the
-        // decoder's (`num_nextn_predict_layers`): a drafter for issue 17, not read here.
-        let layers = config.sparse_layers.len();
-        for extra in layers..layers + 4 {
-            weights.set_aside(&format!("model.layers.{extra}."));
-        }
         let embed_name = "model.embed_tokens.weight";
         let embed_weight = weights.weight(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
@@ -477,9 +479,7 @@ impl DeepseekV3 {
         let activation = Activation::from_name(&config.hidden_act)?;
         let rope = Rope::new(&config.rope)?;
 
-        let mut layers = Vec::with_capacity(config.sparse_layers.len());
-        for (i, &sparse) in config.sparse_layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
+        let layer = |weights: &mut Weights, p: &str, sparse: bool| -> Result<DecoderLayer> {
             let mlp = if sparse {
                 FeedForward::Sparse(sparse_block(
                     &config,
@@ -497,7 +497,7 @@ impl DeepseekV3 {
                     activation,
                 )?)
             };
-            layers.push(DecoderLayer {
+            Ok(DecoderLayer {
                 input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"))?,
                 self_attn: LatentAttention::new(
                     &config,
@@ -510,7 +510,36 @@ impl DeepseekV3 {
                     &format!("{p}.post_attention_layernorm.weight"),
                 )?,
                 mlp,
-            });
+            })
+        };
+        let mut layers = Vec::with_capacity(config.sparse_layers.len());
+        for (i, &sparse) in config.sparse_layers.iter().enumerate() {
+            layers.push(layer(weights, &format!("model.layers.{i}"), sparse)?);
+        }
+
+        let decoder_layers = config.sparse_layers.len();
+        let names = HeadNames::next_n(decoder_layers);
+        let mtp = if names.present(weights) {
+            // The head's layer is sparse where its checkpoint has a router: DeepSeek-V3's and
+            // GLM's heads follow the dense prefix, so they are.
+            let sparse = weights.contains(&format!("{}.mlp.gate.weight", names.layer()));
+            let cache = config.latent_state();
+            Some(MtpHead::load(
+                weights,
+                &names,
+                &embed_tokens,
+                hidden,
+                cache,
+                norm,
+                |weights, p| layer(weights, p, sparse),
+            )?)
+        } else {
+            None
+        };
+        // The head's own copies of the embedding and output head, and any deeper heads: the
+        // target's are used, and one head drafts every depth by chaining.
+        for extra in decoder_layers..decoder_layers + 4 {
+            weights.set_aside(&format!("model.layers.{extra}."));
         }
         let final_norm = norm(weights, "model.norm.weight")?;
         let lm_head = embed_tokens.output_head(
@@ -526,6 +555,7 @@ impl DeepseekV3 {
             layers,
             norm: final_norm,
             lm_head,
+            mtp,
         })
     }
 }
@@ -625,14 +655,7 @@ impl Model for DeepseekV3 {
         let positions = BatchPositions::new(batch)?;
         let mut h = self.embed_tokens.forward(&batch.tokens)?;
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            h = h.add(&layer.self_attn.forward(&x, caches, i, batch, &positions)?)?;
-            let x = layer.post_attention_layernorm.forward(&h)?;
-            let ff = match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.forward(&x)?,
-                FeedForward::Sparse(moe) => moe.forward(&x)?,
-            };
-            h = h.add(&ff)?;
+            h = layer.forward(&h, caches, i, batch, &positions)?;
         }
         Ok(Forward {
             hidden: self.norm.forward(&h)?,
@@ -648,16 +671,51 @@ impl Model for DeepseekV3 {
         let mut out = Vec::new();
         self.embed_tokens.collect_arrays(&mut out);
         for layer in &self.layers {
-            layer.input_layernorm.collect_arrays(&mut out);
-            layer.self_attn.collect_arrays(&mut out);
-            layer.post_attention_layernorm.collect_arrays(&mut out);
-            match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.collect_arrays(&mut out),
-                FeedForward::Sparse(moe) => moe.collect_arrays(&mut out),
-            }
+            layer.collect_arrays(&mut out);
         }
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
+        if let Some(mtp) = &self.mtp {
+            mtp.collect_arrays(&mut out);
+        }
         out
+    }
+
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|mtp| mtp as &dyn DraftHead)
+    }
+}
+
+impl HeadLayer for DecoderLayer {
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let h = h.add(
+            &self
+                .self_attn
+                .forward(&x, caches, index, batch, positions)?,
+        )?;
+        let x = self.post_attention_layernorm.forward(&h)?;
+        let ff = match &self.mlp {
+            FeedForward::Dense(mlp) => mlp.forward(&x)?,
+            FeedForward::Sparse(moe) => moe.forward(&x)?,
+        };
+        Ok(h.add(&ff)?)
+    }
+
+    fn collect_arrays(&self, out: &mut Vec<Array>) {
+        self.input_layernorm.collect_arrays(out);
+        self.self_attn.collect_arrays(out);
+        self.post_attention_layernorm.collect_arrays(out);
+        match &self.mlp {
+            FeedForward::Dense(mlp) => mlp.collect_arrays(out),
+            FeedForward::Sparse(moe) => moe.collect_arrays(out),
+        }
     }
 }

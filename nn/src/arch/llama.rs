@@ -25,7 +25,7 @@ use crate::mlp::Mlp;
 use crate::model::{
     Batch, DraftHead, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth,
 };
-use crate::mtp_head::{self, HeadLayer, MtpHead};
+use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -167,7 +167,7 @@ impl Llama {
         for i in 0..config.num_hidden_layers {
             layers.push(layer(weights, &format!("model.layers.{i}"))?);
         }
-        let mtp = if mtp_head::present(weights) {
+        let mtp = if HeadNames::mtp().present(weights) {
             let cache = LayerState::Attention {
                 kv_heads: config.num_key_value_heads,
                 head_dim: config.head_dim,
@@ -175,6 +175,7 @@ impl Llama {
             };
             Some(MtpHead::load(
                 weights,
+                &HeadNames::mtp(),
                 &embed_tokens,
                 hidden,
                 cache,

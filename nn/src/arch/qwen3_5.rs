@@ -39,7 +39,7 @@ use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
 use crate::model::{Batch, DraftHead, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, SharedExpert, StackedExperts};
-use crate::mtp_head::{self, HeadLayer, MtpHead};
+use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
 use crate::recurrent_rows::{conv_tails, recurrent_states, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -779,9 +779,10 @@ impl Qwen3_5 {
         // The multi-token-prediction head, when the config names one layer and the checkpoint
         // kept its tensors (many conversions drop them). Its layer attends, and its MLP is
         // sparse wherever the decoder's are. A head of several layers is set aside, unread.
-        let mtp = if config.mtp_layers == 1 && mtp_head::present(weights) {
+        let mtp = if config.mtp_layers == 1 && HeadNames::mtp().present(weights) {
             Some(MtpHead::load(
                 weights,
+                &HeadNames::mtp(),
                 &embed_tokens,
                 hidden,
                 config.attention_state(),
