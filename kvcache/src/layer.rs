@@ -96,6 +96,23 @@ impl LayerCache {
         }
     }
 
+    /// The cached positions a query just after them attends to, without writing: for a
+    /// drafter that attends over its target's cache (Gemma 4's assistant). A full cache shows
+    /// every position; a sliding-window one the last `window` (see
+    /// [`RotatingKvCache::view_last`]). Queried as the history of one query with a causal
+    /// logical mask, the mask shows exactly those keys. `None` while empty; for attention kinds
+    /// only.
+    pub fn view(&self, window: usize) -> Result<Option<KvHistory>> {
+        match self {
+            LayerCache::Kv(c) => c.view(),
+            LayerCache::Rotating(c) => c.view_last(window),
+            LayerCache::Recurrent(_) => Err(Error::Unsupported {
+                kind: CacheKind::Recurrent,
+                operation: "key/value views",
+            }),
+        }
+    }
+
     /// A snapshot: of `range` for a KV cache, of the whole state for the others (then
     /// `range.end` must be the current offset).
     pub fn snapshot(&self, range: Range<usize>) -> Result<LayerSnapshot> {

@@ -76,6 +76,12 @@ pub struct MaskApplier {
 }
 
 impl MaskApplier {
+    /// The same columns under another storage rule.
+    pub(crate) fn with_storage(mut self, storage: StorageWindow) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+
     pub(crate) fn new(offset: usize, spans: &[KeySpan], storage: Option<StorageWindow>) -> Self {
         let mut merged: Vec<KeySpan> = Vec::with_capacity(spans.len());
         for span in spans.iter().filter(|s| s.len > 0) {

@@ -265,6 +265,33 @@ impl RotatingKvCache {
         }
     }
 
+    /// The last `n` cached positions (and the kept prefix) as keys a query after them may
+    /// attend to, without writing: for a drafter that reads its target's cache (Gemma 4's
+    /// assistant reads one position more than the window). Queried as the history of one
+    /// query with a causal logical mask, the mask shows exactly those keys. `n` may exceed the
+    /// window by what the ring still validly holds (its rewind slack, less what rewinds
+    /// overwrote); a position it no longer holds is an error naming it. `None` while empty.
+    pub fn view_last(&self, n: usize) -> Result<Option<KvHistory>> {
+        if self.offset == 0 {
+            return Ok(None);
+        }
+        let first = self.offset.saturating_sub(n);
+        let [_, ring] = self.held(self.offset);
+        if first >= self.config.keep && first < ring.start {
+            return Err(Error::Config(format!(
+                "a sliding-window cache at {} holds positions from {} on; a view of the last \
+                 {n} needs {first}",
+                self.offset, ring.start
+            )));
+        }
+        let mut history = self.decode_history()?;
+        history.mask = history.mask.with_storage(StorageWindow {
+            window: n,
+            keep: self.config.keep,
+        });
+        Ok(Some(history))
+    }
+
     /// The history after a one-token write: the used slots in slot order.
     fn decode_history(&self) -> Result<KvHistory> {
         let Some((keys, values)) = &self.buffers else {

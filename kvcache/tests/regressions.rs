@@ -4,7 +4,10 @@
 mod common;
 
 use common::*;
-use kvcache::{KvCache, LayerCache, RecurrentCache, RotatingConfig, RotatingKvCache};
+use kvcache::{
+    AttentionMaskOwned, KvCache, LayerCache, LogicalMask, RecurrentCache, RotatingConfig,
+    RotatingKvCache,
+};
 
 /// Upstream checked lazy snapshots only on the first append after a rewind, against that
 /// append's range. A request reusing a short prefix of a longer cached conversation then
@@ -117,4 +120,72 @@ fn restoring_a_snapshot_of_another_kind_fails() {
     let rec = LayerCache::Recurrent(RecurrentCache::new(RECURRENT).unwrap());
     let snapshot = rec.snapshot(0..0).unwrap();
     assert!(kv_layer.restore(&snapshot).is_err());
+}
+
+/// A drafter reading the target's caches (Gemma 4's assistant) sees the last positions it
+/// asks for: through a prefill past the window, decode steps and a rewind, a rotating cache
+/// shows its window's worth and, from its rewind slack, one position more; a full cache shows
+/// all. A position a rewind's writes overwrote is refused, and an empty cache has no view.
+#[test]
+fn views_show_the_last_positions_asked_for() {
+    let window = 4;
+    let config = RotatingConfig {
+        window,
+        keep: 0,
+        rewind_slack: 3,
+    };
+    let mut caches = [
+        LayerCache::Rotating(RotatingKvCache::new(config).unwrap()),
+        LayerCache::Kv(KvCache::new()),
+    ];
+    for cache in &mut caches {
+        assert!(cache.view(window).unwrap().is_none());
+        // Position p holds token p + 1.
+        let (k, v) = kv(&(1..=11).collect::<Vec<u32>>());
+        cache.update(&k, &v).unwrap();
+        for id in [12, 13] {
+            let (k, v) = kv(&[id]);
+            cache.update(&k, &v).unwrap();
+        }
+        cache.rewind(12).unwrap();
+    }
+    let visible = |cache: &LayerCache, window| -> Vec<u32> {
+        let view = cache.view(window).unwrap().unwrap();
+        let ids: Vec<u32> = view
+            .keys
+            .to_vec::<f32>()
+            .unwrap()
+            .chunks(DIM)
+            .take(view.keys.dim(2).unwrap() as usize)
+            .map(|key| (key[0] as usize / (HEADS * DIM)) as u32)
+            .collect();
+        let allowed = match view.mask.attention_mask(1, LogicalMask::Causal).unwrap() {
+            AttentionMaskOwned::None | AttentionMaskOwned::Causal => vec![true; ids.len()],
+            AttentionMaskOwned::Array(mask) => mask.to_bools().unwrap(),
+        };
+        let mut seen: Vec<u32> = ids
+            .into_iter()
+            .zip(allowed)
+            .filter_map(|(id, allowed)| allowed.then_some(id))
+            .collect();
+        seen.sort_unstable();
+        seen
+    };
+    assert_eq!(visible(&caches[0], window), vec![9, 10, 11, 12]);
+    assert_eq!(visible(&caches[0], window + 1), vec![8, 9, 10, 11, 12]);
+    assert_eq!(visible(&caches[1], window), (1..=12).collect::<Vec<u32>>());
+
+    // Three drafts (as many as the slack) written and taken back overwrite the slots of
+    // positions 5..=7: the window is still whole, one position more is not. A drafter that
+    // reads one past the window needs a slack one deeper than its rounds.
+    let rotating = &mut caches[0];
+    let (k, v) = kv(&[20, 21, 22]);
+    rotating.update(&k, &v).unwrap();
+    rotating.rewind(12).unwrap();
+    assert_eq!(visible(rotating, window), vec![9, 10, 11, 12]);
+    let error = rotating.view(window + 1).unwrap_err().to_string();
+    assert!(error.contains("needs 7"), "{error}");
+
+    let recurrent = LayerCache::Recurrent(RecurrentCache::new(RECURRENT).unwrap());
+    assert!(recurrent.view(window).is_err());
 }

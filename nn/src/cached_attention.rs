@@ -301,6 +301,40 @@ pub fn append_to_caches(
     Ok(RowHistories(histories))
 }
 
+impl RowHistories {
+    /// Every row's history in cache slot `layer` as a query just after the row's cached
+    /// positions sees it, without writing: all of a full cache, the last `window` positions of
+    /// a sliding-window one ([`LayerCache::view`]). What a drafter that reads its target's
+    /// caches (Gemma 4's assistant) attends over. A row whose cache is empty, or is not an
+    /// attention cache, is an error naming the row.
+    pub fn of_views(
+        caches: &[&[Option<LayerCache>]],
+        layer: usize,
+        window: usize,
+    ) -> Result<RowHistories> {
+        caches
+            .iter()
+            .enumerate()
+            .map(|(row, set)| {
+                let history = set
+                    .get(layer)
+                    .and_then(Option::as_ref)
+                    .map(|cache| cache.view(window))
+                    .transpose()?
+                    .flatten()
+                    .ok_or_else(|| {
+                        Error::InvalidInput(format!(
+                            "row {row}: cache slot {layer} holds no keys and values to read"
+                        ))
+                    })?;
+                let mask = history.mask.attention_mask(1, LogicalMask::Causal)?;
+                Ok((history, mask))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(RowHistories)
+    }
+}
+
 /// Row `row` of a `[rows, …]` array (the array itself when it has one row).
 pub fn pick_row(a: &Array, row: usize, rows: usize) -> Result<Array> {
     if rows == 1 {

@@ -83,8 +83,8 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use model::{
-    Audio, AudioInput, Batch, DraftHead, Forward, ImageGrid, ImageInput, ImagePreprocessing,
-    InputEmbeddings, LayerState, Model, ModelSpec, PatchInput, Vision,
+    Assistant, AssistantStep, Audio, AudioInput, Batch, DraftHead, Forward, ImageGrid, ImageInput,
+    ImagePreprocessing, InputEmbeddings, LayerState, Model, ModelSpec, PatchInput, Vision,
 };
 pub use registry::build_model;
 pub use weights::Weights;

@@ -10,7 +10,7 @@ use kvcache::LayerCache;
 use mlx::Array;
 
 use crate::Result;
-use crate::model::{Audio, Batch, DraftHead, Forward, Model, ModelSpec, Vision};
+use crate::model::{Audio, Batch, DraftHead, Forward, InputEmbeddings, Model, ModelSpec, Vision};
 
 /// `inner` with logits for ids `0..vocab` only.
 pub struct LimitedVocabulary {
@@ -73,6 +73,12 @@ impl Model for LimitedVocabulary {
 
     fn audio(&self) -> Option<&dyn Audio> {
         self.inner.audio()
+    }
+
+    /// The inner model's embedding, which cutting the head leaves as it is (an assistant
+    /// reads it).
+    fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
+        self.inner.input_embeddings()
     }
 
     /// The inner model's head: its drafts' logits come through [`Model::unembed`], so they

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 use mlx::Dtype;
 use quant::{Checkpoint, Format};
 
+use crate::arch::gemma4_assistant::Gemma4Assistant;
 use crate::config::limits;
 use crate::context_extension::{Extension, extend_context};
-use crate::model::Model;
+use crate::model::{Assistant, Model};
 use crate::registry::{build_model, default_dtype, describe};
 use crate::weights::Weights;
 use crate::{Error, Result};
@@ -165,6 +166,33 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
         parameters,
         duration: start.elapsed(),
     })
+}
+
+/// Loads the Gemma 4 assistant checkpoint at `path` (`model_type: gemma4_assistant`) to draft
+/// for `target`, the model built from `target_config`, computing in `dtype` as the target
+/// does. Every tensor must be used, and the assistant must fit the target (its width,
+/// vocabulary and the key/value shapes it reads: [`Gemma4Assistant::new`]); either refusal
+/// names what does not. Quantized weights are dequantized on a CPU as [`load_with`] does.
+pub fn load_assistant(
+    path: &Path,
+    target: &dyn Model,
+    target_config: &serde_json::Value,
+    dtype: Dtype,
+) -> Result<Box<dyn Assistant>> {
+    let checkpoint = Checkpoint::open(path)?;
+    let dense_bytes = checkpoint
+        .parameters()?
+        .saturating_mul(dtype.size_of() as u64);
+    let dequantize = !mlx::gpu_available()? && dense_bytes <= DEQUANTIZE_BELOW_BYTES;
+    let mut weights = Weights::new(checkpoint_tensors(&checkpoint)?, dtype).dequantized(dequantize);
+    let assistant = Gemma4Assistant::new(checkpoint.config(), &mut weights, target, target_config)?;
+    if let Some(unused) = weights.unused().first() {
+        return Err(Error::Weights(format!(
+            "the assistant holds `{unused}`, which its architecture does not use"
+        )));
+    }
+    mlx::eval(&assistant.parameters())?;
+    Ok(Box::new(assistant))
 }
 
 /// Refuses a head whose config names another width or vocabulary than the model's: it was

@@ -482,6 +482,38 @@ pub trait Audio {
     ) -> Result<Forward>;
 }
 
+/// A drafter that keeps no cache of its own and attends over its target's instead: Gemma 4's
+/// assistant ([`crate::arch::gemma4_assistant`]). A round that starts at position `P` (the
+/// target's caches hold `0..P`, and the token at `P` is known but not yet run) drafts every
+/// token from that one position: the first step reads the token at `P` beside the target's
+/// final state at `P − 1`; each further step reads the previous step's draft and its own
+/// [`AssistantStep::state`].
+pub trait Assistant {
+    /// One drafting step for each row of `batch` (one token per row, at the row's position
+    /// `P`, which is its target caches' length), conditioned on `conditioning` (`[rows, 1,
+    /// target hidden]`), row `r` attending over `target_caches[r]` (the target's own cache
+    /// slots, as [`Model::new_caches`] lays them out; read, never written). `target` is the
+    /// model the assistant was loaded for, whose token embedding it reads.
+    fn draft_step(
+        &self,
+        target: &dyn Model,
+        batch: &Batch,
+        conditioning: &Array,
+        target_caches: &[&[Option<LayerCache>]],
+    ) -> Result<AssistantStep>;
+
+    /// Every weight array, for evaluating folds once at load and for memory accounting.
+    fn parameters(&self) -> Vec<Array>;
+}
+
+/// One [`Assistant::draft_step`]'s output.
+pub struct AssistantStep {
+    /// Vocabulary logits, `[rows, 1, vocab]`.
+    pub logits: Array,
+    /// The state the next step is conditioned on, `[rows, 1, target hidden]`.
+    pub state: Array,
+}
+
 /// A language model: embeds tokens, runs its layers over caches, and maps hidden states to
 /// vocabulary logits.
 pub trait Model {

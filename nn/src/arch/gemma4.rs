@@ -33,7 +33,7 @@ use crate::config::{Fields, dim, limits, missing, rope_from_parameters};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, Tensor};
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::model::{Batch, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -90,12 +90,31 @@ pub struct LayerConfig {
     pub kv_heads: usize,
     /// The values are the keys' projection (`attention_k_eq_v`, full layers only).
     pub keys_as_values: bool,
-    /// The earlier layer whose keys and values this one attends over, for the last
-    /// `num_kv_shared_layers` layers.
-    pub shares_kv_of: Option<usize>,
+    /// Where the keys and values it attends over come from.
+    pub kv: KvSource,
     /// The MLP's width (`intermediate_size`, doubled on sharing layers under
     /// `use_double_wide_mlp`).
     pub intermediate_size: usize,
+}
+
+/// Where a layer's keys and values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvSource {
+    /// It computes and caches its own.
+    Own,
+    /// Those of this earlier layer, the last of its kind that keeps its own (the last
+    /// `num_kv_shared_layers` layers).
+    Layer(usize),
+    /// Those of the target's last cache-keeping layer of its kind: every layer of a Gemma 4
+    /// assistant ([`super::gemma4_assistant`]).
+    Target,
+}
+
+impl KvSource {
+    /// Whether the layer computes no keys or values of its own.
+    pub fn is_shared(self) -> bool {
+        self != KvSource::Own
+    }
 }
 
 /// Per-layer inputs.
@@ -123,6 +142,16 @@ impl Config {
     /// spelling (`per_layer_config`) or the published one (`global_head_dim`,
     /// `num_global_key_value_heads`).
     pub fn from_json(config: &Value) -> Result<Config> {
+        Config::read(config, false)
+    }
+
+    /// Reads an assistant's `text_config`, whose every layer attends over its target's keys
+    /// and values ([`KvSource::Target`]).
+    pub fn for_assistant(config: &Value) -> Result<Config> {
+        Config::read(config, true)
+    }
+
+    fn read(config: &Value, assistant: bool) -> Result<Config> {
         let f = Fields::text_section(config);
         let model_type = f
             .str("model_type")
@@ -141,7 +170,7 @@ impl Config {
         }
         let keys_as_values = f.bool("attention_k_eq_v")?.unwrap_or(false);
         let shapes = read_head_shapes(&f, &sliding, (head_dim, kv_heads), keys_as_values)?;
-        let shares = read_kv_sharing(&f, &sliding)?;
+        let shares = read_kv_sharing(&f, &sliding, assistant)?;
         let double_wide = f.bool("use_double_wide_mlp")?.unwrap_or(false);
         let mut layers = Vec::with_capacity(num_layers);
         for (i, &slides) in sliding.iter().enumerate() {
@@ -151,7 +180,7 @@ impl Config {
                     "layer {i}: {heads} attention heads cannot share {kv_heads} key/value heads"
                 )));
             }
-            let widen = if double_wide && shares[i].is_some() {
+            let widen = if double_wide && shares[i].is_shared() {
                 2
             } else {
                 1
@@ -161,7 +190,7 @@ impl Config {
                 head_dim,
                 kv_heads,
                 keys_as_values: keys_as_values && !slides,
-                shares_kv_of: shares[i],
+                kv: shares[i],
                 intermediate_size: intermediate_size * widen,
             });
         }
@@ -247,9 +276,9 @@ impl Config {
             layers: self
                 .layers
                 .iter()
-                .map(|l| match l.shares_kv_of {
-                    Some(_) => LayerState::Stateless,
-                    None => LayerState::Attention {
+                .map(|l| match l.kv {
+                    KvSource::Layer(_) | KvSource::Target => LayerState::Stateless,
+                    KvSource::Own => LayerState::Attention {
                         kv_heads: l.kv_heads,
                         head_dim: l.head_dim,
                         window: l.sliding.then_some(self.sliding_window),
@@ -313,9 +342,19 @@ fn read_head_shapes(
 }
 
 /// `num_kv_shared_layers`: the layers from `layers − n` on reuse the keys and values of the
-/// last earlier layer of their kind.
-fn read_kv_sharing(f: &Fields<'_>, sliding: &[bool]) -> Result<Vec<Option<usize>>> {
+/// last earlier layer of their kind. An assistant's are all its target's.
+fn read_kv_sharing(f: &Fields<'_>, sliding: &[bool], assistant: bool) -> Result<Vec<KvSource>> {
     let shared = f.usize("num_kv_shared_layers")?.unwrap_or(0);
+    if assistant {
+        if shared != sliding.len() {
+            return Err(Error::Config(format!(
+                "an assistant's layers all attend over its target's keys and values: \
+                 `num_kv_shared_layers` must be its {} layers, not {shared}",
+                sliding.len()
+            )));
+        }
+        return Ok(vec![KvSource::Target; sliding.len()]);
+    }
     if shared > sliding.len() {
         return Err(Error::Config(format!(
             "`num_kv_shared_layers` = {shared} is more than the {} layers",
@@ -327,15 +366,17 @@ fn read_kv_sharing(f: &Fields<'_>, sliding: &[bool]) -> Result<Vec<Option<usize>
     (0..sliding.len())
         .map(|i| {
             if i < first_shared {
-                return Ok(None);
+                return Ok(KvSource::Own);
             }
             let kind = if sliding[i] { "sliding" } else { "full" };
-            last_of_kind(sliding[i]).map(Some).ok_or_else(|| {
-                Error::Config(format!(
-                    "layer {i} shares the keys and values of an earlier {kind} layer, \
+            last_of_kind(sliding[i])
+                .map(KvSource::Layer)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "layer {i} shares the keys and values of an earlier {kind} layer, \
                      but none computes its own"
-                ))
-            })
+                    ))
+                })
         })
         .collect()
 }
@@ -385,9 +426,9 @@ impl SelfAttention {
                 eps,
             ))
         };
-        let key_values = match layer.shares_kv_of {
-            Some(_) => None,
-            None => Some(KeyValues {
+        let key_values = match layer.kv {
+            KvSource::Layer(_) | KvSource::Target => None,
+            KvSource::Own => Some(KeyValues {
                 k_proj: projection(weights, "k_proj", kv_heads * head_dim, hidden)?,
                 v_proj: match layer.keys_as_values {
                     true => None,
@@ -561,7 +602,7 @@ struct PerLayerInputGate {
 }
 
 /// One decoder layer.
-struct DecoderLayer {
+pub(super) struct DecoderLayer {
     input_layernorm: RmsNorm,
     self_attn: SelfAttention,
     post_attention_layernorm: RmsNorm,
@@ -573,6 +614,132 @@ struct DecoderLayer {
     /// `layer_scalar`, `[1]`.
     layer_scalar: Array,
     sliding: bool,
+}
+
+impl DecoderLayer {
+    /// Reads layer `layer` of `c` under `p`; `per_layer_hidden` is the per-layer inputs'
+    /// width, when the model has them.
+    pub(super) fn load(
+        c: &Config,
+        layer: &LayerConfig,
+        weights: &mut Weights,
+        p: &str,
+        rope: &Rope,
+        per_layer_hidden: Option<i32>,
+        activation: Activation,
+    ) -> Result<DecoderLayer> {
+        let hidden = dim(c.hidden_size, "hidden_size")?;
+        let norm = |weights: &mut Weights, name: &str| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(
+                weights.dense(&format!("{p}.{name}.weight"), &[hidden])?,
+                c.rms_norm_eps,
+            ))
+        };
+        let inter = dim(layer.intermediate_size, "intermediate_size")?;
+        let experts = c
+            .experts
+            .as_ref()
+            .map(|e| ExpertBlock::load(c, e, weights, p, activation))
+            .transpose()?;
+        let per_layer_input = match per_layer_hidden {
+            None => None,
+            Some(width) => Some(PerLayerInputGate {
+                per_layer_input_gate: weights.matrix(
+                    &format!("{p}.per_layer_input_gate"),
+                    width,
+                    hidden,
+                )?,
+                per_layer_projection: weights.matrix(
+                    &format!("{p}.per_layer_projection"),
+                    hidden,
+                    width,
+                )?,
+                post_per_layer_input_norm: norm(weights, "post_per_layer_input_norm")?,
+            }),
+        };
+        Ok(DecoderLayer {
+            input_layernorm: norm(weights, "input_layernorm")?,
+            self_attn: SelfAttention::load(c, layer, weights, &format!("{p}.self_attn"), rope)?,
+            post_attention_layernorm: norm(weights, "post_attention_layernorm")?,
+            pre_feedforward_layernorm: norm(weights, "pre_feedforward_layernorm")?,
+            mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
+            experts,
+            post_feedforward_layernorm: norm(weights, "post_feedforward_layernorm")?,
+            per_layer_input,
+            layer_scalar: weights.dense(&format!("{p}.layer_scalar"), &[1])?,
+            sliding: layer.sliding,
+        })
+    }
+
+    /// The attention's input, `h` normed.
+    pub(super) fn attention_input(&self, h: &Array) -> Result<Array> {
+        self.input_layernorm.forward(h)
+    }
+
+    /// Normed, rotated queries of `x` (the attention's input).
+    pub(super) fn queries(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array> {
+        self.self_attn.queries(x, offset)
+    }
+
+    /// The queries attended over `history`: `[rows, heads, tokens, head_dim]`.
+    pub(super) fn attend(&self, queries: &Array, history: &RowHistories) -> Result<Array> {
+        attend_histories(&self.self_attn.kernel, queries, history)
+    }
+
+    /// Whether its attention is windowed.
+    pub(super) fn sliding(&self) -> bool {
+        self.sliding
+    }
+
+    /// The rest of the layer after attention: `h` plus the attended `heads`, the feed-forward
+    /// block, the per-layer input (this layer's slice, when the model has them) and the
+    /// layer's scalar.
+    pub(super) fn after_attention(
+        &self,
+        h: &Array,
+        heads: &Array,
+        per_layer_input: Option<&Array>,
+        activation: Activation,
+    ) -> Result<Array> {
+        let attended = self.self_attn.output(heads)?;
+        let residual = h.add(&self.post_attention_layernorm.forward(&attended)?)?;
+        let normed = self.pre_feedforward_layernorm.forward(&residual)?;
+        let mut ff = self.mlp.forward(&normed)?;
+        if let Some(experts) = &self.experts {
+            ff = experts.combine(&ff, &residual)?;
+        }
+        let mut h = residual.add(&self.post_feedforward_layernorm.forward(&ff)?)?;
+        if let (Some(gate), Some(input)) = (&self.per_layer_input, per_layer_input) {
+            let gated = activation
+                .apply(&gate.per_layer_input_gate.forward(&h)?)?
+                .multiply(input)?;
+            let back = gate.per_layer_projection.forward(&gated)?;
+            h = h.add(&gate.post_per_layer_input_norm.forward(&back)?)?;
+        }
+        Ok(h.multiply(&self.layer_scalar)?)
+    }
+
+    pub(super) fn collect_arrays(&self, out: &mut Vec<Array>) {
+        for norm in [
+            &self.input_layernorm,
+            &self.post_attention_layernorm,
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm,
+        ] {
+            norm.collect_arrays(out);
+        }
+        self.self_attn.collect_arrays(out);
+        self.mlp.collect_arrays(out);
+        if let Some(experts) = &self.experts {
+            experts.collect_arrays(out);
+        }
+        if let Some(gate) = &self.per_layer_input {
+            gate.per_layer_input_gate.collect_arrays(out);
+            gate.per_layer_projection.collect_arrays(out);
+            gate.post_per_layer_input_norm.collect_arrays(out);
+        }
+        out.push(self.layer_scalar.clone());
+    }
 }
 
 /// The model-level half of per-layer inputs: the per-layer table (`[vocab, layers · hidden]`)
@@ -664,68 +831,20 @@ impl Gemma4 {
 
         let mut layers = Vec::with_capacity(config.layers.len());
         for (i, layer) in config.layers.iter().enumerate() {
-            let p = format!("{root}.layers.{i}");
             let rope = if layer.sliding {
                 &rope_sliding
             } else {
                 &rope_full
             };
-            let inter = dim(layer.intermediate_size, "intermediate_size")?;
-            let experts = config
-                .experts
-                .as_ref()
-                .map(|e| ExpertBlock::load(&config, e, weights, &p, activation))
-                .transpose()?;
-            let per_layer_input = match &per_layer_inputs {
-                None => None,
-                Some(ple) => Some(PerLayerInputGate {
-                    per_layer_input_gate: weights.matrix(
-                        &format!("{p}.per_layer_input_gate"),
-                        ple.hidden,
-                        hidden,
-                    )?,
-                    per_layer_projection: weights.matrix(
-                        &format!("{p}.per_layer_projection"),
-                        hidden,
-                        ple.hidden,
-                    )?,
-                    post_per_layer_input_norm: norm(
-                        weights,
-                        &format!("{p}.post_per_layer_input_norm.weight"),
-                        hidden,
-                    )?,
-                }),
-            };
-            layers.push(DecoderLayer {
-                input_layernorm: norm(weights, &format!("{p}.input_layernorm.weight"), hidden)?,
-                self_attn: SelfAttention::load(
-                    &config,
-                    layer,
-                    weights,
-                    &format!("{p}.self_attn"),
-                    rope,
-                )?,
-                post_attention_layernorm: norm(
-                    weights,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    hidden,
-                )?,
-                pre_feedforward_layernorm: norm(
-                    weights,
-                    &format!("{p}.pre_feedforward_layernorm.weight"),
-                    hidden,
-                )?,
-                mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
-                experts,
-                post_feedforward_layernorm: norm(
-                    weights,
-                    &format!("{p}.post_feedforward_layernorm.weight"),
-                    hidden,
-                )?,
-                per_layer_input,
-                layer_scalar: weights.dense(&format!("{p}.layer_scalar"), &[1])?,
-                sliding: layer.sliding,
-            });
+            layers.push(DecoderLayer::load(
+                &config,
+                layer,
+                weights,
+                &format!("{root}.layers.{i}"),
+                rope,
+                per_layer_inputs.as_ref().map(|ple| ple.hidden),
+                activation,
+            )?);
         }
         let final_norm = norm(weights, &format!("{root}.norm.weight"), hidden)?;
         let lm_head = embed_tokens.output_head(
@@ -771,6 +890,83 @@ impl Gemma4 {
         let projected = ple.per_layer_projection_norm.forward(&projected)?;
         Ok(Some(projected.add(&own)?.multiply(0.5f32.sqrt())?))
     }
+
+    /// The first `layers` layers and the final norm over `embedded`, the batch's input
+    /// embeddings.
+    fn run(
+        &self,
+        embedded: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let tokens = batch.width()?;
+        let per_layer_inputs = self.per_layer_inputs(&batch.tokens, &embedded)?;
+        // The latest keys and values of each kind (sliding, full): a layer that shares keys
+        // and values attends over its kind's, and only layers after every one that computes
+        // its own share (the config reader checked it).
+        let mut latest: [Option<RowHistories>; 2] = [None, None];
+        let mut h = embedded;
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.attention_input(&h)?;
+            let queries = layer.queries(&x, positions.rope())?;
+            let (kind, logical) = match layer.sliding {
+                true => (0, LogicalMask::SlidingWindow(self.config.sliding_window)),
+                false => (1, LogicalMask::Causal),
+            };
+            let attn = &layer.self_attn;
+            if let Some(kv) = &attn.key_values {
+                let [keys, values] = attn.key_values(kv, &x, positions.rope())?;
+                latest[kind] = Some(append_to_caches(
+                    (&keys, &values),
+                    caches,
+                    i,
+                    &batch.positions,
+                    tokens,
+                    logical,
+                )?);
+            }
+            let history = latest[kind].as_ref().ok_or_else(|| {
+                Error::InvalidInput(format!("layer {i} has no keys and values to attend over"))
+            })?;
+            let heads = layer.attend(&queries, history)?;
+            let input = per_layer_inputs
+                .as_ref()
+                .map(|inputs| -> Result<Array> {
+                    Ok(inputs
+                        .slice_axis(2, i as i32, i as i32 + 1)?
+                        .squeeze(&[2])?)
+                })
+                .transpose()?;
+            h = layer.after_attention(&h, &heads, input.as_ref(), self.activation)?;
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: None,
+        })
+    }
+}
+
+impl InputEmbeddings for Gemma4 {
+    /// The token embeddings scaled by `√hidden`, as the first layer takes them.
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        Ok(self
+            .embed_tokens
+            .forward(tokens)?
+            .multiply((self.config.hidden_size as f32).sqrt())?)
+    }
+
+    fn forward_rows_embedded(
+        &self,
+        embedded: &Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.run(embedded.clone(), batch, caches, self.layers.len())
+    }
 }
 
 impl Model for Gemma4 {
@@ -792,70 +988,12 @@ impl Model for Gemma4 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
-        let positions = BatchPositions::new(batch)?;
-        let tokens = batch.width()?;
-        let embedded = self
-            .embed_tokens
-            .forward(&batch.tokens)?
-            .multiply((self.config.hidden_size as f32).sqrt())?;
-        let per_layer_inputs = self.per_layer_inputs(&batch.tokens, &embedded)?;
-        // The latest keys and values of each kind (sliding, full): a layer that shares keys
-        // and values attends over its kind's, and only layers after every one that computes
-        // its own share (the config reader checked it).
-        let mut latest: [Option<RowHistories>; 2] = [None, None];
-        let mut h = embedded;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let attn = &layer.self_attn;
-            let x = layer.input_layernorm.forward(&h)?;
-            let queries = attn.queries(&x, positions.rope())?;
-            let (kind, logical) = match layer.sliding {
-                true => (0, LogicalMask::SlidingWindow(self.config.sliding_window)),
-                false => (1, LogicalMask::Causal),
-            };
-            if let Some(kv) = &attn.key_values {
-                let [keys, values] = attn.key_values(kv, &x, positions.rope())?;
-                latest[kind] = Some(append_to_caches(
-                    (&keys, &values),
-                    caches,
-                    i,
-                    &batch.positions,
-                    tokens,
-                    logical,
-                )?);
-            }
-            let history = latest[kind].as_ref().ok_or_else(|| {
-                Error::InvalidInput(format!("layer {i} has no keys and values to attend over"))
-            })?;
-            let attended = attn.output(&attend_histories(&attn.kernel, &queries, history)?)?;
-            h = h.add(&layer.post_attention_layernorm.forward(&attended)?)?;
+        let embedded = self.embed(&batch.tokens)?;
+        self.run(embedded, batch, caches, layers)
+    }
 
-            let residual = h.clone();
-            let normed = layer.pre_feedforward_layernorm.forward(&residual)?;
-            let mut ff = layer.mlp.forward(&normed)?;
-            if let Some(experts) = &layer.experts {
-                ff = experts.combine(&ff, &residual)?;
-            }
-            h = residual.add(&layer.post_feedforward_layernorm.forward(&ff)?)?;
-
-            if let (Some(gate), Some(inputs)) = (&layer.per_layer_input, &per_layer_inputs) {
-                let input = inputs
-                    .slice_axis(2, i as i32, i as i32 + 1)?
-                    .squeeze(&[2])?;
-                let gated = self
-                    .activation
-                    .apply(&gate.per_layer_input_gate.forward(&h)?)?
-                    .multiply(&input)?;
-                let back = gate.per_layer_projection.forward(&gated)?;
-                h = h.add(&gate.post_per_layer_input_norm.forward(&back)?)?;
-            }
-            h = h.multiply(&layer.layer_scalar)?;
-        }
-        Ok(Forward {
-            hidden: self.norm.forward(&h)?,
-            conditioning: None,
-        })
+    fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
+        Some(self)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
@@ -875,25 +1013,7 @@ impl Model for Gemma4 {
             ple.per_layer_projection_norm.collect_arrays(&mut out);
         }
         for layer in &self.layers {
-            for norm in [
-                &layer.input_layernorm,
-                &layer.post_attention_layernorm,
-                &layer.pre_feedforward_layernorm,
-                &layer.post_feedforward_layernorm,
-            ] {
-                norm.collect_arrays(&mut out);
-            }
-            layer.self_attn.collect_arrays(&mut out);
-            layer.mlp.collect_arrays(&mut out);
-            if let Some(experts) = &layer.experts {
-                experts.collect_arrays(&mut out);
-            }
-            if let Some(gate) = &layer.per_layer_input {
-                gate.per_layer_input_gate.collect_arrays(&mut out);
-                gate.per_layer_projection.collect_arrays(&mut out);
-                gate.post_per_layer_input_norm.collect_arrays(&mut out);
-            }
-            out.push(layer.layer_scalar.clone());
+            layer.collect_arrays(&mut out);
         }
         self.norm.collect_arrays(&mut out);
         self.lm_head.collect_arrays(&mut out);
@@ -929,8 +1049,16 @@ mod tests {
     fn sharing_layers_point_at_the_last_earlier_layer_of_their_kind() {
         let c = config(serde_json::json!({"num_kv_shared_layers": 2, "use_double_wide_mlp": true}))
             .unwrap();
-        let shares: Vec<_> = c.layers.iter().map(|l| l.shares_kv_of).collect();
-        assert_eq!(shares, [None, None, Some(0), Some(1)]);
+        let shares: Vec<_> = c.layers.iter().map(|l| l.kv).collect();
+        assert_eq!(
+            shares,
+            [
+                KvSource::Own,
+                KvSource::Own,
+                KvSource::Layer(0),
+                KvSource::Layer(1)
+            ]
+        );
         let widths: Vec<_> = c.layers.iter().map(|l| l.intermediate_size).collect();
         assert_eq!(widths, [96, 96, 192, 192]);
         let states = c.spec().layers;

@@ -5,6 +5,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_multimodal;
 pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod lfm2;
