@@ -546,3 +546,254 @@ fn a_head_that_predicts_its_target_has_every_draft_accepted() {
         assert_eq!(spec.accepted, spec.drafted, "{spec:?}");
     }
 }
+
+/// The `gemma4` fixture with the Gemma 4 assistant drawn for it
+/// (`nn/tests/fixtures/gemma4_assistant`, random: it guesses a few tokens and misses most)
+/// loaded as its draft model, which requests call `gemma4-assistant`.
+fn engine_with_assistant() -> LoadedModel {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures");
+    let target = nn::load::load(&fixtures.join("gemma4"), Some(mlx::Dtype::F32)).unwrap();
+    let assistant = nn::load::load_assistant(
+        &fixtures.join("gemma4_assistant"),
+        target.model.as_ref(),
+        &target.config_json,
+        mlx::Dtype::F32,
+    )
+    .unwrap();
+    let mut engine =
+        LoadedModel::new(target.model, steps::CONTEXT, steps::config(64 << 20)).unwrap();
+    engine.attach_assistant("gemma4-assistant".into(), assistant, false);
+    engine
+}
+
+fn assistant(depth: usize) -> Speculation {
+    Speculation::On {
+        drafter: DrafterKind::Model,
+        max_depth: Some(depth),
+    }
+}
+
+/// Eight greedy requests drafting with the assistant at once, beside a plain one, answer what
+/// each answers alone: past the target's sliding window, through rejected rounds that rewind
+/// the caches the assistant reads; the trie stays consistent.
+#[test]
+fn assistant_drafts_leave_answers_unchanged() {
+    let mut engine = engine_with_assistant();
+    assert_eq!(engine.draft_name(), Some("gemma4-assistant"));
+    let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
+    let mut handles: Vec<Handle> = prompts
+        .iter()
+        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), assistant(4)))
+        .collect();
+    let plain = ids(50, 12);
+    let mut plain_handle = submit_with(
+        &mut engine,
+        &plain,
+        20,
+        sampler::Options::greedy(),
+        Speculation::Off,
+    );
+    run_to_idle(&mut engine);
+    let (mut drafted, mut accepted) = (0, 0);
+    for (prompt, handle) in prompts.iter().zip(&mut handles) {
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
+        let spec = handle.stats().speculation.expect("it speculated");
+        assert_eq!(spec.drafter, DrafterKind::Model);
+        drafted += spec.drafted;
+        accepted += spec.accepted;
+    }
+    assert!(plain_handle.ended());
+    assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
+    assert!(drafted > 0, "nothing was drafted");
+    assert!(
+        accepted < drafted,
+        "every draft was accepted: no rollback ran"
+    );
+    check_trie(&engine);
+}
+
+#[test]
+fn seeded_assistant_sampling_does_not_depend_on_the_depth() {
+    let mut engine = engine_with_assistant();
+    let prompt = ids(44, 14);
+    let mut answers = Vec::new();
+    for depth in [1, 4, 2] {
+        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), assistant(depth));
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+/// A request whose prefix comes back from the trie has no target state before the round
+/// until a forward runs: its first round drafts nothing, later ones draft, and the answer is
+/// the plain one.
+#[test]
+fn assistant_drafts_after_a_restored_prefix() {
+    let state = tempfile::tempdir().unwrap();
+    controller_of_drafting(3)
+        .save(state.path().join("draft-gemma4-assistant.json"))
+        .unwrap();
+    let mut engine = engine_with_assistant();
+    engine.keep_state_in(state.path().to_path_buf());
+    let first = ids(41, 24);
+    let mut plain = submit(&mut engine, &first, 8);
+    run_to_idle(&mut engine);
+    assert!(plain.ended());
+    let longer = [first.clone(), ids(61, 6)].concat();
+    let mut again = submit_with(
+        &mut engine,
+        &longer,
+        20,
+        sampler::Options::greedy(),
+        assistant(3),
+    );
+    run_to_idle(&mut engine);
+    assert!(again.ended());
+    assert_eq!(again.failed, None);
+    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
+    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    assert!(again.stats().speculation.expect("it speculated").drafted > 0);
+    check_trie(&engine);
+}
+
+/// The `gemma4` fixture made into a target whose next token is a fixed map of its current
+/// one (every layer's output projections zeroed: each position's final state is its own
+/// token's embedding, normed; its head untied, each row the embedding of the next id, so the
+/// map moves on rather than repeating the token), and an assistant as wide as it that
+/// computes that map: its `pre_projection` passes the token's embedding through, its layers
+/// add nothing, and its final norm and head are the target's. From the round's token it
+/// drafts the target's next, and from each draft the one after.
+fn target_with_a_predicting_assistant() -> (Box<dyn nn::Model>, Box<dyn nn::Assistant>) {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures");
+    let read = |dir: &str| -> (serde_json::Value, quant::SafetensorsFile) {
+        let dir = fixtures.join(dir);
+        let config = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap());
+        let file = quant::SafetensorsFile::open(&dir.join("model.safetensors")).unwrap();
+        (config.unwrap(), file)
+    };
+    let dense = |array: mlx::Array| quant::Tensor::Dense(array);
+    let (mut target_config, file) = read("gemma4");
+    target_config["tie_word_embeddings"] = false.into();
+    let embedding = file.load("model.embed_tokens.weight").unwrap();
+    let vocab = embedding.dim(0).unwrap();
+    let shifted: Vec<i32> = (0..vocab).map(|j| (j + 1) % vocab).collect();
+    let head = embedding
+        .take(&mlx::Array::from_slice(&shifted, &[vocab]).unwrap(), 0)
+        .unwrap();
+    let mut target_tensors = vec![("lm_head.weight".to_string(), dense(head.clone()))];
+    for name in file.entries().keys() {
+        let array = file.load(name).unwrap();
+        let silenced = [
+            "o_proj.weight",
+            "down_proj.weight",
+            "per_layer_projection.weight",
+        ]
+        .iter()
+        .any(|end| name.ends_with(end));
+        let array = if silenced {
+            mlx::Array::zeros(&array.shape(), mlx::Dtype::F32).unwrap()
+        } else {
+            array
+        };
+        target_tensors.push((name.clone(), dense(array)));
+    }
+    let mut weights = nn::Weights::new(target_tensors, mlx::Dtype::F32);
+    let target = nn::build_model(&target_config, &mut weights).unwrap();
+
+    let (mut config, _) = read("gemma4_assistant");
+    let hidden = 64;
+    config["text_config"]["hidden_size"] = hidden.into();
+    config["use_ordered_embeddings"] = false.into();
+    let eye = |n: usize, m: usize| {
+        let values: Vec<f32> = (0..n * m)
+            .map(|i| if i / m == i % m { 1.0 } else { 0.0 })
+            .collect();
+        mlx::Array::from_slice(&values, &[n as i32, m as i32]).unwrap()
+    };
+    let zeros = |shape: &[i32]| mlx::Array::zeros(shape, mlx::Dtype::F32).unwrap();
+    let ones = |n: i32| mlx::Array::ones(&[n], mlx::Dtype::F32).unwrap();
+    let mut tensors = vec![
+        ("pre_projection.weight".to_string(), eye(hidden, 2 * hidden)),
+        ("post_projection.weight".to_string(), eye(hidden, hidden)),
+        // Its head is tied to its embedding table, which it reads for nothing else.
+        ("model.embed_tokens.weight".to_string(), head),
+        (
+            "model.norm.weight".to_string(),
+            file.load("model.norm.weight").unwrap(),
+        ),
+    ];
+    let h = hidden as i32;
+    for (i, head_dim) in [(0, 16), (1, 32)] {
+        let p = format!("model.layers.{i}");
+        for norm in [
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ] {
+            tensors.push((format!("{p}.{norm}.weight"), ones(h)));
+        }
+        tensors.extend([
+            (
+                format!("{p}.self_attn.q_proj.weight"),
+                zeros(&[4 * head_dim, h]),
+            ),
+            (format!("{p}.self_attn.q_norm.weight"), ones(head_dim)),
+            (
+                format!("{p}.self_attn.o_proj.weight"),
+                zeros(&[h, 4 * head_dim]),
+            ),
+            (format!("{p}.mlp.gate_proj.weight"), zeros(&[80, h])),
+            (format!("{p}.mlp.up_proj.weight"), zeros(&[80, h])),
+            (format!("{p}.mlp.down_proj.weight"), zeros(&[h, 80])),
+            (format!("{p}.layer_scalar"), ones(1)),
+        ]);
+    }
+    let tensors: Vec<(String, quant::Tensor)> =
+        tensors.into_iter().map(|(n, a)| (n, dense(a))).collect();
+    let mut weights = nn::Weights::new(tensors, mlx::Dtype::F32);
+    let assistant = nn::arch::gemma4_assistant::Gemma4Assistant::new(
+        &config,
+        &mut weights,
+        target.as_ref(),
+        &target_config,
+    )
+    .unwrap();
+    (target, Box::new(assistant))
+}
+
+/// With an assistant that predicts its target, every draft is accepted at every depth and
+/// across rounds: the engine gives it each round's first token beside the target's state, at
+/// the position the caches end, and each chained step its own draft. A round fed the token
+/// before or after would draft a token off by one (the answers keep changing, so it would
+/// miss). Three sequences draft together, a row each.
+#[test]
+fn an_assistant_that_predicts_its_target_has_every_draft_accepted() {
+    let (target, drafter) = target_with_a_predicting_assistant();
+    let mut engine = LoadedModel::new(target, steps::CONTEXT, steps::config(64 << 20)).unwrap();
+    engine.attach_assistant("predicting".into(), drafter, false);
+    let prompts: Vec<Vec<u32>> = (0..3).map(|r| ids(70 + r, 5 + 4 * r as usize)).collect();
+    let mut handles: Vec<Handle> = prompts
+        .iter()
+        .map(|p| submit_with(&mut engine, p, 24, sampler::Options::greedy(), assistant(4)))
+        .collect();
+    run_to_idle(&mut engine);
+    for (prompt, handle) in prompts.iter().zip(&mut handles) {
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens, cold(engine.model(), prompt, 24));
+        assert!(
+            handle.tokens.windows(2).all(|pair| pair[0] != pair[1]),
+            "{:?}",
+            handle.tokens
+        );
+        let spec = handle.stats().speculation.expect("it speculated");
+        assert!(spec.drafted > 0, "{spec:?}");
+        assert_eq!(spec.accepted, spec.drafted, "{spec:?}");
+    }
+}

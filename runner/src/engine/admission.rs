@@ -80,7 +80,7 @@ impl LoadedModel {
     /// and its deepest round, if it speculates.
     fn drafter_of(&self, job: &Job) -> Option<(DrafterKind, Option<usize>)> {
         // A draft model the model's Modelfile names drafts unless a request says otherwise.
-        let default = match (self.drafters.model(), self.config.draft) {
+        let default = match (self.drafters.draft_name(), self.config.draft) {
             (Some(_), _) if self.draft_by_default => Some(DrafterKind::Model),
             // A server-wide draft model only drafts for targets it could be loaded beside.
             (None, Some(DrafterKind::Model)) => None,
@@ -290,11 +290,16 @@ impl LoadedModel {
         self.drafters
             .of(drafter)?
             .begin(id, &job.prompt, &job.turn_starts)?;
-        Ok(Some(Speculating::new(
-            drafter,
-            max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
-            &job.sampling,
-        )))
+        let reads_target_states = drafter == DrafterKind::Mtp
+            || (drafter == DrafterKind::Model && self.drafters.model_reads_target_states());
+        Ok(Some(
+            Speculating::new(
+                drafter,
+                max_depth.unwrap_or(DEFAULT_DRAFT_DEPTH),
+                &job.sampling,
+            )
+            .reading_target_states(reads_target_states),
+        ))
     }
 
     /// The running sequence whose caches hold a longer prefix of `prompt` than `restored`

@@ -19,6 +19,7 @@ use mlx::Dtype;
 use nn::Model;
 use sampler::Sampler;
 
+use crate::engine::assistant::AssistantDrafter;
 use crate::engine::controllers::Controllers;
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::drafters::Drafters;
@@ -109,12 +110,14 @@ impl LoopConfig {
 }
 
 /// Empty caches for one sequence of `model`, rewindable by a draft's depth, storing keys and
-/// values as `kv_storage` when given.
+/// values as `kv_storage` when given. Sliding windows keep one position more than the deepest
+/// round's rewind needs: a Gemma 4 assistant reads one past the window
+/// (`nn::arch::gemma4_assistant`), which must survive a rejected round of any depth.
 pub(super) fn fresh_caches(
     model: &dyn Model,
     kv_storage: Option<KvStorage>,
 ) -> Result<Vec<Option<kvcache::LayerCache>>> {
-    let mut caches = model.new_caches_rewindable(MAX_DRAFT_DEPTH)?;
+    let mut caches = model.new_caches_rewindable(MAX_DRAFT_DEPTH + 1)?;
     if let Some(storage) = kv_storage {
         for cache in caches.iter_mut().flatten() {
             cache.set_kv_storage(storage)?;
@@ -261,9 +264,23 @@ impl LoadedModel {
         Ok(())
     }
 
+    /// Loads `assistant`, called `name`, beside this one as its draft model (a Gemma 4
+    /// assistant, fitted to this model when it was loaded), replacing any other; `by_default`
+    /// as for [`LoadedModel::attach_draft`].
+    pub fn attach_assistant(
+        &mut self,
+        name: String,
+        assistant: Box<dyn nn::Assistant>,
+        by_default: bool,
+    ) {
+        self.drafters
+            .attach_assistant(AssistantDrafter::new(name, assistant));
+        self.draft_by_default = by_default;
+    }
+
     /// The draft model's name, when one is loaded beside this one.
     pub fn draft_name(&self) -> Option<&str> {
-        self.drafters.model().map(DraftModel::name)
+        self.drafters.draft_name()
     }
 
     /// Keeps what serving teaches the loop (the depth controllers) in `dir`: read now, written

@@ -60,6 +60,7 @@
 //! one model's load) beyond that half.
 
 mod admission;
+pub mod assistant;
 pub mod controllers;
 mod decode;
 pub mod draft_context;

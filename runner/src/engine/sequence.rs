@@ -8,7 +8,7 @@ use mlx::Array;
 use prefix_trie::{Capture, SessionId};
 
 use crate::engine::head_states::HeadStates;
-use crate::engine::job::{DoneReason, DrafterKind, Event, Job, Stats, TokenLogprobs};
+use crate::engine::job::{DoneReason, Event, Job, Stats, TokenLogprobs};
 use crate::engine::speculating::Speculating;
 
 /// Names a sequence for as long as the model stays loaded; also its sampler slot.
@@ -56,18 +56,19 @@ pub struct Sequence {
     /// (`nn::Batch::rope_deltas`); only images change it, so generated text and rolled-back
     /// drafts leave it as it is.
     pub rope_delta: i64,
-    /// The target's final states its drafter head has not read, when it speculates with
-    /// one (`mtp`); empty otherwise.
+    /// The target's final states its drafter has not read, when it speculates with one that
+    /// reads them (`mtp`, an assistant); empty otherwise.
     pub head_states: HeadStates,
 }
 
 impl Sequence {
-    /// Whether it drafts with a head that reads the target's final states (`mtp`): only then
-    /// are they kept ([`Sequence::keep_head_states`]), so other sequences pay nothing.
+    /// Whether it drafts with a drafter that reads the target's final states (`mtp`, an
+    /// assistant): only then are they kept ([`Sequence::keep_head_states`]), so other
+    /// sequences pay nothing.
     pub fn wants_head_states(&self) -> bool {
         self.speculating
             .as_ref()
-            .is_some_and(|spec| spec.kind == DrafterKind::Mtp)
+            .is_some_and(|spec| spec.reads_target_states)
     }
 
     /// Keeps `rows` (`[1, r, hidden]`, the target's final states at `position..`) for its

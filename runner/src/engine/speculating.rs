@@ -12,6 +12,9 @@ pub const MAX_DRAFT_DEPTH: usize = 16;
 /// `Drafters`) keeps what it needs of the sequence.
 pub struct Speculating {
     pub(super) kind: DrafterKind,
+    /// Whether its drafter reads the target's final states (a head, an assistant): only then
+    /// does every forward keep them for it.
+    pub(super) reads_target_states: bool,
     /// Whether the drafter has been told the context since the prompt was evaluated.
     pub(super) settled: bool,
     /// The last committed token, not yet in the caches: the first token of the next round.
@@ -43,6 +46,7 @@ impl Speculating {
         };
         Speculating {
             kind,
+            reads_target_states: false,
             settled: false,
             next: None,
             max_depth: max_depth.min(MAX_DRAFT_DEPTH),
@@ -58,6 +62,12 @@ impl Speculating {
                 plain: 0,
             },
         }
+    }
+
+    /// The same, its drafter reading the target's final states when `reads`.
+    pub fn reading_target_states(mut self, reads: bool) -> Speculating {
+        self.reads_target_states = reads;
+        self
     }
 
     /// The next round starts from `token`, sampled by the ordinary sampler call: the first
