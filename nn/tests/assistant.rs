@@ -283,7 +283,7 @@ fn an_assistant_that_does_not_fit_its_target_is_refused_by_what_differs() {
         assert!(error.contains(expected), "{expected}: {error}");
     }
 
-    // A target of another family: Llama keeps no sliding layer to read.
+    // A target of another family.
     let llama = nn::load::load(&fixture("llama"), Some(Dtype::F32)).unwrap();
     let error = nn::load::load_assistant(
         &fixture("gemma4_assistant"),
@@ -294,7 +294,16 @@ fn an_assistant_that_does_not_fit_its_target_is_refused_by_what_differs() {
     .err()
     .unwrap()
     .to_string();
-    assert!(error.contains("the target has none"), "{error}");
+    assert!(error.contains("Gemma 4 models, not `llama`"), "{error}");
+    // The same checks from the configs alone, as `create` runs them.
+    let mut misfit = config("gemma4_assistant");
+    misfit["backbone_hidden_size"] = 96.into();
+    let error = nn::arch::gemma4_assistant::check_fit(&misfit, &target.config_json)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("`hidden_size` of 96"), "{error}");
+    nn::arch::gemma4_assistant::check_fit(&config("gemma4_assistant"), &target.config_json)
+        .unwrap();
 }
 
 #[test]

@@ -33,6 +33,20 @@ pub const INSERT: &str = "insert";
 /// The name of the speech-to-text capability, as recorded in a manifest and shown.
 pub const TRANSCRIPTION: &str = "transcription";
 
+/// The name of a drafter's one capability (a Gemma 4 assistant): it drafts for its target and
+/// serves no request of its own.
+pub const DRAFTING: &str = "drafting";
+
+/// The capabilities of a drafter that only drafts (a Gemma 4 assistant).
+pub fn of_drafter() -> Vec<String> {
+    vec![DRAFTING.to_string()]
+}
+
+/// Whether a model with these recorded capabilities only drafts for another.
+pub fn only_drafts(capabilities: &[String]) -> bool {
+    capabilities.iter().any(|c| c == DRAFTING)
+}
+
 /// The capabilities of a speech recognizer (a Whisper checkpoint): transcription only.
 pub fn of_transcriber() -> Vec<String> {
     vec![TRANSCRIPTION.to_string()]

@@ -57,6 +57,9 @@ pub fn describe(path: &Path) -> Result<(Format, Details), DescribeError> {
     if nn::audio::whisper_model::is_whisper(checkpoint.config()) {
         return describe_whisper(&checkpoint).map_err(model_err);
     }
+    if nn::arch::gemma4_assistant::is_assistant(checkpoint.config()) {
+        return describe_assistant(&checkpoint).map_err(model_err);
+    }
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
     let mut inputs = crate::capabilities::Inputs {
         vision: nn::registry::image_input(checkpoint.config())
@@ -149,6 +152,36 @@ fn describe_whisper(checkpoint: &quant::Checkpoint) -> Result<(Format, Details),
                 Some(parameters),
                 decoder.max_target_positions,
             ),
+        },
+    ))
+}
+
+/// A Gemma 4 assistant: a drafter whose one capability is drafting for its target (which it
+/// is checked against when paired); its context is its text config's.
+fn describe_assistant(checkpoint: &quant::Checkpoint) -> Result<(Format, Details), nn::Error> {
+    let config = checkpoint.config();
+    if checkpoint.format() != quant::Format::Safetensors {
+        return Err(nn::Error::Config(
+            "a Gemma 4 assistant is read from safetensors, not GGUF".into(),
+        ));
+    }
+    let parameters = checkpoint
+        .parameters()
+        .map_err(|e| nn::Error::Weights(e.to_string()))?;
+    let context = config
+        .pointer("/text_config/max_position_embeddings")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    Ok((
+        Format::Safetensors,
+        Details {
+            family: "gemma4_assistant".into(),
+            parameter_size: human_count(parameters),
+            quantization_level: quantization_level(checkpoint),
+            context_length: context,
+            capabilities: crate::capabilities::of_drafter(),
+            model_info: crate::model_info::of_config(config, Some(parameters), context),
         },
     ))
 }

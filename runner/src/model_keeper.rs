@@ -73,6 +73,12 @@ pub enum LeaseError {
         "model `{0}` transcribes audio and does not generate text; use POST /v1/audio/transcriptions"
     )]
     NotGenerative(String),
+    /// The model only drafts for another (a Gemma 4 assistant).
+    #[error(
+        "model `{0}` is a Gemma 4 assistant: it drafts for a Gemma 4 model (name it in that \
+         model's Modelfile as `DRAFT`) and does not generate text on its own"
+    )]
+    OnlyDrafts(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -338,6 +344,9 @@ impl ModelKeeper {
         let entry = self.store.get(name)?;
         if crate::capabilities::transcribes(&entry.manifest.details.capabilities) {
             return Err(LeaseError::NotGenerative(name.to_string()));
+        }
+        if crate::capabilities::only_drafts(&entry.manifest.details.capabilities) {
+            return Err(LeaseError::OnlyDrafts(name.to_string()));
         }
         let dir = self.materialize(&entry.manifest).await?;
         // Which draft, whether the model fails to load without it (the request's or the

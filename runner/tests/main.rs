@@ -24,6 +24,7 @@ mod support;
 mod agent_libraries;
 mod agents;
 mod anthropic;
+mod assistant_http;
 mod audio_http;
 mod create;
 mod draft_model;

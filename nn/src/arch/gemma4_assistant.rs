@@ -74,9 +74,39 @@ pub struct Gemma4Assistant {
     slots: [Option<usize>; 2],
 }
 
+/// Whether `config` is a Gemma 4 assistant's.
+pub fn is_assistant(config: &Value) -> bool {
+    config.get("model_type").and_then(Value::as_str) == Some("gemma4_assistant")
+}
+
+/// Refuses the assistant of `config` for the target of `target_config` when it does not fit
+/// (the target's family, width and vocabulary; for each kind of layer the width and number of
+/// key/value heads the target's cache holds, and the sliding window), naming what differs:
+/// from the configs alone, so `create` checks a pairing before anything is loaded.
+pub fn check_fit(config: &Value, target_config: &Value) -> Result<()> {
+    let (text, backbone) = read_config(config)?;
+    fit(&text, backbone, target_config).map(|_| ())
+}
+
+/// The text config and `backbone_hidden_size` of an assistant's `config`.
+fn read_config(config: &Value) -> Result<(gemma4::Config, usize)> {
+    let f = Fields { object: config };
+    if !is_assistant(config) {
+        return Err(Error::Config(
+            "an assistant's config must say `model_type: gemma4_assistant`".into(),
+        ));
+    }
+    let text_json = f
+        .get("text_config")
+        .ok_or_else(|| Error::Config("the assistant's config has no `text_config`".into()))?;
+    let text = gemma4::Config::for_assistant(text_json)?;
+    let backbone = f.required_bounded("backbone_hidden_size", limits::HIDDEN)?;
+    Ok((text, backbone))
+}
+
 impl Gemma4Assistant {
-    /// Reads the assistant of `config` from `weights` for `target` (described by
-    /// `target_config`), refusing one that does not fit it.
+    /// Reads the assistant of `config` from `weights` for `target` (built from
+    /// `target_config`), refusing one that does not fit it ([`check_fit`]).
     pub fn new(
         config: &Value,
         weights: &mut Weights,
@@ -84,17 +114,14 @@ impl Gemma4Assistant {
         target_config: &Value,
     ) -> Result<Gemma4Assistant> {
         let f = Fields { object: config };
-        if f.str("model_type") != Some("gemma4_assistant") {
-            return Err(Error::Config(
-                "an assistant's config must say `model_type: gemma4_assistant`".into(),
-            ));
+        let (text, backbone) = read_config(config)?;
+        let slots = fit(&text, backbone, target_config)?;
+        if target.input_embeddings().is_none() {
+            return Err(Error::Config(format!(
+                "`{}` models take no Gemma 4 assistant",
+                target.spec().model_type
+            )));
         }
-        let text_json = f
-            .get("text_config")
-            .ok_or_else(|| Error::Config("the assistant's config has no `text_config`".into()))?;
-        let text = gemma4::Config::for_assistant(text_json)?;
-        let backbone = f.required_bounded("backbone_hidden_size", limits::HIDDEN)?;
-        let slots = fit(&text, backbone, target, target_config)?;
 
         let hidden = dim(text.hidden_size, "hidden_size")?;
         let vocab = dim(text.vocab_size, "vocab_size")?;
@@ -266,9 +293,15 @@ impl Assistant for Gemma4Assistant {
 fn fit(
     text: &gemma4::Config,
     backbone: usize,
-    target: &dyn Model,
     target_config: &Value,
 ) -> Result<[Option<usize>; 2]> {
+    let spec = crate::registry::describe(target_config)?;
+    if !matches!(spec.model_type.as_str(), "gemma4" | "gemma4_text") {
+        return Err(Error::Config(format!(
+            "a Gemma 4 assistant drafts for Gemma 4 models, not `{}`",
+            spec.model_type
+        )));
+    }
     let target_fields = Fields::text_section(target_config);
     let target_hidden = target_fields.required_bounded("hidden_size", limits::HIDDEN)?;
     if backbone != target_hidden {
@@ -277,18 +310,10 @@ fn fit(
              this model's is {target_hidden}"
         )));
     }
-    let target_vocab = target_fields.required_bounded("vocab_size", limits::VOCAB)?;
-    if text.vocab_size != target_vocab {
+    if text.vocab_size != spec.vocab_size {
         return Err(Error::Config(format!(
-            "the assistant scores {} tokens and the target {target_vocab}",
-            text.vocab_size
-        )));
-    }
-    let spec = target.spec();
-    if target.input_embeddings().is_none() {
-        return Err(Error::Config(format!(
-            "`{}` models take no Gemma 4 assistant",
-            spec.model_type
+            "the assistant scores {} tokens and the target {}",
+            text.vocab_size, spec.vocab_size
         )));
     }
     let mut slots = [None, None];

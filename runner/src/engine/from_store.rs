@@ -150,14 +150,26 @@ fn chat_template(manifest: &Manifest, tokenizer: &Tokenizer) -> tokenizer::Resul
 }
 
 /// Whether `draft` can draft for `target` (with `manifest`, materialized in `dir`): its
-/// vocabulary is the target's, id for id. Reads the vocabularies alone, so a draft that cannot
-/// fit is refused before anything is unloaded or loaded.
+/// vocabulary is the target's, id for id; a Gemma 4 assistant, which reads the target's own
+/// embedding, must instead fit the target's shapes. Reads the vocabularies (or configs) alone,
+/// so a draft that cannot fit is refused before anything is unloaded or loaded.
 pub fn check_draft_vocabulary(
     target: &ModelName,
     manifest: &Manifest,
     dir: &Path,
     draft: &DraftSource,
 ) -> Result<(), LoadError> {
+    if is_assistant(draft) {
+        let refuse = |reason: String| LoadError::Draft {
+            draft: draft.name.to_string(),
+            target: target.to_string(),
+            reason,
+        };
+        let target_config = checkpoint_config(target, manifest, dir)?;
+        let draft_config = checkpoint_config(&draft.name, &draft.manifest, &draft.dir)?;
+        return nn::arch::gemma4_assistant::check_fit(&draft_config, &target_config)
+            .map_err(|e| refuse(e.to_string()));
+    }
     let ours = tokenizer_of(target, manifest, dir)?;
     let theirs = tokenizer_of(&draft.name, &draft.manifest, &draft.dir)?;
     match ours.vocabulary_difference(&theirs) {
@@ -252,7 +264,12 @@ pub fn load(
         })?;
     let draft = match draft {
         None => None,
-        Some(source) => match attach_draft(&mut session, name, source) {
+        Some(source) => match attach_draft(
+            &mut session,
+            name,
+            (&loaded.config_json, loaded.dtype),
+            source,
+        ) {
             Ok(()) => Some(source.name.clone()),
             Err(e) if !source.required => {
                 tracing::warn!("{e}; `{name}` decodes without it");
@@ -331,12 +348,49 @@ fn load_weights(
     })
 }
 
-/// Loads `source` beside the target `session` as its draft model.
+/// Whether `draft` is a Gemma 4 assistant (as its import recorded).
+fn is_assistant(draft: &DraftSource) -> bool {
+    crate::capabilities::only_drafts(&draft.manifest.details.capabilities)
+}
+
+/// The config of a stored model's checkpoint (a GGUF file's metadata in transformers' names).
+fn checkpoint_config(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<serde_json::Value, LoadError> {
+    let weights =
+        weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
+    quant::Checkpoint::open(&weights)
+        .map(|checkpoint| checkpoint.config().clone())
+        .map_err(|source| LoadError::Model {
+            name: name.to_string(),
+            source: source.into(),
+        })
+}
+
+/// Loads `source` beside the target `session` as its draft model: a Gemma 4 assistant is
+/// fitted to the target (`target_config`, computing in `dtype`); any other is a model of its
+/// own.
 fn attach_draft(
     session: &mut LoadedModel,
     target: &ModelName,
+    (target_config, dtype): (&serde_json::Value, mlx::Dtype),
     source: &DraftSource,
 ) -> Result<(), LoadError> {
+    let refuse = |reason: String| LoadError::Draft {
+        draft: source.name.to_string(),
+        target: target.to_string(),
+        reason,
+    };
+    if is_assistant(source) {
+        let weights = weights_path(&source.dir, &source.manifest)
+            .ok_or_else(|| LoadError::NoWeights(source.name.to_string()))?;
+        let assistant = nn::load::load_assistant(&weights, session.model(), target_config, dtype)
+            .map_err(|e| refuse(e.to_string()))?;
+        session.attach_assistant(source.name.to_string(), assistant, source.by_default);
+        return Ok(());
+    }
     let loaded = load_weights(&source.name, &source.manifest, &source.dir, None)?;
     // Its tokenizer is the target's (checked before loading): cut its head as the target's.
     let vocab = session.model().spec().vocab_size;

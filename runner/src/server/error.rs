@@ -155,7 +155,7 @@ impl From<crate::model_keeper::LeaseError> for ApiError {
         let status = match &e {
             LeaseError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             LeaseError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
-            LeaseError::NotGenerative(_) => StatusCode::BAD_REQUEST,
+            LeaseError::NotGenerative(_) | LeaseError::OnlyDrafts(_) => StatusCode::BAD_REQUEST,
             LeaseError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {
                 StatusCode::BAD_REQUEST
             }
