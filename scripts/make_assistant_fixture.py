@@ -27,6 +27,16 @@ round, in float64:
             plain_logits  [1, k, V]  f32: the same steps with the plain tied head
                                      (`use_ordered_embeddings: false`) on the same weights,
                                      fed the same tokens
+            first_inputs  [1, 1, 2H] f32: the first step's input (the target's embedding of
+                                     `first` beside its final state at P - 1)
+            full_keys, full_values, sliding_keys, sliding_values
+                          [1, kv, P, d] f32: the target's keys and values the assistant reads
+            narrow_logits [1, 1, V]  f32: the first step with the sliding layers reading only
+                                     the last `sliding_window - 1` positions, the window
+                                     mlx-vlm's drafter gives them (`cross_check_mlx_vlm.py`)
+
+Transformers' bidirectional window counts distances up to `sliding_window` inclusive, so past
+the window its sliding layers read `sliding_window + 1` positions; mlxkit reads the same.
 
 The candidate generator transformers pairs with it (`SinglePositionMultiTokenCandidateGenerator`)
 slices the target's keys and values to the tokens it holds; after a round with a rejected draft
@@ -148,6 +158,19 @@ def main() -> None:
         chain_tokens, chain_logits = round_of(True, None)
         _, plain_logits = round_of(False, chain_tokens)
         assistant.config.use_ordered_embeddings = True
+        first_inputs = torch.cat(
+            [embed(torch.tensor([[first]])), outputs.last_hidden_state[:, -1:]], dim=-1
+        )
+        keep = config.text_config.sliding_window - 1
+        narrow = {
+            "full_attention": shared["full_attention"],
+            "sliding_attention": tuple(t[:, :, -keep:] for t in shared["sliding_attention"]),
+        }
+        narrow_logits = assistant(
+            inputs_embeds=first_inputs,
+            position_ids=torch.tensor([[PROMPT]]),
+            shared_kv_states=narrow,
+        ).logits
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
@@ -161,6 +184,12 @@ def main() -> None:
             "chain_tokens": np.array(chain_tokens, dtype=np.int32),
             "chain_logits": np.stack(chain_logits)[None].astype(np.float32),
             "plain_logits": np.stack(plain_logits)[None].astype(np.float32),
+            "first_inputs": first_inputs.numpy().astype(np.float32),
+            "full_keys": shared["full_attention"][0].numpy().astype(np.float32),
+            "full_values": shared["full_attention"][1].numpy().astype(np.float32),
+            "sliding_keys": shared["sliding_attention"][0].numpy().astype(np.float32),
+            "sliding_values": shared["sliding_attention"][1].numpy().astype(np.float32),
+            "narrow_logits": narrow_logits.numpy().astype(np.float32),
         },
         out / "reference.safetensors",
     )
