@@ -20,11 +20,13 @@
 //! - `device`: devices, streams, backend availability, [`version`].
 //! - [`memory`]: active and peak memory, the buffer pool and its limits.
 //! - `io`: [`load_safetensors`].
+//! - [`distributed`]: MLX's distributed backends and groups, and collectives over them.
 
 mod array;
 mod compile;
 mod conv;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 mod eval;

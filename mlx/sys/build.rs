@@ -70,6 +70,7 @@ fn main() {
         .file("shim/pool.cc")
         .file("shim/primitives.cc")
         .file("shim/inputs.cc")
+        .file("shim/distributed.cc")
         .include(&include)
         .include("shim")
         .std("c++20")

@@ -234,3 +234,58 @@ fn a_quantized_assistant_drafts_and_the_answer_is_the_targets() {
         "{drafted}"
     );
 }
+
+/// With a JSON schema and logprobs, drafting with the assistant answers as the target alone:
+/// the same tokens, each with the same log-probability (to 1e-4: verification scores several
+/// positions in one forward, whose sums may round differently) and the same alternatives.
+#[test]
+fn schema_constrained_answers_and_logprobs_are_the_targets() {
+    let model = paired();
+    let schema = json!({
+        "type": "object",
+        "properties": { "river": { "type": "string" }, "km": { "type": "integer" } },
+        "required": ["river", "km"],
+    });
+    let ask = |model: &str| {
+        let (status, reply) = post(
+            server(),
+            "/api/generate",
+            json!({
+                "model": model,
+                "prompt": "The longest river of Europe, as JSON.",
+                "format": schema,
+                "stream": false,
+                "logprobs": true,
+                "top_logprobs": 2,
+                "options": { "temperature": 0, "num_predict": 24 },
+            }),
+        );
+        assert_eq!(status, 200, "{reply}");
+        reply
+    };
+    let alone = ask(TARGET);
+    let drafted = ask(model);
+    assert_eq!(drafted["response"], alone["response"], "{drafted}");
+    assert_eq!(drafted["speculation"]["drafter"], DRAFT, "{drafted}");
+    let entries = |reply: &Value| reply["logprobs"].as_array().cloned().unwrap_or_default();
+    let (ours, theirs) = (entries(&drafted), entries(&alone));
+    assert_eq!(ours.len(), theirs.len(), "{drafted}");
+    assert!(!ours.is_empty(), "{drafted}");
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(a["token"], b["token"]);
+        let (x, y) = (
+            a["logprob"].as_f64().unwrap(),
+            b["logprob"].as_f64().unwrap(),
+        );
+        assert!((x - y).abs() <= 1e-4, "{a} against {b}");
+        let tops = |e: &Value| -> Vec<Value> {
+            e["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["token"].clone())
+                .collect()
+        };
+        assert_eq!(tops(a), tops(b));
+    }
+}

@@ -35,6 +35,7 @@ mod export;
 mod fairness;
 mod hostile;
 mod hybrid_http;
+mod info;
 mod limits;
 mod llava_http;
 mod ollama_store;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mlx/mlx.h"
+#include "distributed.h"
 #include "rust/cxx.h"
 
 namespace mlxkit {

@@ -67,6 +67,9 @@ fn call_rust_closure(
 unsafe impl Send for ffi::Array {}
 // SAFETY: as for `Array`: a vector of handles that is moved, not shared.
 unsafe impl Send for ffi::ArrayList {}
+// SAFETY: a group is a shared handle on MLX's backend state, which its collectives use from the
+// thread that evaluates them; it is moved to that thread, not shared.
+unsafe impl Send for ffi::Group {}
 
 #[cxx::bridge(namespace = "mlxkit")]
 pub mod ffi {
@@ -159,6 +162,8 @@ pub mod ffi {
         type Array;
         type ArrayList;
         type Compiled;
+        /// A group of processes MLX's distributed backend formed (`shim/distributed.h`).
+        type Group;
 
         fn version() -> Result<String>;
         /// Whether single-row f32 matmuls go to BLAS `sgemv` (see `shim/gemv.cc`).
@@ -468,5 +473,14 @@ pub mod ffi {
             names: &mut Vec<String>,
             arrays: Pin<&mut ArrayList>,
         ) -> Result<()>;
+
+        fn distributed_is_available(backend: &str) -> Result<bool>;
+        fn distributed_init(backend: &str) -> Result<UniquePtr<Group>>;
+        fn group_rank(group: &Group) -> Result<i32>;
+        fn group_size(group: &Group) -> Result<i32>;
+        fn distributed_all_sum(x: &Array, group: &Group) -> Result<UniquePtr<Array>>;
+        fn distributed_all_gather(x: &Array, group: &Group) -> Result<UniquePtr<Array>>;
+        fn distributed_send(x: &Array, dst: i32, group: &Group) -> Result<UniquePtr<Array>>;
+        fn distributed_recv_like(x: &Array, src: i32, group: &Group) -> Result<UniquePtr<Array>>;
     }
 }

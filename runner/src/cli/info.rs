@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-/// The system report: MLX version, device, the CPU kernel path and a matmul timing.
+/// The system report: MLX version, device, the distributed backends this MLX build has, the
+/// CPU kernel path and a matmul timing.
 pub(super) fn info(timing: bool) -> Result<()> {
     use mlx::{Device, Dtype, random};
     let version = mlx::version()?;
@@ -17,6 +18,11 @@ pub(super) fn info(timing: bool) -> Result<()> {
         mlx::metal_available()?,
         mlx::cuda_available()?
     );
+    let backends: Vec<String> = mlx::distributed::available_backends()?
+        .into_iter()
+        .map(|b| b.to_string())
+        .collect();
+    println!("distributed backends: {}", backends.join(", "));
     println!(
         "BLAS: {}; single-row f32 matmul via sgemv: {}",
         mlx::blas_name(),
