@@ -73,7 +73,23 @@ pub struct Group {
     raw: UniquePtr<ffi::Group>,
 }
 
+impl fmt::Debug for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Group")
+            .field("rank", &self.rank().ok())
+            .field("size", &self.size().ok())
+            .finish()
+    }
+}
+
 impl Group {
+    /// Another handle on the same group.
+    pub fn try_clone(&self) -> Result<Group> {
+        Ok(Group {
+            raw: ffi::group_clone(&self.raw)?,
+        })
+    }
+
     /// The group `backend` forms from the environment. Fails, naming why, when this build lacks
     /// the backend or the group cannot be formed; never falls back to a group of one.
     pub fn init(backend: Backend) -> Result<Group> {

@@ -9,6 +9,7 @@ use crate::linear::Linear;
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
 use crate::sdpa::ScaledDotProduct;
+use crate::weights::Weights;
 
 /// Queries, keys and values of one forward, `[batch, heads, tokens, head_dim]`, with rotary
 /// positions applied to queries and keys.
@@ -79,6 +80,55 @@ pub struct AttentionParts {
 }
 
 impl AttentionParts {
+    /// `q_proj`, `k_proj`, `v_proj` and `o_proj` under `p` (each with its bias where the
+    /// checkpoint has one) for `heads` query and `kv_heads` key/value heads of `head_dim` over
+    /// `hidden`: when `weights` load a tensor-parallel slice, this rank's heads and key/value
+    /// heads (queries, keys and values column-parallel, the output row-parallel).
+    pub fn load(
+        weights: &mut Weights,
+        p: &str,
+        hidden: i32,
+        (heads, kv_heads, head_dim): (i32, i32, i32),
+    ) -> Result<AttentionParts> {
+        let (heads, kv_heads) = match weights.tensor_parallel() {
+            None => (heads, kv_heads),
+            Some(parallel) => (
+                parallel.part(heads as usize, "attention heads")? as i32,
+                parallel.part(kv_heads as usize, "key/value heads")? as i32,
+            ),
+        };
+        let size = weights.tensor_parallel().map_or(1, |t| t.size() as i32);
+        Ok(AttentionParts::new(
+            weights.column_parallel(
+                &format!("{p}.q_proj"),
+                size * heads * head_dim,
+                hidden,
+                true,
+            )?,
+            weights.column_parallel(
+                &format!("{p}.k_proj"),
+                size * kv_heads * head_dim,
+                hidden,
+                true,
+            )?,
+            weights.column_parallel(
+                &format!("{p}.v_proj"),
+                size * kv_heads * head_dim,
+                hidden,
+                true,
+            )?,
+            weights.row_parallel(
+                &format!("{p}.o_proj"),
+                hidden,
+                size * heads * head_dim,
+                true,
+            )?,
+            heads,
+            kv_heads,
+            head_dim,
+        ))
+    }
+
     /// Plain grouped-query attention: `num_heads` query heads over `num_kv_heads` key/value
     /// heads of `head_dim` features, logits scaled by `head_dim^-0.5`, with no norms, no
     /// rotary embedding, no soft cap, no output gate and no sinks. The `with_*` methods add

@@ -5,6 +5,7 @@ use mlx::quantized::{Quantized, packed_cpu_matvec_max_rows};
 pub use quant::Tensor;
 
 use crate::Result;
+use crate::tensor_parallel::TensorParallel;
 
 /// Appends the arrays of a weight (dense, or packed values, scales and biases) to `out`.
 pub fn tensor_arrays(tensor: &Tensor, out: &mut Vec<Array>) {
@@ -28,6 +29,9 @@ pub struct Linear {
     weight: Tensor,
     bias: Option<Array>,
     packed: Option<Quantized>,
+    /// A row-parallel projection's group: its partial products are summed over it before the
+    /// bias ([`crate::tensor_parallel`]).
+    summed_over: Option<TensorParallel>,
 }
 
 impl Linear {
@@ -37,7 +41,15 @@ impl Linear {
             weight,
             bias,
             packed: None,
+            summed_over: None,
         }
+    }
+
+    /// The same layer as this rank's part of a row-parallel projection: its products are
+    /// summed over `group`'s ranks before the bias is added (once).
+    pub(crate) fn summed_over(mut self, group: TensorParallel) -> Linear {
+        self.summed_over = Some(group);
+        self
     }
 
     /// Adds the packed form of the same matrix, used for inputs of at most
@@ -51,6 +63,11 @@ impl Linear {
     /// The packed copy, when the layer holds one.
     pub fn packed(&self) -> Option<&Quantized> {
         self.packed.as_ref()
+    }
+
+    /// Its weight and bias, taken apart.
+    pub(crate) fn into_parts(self) -> (Tensor, Option<Array>) {
+        (self.weight, self.bias)
     }
 
     /// The weight, without bias or packed copy.
@@ -95,6 +112,10 @@ impl Linear {
             (Some(p), _) if rows(x)? <= packed_cpu_matvec_max_rows() => p.matmul(x, true)?,
             (_, Tensor::Dense(w)) => x.matmul(&w.transpose(&[1, 0])?)?,
             (_, Tensor::Quantized(q)) => q.matmul(x, true)?,
+        };
+        let y = match &self.summed_over {
+            Some(group) => group.all_sum(&y)?,
+            None => y,
         };
         Ok(match &self.bias {
             Some(b) => y.add(b)?,

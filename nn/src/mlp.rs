@@ -28,10 +28,11 @@ impl Mlp {
         hidden: i32,
         activation: Activation,
     ) -> Result<Mlp> {
+        // Split by its hidden columns when `weights` load a tensor-parallel slice.
         Mlp::new(
-            weights.matrix(&format!("{prefix}.gate_proj"), inter, hidden)?,
-            weights.matrix(&format!("{prefix}.up_proj"), inter, hidden)?,
-            weights.linear(&format!("{prefix}.down_proj"), hidden, inter)?,
+            weights.column_parallel(&format!("{prefix}.gate_proj"), inter, hidden, false)?,
+            weights.column_parallel(&format!("{prefix}.up_proj"), inter, hidden, false)?,
+            weights.row_parallel(&format!("{prefix}.down_proj"), hidden, inter, true)?,
             activation,
         )
     }

@@ -10,6 +10,7 @@ use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
 use crate::linear::{Linear, Tensor};
+use crate::tensor_parallel::TensorParallel;
 use crate::{Error, Result};
 
 /// Named tensors and the dtype layers compute in.
@@ -22,6 +23,8 @@ pub struct Weights {
     dequantize: bool,
     packed_copies: bool,
     packed_forms: BTreeMap<String, Quantized>,
+    /// This process's slice of a model split across ranks, when it is.
+    tensor_parallel: Option<TensorParallel>,
 }
 
 impl Weights {
@@ -35,7 +38,54 @@ impl Weights {
             dequantize: false,
             packed_copies: false,
             packed_forms: BTreeMap::new(),
+            tensor_parallel: None,
         }
+    }
+
+    /// Hands out this rank's slice of the model `parallel` splits: its projections through
+    /// [`Weights::column_parallel`] and [`Weights::row_parallel`].
+    pub fn with_tensor_parallel(mut self, parallel: TensorParallel) -> Weights {
+        self.tensor_parallel = Some(parallel);
+        self
+    }
+
+    /// The split this model is loaded for, if any.
+    pub fn tensor_parallel(&self) -> Option<&TensorParallel> {
+        self.tensor_parallel.as_ref()
+    }
+
+    /// `prefix` (`[out, in]`, with its bias when `bias`) as a column-parallel projection: this
+    /// rank's slice of the output rows when the model is split, the whole otherwise.
+    pub fn column_parallel(
+        &mut self,
+        prefix: &str,
+        out: i32,
+        inp: i32,
+        bias: bool,
+    ) -> Result<Linear> {
+        let whole = self.projection(prefix, out, inp, bias)?;
+        let Some(parallel) = self.tensor_parallel.clone() else {
+            return Ok(whole);
+        };
+        let (start, end) = parallel.slice(out, &format!("output rows of `{prefix}`"))?;
+        let (weight, bias) = whole.into_parts();
+        let weight = dense_for_parallel(prefix, weight)?.slice_axis(0, start, end)?;
+        let bias = bias.map(|b| b.slice_axis(0, start, end)).transpose()?;
+        Ok(Linear::new(Tensor::Dense(weight), bias))
+    }
+
+    /// `prefix` (`[out, in]`) as a row-parallel projection: this rank's slice of the input
+    /// columns, its products summed over the ranks before the bias, when the model is split;
+    /// the whole otherwise.
+    pub fn row_parallel(&mut self, prefix: &str, out: i32, inp: i32, bias: bool) -> Result<Linear> {
+        let whole = self.projection(prefix, out, inp, bias)?;
+        let Some(parallel) = self.tensor_parallel.clone() else {
+            return Ok(whole);
+        };
+        let (start, end) = parallel.slice(inp, &format!("input columns of `{prefix}`"))?;
+        let (weight, bias) = whole.into_parts();
+        let weight = dense_for_parallel(prefix, weight)?.slice_axis(1, start, end)?;
+        Ok(Linear::new(Tensor::Dense(weight), bias).summed_over(parallel))
     }
 
     /// Hands quantized tensors out dequantized to the compute dtype. On a CPU, MLX's quantized
@@ -315,6 +365,18 @@ pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> R
         )));
     }
     Ok(())
+}
+
+/// A split projection's weight as a dense matrix: quantized ones are refused by name until
+/// their packed rows are split.
+fn dense_for_parallel(prefix: &str, weight: Tensor) -> Result<Array> {
+    match weight {
+        Tensor::Dense(a) => Ok(a),
+        Tensor::Quantized(_) => Err(Error::Weights(format!(
+            "`{prefix}` is quantized; a tensor-parallel load splits dense weights only (load \
+             it dequantized)"
+        ))),
+    }
 }
 
 #[cfg(test)]

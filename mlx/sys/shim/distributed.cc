@@ -16,6 +16,10 @@ std::unique_ptr<Group> distributed_init(rust::Str backend) {
   return std::make_unique<Group>(Group{dist::init(true, std::string(backend))});
 }
 
+std::unique_ptr<Group> group_clone(const Group& group) {
+  return std::make_unique<Group>(Group{group.group});
+}
+
 int32_t group_rank(const Group& group) { return group.group.rank(); }
 
 int32_t group_size(const Group& group) { return group.group.size(); }

@@ -23,6 +23,7 @@ bool distributed_is_available(rust::Str backend);
 // The group of every process `backend` finds from the environment (`MLX_RANK`,
 // `MLX_HOSTFILE`, ...); throws when it cannot be formed.
 std::unique_ptr<Group> distributed_init(rust::Str backend);
+std::unique_ptr<Group> group_clone(const Group& group);
 int32_t group_rank(const Group& group);
 int32_t group_size(const Group& group);
 
