@@ -125,6 +125,10 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
 }
 
 fn parse_metadata(value: &Value) -> std::result::Result<BTreeMap<String, String>, String> {
+    // MLX's `save_safetensors` writes `null` when it is given no metadata.
+    if value.is_null() {
+        return Ok(BTreeMap::new());
+    }
     let object = value.as_object().ok_or("__metadata__ is not an object")?;
     object
         .iter()
@@ -269,6 +273,20 @@ mod tests {
         let (entries, metadata) = parse_header(&bytes).unwrap();
         assert_eq!(entries["a"].shape, vec![2]);
         assert_eq!(metadata["format"], "pt");
+    }
+
+    /// What MLX's `save_safetensors` writes without metadata: a `null` in its place.
+    #[test]
+    fn reads_null_metadata_as_none() {
+        let bytes = file(
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":null}"#,
+            &[0; 8],
+        );
+        let (entries, metadata) = parse_header(&bytes).unwrap();
+        assert_eq!(entries["a"].shape, vec![2]);
+        assert!(metadata.is_empty());
+        let bytes = file(r#"{"__metadata__":[1]}"#, &[]);
+        assert!(parse_header(&bytes).unwrap_err().contains("not an object"));
     }
 
     #[test]
