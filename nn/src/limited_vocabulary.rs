@@ -86,4 +86,8 @@ impl Model for LimitedVocabulary {
     fn draft_head(&self) -> Option<&dyn DraftHead> {
         self.inner.draft_head()
     }
+
+    fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
+        self.inner.tap_layers(layers)
+    }
 }

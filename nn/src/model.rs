@@ -595,4 +595,16 @@ pub trait Model {
     fn draft_head(&self) -> Option<&dyn DraftHead> {
         None
     }
+
+    /// Makes every forward through all its layers offer, as its [`Forward::conditioning`],
+    /// the outputs of `layers` (each layer's output, in that order, side by side along the
+    /// features): what a block drafter reads (`arch::dflash`). Families that cannot tap
+    /// their layers refuse (the default).
+    fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
+        let _ = layers;
+        Err(Error::InvalidInput(format!(
+            "`{}` models cannot offer their layers' outputs to a block drafter",
+            self.spec().model_type
+        )))
+    }
 }

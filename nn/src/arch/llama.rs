@@ -133,6 +133,8 @@ pub struct Llama {
     norm: RmsNorm,
     lm_head: Linear,
     mtp: Option<MtpHead<DecoderLayer>>,
+    /// The layers whose outputs a forward offers a block drafter ([`Model::tap_layers`]).
+    taps: Vec<usize>,
 }
 
 impl Llama {
@@ -201,6 +203,7 @@ impl Llama {
             norm: final_norm,
             lm_head,
             mtp,
+            taps: Vec::new(),
         })
     }
 }
@@ -266,6 +269,17 @@ impl Model for Llama {
     fn draft_head(&self) -> Option<&dyn DraftHead> {
         self.mtp.as_ref().map(|mtp| mtp as &dyn DraftHead)
     }
+
+    fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
+        if let Some(layer) = layers.iter().find(|&&l| l >= self.layers.len()) {
+            return Err(Error::InvalidInput(format!(
+                "layer {layer} cannot be tapped: the model has {} layers",
+                self.layers.len()
+            )));
+        }
+        self.taps = layers.to_vec();
+        Ok(())
+    }
 }
 
 /// LLaVA's text model: image features take the image tokens' places before the first layer.
@@ -309,12 +323,27 @@ impl Llama {
         check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
+        let mut tapped = Vec::with_capacity(self.taps.len());
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             h = layer.forward(&h, caches, i, batch, &positions)?;
+            if self.taps.contains(&i) {
+                tapped.push((i, h.clone()));
+            }
         }
+        // In the order the drafter names them; a cut stack (layer-skip) offers none.
+        let conditioning = (!self.taps.is_empty() && tapped.len() == self.taps.len())
+            .then(|| {
+                let ordered: Vec<Array> = self
+                    .taps
+                    .iter()
+                    .filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone()))
+                    .collect();
+                mlx::concatenate(&ordered, -1)
+            })
+            .transpose()?;
         Ok(Forward {
             hidden: self.norm.forward(&h)?,
-            conditioning: None,
+            conditioning,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Architectures, one file each, and the registry that picks one by name.
 
 pub mod deepseek_v3;
+pub mod dflash;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma3_multimodal;
