@@ -797,3 +797,111 @@ fn an_assistant_that_predicts_its_target_has_every_draft_accepted() {
         assert_eq!(spec.accepted, spec.drafted, "{spec:?}");
     }
 }
+
+/// The `llama` fixture with the DFlash drafter drawn for it (`nn/tests/fixtures/dflash`,
+/// random: taps at both layers, blocks of 4) loaded as its draft model, `llama-dflash`.
+fn engine_with_block_drafter() -> LoadedModel {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures");
+    let target = nn::load::load(&fixtures.join("llama"), Some(mlx::Dtype::F32)).unwrap();
+    let config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures.join("dflash").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let file =
+        quant::SafetensorsFile::open(&fixtures.join("dflash").join("model.safetensors")).unwrap();
+    let tensors: Vec<(String, quant::Tensor)> = file
+        .entries()
+        .keys()
+        .map(|name| (name.clone(), quant::Tensor::Dense(file.load(name).unwrap())))
+        .collect();
+    let mut weights = nn::Weights::new(tensors, mlx::Dtype::F32);
+    let dflash = nn::arch::dflash::DFlash::new(&config, &mut weights, &target.config_json).unwrap();
+    let mut engine =
+        LoadedModel::new(target.model, steps::CONTEXT, steps::config(64 << 20)).unwrap();
+    engine
+        .attach_block_drafter("llama-dflash".into(), dflash, false)
+        .unwrap();
+    engine
+}
+
+/// Eight greedy requests drafting blocks at once, beside a plain one, answer what each
+/// answers alone; no round drafts past a block's three masks, whatever depth is asked; the
+/// trie stays consistent.
+#[test]
+fn block_drafts_leave_answers_unchanged() {
+    let mut engine = engine_with_block_drafter();
+    let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
+    let mut handles: Vec<Handle> = prompts
+        .iter()
+        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), assistant(8)))
+        .collect();
+    let plain = ids(50, 12);
+    let mut plain_handle = submit_with(
+        &mut engine,
+        &plain,
+        20,
+        sampler::Options::greedy(),
+        Speculation::Off,
+    );
+    run_to_idle(&mut engine);
+    let (mut drafted, mut accepted, mut rounds) = (0, 0, 0);
+    for (prompt, handle) in prompts.iter().zip(&mut handles) {
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
+        let spec = handle.stats().speculation.expect("it speculated");
+        assert_eq!(spec.drafter, DrafterKind::Model);
+        drafted += spec.drafted;
+        accepted += spec.accepted;
+        rounds += spec.rounds;
+    }
+    assert!(plain_handle.ended());
+    assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
+    assert!(drafted > 0, "nothing was drafted");
+    assert!(drafted <= 3 * rounds, "{drafted} drafts in {rounds} rounds");
+    assert!(
+        accepted < drafted,
+        "every draft was accepted: no rollback ran"
+    );
+    check_trie(&engine);
+}
+
+#[test]
+fn seeded_block_sampling_does_not_depend_on_the_depth() {
+    let mut engine = engine_with_block_drafter();
+    let prompt = ids(44, 14);
+    let mut answers = Vec::new();
+    for depth in [1, 3, 2] {
+        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), assistant(depth));
+        run_to_idle(&mut engine);
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+/// After a prefix comes back from the trie the drafter's context starts where the target's
+/// states do; the answer is the plain one and later rounds draft.
+#[test]
+fn block_drafts_after_a_restored_prefix() {
+    let mut engine = engine_with_block_drafter();
+    let first = ids(41, 24);
+    let mut plain = submit(&mut engine, &first, 8);
+    run_to_idle(&mut engine);
+    assert!(plain.ended());
+    let longer = [first.clone(), ids(61, 6)].concat();
+    let mut again = submit_with(
+        &mut engine,
+        &longer,
+        20,
+        sampler::Options::greedy(),
+        assistant(3),
+    );
+    run_to_idle(&mut engine);
+    assert!(again.ended());
+    assert_eq!(again.failed, None);
+    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
+    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    check_trie(&engine);
+}

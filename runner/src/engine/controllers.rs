@@ -23,6 +23,8 @@ pub struct Controllers {
     /// The loaded draft model's name, which names its controller's files.
     draft_model: Option<String>,
     unsaved: usize,
+    /// The deepest round each kind may search ([`Controllers::cap`]).
+    caps: HashMap<DrafterKind, usize>,
 }
 
 /// Rounds between two writes of the controllers.
@@ -37,6 +39,7 @@ impl Controllers {
             dir: Some(dir),
             draft_model: draft_model.map(str::to_string),
             unsaved: 0,
+            caps: HashMap::new(),
         };
         let model_stem = controllers.file_stem(DrafterKind::Model);
         let kinds: Vec<DrafterKind> = controllers
@@ -93,9 +96,29 @@ impl Controllers {
     }
 
     pub(super) fn get(&mut self, kind: DrafterKind) -> &mut DepthController {
+        let deepest = self.caps.get(&kind).copied().unwrap_or(MAX_DRAFT_DEPTH);
         self.by_drafter
             .entry(kind)
-            .or_insert_with(|| DepthController::new(MAX_DRAFT_DEPTH))
+            .or_insert_with(|| DepthController::new(deepest))
+    }
+
+    /// Keeps `kind`'s controller from searching past `deepest`, the most a drafter of that
+    /// kind proposes (a block drafter's masks): a depth it can never run would never be
+    /// measured, and would look best. A controller that learnt deeper starts afresh.
+    pub(super) fn cap(&mut self, kind: DrafterKind, deepest: usize) {
+        self.caps.insert(kind, deepest);
+        if self
+            .by_drafter
+            .get(&kind)
+            .is_some_and(|c| c.max_depth() > deepest)
+        {
+            self.by_drafter.remove(&kind);
+        }
+    }
+
+    /// The caps set so far, to carry into controllers read from disk.
+    pub(super) fn caps(&self) -> Vec<(DrafterKind, usize)> {
+        self.caps.iter().map(|(k, d)| (*k, *d)).collect()
     }
 
     /// Records a finished round with `kind`'s controller.

@@ -1,8 +1,9 @@
 //! The drafters of a loaded model, one per kind its sequences ask for, each a
 //! [`speculate::Drafter`]: prompt lookup ([`speculate::NgramDrafter`] per sequence), the target's
-//! own first layers (`layer_skip`), the draft model loaded beside it (`draft_model`, or an
-//! assistant that reads the target's caches in its place: `assistant`) and the head the
-//! target's checkpoint ships (`mtp`). The
+//! own first layers (`layer_skip`), the draft model loaded beside it (`draft_model`; in its
+//! place a Gemma 4 assistant that reads the target's caches, `assistant`, or a DFlash block
+//! drafter that reads its tapped layers, `block_drafter`) and the head the target's checkpoint
+//! ships (`mtp`). The
 //! rounds in `speculation` reach every kind through that one trait; this registry is the only
 //! place that knows which object serves which kind.
 
@@ -11,6 +12,7 @@ use std::collections::BTreeMap;
 use speculate::{NgramConfig, NgramDrafter, PerSequence};
 
 use crate::engine::assistant::AssistantDrafter;
+use crate::engine::block_drafter::BlockDrafter;
 use crate::engine::draft_context::EngineDrafter;
 use crate::engine::draft_model::DraftModel;
 use crate::engine::job::DrafterKind;
@@ -23,10 +25,19 @@ pub struct Drafters {
     ngram: PerSequence<NgramDrafter>,
     /// One per number of layers asked for (`self:4`, `self:8`, ...).
     layer_skip: BTreeMap<usize, LayerSkip>,
-    model: Option<DraftModel>,
-    /// A Gemma 4 assistant loaded as the draft model: requests name it as they would one.
-    assistant: Option<AssistantDrafter>,
+    /// What requests name as the draft model, when one is loaded.
+    draft: Option<Draft>,
     mtp: Mtp,
+}
+
+/// The draft model loaded beside the target, of whichever kind.
+enum Draft {
+    /// A model with caches of its own.
+    Model(DraftModel),
+    /// A Gemma 4 assistant over the target's caches.
+    Assistant(AssistantDrafter),
+    /// A DFlash block drafter over the target's tapped layers.
+    Block(BlockDrafter),
 }
 
 impl Default for Drafters {
@@ -34,8 +45,7 @@ impl Default for Drafters {
         Drafters {
             ngram: PerSequence::new(NgramDrafter::new(NgramConfig::default())),
             layer_skip: BTreeMap::new(),
-            model: None,
-            assistant: None,
+            draft: None,
             mtp: Mtp::default(),
         }
     }
@@ -44,33 +54,40 @@ impl Default for Drafters {
 impl Drafters {
     /// Puts `model` beside the target as its draft model, replacing any other.
     pub fn attach_model(&mut self, model: DraftModel) {
-        self.model = Some(model);
-        self.assistant = None;
+        self.draft = Some(Draft::Model(model));
     }
 
     /// Puts `assistant` beside the target as its draft model, replacing any other.
     pub fn attach_assistant(&mut self, assistant: AssistantDrafter) {
-        self.assistant = Some(assistant);
-        self.model = None;
+        self.draft = Some(Draft::Assistant(assistant));
+    }
+
+    /// Puts `block` beside the target as its draft model, replacing any other.
+    pub fn attach_block(&mut self, block: BlockDrafter) {
+        self.draft = Some(Draft::Block(block));
     }
 
     /// The draft model, when one with caches of its own is loaded.
     pub fn model(&self) -> Option<&DraftModel> {
-        self.model.as_ref()
-    }
-
-    /// The name of the draft model loaded (either kind), when one is.
-    pub fn draft_name(&self) -> Option<&str> {
-        match (&self.model, &self.assistant) {
-            (Some(model), _) => Some(model.name()),
-            (None, Some(assistant)) => Some(assistant.name()),
-            (None, None) => None,
+        match &self.draft {
+            Some(Draft::Model(model)) => Some(model),
+            _ => None,
         }
     }
 
-    /// Whether the draft model reads the target's final states (an assistant does).
+    /// The name of the draft model loaded (any kind), when one is.
+    pub fn draft_name(&self) -> Option<&str> {
+        match self.draft.as_ref()? {
+            Draft::Model(model) => Some(model.name()),
+            Draft::Assistant(assistant) => Some(assistant.name()),
+            Draft::Block(block) => Some(block.name()),
+        }
+    }
+
+    /// Whether the draft model reads the target's final or tapped states (an assistant and a
+    /// block drafter do).
     pub fn model_reads_target_states(&self) -> bool {
-        self.assistant.is_some()
+        matches!(self.draft, Some(Draft::Assistant(_) | Draft::Block(_)))
     }
 
     /// The drafter of `kind`; `None` for a draft model when none is loaded.
@@ -82,10 +99,10 @@ impl Drafters {
                     .entry(layers)
                     .or_insert_with(|| LayerSkip::new(layers)),
             ),
-            DrafterKind::Model => match (&mut self.model, &mut self.assistant) {
-                (Some(model), _) => Some(model as &mut EngineDrafter),
-                (None, Some(assistant)) => Some(assistant as &mut EngineDrafter),
-                (None, None) => None,
+            DrafterKind::Model => match self.draft.as_mut()? {
+                Draft::Model(model) => Some(model as &mut EngineDrafter),
+                Draft::Assistant(assistant) => Some(assistant as &mut EngineDrafter),
+                Draft::Block(block) => Some(block as &mut EngineDrafter),
             },
             DrafterKind::Mtp => Some(&mut self.mtp),
         }

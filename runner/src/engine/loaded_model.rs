@@ -20,6 +20,7 @@ use nn::Model;
 use sampler::Sampler;
 
 use crate::engine::assistant::AssistantDrafter;
+use crate::engine::block_drafter::BlockDrafter;
 use crate::engine::controllers::Controllers;
 use crate::engine::draft_model::{DraftModel, DraftServing};
 use crate::engine::drafters::Drafters;
@@ -278,6 +279,33 @@ impl LoadedModel {
         self.draft_by_default = by_default;
     }
 
+    /// Loads `dflash`, called `name`, beside this one as its draft model (a DFlash block
+    /// drafter fitted to this model when it was read), replacing any other; `by_default` as
+    /// for [`LoadedModel::attach_draft`]. This model then offers the layers it taps as every
+    /// forward's conditioning, and the depth controller searches no deeper than a block. A
+    /// model whose checkpoint ships its own head is refused: its head reads the final states
+    /// the taps would replace.
+    pub fn attach_block_drafter(
+        &mut self,
+        name: String,
+        dflash: nn::arch::dflash::DFlash,
+        by_default: bool,
+    ) -> Result<()> {
+        if self.model.draft_head().is_some() {
+            return Err(StepError::Unsupported(format!(
+                "`{name}` is a block drafter, and this model drafts with its own head, which \
+                 reads the states a block drafter's taps replace"
+            )));
+        }
+        self.model.tap_layers(dflash.taps())?;
+        let drafter = BlockDrafter::new(name, dflash);
+        self.controllers
+            .cap(DrafterKind::Model, drafter.max_depth());
+        self.drafters.attach_block(drafter);
+        self.draft_by_default = by_default;
+        Ok(())
+    }
+
     /// The draft model's name, when one is loaded beside this one.
     pub fn draft_name(&self) -> Option<&str> {
         self.drafters.draft_name()
@@ -286,7 +314,11 @@ impl LoadedModel {
     /// Keeps what serving teaches the loop (the depth controllers) in `dir`: read now, written
     /// as it learns and when the model is unloaded.
     pub fn keep_state_in(&mut self, dir: std::path::PathBuf) {
+        let caps = self.controllers.caps();
         self.controllers = Controllers::persisted(dir, self.draft_name());
+        for (kind, deepest) in caps {
+            self.controllers.cap(kind, deepest);
+        }
     }
 
     /// The controller's current depth for `drafter` (as for a lone sequence), once it has one.

@@ -61,6 +61,7 @@
 
 mod admission;
 pub mod assistant;
+pub mod block_drafter;
 pub mod controllers;
 mod decode;
 pub mod draft_context;
