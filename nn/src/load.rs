@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use mlx::Dtype;
 use quant::{Checkpoint, Format};
 
+use crate::arch::dflash::DFlash;
 use crate::arch::gemma4_assistant::Gemma4Assistant;
 use crate::config::limits;
 use crate::context_extension::{Extension, extend_context};
@@ -193,6 +194,23 @@ pub fn load_assistant(
     }
     mlx::eval(&assistant.parameters())?;
     Ok(Box::new(assistant))
+}
+
+/// Loads the DFlash block drafter at `path` for the target built from `target_config`,
+/// computing in `dtype` as the target does; every tensor must be used and the drafter must fit
+/// the target ([`DFlash::new`]). Quantized weights are dequantized (its keys and values are
+/// fused at load).
+pub fn load_dflash(path: &Path, target_config: &serde_json::Value, dtype: Dtype) -> Result<DFlash> {
+    let checkpoint = Checkpoint::open(path)?;
+    let mut weights = Weights::new(checkpoint_tensors(&checkpoint)?, dtype).dequantized(true);
+    let drafter = DFlash::new(checkpoint.config(), &mut weights, target_config)?;
+    if let Some(unused) = weights.unused().first() {
+        return Err(Error::Weights(format!(
+            "the DFlash drafter holds `{unused}`, which its architecture does not use"
+        )));
+    }
+    mlx::eval(&drafter.parameters())?;
+    Ok(drafter)
 }
 
 /// Refuses a head whose config names another width or vocabulary than the model's: it was

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use mlx::{Array, Dtype};
 use nn::arch::dflash::DFlash;
-use nn::{Batch, Model, Weights};
+use nn::{Batch, Weights};
 use quant::{SafetensorsFile, Tensor};
 
 const TOLERANCE: f32 = 1e-4;

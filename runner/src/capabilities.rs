@@ -33,11 +33,11 @@ pub const INSERT: &str = "insert";
 /// The name of the speech-to-text capability, as recorded in a manifest and shown.
 pub const TRANSCRIPTION: &str = "transcription";
 
-/// The name of a drafter's one capability (a Gemma 4 assistant): it drafts for its target and
-/// serves no request of its own.
+/// The name of a drafter's one capability (a Gemma 4 assistant, a DFlash drafter): it drafts
+/// for its target and serves no request of its own.
 pub const DRAFTING: &str = "drafting";
 
-/// The capabilities of a drafter that only drafts (a Gemma 4 assistant).
+/// The capabilities of a drafter that only drafts (a Gemma 4 assistant, a DFlash drafter).
 pub fn of_drafter() -> Vec<String> {
     vec![DRAFTING.to_string()]
 }

@@ -58,7 +58,10 @@ pub fn describe(path: &Path) -> Result<(Format, Details), DescribeError> {
         return describe_whisper(&checkpoint).map_err(model_err);
     }
     if nn::arch::gemma4_assistant::is_assistant(checkpoint.config()) {
-        return describe_assistant(&checkpoint).map_err(model_err);
+        return describe_drafter(&checkpoint, "gemma4_assistant").map_err(model_err);
+    }
+    if nn::arch::dflash::is_dflash(checkpoint.config()) {
+        return describe_drafter(&checkpoint, "dflash").map_err(model_err);
     }
     let spec = nn::registry::describe(checkpoint.config()).map_err(model_err)?;
     let mut inputs = crate::capabilities::Inputs {
@@ -156,27 +159,32 @@ fn describe_whisper(checkpoint: &quant::Checkpoint) -> Result<(Format, Details),
     ))
 }
 
-/// A Gemma 4 assistant: a drafter whose one capability is drafting for its target (which it
-/// is checked against when paired); its context is its text config's.
-fn describe_assistant(checkpoint: &quant::Checkpoint) -> Result<(Format, Details), nn::Error> {
+/// A drafter that serves only beside a target (a Gemma 4 assistant, a DFlash block drafter):
+/// its one capability is drafting (it is checked against its target when paired), its family
+/// `family`, its context its (text) config's.
+fn describe_drafter(
+    checkpoint: &quant::Checkpoint,
+    family: &str,
+) -> Result<(Format, Details), nn::Error> {
     let config = checkpoint.config();
     if checkpoint.format() != quant::Format::Safetensors {
-        return Err(nn::Error::Config(
-            "a Gemma 4 assistant is read from safetensors, not GGUF".into(),
-        ));
+        return Err(nn::Error::Config(format!(
+            "a `{family}` drafter is read from safetensors, not GGUF"
+        )));
     }
     let parameters = checkpoint
         .parameters()
         .map_err(|e| nn::Error::Weights(e.to_string()))?;
     let context = config
         .pointer("/text_config/max_position_embeddings")
+        .or_else(|| config.get("max_position_embeddings"))
         .and_then(serde_json::Value::as_u64)
         .and_then(|n| usize::try_from(n).ok())
         .unwrap_or(0);
     Ok((
         Format::Safetensors,
         Details {
-            family: "gemma4_assistant".into(),
+            family: family.into(),
             parameter_size: human_count(parameters),
             quantization_level: quantization_level(checkpoint),
             context_length: context,

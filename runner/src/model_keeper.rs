@@ -73,9 +73,9 @@ pub enum LeaseError {
         "model `{0}` transcribes audio and does not generate text; use POST /v1/audio/transcriptions"
     )]
     NotGenerative(String),
-    /// The model only drafts for another (a Gemma 4 assistant).
+    /// The model only drafts for another (a Gemma 4 assistant, a DFlash drafter).
     #[error(
-        "model `{0}` is a Gemma 4 assistant: it drafts for a Gemma 4 model (name it in that \
+        "model `{0}` is a drafter: it drafts beside the model it was made for (name it in that \
          model's Modelfile as `DRAFT`) and does not generate text on its own"
     )]
     OnlyDrafts(String),

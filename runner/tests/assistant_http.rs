@@ -14,18 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use runner::engine::LoopConfig;
-use runner::model_name::ModelName;
-use runner::store::Store;
 use serde_json::{Value, json};
 use support::{Server, post, start_server_with};
 
 const TARGET: &str = "tiny-gemma4:test";
 const PAIRED: &str = "tiny-gemma4-assisted:test";
 const DRAFT: &str = "tiny-gemma4-assisted-draft:test";
-
-const TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
-{{ message.content }}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures")
@@ -34,45 +28,13 @@ fn fixtures() -> PathBuf {
 fn server() -> &'static Server {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
     SERVER
-        .get_or_init(|| start_server_with(&[], LoopConfig::from_env(), import_tiny_gemma4))
+        .get_or_init(|| {
+            start_server_with(&[], LoopConfig::from_env(), |store| {
+                support::import_tiny_fixture(store, "gemma4", TARGET)
+            })
+        })
         .as_ref()
         .expect("the tiny Gemma 4 needs no download")
-}
-
-/// Imports the target with a tokenizer whose ids fit its 512-row vocabulary: one token per
-/// byte and ChatML's specials after them.
-fn import_tiny_gemma4(store: &Store) {
-    let fixture = fixtures().join("gemma4");
-    let folder = tempfile::tempdir().unwrap();
-    for file in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(fixture.join(file), folder.path().join(file)).unwrap();
-    }
-    let vocab: serde_json::Map<String, Value> = support::byte_characters()
-        .into_iter()
-        .enumerate()
-        .map(|(id, c)| (c.to_string(), json!(id)))
-        .collect();
-    let added = vec![
-        support::special_token(256, "<|endoftext|>"),
-        support::special_token(257, "<|im_start|>"),
-        support::special_token(258, "<|im_end|>"),
-    ];
-    let tokenizer = support::byte_level_tokenizer(vocab, added);
-    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": null,
-        "eos_token": "<|im_end|>",
-        "add_bos_token": false,
-        "chat_template": TEMPLATE,
-    });
-    std::fs::write(
-        folder.path().join("tokenizer_config.json"),
-        config.to_string(),
-    )
-    .unwrap();
-    let name = ModelName::parse(TARGET).unwrap();
-    runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
 }
 
 fn create(model: &str, modelfile: String) -> (u16, Value) {
@@ -195,7 +157,7 @@ fn the_assistant_alone_serves_nothing() {
     );
     assert_eq!(status, 400, "{reply}");
     let error = reply["error"].as_str().unwrap_or_default();
-    assert!(error.contains("Gemma 4 assistant"), "{reply}");
+    assert!(error.contains("is a drafter"), "{reply}");
     let (status, show) = post(server(), "/api/show", json!({ "model": DRAFT }));
     assert_eq!(status, 200, "{show}");
     assert_eq!(show["capabilities"], json!(["drafting"]), "{show}");

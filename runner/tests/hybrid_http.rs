@@ -7,64 +7,26 @@
 
 use crate::support;
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use runner::engine::LoopConfig;
-use runner::model_name::ModelName;
-use runner::store::Store;
 use serde_json::{Value, json};
 use support::{Server, post, start_server_with};
 
 const MODEL: &str = "tiny-hybrid:test";
 
-/// ChatML, as Qwen models write it.
-const TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
-{{ message.content }}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+const TEMPLATE: &str = support::CHATML;
 
 fn server() -> &'static Server {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
     SERVER
-        .get_or_init(|| start_server_with(&[], LoopConfig::from_env(), import_tiny_hybrid))
+        .get_or_init(|| {
+            start_server_with(&[], LoopConfig::from_env(), |store| {
+                support::import_tiny_fixture(store, "qwen3_5", MODEL)
+            })
+        })
         .as_ref()
         .expect("the tiny hybrid needs no download")
-}
-
-/// Imports the fixture with a tokenizer whose ids fit its 512-row vocabulary: one token per
-/// byte (GPT-2's byte-to-character table, no merges) and ChatML's specials after them.
-fn import_tiny_hybrid(store: &Store) {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures/qwen3_5");
-    let folder = tempfile::tempdir().unwrap();
-    for file in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(fixture.join(file), folder.path().join(file)).unwrap();
-    }
-    let vocab: serde_json::Map<String, Value> = support::byte_characters()
-        .into_iter()
-        .enumerate()
-        .map(|(id, c)| (c.to_string(), json!(id)))
-        .collect();
-    let added = vec![
-        support::special_token(256, "<|endoftext|>"),
-        support::special_token(257, "<|im_start|>"),
-        support::special_token(258, "<|im_end|>"),
-    ];
-    let tokenizer = support::byte_level_tokenizer(vocab, added);
-    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    let config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": null,
-        "eos_token": "<|im_end|>",
-        "add_bos_token": false,
-        "chat_template": TEMPLATE,
-    });
-    std::fs::write(
-        folder.path().join("tokenizer_config.json"),
-        config.to_string(),
-    )
-    .unwrap();
-    let name = ModelName::parse(MODEL).unwrap();
-    runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
 }
 
 /// A greedy chat turn; returns the reply and the final object.

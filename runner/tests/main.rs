@@ -26,6 +26,7 @@ mod agents;
 mod anthropic;
 mod assistant_http;
 mod audio_http;
+mod block_drafter_http;
 mod create;
 mod draft_model;
 mod edge;

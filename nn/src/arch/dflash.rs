@@ -367,6 +367,33 @@ impl DFlash {
     }
 }
 
+/// Refuses the drafter of `config` for the target of `target_config` when it does not fit
+/// (its taps, width and mask token), from the configs alone: `create` checks a pairing before
+/// anything is loaded.
+pub fn check_fit(config: &Value, target_config: &Value) -> Result<()> {
+    let f = Fields { object: config };
+    let dflash = Fields {
+        object: f.get("dflash_config").ok_or_else(|| {
+            Error::Config("a DFlash drafter's config has no `dflash_config`".into())
+        })?,
+    };
+    let taps: Vec<usize> = dflash
+        .get("target_layer_ids")
+        .and_then(Value::as_array)
+        .map(|ids| {
+            ids.iter()
+                .filter_map(|t| t.as_u64().and_then(|t| usize::try_from(t).ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    fit(
+        f.required_bounded("hidden_size", limits::HIDDEN)?,
+        dflash.required_bounded("mask_token_id", limits::VOCAB)?,
+        &taps,
+        target_config,
+    )
+}
+
 /// Refuses a drafter that does not fit the target of `target_config`, naming what differs.
 fn fit(hidden: usize, mask_token: usize, taps: &[usize], target_config: &Value) -> Result<()> {
     let target = Fields::text_section(target_config);

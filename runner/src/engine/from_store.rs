@@ -159,7 +159,7 @@ pub fn check_draft_vocabulary(
     dir: &Path,
     draft: &DraftSource,
 ) -> Result<(), LoadError> {
-    if is_assistant(draft) {
+    if only_drafts(draft) {
         let refuse = |reason: String| LoadError::Draft {
             draft: draft.name.to_string(),
             target: target.to_string(),
@@ -167,8 +167,12 @@ pub fn check_draft_vocabulary(
         };
         let target_config = checkpoint_config(target, manifest, dir)?;
         let draft_config = checkpoint_config(&draft.name, &draft.manifest, &draft.dir)?;
-        return nn::arch::gemma4_assistant::check_fit(&draft_config, &target_config)
-            .map_err(|e| refuse(e.to_string()));
+        let fits = if nn::arch::dflash::is_dflash(&draft_config) {
+            nn::arch::dflash::check_fit(&draft_config, &target_config)
+        } else {
+            nn::arch::gemma4_assistant::check_fit(&draft_config, &target_config)
+        };
+        return fits.map_err(|e| refuse(e.to_string()));
     }
     let ours = tokenizer_of(target, manifest, dir)?;
     let theirs = tokenizer_of(&draft.name, &draft.manifest, &draft.dir)?;
@@ -348,8 +352,9 @@ fn load_weights(
     })
 }
 
-/// Whether `draft` is a Gemma 4 assistant (as its import recorded).
-fn is_assistant(draft: &DraftSource) -> bool {
+/// Whether `draft` only drafts beside a target (a Gemma 4 assistant, a DFlash drafter), as
+/// its import recorded.
+fn only_drafts(draft: &DraftSource) -> bool {
     crate::capabilities::only_drafts(&draft.manifest.details.capabilities)
 }
 
@@ -369,9 +374,9 @@ fn checkpoint_config(
         })
 }
 
-/// Loads `source` beside the target `session` as its draft model: a Gemma 4 assistant is
-/// fitted to the target (`target_config`, computing in `dtype`); any other is a model of its
-/// own.
+/// Loads `source` beside the target `session` as its draft model: a Gemma 4 assistant or a
+/// DFlash drafter is fitted to the target (`target_config`, computing in `dtype`); any other
+/// is a model of its own.
 fn attach_draft(
     session: &mut LoadedModel,
     target: &ModelName,
@@ -383,9 +388,16 @@ fn attach_draft(
         target: target.to_string(),
         reason,
     };
-    if is_assistant(source) {
+    if only_drafts(source) {
         let weights = weights_path(&source.dir, &source.manifest)
             .ok_or_else(|| LoadError::NoWeights(source.name.to_string()))?;
+        if source.manifest.details.family == "dflash" {
+            let drafter = nn::load::load_dflash(&weights, target_config, dtype)
+                .map_err(|e| refuse(e.to_string()))?;
+            return session
+                .attach_block_drafter(source.name.to_string(), drafter, source.by_default)
+                .map_err(|e| refuse(e.to_string()));
+        }
         let assistant = nn::load::load_assistant(&weights, session.model(), target_config, dtype)
             .map_err(|e| refuse(e.to_string()))?;
         session.attach_assistant(source.name.to_string(), assistant, source.by_default);

@@ -569,3 +569,49 @@ pub fn assert_top_logprobs(top: &Value, direct: &[f32], reply: &Value) -> f32 {
     assert!(served.len() == 5 && worst < 1e-4, "{worst:e}: {reply}");
     worst
 }
+
+/// ChatML, as Qwen models write it: the template the tiny fixtures are imported with.
+#[allow(dead_code)]
+pub const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+{{ message.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Imports the tiny fixture `nn/tests/fixtures/<fixture>` as `name`, with a tokenizer whose
+/// ids fit its 512-row vocabulary (one token per byte, ChatML's specials after them) and the
+/// ChatML template.
+#[allow(dead_code)]
+pub fn import_tiny_fixture(store: &Store, fixture: &str, name: &str) {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../nn/tests/fixtures")
+        .join(fixture);
+    let folder = tempfile::tempdir().unwrap();
+    for file in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(source.join(file), folder.path().join(file)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> = byte_characters()
+        .into_iter()
+        .enumerate()
+        .map(|(id, c)| (c.to_string(), json!(id)))
+        .collect();
+    let added = vec![
+        special_token(256, "<|endoftext|>"),
+        special_token(257, "<|im_start|>"),
+        special_token(258, "<|im_end|>"),
+    ];
+    let tokenizer = byte_level_tokenizer(vocab, added);
+    std::fs::write(folder.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "add_bos_token": false,
+        "chat_template": CHATML,
+    });
+    std::fs::write(
+        folder.path().join("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let name = ModelName::parse(name).unwrap();
+    runner::import::import_path(store, &name, folder.path(), "test", &mut |_, _, _| {}).unwrap();
+}
