@@ -78,6 +78,7 @@ pub mod rope;
 pub mod sdpa;
 pub mod short_conv;
 pub mod ssd;
+mod taps;
 pub mod tensor_parallel;
 pub mod vision;
 pub mod weights;

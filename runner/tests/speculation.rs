@@ -801,8 +801,14 @@ fn an_assistant_that_predicts_its_target_has_every_draft_accepted() {
 /// The `llama` fixture with the DFlash drafter drawn for it (`nn/tests/fixtures/dflash`,
 /// random: taps at both layers, blocks of 4) loaded as its draft model, `llama-dflash`.
 fn engine_with_block_drafter() -> LoadedModel {
+    engine_with_block_drafter_for("llama")
+}
+
+/// The tiny `target` fixture (as wide as the drafter, with as many layers and the same
+/// vocabulary) with the DFlash fixture's drafter beside it.
+fn engine_with_block_drafter_for(target: &str) -> LoadedModel {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../nn/tests/fixtures");
-    let target = nn::load::load(&fixtures.join("llama"), Some(mlx::Dtype::F32)).unwrap();
+    let target = nn::load::load(&fixtures.join(target), Some(mlx::Dtype::F32)).unwrap();
     let config: serde_json::Value = serde_json::from_slice(
         &std::fs::read(fixtures.join("dflash").join("config.json")).unwrap(),
     )
@@ -829,7 +835,17 @@ fn engine_with_block_drafter() -> LoadedModel {
 /// trie stays consistent.
 #[test]
 fn block_drafts_leave_answers_unchanged() {
-    let mut engine = engine_with_block_drafter();
+    block_drafts_unchanged_for("llama");
+}
+
+/// The same drafter beside the Qwen3 fixture, which taps its layers alike.
+#[test]
+fn block_drafts_leave_a_qwen3_targets_answers_unchanged() {
+    block_drafts_unchanged_for("qwen3");
+}
+
+fn block_drafts_unchanged_for(target: &str) {
+    let mut engine = engine_with_block_drafter_for(target);
     let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
     let mut handles: Vec<Handle> = prompts
         .iter()

@@ -28,6 +28,7 @@ use crate::model::{
 use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
+use crate::taps::Taps;
 use crate::weights::{Weights, check_matrix};
 use crate::{Error, Result};
 
@@ -134,7 +135,7 @@ pub struct Llama {
     lm_head: Linear,
     mtp: Option<MtpHead<DecoderLayer>>,
     /// The layers whose outputs a forward offers a block drafter ([`Model::tap_layers`]).
-    taps: Vec<usize>,
+    taps: Taps,
 }
 
 impl Llama {
@@ -203,7 +204,7 @@ impl Llama {
             norm: final_norm,
             lm_head,
             mtp,
-            taps: Vec::new(),
+            taps: Taps::default(),
         })
     }
 }
@@ -271,14 +272,7 @@ impl Model for Llama {
     }
 
     fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
-        if let Some(layer) = layers.iter().find(|&&l| l >= self.layers.len()) {
-            return Err(Error::InvalidInput(format!(
-                "layer {layer} cannot be tapped: the model has {} layers",
-                self.layers.len()
-            )));
-        }
-        self.taps = layers.to_vec();
-        Ok(())
+        self.taps.set(layers, self.layers.len())
     }
 }
 
@@ -323,27 +317,14 @@ impl Llama {
         check_depth(layers, self.layers.len())?;
         check_cache_sets(batch, caches, self.layers.len())?;
         let positions = BatchPositions::new(batch)?;
-        let mut tapped = Vec::with_capacity(self.taps.len());
+        let mut tapped = self.taps.record();
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             h = layer.forward(&h, caches, i, batch, &positions)?;
-            if self.taps.contains(&i) {
-                tapped.push((i, h.clone()));
-            }
+            tapped.layer(i, &h);
         }
-        // In the order the drafter names them; a cut stack (layer-skip) offers none.
-        let conditioning = (!self.taps.is_empty() && tapped.len() == self.taps.len())
-            .then(|| {
-                let ordered: Vec<Array> = self
-                    .taps
-                    .iter()
-                    .filter_map(|t| tapped.iter().find(|(i, _)| i == t).map(|(_, a)| a.clone()))
-                    .collect();
-                mlx::concatenate(&ordered, -1)
-            })
-            .transpose()?;
         Ok(Forward {
             hidden: self.norm.forward(&h)?,
-            conditioning,
+            conditioning: tapped.conditioning()?,
         })
     }
 }

@@ -17,9 +17,10 @@ use crate::config::dim;
 use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
-use crate::model::{Batch, Forward, Model, ModelSpec, check_depth};
+use crate::model::{Batch, Forward, InputEmbeddings, Model, ModelSpec, check_depth};
 use crate::rms_norm::RmsNorm;
 use crate::rope::Rope;
+use crate::taps::Taps;
 use crate::weights::{Weights, check_matrix};
 
 /// The hyperparameters of a Qwen3 model: `Qwen3Config` has `Qwen2Config`'s keys (its
@@ -44,6 +45,8 @@ pub struct Qwen3 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// The layers whose outputs a forward offers a block drafter ([`Model::tap_layers`]).
+    taps: Taps,
 }
 
 impl Qwen3 {
@@ -91,7 +94,63 @@ impl Qwen3 {
             layers,
             norm: final_norm,
             lm_head,
+            taps: Taps::default(),
         })
+    }
+
+    /// The first `layers` layers and the final norm over `h`, the batch's input embeddings.
+    fn run_layers(
+        &self,
+        mut h: Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+        layers: usize,
+    ) -> Result<Forward> {
+        check_depth(layers, self.layers.len())?;
+        check_cache_sets(batch, caches, self.layers.len())?;
+        let positions = BatchPositions::new(batch)?;
+        let mut tapped = self.taps.record();
+        for (i, layer) in self.layers.iter().enumerate().take(layers) {
+            let x = layer.input_layernorm.forward(&h)?;
+            let projected = layer.self_attn.project(&x, positions.rope())?;
+            let logical = match layer.sliding_window {
+                Some(window) => LogicalMask::SlidingWindow(window),
+                None => LogicalMask::Causal,
+            };
+            let attended = attend_cached(
+                &layer.self_attn,
+                &projected,
+                caches,
+                i,
+                &batch.positions,
+                logical,
+            )?;
+            h = h.add(&attended)?;
+            let ff = layer
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
+            h = h.add(&ff)?;
+            tapped.layer(i, &h);
+        }
+        Ok(Forward {
+            hidden: self.norm.forward(&h)?,
+            conditioning: tapped.conditioning()?,
+        })
+    }
+}
+
+impl InputEmbeddings for Qwen3 {
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    fn forward_rows_embedded(
+        &self,
+        embedded: &Array,
+        batch: &Batch,
+        caches: &mut [&mut [Option<LayerCache>]],
+    ) -> Result<Forward> {
+        self.run_layers(embedded.clone(), batch, caches, self.layers.len())
     }
 }
 
@@ -139,39 +198,20 @@ impl Model for Qwen3 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
-        let positions = BatchPositions::new(batch)?;
-        let mut h = self.embed_tokens.forward(&batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let logical = match layer.sliding_window {
-                Some(window) => LogicalMask::SlidingWindow(window),
-                None => LogicalMask::Causal,
-            };
-            let attended = attend_cached(
-                &layer.self_attn,
-                &projected,
-                caches,
-                i,
-                &batch.positions,
-                logical,
-            )?;
-            h = h.add(&attended)?;
-            let ff = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&h)?)?;
-            h = h.add(&ff)?;
-        }
-        Ok(Forward {
-            hidden: self.norm.forward(&h)?,
-            conditioning: None,
-        })
+        let embedded = self.embed_tokens.forward(&batch.tokens)?;
+        self.run_layers(embedded, batch, caches, layers)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
         self.lm_head.forward(hidden)
+    }
+
+    fn input_embeddings(&self) -> Option<&dyn InputEmbeddings> {
+        Some(self)
+    }
+
+    fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
+        self.taps.set(layers, self.layers.len())
     }
 
     fn parameters(&self) -> Vec<Array> {
