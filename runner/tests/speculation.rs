@@ -374,39 +374,97 @@ fn deepseek_v3_mtp_drafts_leave_answers_unchanged() {
 
 fn drafts_leave_answers_unchanged(fixture: &str) {
     let mut engine = engine(fixture, 64 << 20);
+    eight_drafting_beside_a_plain_one(&mut engine, mtp(4), DrafterKind::Mtp);
+}
+
+/// What a test's drafting requests did, summed.
+#[derive(Debug, Default)]
+struct Drafting {
+    drafted: usize,
+    accepted: usize,
+    rounds: usize,
+}
+
+/// Eight greedy requests drafting as `speculation` says, at once, beside a plain one: each
+/// answers what it answers alone (through rejected rounds), its statistics name `drafter`,
+/// something was drafted and something rejected, and the trie stays consistent.
+fn eight_drafting_beside_a_plain_one(
+    engine: &mut LoadedModel,
+    speculation: Speculation,
+    drafter: DrafterKind,
+) -> Drafting {
     let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
     let mut handles: Vec<Handle> = prompts
         .iter()
-        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), mtp(4)))
+        .map(|p| submit_with(engine, p, 30, sampler::Options::greedy(), speculation))
         .collect();
     let plain = ids(50, 12);
     let mut plain_handle = submit_with(
-        &mut engine,
+        engine,
         &plain,
         20,
         sampler::Options::greedy(),
         Speculation::Off,
     );
-    run_to_idle(&mut engine);
-    let mut drafted = 0;
-    let mut accepted = 0;
+    run_to_idle(engine);
+    let mut totals = Drafting::default();
     for (prompt, handle) in prompts.iter().zip(&mut handles) {
         assert!(handle.ended());
         assert_eq!(handle.failed, None);
         assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
         let spec = handle.stats().speculation.expect("it speculated");
-        assert_eq!(spec.drafter, DrafterKind::Mtp);
-        drafted += spec.drafted;
-        accepted += spec.accepted;
+        assert_eq!(spec.drafter, drafter);
+        totals.drafted += spec.drafted;
+        totals.accepted += spec.accepted;
+        totals.rounds += spec.rounds;
     }
     assert!(plain_handle.ended());
     assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
-    assert!(drafted > 0, "nothing was drafted");
+    assert!(totals.drafted > 0, "nothing was drafted");
     assert!(
-        accepted < drafted,
+        totals.accepted < totals.drafted,
         "every draft was accepted: no rollback ran"
     );
-    check_trie(&engine);
+    check_trie(engine);
+    totals
+}
+
+/// A seeded request at T = 0.8 drafting as `speculation(depth)` says gives the same text at
+/// each of `depths`.
+fn seeded_text_at_every_depth(
+    engine: &mut LoadedModel,
+    speculation: impl Fn(usize) -> Speculation,
+    depths: &[usize],
+) {
+    let prompt = ids(44, 14);
+    let mut answers = Vec::new();
+    for &depth in depths {
+        let mut handle = submit_with(engine, &prompt, 24, sampled(5), speculation(depth));
+        run_to_idle(engine);
+        assert!(handle.ended());
+        assert_eq!(handle.failed, None);
+        answers.push(handle.tokens);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+}
+
+/// A request whose prefix comes back from the trie, drafting as `speculation` says: its
+/// drafter has no target states before the restored prefix's end and starts there; the answer
+/// is the plain one. Returns the request.
+fn drafting_after_a_restored_prefix(engine: &mut LoadedModel, speculation: Speculation) -> Handle {
+    let first = ids(41, 24);
+    let mut plain = submit(engine, &first, 8);
+    run_to_idle(engine);
+    assert!(plain.ended());
+    let longer = [first.clone(), ids(61, 6)].concat();
+    let mut again = submit_with(engine, &longer, 20, sampler::Options::greedy(), speculation);
+    run_to_idle(engine);
+    assert!(again.ended());
+    assert_eq!(again.failed, None);
+    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
+    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    check_trie(engine);
+    again
 }
 
 /// A request whose prefix comes back from the trie: the head has no target states before the
@@ -422,34 +480,14 @@ fn mtp_drafts_from_where_a_restored_prefix_ends() {
         .unwrap();
     let mut engine = engine("qwen3_5_mtp", 64 << 20);
     engine.keep_state_in(state.path().to_path_buf());
-    let first = ids(41, 24);
-    let mut plain = submit(&mut engine, &first, 8);
-    run_to_idle(&mut engine);
-    assert!(plain.ended());
-    let longer = [first.clone(), ids(61, 6)].concat();
-    let mut again = submit_with(&mut engine, &longer, 20, sampler::Options::greedy(), mtp(3));
-    run_to_idle(&mut engine);
-    assert!(again.ended());
-    assert_eq!(again.failed, None);
-    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
-    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    let mut again = drafting_after_a_restored_prefix(&mut engine, mtp(3));
     assert!(again.stats().speculation.expect("it speculated").drafted > 0);
-    check_trie(&engine);
 }
 
 #[test]
 fn seeded_mtp_sampling_does_not_depend_on_the_depth() {
     let mut engine = engine("qwen3_5_mtp", 64 << 20);
-    let prompt = ids(44, 14);
-    let mut answers = Vec::new();
-    for depth in [1, 4, 2] {
-        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), mtp(depth));
-        run_to_idle(&mut engine);
-        assert!(handle.ended());
-        assert_eq!(handle.failed, None);
-        answers.push(handle.tokens);
-    }
-    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    seeded_text_at_every_depth(&mut engine, mtp, &[1, 4, 2]);
 }
 
 #[test]
@@ -566,7 +604,8 @@ fn engine_with_assistant() -> LoadedModel {
     engine
 }
 
-fn assistant(depth: usize) -> Speculation {
+/// Drafting with the draft model loaded beside the target (of any kind), at most `depth` deep.
+fn draft_model(depth: usize) -> Speculation {
     Speculation::On {
         drafter: DrafterKind::Model,
         max_depth: Some(depth),
@@ -580,53 +619,13 @@ fn assistant(depth: usize) -> Speculation {
 fn assistant_drafts_leave_answers_unchanged() {
     let mut engine = engine_with_assistant();
     assert_eq!(engine.draft_name(), Some("gemma4-assistant"));
-    let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
-    let mut handles: Vec<Handle> = prompts
-        .iter()
-        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), assistant(4)))
-        .collect();
-    let plain = ids(50, 12);
-    let mut plain_handle = submit_with(
-        &mut engine,
-        &plain,
-        20,
-        sampler::Options::greedy(),
-        Speculation::Off,
-    );
-    run_to_idle(&mut engine);
-    let (mut drafted, mut accepted) = (0, 0);
-    for (prompt, handle) in prompts.iter().zip(&mut handles) {
-        assert!(handle.ended());
-        assert_eq!(handle.failed, None);
-        assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
-        let spec = handle.stats().speculation.expect("it speculated");
-        assert_eq!(spec.drafter, DrafterKind::Model);
-        drafted += spec.drafted;
-        accepted += spec.accepted;
-    }
-    assert!(plain_handle.ended());
-    assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
-    assert!(drafted > 0, "nothing was drafted");
-    assert!(
-        accepted < drafted,
-        "every draft was accepted: no rollback ran"
-    );
-    check_trie(&engine);
+    eight_drafting_beside_a_plain_one(&mut engine, draft_model(4), DrafterKind::Model);
 }
 
 #[test]
 fn seeded_assistant_sampling_does_not_depend_on_the_depth() {
     let mut engine = engine_with_assistant();
-    let prompt = ids(44, 14);
-    let mut answers = Vec::new();
-    for depth in [1, 4, 2] {
-        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), assistant(depth));
-        run_to_idle(&mut engine);
-        assert!(handle.ended());
-        assert_eq!(handle.failed, None);
-        answers.push(handle.tokens);
-    }
-    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    seeded_text_at_every_depth(&mut engine, draft_model, &[1, 4, 2]);
 }
 
 /// A request whose prefix comes back from the trie has no target state before the round
@@ -640,25 +639,8 @@ fn assistant_drafts_after_a_restored_prefix() {
         .unwrap();
     let mut engine = engine_with_assistant();
     engine.keep_state_in(state.path().to_path_buf());
-    let first = ids(41, 24);
-    let mut plain = submit(&mut engine, &first, 8);
-    run_to_idle(&mut engine);
-    assert!(plain.ended());
-    let longer = [first.clone(), ids(61, 6)].concat();
-    let mut again = submit_with(
-        &mut engine,
-        &longer,
-        20,
-        sampler::Options::greedy(),
-        assistant(3),
-    );
-    run_to_idle(&mut engine);
-    assert!(again.ended());
-    assert_eq!(again.failed, None);
-    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
-    assert!(again.stats().cached_tokens > 0, "nothing was restored");
+    let mut again = drafting_after_a_restored_prefix(&mut engine, draft_model(3));
     assert!(again.stats().speculation.expect("it speculated").drafted > 0);
-    check_trie(&engine);
 }
 
 /// The `gemma4` fixture made into a target whose next token is a fixed map of its current
@@ -780,7 +762,15 @@ fn an_assistant_that_predicts_its_target_has_every_draft_accepted() {
     let prompts: Vec<Vec<u32>> = (0..3).map(|r| ids(70 + r, 5 + 4 * r as usize)).collect();
     let mut handles: Vec<Handle> = prompts
         .iter()
-        .map(|p| submit_with(&mut engine, p, 24, sampler::Options::greedy(), assistant(4)))
+        .map(|p| {
+            submit_with(
+                &mut engine,
+                p,
+                24,
+                sampler::Options::greedy(),
+                draft_model(4),
+            )
+        })
         .collect();
     run_to_idle(&mut engine);
     for (prompt, handle) in prompts.iter().zip(&mut handles) {
@@ -846,55 +836,14 @@ fn block_drafts_leave_a_qwen3_targets_answers_unchanged() {
 
 fn block_drafts_unchanged_for(target: &str) {
     let mut engine = engine_with_block_drafter_for(target);
-    let prompts: Vec<Vec<u32>> = (0..8).map(|r| ids(40 + r, 9 + 3 * r as usize)).collect();
-    let mut handles: Vec<Handle> = prompts
-        .iter()
-        .map(|p| submit_with(&mut engine, p, 30, sampler::Options::greedy(), assistant(8)))
-        .collect();
-    let plain = ids(50, 12);
-    let mut plain_handle = submit_with(
-        &mut engine,
-        &plain,
-        20,
-        sampler::Options::greedy(),
-        Speculation::Off,
-    );
-    run_to_idle(&mut engine);
-    let (mut drafted, mut accepted, mut rounds) = (0, 0, 0);
-    for (prompt, handle) in prompts.iter().zip(&mut handles) {
-        assert!(handle.ended());
-        assert_eq!(handle.failed, None);
-        assert_eq!(handle.tokens, cold(engine.model(), prompt, 30));
-        let spec = handle.stats().speculation.expect("it speculated");
-        assert_eq!(spec.drafter, DrafterKind::Model);
-        drafted += spec.drafted;
-        accepted += spec.accepted;
-        rounds += spec.rounds;
-    }
-    assert!(plain_handle.ended());
-    assert_eq!(plain_handle.tokens, cold(engine.model(), &plain, 20));
-    assert!(drafted > 0, "nothing was drafted");
-    assert!(drafted <= 3 * rounds, "{drafted} drafts in {rounds} rounds");
-    assert!(
-        accepted < drafted,
-        "every draft was accepted: no rollback ran"
-    );
-    check_trie(&engine);
+    let totals = eight_drafting_beside_a_plain_one(&mut engine, draft_model(8), DrafterKind::Model);
+    assert!(totals.drafted <= 3 * totals.rounds, "{totals:?}");
 }
 
 #[test]
 fn seeded_block_sampling_does_not_depend_on_the_depth() {
     let mut engine = engine_with_block_drafter();
-    let prompt = ids(44, 14);
-    let mut answers = Vec::new();
-    for depth in [1, 3, 2] {
-        let mut handle = submit_with(&mut engine, &prompt, 24, sampled(5), assistant(depth));
-        run_to_idle(&mut engine);
-        assert!(handle.ended());
-        assert_eq!(handle.failed, None);
-        answers.push(handle.tokens);
-    }
-    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    seeded_text_at_every_depth(&mut engine, draft_model, &[1, 3, 2]);
 }
 
 /// After a prefix comes back from the trie the drafter's context starts where the target's
@@ -902,22 +851,5 @@ fn seeded_block_sampling_does_not_depend_on_the_depth() {
 #[test]
 fn block_drafts_after_a_restored_prefix() {
     let mut engine = engine_with_block_drafter();
-    let first = ids(41, 24);
-    let mut plain = submit(&mut engine, &first, 8);
-    run_to_idle(&mut engine);
-    assert!(plain.ended());
-    let longer = [first.clone(), ids(61, 6)].concat();
-    let mut again = submit_with(
-        &mut engine,
-        &longer,
-        20,
-        sampler::Options::greedy(),
-        assistant(3),
-    );
-    run_to_idle(&mut engine);
-    assert!(again.ended());
-    assert_eq!(again.failed, None);
-    assert_eq!(again.tokens, cold(engine.model(), &longer, 20));
-    assert!(again.stats().cached_tokens > 0, "nothing was restored");
-    check_trie(&engine);
+    drafting_after_a_restored_prefix(&mut engine, draft_model(3));
 }
