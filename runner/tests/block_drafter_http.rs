@@ -58,28 +58,42 @@ fn paired() -> &'static str {
     PAIRED
 }
 
-fn generate(model: &str) -> Value {
-    let (status, reply) = post(
-        server(),
-        "/api/generate",
-        json!({
-            "model": model,
-            "prompt": "Write the first lines of a poem about the sea.",
-            "stream": false,
-            "logprobs": true,
-            "top_logprobs": 2,
-            "options": { "temperature": 0, "num_predict": 24 },
-        }),
-    );
+fn generate(model: &str, format: Option<Value>) -> Value {
+    let mut request = json!({
+        "model": model,
+        "prompt": "Write the first lines of a poem about the sea.",
+        "stream": false,
+        "logprobs": true,
+        "top_logprobs": 2,
+        "options": { "temperature": 0, "num_predict": 24 },
+    });
+    if let Some(format) = format {
+        request["format"] = format;
+    }
+    let (status, reply) = post(server(), "/api/generate", request);
     assert_eq!(status, 200, "{reply}");
     reply
 }
 
 #[test]
 fn the_block_drafter_drafts_by_default_and_the_answer_is_the_targets() {
+    answers_as_the_target(None);
+}
+
+/// The same under a JSON schema: verification applies the grammar, drafts stay free.
+#[test]
+fn schema_constrained_block_drafting_answers_as_the_target() {
+    answers_as_the_target(Some(json!({
+        "type": "object",
+        "properties": { "line": { "type": "string" } },
+        "required": ["line"],
+    })));
+}
+
+fn answers_as_the_target(format: Option<Value>) {
     let model = paired();
-    let alone = generate(TARGET);
-    let drafted = generate(model);
+    let alone = generate(TARGET, format.clone());
+    let drafted = generate(model, format);
     assert_eq!(drafted["response"], alone["response"], "{drafted}");
     let stats = &drafted["speculation"];
     assert_eq!(stats["drafter"], DRAFT, "{drafted}");
