@@ -70,6 +70,7 @@ pub mod mlp;
 pub mod model;
 pub mod moe;
 mod mtp_head;
+pub mod pipeline_parallel;
 mod placement;
 pub mod recurrent_rows;
 pub mod registry;

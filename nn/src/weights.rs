@@ -10,6 +10,7 @@ use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
 use crate::linear::{Linear, Tensor};
+use crate::pipeline_parallel::PipelineStage;
 use crate::tensor_parallel::TensorParallel;
 use crate::{Error, Result};
 
@@ -25,6 +26,8 @@ pub struct Weights {
     packed_forms: BTreeMap<String, Quantized>,
     /// This process's slice of a model split across ranks, when it is.
     tensor_parallel: Option<TensorParallel>,
+    /// This process's range of a model's layers, when they are split across ranks.
+    pipeline_stage: Option<PipelineStage>,
 }
 
 impl Weights {
@@ -39,7 +42,20 @@ impl Weights {
             packed_copies: false,
             packed_forms: BTreeMap::new(),
             tensor_parallel: None,
+            pipeline_stage: None,
         }
+    }
+
+    /// Reads only `stage`'s layers of the model (its family asks which,
+    /// [`Weights::pipeline_stage`]).
+    pub fn with_pipeline_stage(mut self, stage: PipelineStage) -> Weights {
+        self.pipeline_stage = Some(stage);
+        self
+    }
+
+    /// The pipeline stage this model is loaded as, if any.
+    pub fn pipeline_stage(&self) -> Option<&PipelineStage> {
+        self.pipeline_stage.as_ref()
     }
 
     /// Hands out this rank's slice of the model `parallel` splits: its projections through

@@ -26,6 +26,7 @@ use crate::model::{
     Batch, DraftHead, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth,
 };
 use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
+use crate::pipeline_parallel::PipelineStage;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::taps::Taps;
@@ -136,6 +137,9 @@ pub struct Llama {
     mtp: Option<MtpHead<DecoderLayer>>,
     /// The layers whose outputs a forward offers a block drafter ([`Model::tap_layers`]).
     taps: Taps,
+    /// This rank's range of the layers when they are split across a pipeline: `layers` holds
+    /// only those, from the range's start on.
+    stage: Option<PipelineStage>,
 }
 
 impl Llama {
@@ -166,11 +170,21 @@ impl Llama {
                 mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
             })
         };
+        let stage = weights.pipeline_stage().cloned();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
+            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
+                // Another rank's layer.
+                weights.set_aside(&format!("model.layers.{i}."));
+                continue;
+            }
             layers.push(layer(weights, &format!("model.layers.{i}"))?);
         }
-        let mtp = if HeadNames::mtp().present(weights) {
+        if stage.is_some() {
+            // A pipeline drafts with no head yet: the head would run where the states end.
+            weights.set_aside("mtp.");
+        }
+        let mtp = if stage.is_none() && HeadNames::mtp().present(weights) {
             let cache = LayerState::Attention {
                 kv_heads: config.num_key_value_heads,
                 head_dim: config.head_dim,
@@ -196,8 +210,17 @@ impl Llama {
             vocab,
             hidden,
         )?;
+        let mut spec = config.spec();
+        if let Some(stage) = &stage {
+            // Only this rank's layers keep caches.
+            for (i, state) in spec.layers.iter_mut().enumerate() {
+                if !stage.holds(i) {
+                    *state = LayerState::Stateless;
+                }
+            }
+        }
         Ok(Llama {
-            spec: config.spec(),
+            spec,
             hidden,
             embed_tokens,
             layers,
@@ -205,6 +228,7 @@ impl Llama {
             lm_head,
             mtp,
             taps: Taps::default(),
+            stage,
         })
     }
 }
@@ -232,7 +256,7 @@ impl Model for Llama {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        self.forward_rows_through(batch, caches, self.layers.len())
+        self.forward_rows_through(batch, caches, self.spec.layers.len())
     }
 
     fn forward_rows_through(
@@ -272,7 +296,7 @@ impl Model for Llama {
     }
 
     fn tap_layers(&mut self, layers: &[usize]) -> Result<()> {
-        self.taps.set(layers, self.layers.len())
+        self.taps.set(layers, self.spec.layers.len())
     }
 }
 
@@ -301,7 +325,7 @@ impl InputEmbeddings for Llama {
                  tokens, expected [{rows}, {width}, {hidden}]"
             )));
         }
-        self.run_layers(embedded.clone(), batch, caches, self.layers.len())
+        self.run_layers(embedded.clone(), batch, caches, self.spec.layers.len())
     }
 }
 
@@ -314,9 +338,31 @@ impl Llama {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
+        check_depth(layers, self.spec.layers.len())?;
+        check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
+        if let Some(stage) = &self.stage {
+            if layers != self.spec.layers.len() {
+                return Err(Error::InvalidInput(
+                    "a pipeline stage runs its whole range of layers".into(),
+                ));
+            }
+            let first = stage.layers().start;
+            let hidden = stage.forward(
+                h,
+                |mut h| {
+                    for (i, layer) in self.layers.iter().enumerate() {
+                        h = layer.forward(&h, caches, first + i, batch, &positions)?;
+                    }
+                    Ok(h)
+                },
+                |h| self.norm.forward(h),
+            )?;
+            return Ok(Forward {
+                hidden,
+                conditioning: None,
+            });
+        }
         let mut tapped = self.taps.record();
         for (i, layer) in self.layers.iter().enumerate().take(layers) {
             h = layer.forward(&h, caches, i, batch, &positions)?;

@@ -1,12 +1,16 @@
-//! Tensor parallelism across processes (issue 50): the tiny Llama fixture split over two ranks
-//! on loopback (MLX's ring backend) answers as the whole model does in one process.
+//! One model across processes (issue 50): the tiny Llama fixture split over two ranks on
+//! loopback (MLX's ring backend) answers as the whole model does in one process.
 //!
-//! The test runs this binary twice more as the group's ranks (a child re-enters the test with
-//! `MLX_RANK` set). Each rank loads its slice (half the attention heads and key/value heads,
-//! half the MLP columns), prefills a prompt, decodes greedily over its own caches, and writes
-//! every step's logits. Both ranks must hold the same logits, and those must equal the whole
-//! model's within 1e-4: each row-parallel projection now sums two partial products where one
-//! process summed them all, which reorders f32 additions (measured below ~1e-5 here).
+//! Each test runs this binary twice more as the group's ranks (a child re-enters its test with
+//! `MLX_RANK` set), each prefilling a prompt, decoding greedily over its own caches, and
+//! writing every step's logits.
+//!
+//! - Tensor parallel: each rank holds half the attention heads and key/value heads and half
+//!   the MLP columns. Both ranks hold the same logits, within 1e-4 of the whole model's: each
+//!   row-parallel projection sums two partial products where one process summed them all,
+//!   which reorders f32 additions (measured below ~1e-5 here).
+//! - Pipeline parallel: each rank holds one of the two layers and its cache. Rank 0's logits
+//!   equal the whole model's exactly: every layer runs whole on one rank.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -15,6 +19,7 @@ use std::time::Duration;
 
 use mlx::Dtype;
 use mlx::distributed::{Backend, Group};
+use nn::pipeline_parallel::PipelineStage;
 use nn::tensor_parallel::TensorParallel;
 use nn::{Batch, Model, Weights, build_model};
 use quant::{SafetensorsFile, Tensor};
@@ -27,8 +32,15 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama")
 }
 
-/// The fixture's model, whole or as this rank's slice of `parallel`.
-fn model(parallel: Option<TensorParallel>) -> Box<dyn Model> {
+/// How a rank holds its part of the model.
+enum Split {
+    Whole,
+    Tensor(TensorParallel),
+    Pipeline(PipelineStage),
+}
+
+/// The fixture's model, whole or as this rank's part of it.
+fn model(split: Split) -> Box<dyn Model> {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
     let file = SafetensorsFile::open(&fixture().join("model.safetensors")).unwrap();
@@ -38,9 +50,11 @@ fn model(parallel: Option<TensorParallel>) -> Box<dyn Model> {
         .map(|name| (name.clone(), Tensor::Dense(file.load(name).unwrap())))
         .collect();
     let mut weights = Weights::new(tensors, Dtype::F32);
-    if let Some(parallel) = parallel {
-        weights = weights.with_tensor_parallel(parallel);
-    }
+    weights = match split {
+        Split::Whole => weights,
+        Split::Tensor(parallel) => weights.with_tensor_parallel(parallel),
+        Split::Pipeline(stage) => weights.with_pipeline_stage(stage),
+    };
     let model = build_model(&config, &mut weights).unwrap();
     assert!(weights.unused().is_empty(), "{:?}", weights.unused());
     model
@@ -96,14 +110,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn a_llama_split_over_two_ranks_answers_as_the_whole_model() {
-    if let Some(out) = std::env::var_os("MLXKIT_TP_OUT") {
-        let parallel = TensorParallel::new(Group::init(Backend::Ring).unwrap()).unwrap();
-        let rank = parallel.rank();
-        let logits = run(model(Some(parallel)).as_ref());
-        return write_floats(&Path::new(&out).join(format!("rank{rank}.bin")), &logits);
-    }
+/// Runs this binary's test `test` as two ranks on loopback, each given `MLXKIT_PARALLEL_OUT`
+/// (a folder for what it writes); returns that folder once both succeeded.
+fn two_ranks(test: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let hostfile = dir.path().join("hosts.json");
     let hosts = serde_json::json!([
@@ -113,14 +122,10 @@ fn a_llama_split_over_two_ranks_answers_as_the_whole_model() {
     std::fs::write(&hostfile, hosts.to_string()).unwrap();
     let spawn = |rank: usize| {
         Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_llama_split_over_two_ranks_answers_as_the_whole_model",
-                "--test-threads=1",
-            ])
+            .args(["--exact", test, "--test-threads=1"])
             .env("MLX_RANK", rank.to_string())
             .env("MLX_HOSTFILE", &hostfile)
-            .env("MLXKIT_TP_OUT", dir.path())
+            .env("MLXKIT_PARALLEL_OUT", dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -142,15 +147,58 @@ fn a_llama_split_over_two_ranks_answers_as_the_whole_model() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let whole = run(model(None).as_ref());
+    dir
+}
+
+/// The rank's folder when this process is a rank, `None` in the parent.
+fn rank_out() -> Option<PathBuf> {
+    std::env::var_os("MLXKIT_PARALLEL_OUT").map(PathBuf::from)
+}
+
+fn worst_difference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
+#[test]
+fn a_llama_split_over_two_ranks_answers_as_the_whole_model() {
+    if let Some(out) = rank_out() {
+        let parallel = TensorParallel::new(Group::init(Backend::Ring).unwrap()).unwrap();
+        let rank = parallel.rank();
+        let logits = run(model(Split::Tensor(parallel)).as_ref());
+        return write_floats(&out.join(format!("rank{rank}.bin")), &logits);
+    }
+    let dir = two_ranks("a_llama_split_over_two_ranks_answers_as_the_whole_model");
+    let whole = run(model(Split::Whole).as_ref());
     let ranks = [0, 1].map(|r| read_floats(&dir.path().join(format!("rank{r}.bin"))));
     assert_eq!(ranks[0], ranks[1], "the ranks' logits differ");
-    assert_eq!(ranks[0].len(), whole.len());
-    let worst = whole
-        .iter()
-        .zip(&ranks[0])
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let worst = worst_difference(&whole, &ranks[0]);
     eprintln!("two ranks against one process: worst logit difference {worst:e}");
     assert!(worst <= TOLERANCE, "worst logit difference {worst}");
+}
+
+#[test]
+fn a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model() {
+    if let Some(out) = rank_out() {
+        let group = Group::init(Backend::Ring).unwrap();
+        let stage = PipelineStage::new(group, 2).unwrap();
+        let rank = stage.rank();
+        assert_eq!(stage.layers(), rank..rank + 1);
+        let model = model(Split::Pipeline(stage));
+        // Only this rank's layer keeps a cache.
+        let caches = model.new_caches().unwrap();
+        assert_eq!(caches.iter().flatten().count(), 1);
+        let logits = run(model.as_ref());
+        if rank == 0 {
+            write_floats(&out.join("rank0.bin"), &logits);
+        }
+        return;
+    }
+    let dir = two_ranks("a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model");
+    let whole = run(model(Split::Whole).as_ref());
+    let staged = read_floats(&dir.path().join("rank0.bin"));
+    assert_eq!(worst_difference(&whole, &staged), 0.0);
 }
