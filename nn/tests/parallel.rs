@@ -1,14 +1,14 @@
-//! One model across processes (issue 50): the tiny Llama fixture split over two ranks on
-//! loopback (MLX's ring backend) answers as the whole model does in one process.
+//! One model across processes (issue 50): a tiny fixture split over two ranks on loopback
+//! (MLX's ring backend) answers as the whole model does in one process.
 //!
 //! Each test runs this binary twice more as the group's ranks (a child re-enters its test with
 //! `MLX_RANK` set), each prefilling a prompt, decoding greedily over its own caches, and
 //! writing every step's logits.
 //!
-//! - Tensor parallel: each rank holds half the attention heads and key/value heads and half
-//!   the MLP columns. Both ranks hold the same logits, within 1e-4 of the whole model's: each
-//!   row-parallel projection sums two partial products where one process summed them all,
-//!   which reorders f32 additions (measured below ~1e-5 here).
+//! - Tensor parallel (Llama, Qwen2, Qwen3): each rank holds half the attention heads and
+//!   key/value heads and half the MLP columns. Both ranks hold the same logits, within 1e-4
+//!   of the whole model's: each row-parallel projection sums two partial products where one
+//!   process summed them all, which reorders f32 additions (measured below ~1e-5 here).
 //! - Pipeline parallel: each rank holds one of the two layers and its cache. Rank 0's logits
 //!   equal the whole model's exactly: every layer runs whole on one rank.
 
@@ -28,8 +28,10 @@ const PROMPT: [u32; 9] = [5, 17, 200, 42, 9, 311, 64, 7, 128];
 const DECODE: usize = 6;
 const TOLERANCE: f32 = 1e-4;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama")
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// How a rank holds its part of the model.
@@ -39,11 +41,11 @@ enum Split {
     Pipeline(PipelineStage),
 }
 
-/// The fixture's model, whole or as this rank's part of it.
-fn model(split: Split) -> Box<dyn Model> {
+/// Fixture `name`'s model, whole or as this rank's part of it.
+fn model(name: &str, split: Split) -> Box<dyn Model> {
     let config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
-    let file = SafetensorsFile::open(&fixture().join("model.safetensors")).unwrap();
+        serde_json::from_slice(&std::fs::read(fixture(name).join("config.json")).unwrap()).unwrap();
+    let file = SafetensorsFile::open(&fixture(name).join("model.safetensors")).unwrap();
     let tensors: Vec<(String, Tensor)> = file
         .entries()
         .keys()
@@ -110,9 +112,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Runs this binary's test `test` as two ranks on loopback, each given `MLXKIT_PARALLEL_OUT`
-/// (a folder for what it writes); returns that folder once both succeeded.
-fn two_ranks(test: &str) -> tempfile::TempDir {
+/// Runs this binary's test `test` as two ranks on loopback over fixture `name`, each given
+/// `MLXKIT_PARALLEL_OUT` (a folder for what it writes) and `MLXKIT_PARALLEL_FIXTURE`; returns
+/// that folder once both succeeded.
+fn two_ranks(test: &str, name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let hostfile = dir.path().join("hosts.json");
     let hosts = serde_json::json!([
@@ -126,6 +129,7 @@ fn two_ranks(test: &str) -> tempfile::TempDir {
             .env("MLX_RANK", rank.to_string())
             .env("MLX_HOSTFILE", &hostfile)
             .env("MLXKIT_PARALLEL_OUT", dir.path())
+            .env("MLXKIT_PARALLEL_FIXTURE", name)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -150,9 +154,11 @@ fn two_ranks(test: &str) -> tempfile::TempDir {
     dir
 }
 
-/// The rank's folder when this process is a rank, `None` in the parent.
-fn rank_out() -> Option<PathBuf> {
-    std::env::var_os("MLXKIT_PARALLEL_OUT").map(PathBuf::from)
+/// The rank's folder and fixture when this process is a rank, `None` in the parent.
+fn rank_out() -> Option<(PathBuf, String)> {
+    let out = std::env::var_os("MLXKIT_PARALLEL_OUT")?;
+    let name = std::env::var("MLXKIT_PARALLEL_FIXTURE").ok()?;
+    Some((PathBuf::from(out), name))
 }
 
 fn worst_difference(a: &[f32], b: &[f32]) -> f32 {
@@ -163,31 +169,38 @@ fn worst_difference(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0f32, f32::max)
 }
 
+/// Llama, Qwen2 (attention biases: the output's added once, after the sum) and Qwen3
+/// (per-head q/k norms) split alike: their loaders ask the same layer types.
 #[test]
-fn a_llama_split_over_two_ranks_answers_as_the_whole_model() {
-    if let Some(out) = rank_out() {
+fn models_split_over_two_ranks_answer_as_the_whole_model() {
+    if let Some((out, name)) = rank_out() {
         let parallel = TensorParallel::new(Group::init(Backend::Ring).unwrap()).unwrap();
         let rank = parallel.rank();
-        let logits = run(model(Split::Tensor(parallel)).as_ref());
+        let logits = run(model(&name, Split::Tensor(parallel)).as_ref());
         return write_floats(&out.join(format!("rank{rank}.bin")), &logits);
     }
-    let dir = two_ranks("a_llama_split_over_two_ranks_answers_as_the_whole_model");
-    let whole = run(model(Split::Whole).as_ref());
-    let ranks = [0, 1].map(|r| read_floats(&dir.path().join(format!("rank{r}.bin"))));
-    assert_eq!(ranks[0], ranks[1], "the ranks' logits differ");
-    let worst = worst_difference(&whole, &ranks[0]);
-    eprintln!("two ranks against one process: worst logit difference {worst:e}");
-    assert!(worst <= TOLERANCE, "worst logit difference {worst}");
+    for name in ["llama", "qwen2", "qwen3"] {
+        let dir = two_ranks(
+            "models_split_over_two_ranks_answer_as_the_whole_model",
+            name,
+        );
+        let whole = run(model(name, Split::Whole).as_ref());
+        let ranks = [0, 1].map(|r| read_floats(&dir.path().join(format!("rank{r}.bin"))));
+        assert_eq!(ranks[0], ranks[1], "{name}: the ranks' logits differ");
+        let worst = worst_difference(&whole, &ranks[0]);
+        eprintln!("{name}, two ranks against one process: worst logit difference {worst:e}");
+        assert!(worst <= TOLERANCE, "{name}: worst logit difference {worst}");
+    }
 }
 
 #[test]
 fn a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model() {
-    if let Some(out) = rank_out() {
+    if let Some((out, name)) = rank_out() {
         let group = Group::init(Backend::Ring).unwrap();
         let stage = PipelineStage::new(group, 2).unwrap();
         let rank = stage.rank();
         assert_eq!(stage.layers(), rank..rank + 1);
-        let model = model(Split::Pipeline(stage));
+        let model = model(&name, Split::Pipeline(stage));
         // Only this rank's layer keeps a cache.
         let caches = model.new_caches().unwrap();
         assert_eq!(caches.iter().flatten().count(), 1);
@@ -197,8 +210,11 @@ fn a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model() {
         }
         return;
     }
-    let dir = two_ranks("a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model");
-    let whole = run(model(Split::Whole).as_ref());
+    let dir = two_ranks(
+        "a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model",
+        "llama",
+    );
+    let whole = run(model("llama", Split::Whole).as_ref());
     let staged = read_floats(&dir.path().join("rank0.bin"));
     assert_eq!(worst_difference(&whole, &staged), 0.0);
 }

@@ -269,17 +269,11 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
     let heads = dim(c.num_attention_heads, "num_attention_heads")?;
     let kv_heads = dim(c.num_key_value_heads, "num_key_value_heads")?;
     let head_dim = dim(c.head_dim, "head_dim")?;
-    Ok(AttentionParts::new(
-        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        heads,
-        kv_heads,
-        head_dim,
+    Ok(
+        AttentionParts::load(weights, p, hidden, (heads, kv_heads, head_dim))?
+            .with_rope(rope.clone())
+            .build(),
     )
-    .with_rope(rope.clone())
-    .build())
 }
 
 impl Model for Qwen2 {

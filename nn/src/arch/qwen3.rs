@@ -165,18 +165,12 @@ fn attention(c: &Config, weights: &mut Weights, p: &str, rope: &Rope) -> Result<
         let weight = weights.dense(&format!("{p}.{name}.weight"), &[head_dim])?;
         Ok(RmsNorm::new(weight, c.rms_norm_eps))
     };
-    Ok(AttentionParts::new(
-        weights.linear(&format!("{p}.q_proj"), heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.k_proj"), kv_heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.v_proj"), kv_heads * head_dim, hidden)?,
-        weights.linear(&format!("{p}.o_proj"), hidden, heads * head_dim)?,
-        heads,
-        kv_heads,
-        head_dim,
+    Ok(
+        AttentionParts::load(weights, p, hidden, (heads, kv_heads, head_dim))?
+            .with_rope(rope.clone())
+            .with_qk_norms(norm(weights, "q_norm")?, norm(weights, "k_norm")?)
+            .build(),
     )
-    .with_rope(rope.clone())
-    .with_qk_norms(norm(weights, "q_norm")?, norm(weights, "k_norm")?)
-    .build())
 }
 
 impl Model for Qwen3 {
