@@ -34,7 +34,11 @@
 //!   tower (the text-only families load multimodal checkpoints with their towers set aside);
 //!   `llava`, LLaVA 1.5: a CLIP tower's features projected into a Llama's prompt;
 //!   `qwen2_5_vl`, Qwen2.5-VL: M-RoPE positions and a dynamic-resolution tower;
-//!   `qwen2_audio`, Qwen2 reading audio through a Whisper encoder.
+//!   `qwen2_audio`, Qwen2 reading audio through a Whisper encoder. Drafters that serve only
+//!   beside a target: `gemma4_assistant` (Gemma 4's assistant, over the target's caches) and
+//!   `dflash` (DFlash block drafters, over the target's tapped layers; `taps` collects them).
+//! - [`tensor_parallel`] and [`pipeline_parallel`]: one model split across the ranks of an MLX
+//!   distributed group, by heads and columns or by layer ranges.
 //! - [`vision`]: vision encoders, one file each: `siglip` (patch features of an image), `clip`
 //!   (CLIP's tower through the layer a family reads), `qwen2_5_vl` (images of any size, window
 //!   attention, merged 2x2 patches); what ViT towers share (`vit`).
