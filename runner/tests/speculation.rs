@@ -480,7 +480,7 @@ fn mtp_drafts_from_where_a_restored_prefix_ends() {
         .unwrap();
     let mut engine = engine("qwen3_5_mtp", 64 << 20);
     engine.keep_state_in(state.path().to_path_buf());
-    let mut again = drafting_after_a_restored_prefix(&mut engine, mtp(3));
+    let again = drafting_after_a_restored_prefix(&mut engine, mtp(3));
     assert!(again.stats().speculation.expect("it speculated").drafted > 0);
 }
 
@@ -639,7 +639,7 @@ fn assistant_drafts_after_a_restored_prefix() {
         .unwrap();
     let mut engine = engine_with_assistant();
     engine.keep_state_in(state.path().to_path_buf());
-    let mut again = drafting_after_a_restored_prefix(&mut engine, draft_model(3));
+    let again = drafting_after_a_restored_prefix(&mut engine, draft_model(3));
     assert!(again.stats().speculation.expect("it speculated").drafted > 0);
 }
 
