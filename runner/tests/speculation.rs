@@ -250,6 +250,46 @@ fn the_depth_controller_survives_a_restart() {
     assert_eq!(engine.draft_depth(DrafterKind::Ngram), Some(depth));
 }
 
+/// Eight sequences of one drafter decoding together ask their controller once per step, not
+/// once each: its probe schedule counts steps, so a probe makes one step in eight draft, not
+/// about one sequence in every step (each such round broke the plain forward of the others).
+#[test]
+fn a_batch_decides_its_depth_once_per_step() {
+    let state = tempfile::tempdir().unwrap();
+    let tokens = 40;
+    {
+        let mut engine = engine("llama", 64 << 20);
+        engine.keep_state_in(state.path().to_path_buf());
+        let mut handles: Vec<Handle> = (0..8)
+            .map(|r| {
+                // Random prompts: prompt lookup rarely has anything, so the batch mostly
+                // decodes plainly and probes now and then.
+                let prompt = ids(100 + r, 12);
+                submit_with(&mut engine, &prompt, tokens, sampler::Options::greedy(), ngram(4))
+            })
+            .collect();
+        run_to_idle(&mut engine);
+        for handle in &mut handles {
+            assert!(handle.ended());
+            assert_eq!(handle.stats().generated_tokens, tokens);
+        }
+        // Unloading writes the controller and its log.
+    }
+    let log = std::fs::read_to_string(state.path().join("ngram.log.json")).unwrap();
+    let log = speculate::DecisionLog::from_json(&log).unwrap();
+    let decisions = log
+        .events()
+        .filter(|e| matches!(e, speculate::Event::Depth { .. }))
+        .count();
+    // A step decides at most twice per batch size it sees: among the sequences starting
+    // rounds and among those reading a plain token. Per sequence, it was about 8 x 40.
+    assert!(decisions > 0);
+    assert!(
+        decisions <= 2 * (tokens + 8),
+        "{decisions} decisions for 8 sequences of {tokens} tokens"
+    );
+}
+
 #[test]
 fn layer_skip_drafts_leave_answers_unchanged() {
     // The hybrids' first layer is recurrent: its state is saved before each draft and put

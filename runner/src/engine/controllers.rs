@@ -25,6 +25,8 @@ pub struct Controllers {
     unsaved: usize,
     /// The deepest round each kind may search ([`Controllers::cap`]).
     caps: HashMap<DrafterKind, usize>,
+    /// This step's decisions, per drafter kind and rows in the batch ([`Controllers::depth`]).
+    decided: HashMap<(DrafterKind, usize), usize>,
 }
 
 /// Rounds between two writes of the controllers.
@@ -40,6 +42,7 @@ impl Controllers {
             draft_model: draft_model.map(str::to_string),
             unsaved: 0,
             caps: HashMap::new(),
+            decided: HashMap::new(),
         };
         let model_stem = controllers.file_stem(DrafterKind::Model);
         let kinds: Vec<DrafterKind> = controllers
@@ -100,6 +103,29 @@ impl Controllers {
         self.by_drafter
             .entry(kind)
             .or_insert_with(|| DepthController::new(deepest))
+    }
+
+    /// Starts a step: the decisions of the last one are forgotten.
+    pub(super) fn begin_step(&mut self) {
+        self.decided.clear();
+    }
+
+    /// The depth `kind`'s controller chooses for a batch of `batch` rows in this step, decided
+    /// once per step and shared by every sequence of that kind in the batch.
+    ///
+    /// Deciding per sequence made each of a batch's sequences a decision on the probe
+    /// schedule: with eight of them, about one sequence in every step probed (a test's eight
+    /// 40-token requests made 257 decisions), and its round, a host sync, ran beside the
+    /// pipelined plain forward of the others. Once per step, a probe takes one step in eight
+    /// (one in 64 once probes keep failing), and what it measures is the whole batch drafting
+    /// at that depth, which is what the batch's bucket estimates.
+    pub(super) fn depth(&mut self, kind: DrafterKind, batch: usize) -> usize {
+        if let Some(&depth) = self.decided.get(&(kind, batch)) {
+            return depth;
+        }
+        let depth = self.get(kind).depth(batch);
+        self.decided.insert((kind, batch), depth);
+        depth
     }
 
     /// Keeps `kind`'s controller from searching past `deepest`, the most a drafter of that

@@ -519,8 +519,7 @@ fn round_depth(
     room: usize,
 ) -> usize {
     controllers
-        .get(spec.kind)
-        .depth(batch)
+        .depth(spec.kind, batch)
         .min(depth_limit(spec, room))
 }
 

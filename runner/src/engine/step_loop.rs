@@ -51,6 +51,7 @@ impl LoadedModel {
     /// Steps 2–6 of the module docs.
     fn advance(&mut self) -> Result<()> {
         let mut step = Step::default();
+        self.controllers.begin_step();
         for seq in &self.sequences {
             if seq.cancelled() {
                 step.ending
