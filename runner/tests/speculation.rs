@@ -265,7 +265,13 @@ fn a_batch_decides_its_depth_once_per_step() {
                 // Random prompts: prompt lookup rarely has anything, so the batch mostly
                 // decodes plainly and probes now and then.
                 let prompt = ids(100 + r, 12);
-                submit_with(&mut engine, &prompt, tokens, sampler::Options::greedy(), ngram(4))
+                submit_with(
+                    &mut engine,
+                    &prompt,
+                    tokens,
+                    sampler::Options::greedy(),
+                    ngram(4),
+                )
             })
             .collect();
         run_to_idle(&mut engine);
