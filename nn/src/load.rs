@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mlx::Dtype;
+use mlx::quantized::QuantSpec;
 use quant::{Checkpoint, Format};
 
 use crate::arch::dflash::DFlash;
@@ -110,7 +111,6 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
         None => default_dtype()?,
     };
     let mut parameters = checkpoint.parameters()?;
-    let tensors = checkpoint_tensors(&checkpoint)?;
     let mut head_tensors = Vec::new();
     if let Some(head) = head {
         let head = Checkpoint::open_self_described(head)?;
@@ -134,6 +134,14 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
     let on_cpu = !mlx::gpu_available()?;
     let dequantize = on_cpu && dense_bytes <= settings.dequantize_below_bytes;
     let packed_copies = dequantize && packed_decode_enabled();
+    // The packed kernel multiplies f32 activations by f32 scales; in another dtype the forms
+    // would reach MLX's own kernels, which take no 16-element groups.
+    let packed_16 = quant::PACKED_16.has_packed_cpu_matvec() && dtype == Dtype::F32;
+    let tensors = if on_cpu && !dequantize && packed_16 {
+        packed_for_cpu(&checkpoint)?
+    } else {
+        checkpoint_tensors(&checkpoint)?
+    };
     let mut packed_forms = Vec::new();
     if packed_copies {
         for (name, _) in &tensors {
@@ -244,6 +252,38 @@ fn check_head_fits(head: &serde_json::Value, model: &serde_json::Value) -> Resul
 }
 
 /// Every tensor `checkpoint` holds, by name.
+/// The checkpoint's tensors for a model that stays quantized on a CPU, each in a form the
+/// packed kernel multiplies at any number of rows: one with a 16-element packed form (GGUF's
+/// Q2_K, Q3_K and Q6_K, see [`Checkpoint::packed_16`]) in that form rather than dense, and a
+/// 5- or 6-bit matrix (Q5_0, Q5_1, Q5_K) widened to 8 bits, exactly.
+///
+/// Dense, the 16-element types were f32: four bytes per weight read every token where the
+/// packed form reads one. A Q4_K_M file keeps its token table (the tied head), its value
+/// projections and half its down projections in Q6_K, so Llama 3.2 1B decoded a 1 GB f32 head
+/// per token (6 tok/s, 0.35x llama.cpp on the same file). Left at 5 bits, a matrix went
+/// through MLX's own CPU kernel, a scalar loop.
+fn packed_for_cpu(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
+    checkpoint
+        .names()
+        .into_iter()
+        .map(|name| {
+            let tensor = match checkpoint.packed_16(&name)? {
+                Some(form) => quant::Tensor::Quantized(form),
+                None => match checkpoint.tensor(&name)? {
+                    quant::Tensor::Quantized(q)
+                        if !q.spec.has_packed_cpu_matvec()
+                            && QuantSpec { bits: 8, ..q.spec }.has_packed_cpu_matvec() =>
+                    {
+                        quant::Tensor::Quantized(quant::widen_to_8_bits(&q)?)
+                    }
+                    tensor => tensor,
+                },
+            };
+            Ok((name, tensor))
+        })
+        .collect()
+}
+
 pub(crate) fn checkpoint_tensors(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
     checkpoint
         .names()

@@ -171,6 +171,10 @@ fn lock_device() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn check(name: &str, catalog_name: &str) {
+    check_loaded_with(name, catalog_name, nn::load::LoadSettings::default());
+}
+
+fn check_loaded_with(name: &str, catalog_name: &str, settings: nn::load::LoadSettings) {
     let _device = lock_device();
     let Some(gguf) = fetch(catalog_name) else {
         return;
@@ -180,7 +184,11 @@ fn check(name: &str, catalog_name: &str) {
 
     mlx::memory::reset_peak_memory().unwrap();
     let dtype = common::precision::test_dtype();
-    let loaded = nn::load::load(&gguf, Some(dtype)).unwrap();
+    let settings = nn::load::LoadSettings {
+        dtype: Some(dtype),
+        ..settings
+    };
+    let loaded = nn::load::load_with(&gguf, settings).unwrap();
     let model = loaded.model.as_ref();
     let load_peak = mlx::memory::peak_memory().unwrap();
 
@@ -295,6 +303,18 @@ fn smollm2_135m_q4_1_matches_transformers() {
 #[test]
 fn gemma3_270m_k_quants_match_transformers() {
     check("gemma3", "gemma3:270m");
+}
+
+/// Loaded as a model too large to dequantize is (8B at 4 bits: its dense f32 copy would not
+/// fit), so every matrix stays quantized, its Q6_K ones in their packed 16-element form rather
+/// than dense f32: the same answers within the same tolerance.
+#[test]
+fn gemma3_270m_k_quants_left_quantized_match_transformers() {
+    let settings = nn::load::LoadSettings {
+        dequantize_below_bytes: 0,
+        ..Default::default()
+    };
+    check_loaded_with("gemma3", "gemma3:270m", settings);
 }
 
 /// Every SmolLM2 matrix is packed, and the packed kernel sums each row as it would alone: a
