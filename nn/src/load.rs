@@ -251,11 +251,11 @@ fn check_head_fits(head: &serde_json::Value, model: &serde_json::Value) -> Resul
     Ok(())
 }
 
-/// Every tensor `checkpoint` holds, by name.
 /// The checkpoint's tensors for a model that stays quantized on a CPU, each in a form the
 /// packed kernel multiplies at any number of rows: one with a 16-element packed form (GGUF's
 /// Q2_K, Q3_K and Q6_K, see [`Checkpoint::packed_16`]) in that form rather than dense, and a
-/// 5- or 6-bit matrix (Q5_0, Q5_1, Q5_K) widened to 8 bits, exactly.
+/// matrix of fewer bits than the kernel takes (GGUF's Q5 types, MLX's 5- and 6-bit ones)
+/// widened to 8 bits, exactly.
 ///
 /// Dense, the 16-element types were f32: four bytes per weight read every token where the
 /// packed form reads one. A Q4_K_M file keeps its token table (the tied head), its value
@@ -284,6 +284,7 @@ fn packed_for_cpu(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)
         .collect()
 }
 
+/// Every tensor `checkpoint` holds, by name.
 pub(crate) fn checkpoint_tensors(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
     checkpoint
         .names()
