@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mlx::Dtype;
-use mlx::quantized::QuantSpec;
 use quant::{Checkpoint, Format};
 
 use crate::arch::dflash::DFlash;
@@ -14,6 +13,7 @@ use crate::context_extension::{Extension, extend_context};
 use crate::model::{Assistant, Model};
 use crate::registry::{build_model, default_dtype, describe};
 use crate::weights::Weights;
+use crate::weights::packed_kernel_form;
 use crate::{Error, Result};
 
 /// The default of [`LoadSettings::dequantize_below_bytes`]: 2 GiB, so SmolLM2-135M (0.5 GB
@@ -270,13 +270,11 @@ fn packed_for_cpu(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)
             let tensor = match checkpoint.packed_16(&name)? {
                 Some(form) => quant::Tensor::Quantized(form),
                 None => match checkpoint.tensor(&name)? {
-                    quant::Tensor::Quantized(q)
-                        if !q.spec.has_packed_cpu_matvec()
-                            && QuantSpec { bits: 8, ..q.spec }.has_packed_cpu_matvec() =>
-                    {
-                        quant::Tensor::Quantized(quant::widen_to_8_bits(&q)?)
-                    }
-                    tensor => tensor,
+                    quant::Tensor::Quantized(q) => match packed_kernel_form(&q)? {
+                        Some(form) => quant::Tensor::Quantized(form),
+                        None => quant::Tensor::Quantized(q),
+                    },
+                    dense => dense,
                 },
             };
             Ok((name, tensor))

@@ -142,12 +142,7 @@ impl Weights {
             (Some(Tensor::Quantized(q)), None) => q,
             _ => return Ok(None),
         };
-        let q = if q.spec.has_packed_cpu_matvec() {
-            q.clone()
-        } else if q.spec.bits < 8 && (QuantSpec { bits: 8, ..q.spec }).has_packed_cpu_matvec() {
-            // 5- and 6-bit weights (GGUF Q5_0, Q5_K) widen to 8 bits exactly.
-            quant::widen_to_8_bits(q)?
-        } else {
+        let Some(q) = packed_kernel_form(q)? else {
             return Ok(None);
         };
         match Tensor::Quantized(q).to_dtype(self.dtype)? {
@@ -392,6 +387,19 @@ fn dense_for_parallel(prefix: &str, weight: Tensor) -> Result<Array> {
             "`{prefix}` is quantized; a tensor-parallel load splits dense weights only (load \
              it dequantized)"
         ))),
+    }
+}
+
+/// `q` in a layout the packed CPU kernel multiplies: as it is, or with fewer bits than the
+/// kernel takes (GGUF's Q5 types, MLX's 5- and 6-bit ones) widened to 8 bits, exactly. `None`
+/// where the kernel takes neither.
+pub(crate) fn packed_kernel_form(q: &Quantized) -> Result<Option<Quantized>> {
+    if q.spec.has_packed_cpu_matvec() {
+        Ok(Some(q.clone()))
+    } else if q.spec.bits < 8 && (QuantSpec { bits: 8, ..q.spec }).has_packed_cpu_matvec() {
+        Ok(Some(quant::widen_to_8_bits(q)?))
+    } else {
+        Ok(None)
     }
 }
 
