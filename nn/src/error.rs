@@ -24,6 +24,9 @@ pub enum Error {
     /// The input does not fit the model (empty batch, positions past the context, …).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The processes a model is split across cannot run it (one has left the group).
+    #[error("{0}")]
+    Group(String),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -67,6 +67,10 @@ impl Model for LimitedVocabulary {
         self.inner.parameters()
     }
 
+    fn release_rows(&self, row_tags: &[u64]) -> Result<()> {
+        self.inner.release_rows(row_tags)
+    }
+
     fn vision(&self) -> Option<&dyn Vision> {
         self.inner.vision()
     }

@@ -10,8 +10,10 @@ use crate::arch::dflash::DFlash;
 use crate::arch::gemma4_assistant::Gemma4Assistant;
 use crate::config::limits;
 use crate::context_extension::{Extension, extend_context};
-use crate::model::{Assistant, Model};
+use crate::model::{Assistant, LayerState, Model};
+use crate::pipeline_parallel::PipelineStage;
 use crate::registry::{build_model, default_dtype, describe};
+use crate::tensor_parallel::TensorParallel;
 use crate::weights::Weights;
 use crate::weights::packed_kernel_form;
 use crate::{Error, Result};
@@ -91,12 +93,36 @@ pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Loaded> {
     load_with_head(path, None, settings)
 }
 
+/// Which part of a model this process loads.
+#[derive(Debug, Default)]
+pub enum Split {
+    /// All of it.
+    #[default]
+    Whole,
+    /// Its rank's slice of every layer ([`crate::tensor_parallel`]).
+    Tensor(mlx::distributed::Group),
+    /// Its rank's range of layers ([`crate::pipeline_parallel`]).
+    Pipeline(mlx::distributed::Group),
+}
+
 /// [`load_with`], with `head` (when given) attached: a multi-token-prediction head trained
 /// apart from the checkpoint, one safetensors file of `mtp.*` tensors that carries its own
 /// config ([`Checkpoint::open_self_described`]). The model's family must read such a head
 /// (see [`Model::draft_head`]), and every tensor must fit the model's shapes; either refusal
 /// names what does not fit.
 pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) -> Result<Loaded> {
+    load_split(path, head, settings, Split::Whole)
+}
+
+/// [`load_with_head`], this process reading only its `split` of the model. A family that
+/// cannot split as asked is refused by name rather than loaded whole: each rank would then
+/// compute the whole model and the others would wait on it forever.
+pub fn load_split(
+    path: &Path,
+    head: Option<&Path>,
+    settings: LoadSettings,
+    split: Split,
+) -> Result<Loaded> {
     let start = Instant::now();
     let checkpoint = Checkpoint::open(path)?;
     let mut config_json = checkpoint.config().clone();
@@ -154,7 +180,21 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
         .dequantized(dequantize)
         .with_packed_copies(packed_copies)
         .with_packed_forms(packed_forms);
+    let stage = match split {
+        Split::Whole => None,
+        Split::Tensor(group) => {
+            weights = weights.with_tensor_parallel(TensorParallel::new(group)?);
+            None
+        }
+        Split::Pipeline(group) => {
+            let layers = describe(&config_json)?.num_layers();
+            let stage = PipelineStage::new(group, layers)?;
+            weights = weights.with_pipeline_stage(stage.clone());
+            Some(stage)
+        }
+    };
     let model = build_model(&config_json, &mut weights)?;
+    check_split(&config_json, model.as_ref(), &weights, stage.as_ref())?;
     if head.is_some() && model.draft_head().is_none() {
         return Err(Error::Weights(format!(
             "`{}` models do not read a multi-token-prediction head",
@@ -175,6 +215,37 @@ pub fn load_with_head(path: &Path, head: Option<&Path>, settings: LoadSettings) 
         parameters,
         duration: start.elapsed(),
     })
+}
+
+/// Refuses a model whose family ignored the split it was asked for: one that split no
+/// projection across the tensor-parallel group, or kept caches for another stage's layers.
+fn check_split(
+    config: &serde_json::Value,
+    model: &dyn Model,
+    weights: &Weights,
+    stage: Option<&PipelineStage>,
+) -> Result<()> {
+    let refuse = |how: &str| {
+        Err(Error::Config(format!(
+            "`{}` models cannot be split across processes by {how} yet",
+            describe(config)?.model_type
+        )))
+    };
+    if weights.tensor_parallel().is_some() && !weights.was_split() {
+        return refuse("tensor parallelism");
+    }
+    if let Some(stage) = stage {
+        let foreign_state = model
+            .spec()
+            .layers
+            .iter()
+            .enumerate()
+            .any(|(i, state)| !stage.holds(i) && !matches!(state, LayerState::Stateless));
+        if foreign_state {
+            return refuse("pipeline parallelism");
+        }
+    }
+    Ok(())
 }
 
 /// Loads the Gemma 4 assistant checkpoint at `path` (`model_type: gemma4_assistant`) to draft

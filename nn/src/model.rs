@@ -131,6 +131,10 @@ pub struct Batch {
     /// families whose images take fewer rotary positions than tokens (M-RoPE: Qwen2.5-VL,
     /// [`Vision::rope_delta`]). Empty when every row's is 0; only such families read it.
     pub rope_deltas: Vec<i64>,
+    /// Per row, the caller's name for the caches it runs over (an engine's sequence id), so a
+    /// model whose caches also live in other processes finds the same row's there. Empty when
+    /// the caller names none; a model in one process never reads it.
+    pub row_tags: Vec<u64>,
 }
 
 impl Batch {
@@ -152,6 +156,7 @@ impl Batch {
             tokens: Array::from_slice(&ids, &[1, ids.len() as i32])?,
             positions: vec![position],
             rope_deltas: Vec::new(),
+            row_tags: Vec::new(),
         })
     }
 
@@ -185,6 +190,7 @@ impl Batch {
             tokens: Array::from_slice(&ids, &[rows.len() as i32, width as i32])?,
             positions: rows.iter().map(|&(_, position)| position).collect(),
             rope_deltas: Vec::new(),
+            row_tags: Vec::new(),
         })
     }
 
@@ -202,6 +208,7 @@ impl Batch {
             tokens: tokens.astype(mlx::Dtype::I32)?,
             positions,
             rope_deltas: Vec::new(),
+            row_tags: Vec::new(),
         })
     }
 
@@ -217,6 +224,19 @@ impl Batch {
             )));
         }
         self.rope_deltas = rope_deltas;
+        Ok(self)
+    }
+
+    /// The batch with each row's caches named `row_tags[row]` ([`Batch::row_tags`]).
+    pub fn with_row_tags(mut self, row_tags: Vec<u64>) -> Result<Batch> {
+        if row_tags.len() != self.positions.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} row tags for a batch of {} rows",
+                row_tags.len(),
+                self.positions.len()
+            )));
+        }
+        self.row_tags = row_tags;
         Ok(self)
     }
 
@@ -573,6 +593,14 @@ pub trait Model {
 
     /// Every weight array, for evaluating folds once at load.
     fn parameters(&self) -> Vec<Array>;
+
+    /// The caches tagged `row_tags` ([`Batch::row_tags`]) will run no forward again: a model
+    /// whose caches also live in other processes frees them there. Nothing to do (the default)
+    /// for a model in one process, whose caches are the caller's.
+    fn release_rows(&self, row_tags: &[u64]) -> Result<()> {
+        let _ = row_tags;
+        Ok(())
+    }
 
     /// Its image side, when it reads images; `None` (the default) for a text model.
     fn vision(&self) -> Option<&dyn Vision> {

@@ -28,6 +28,8 @@ pub struct Weights {
     tensor_parallel: Option<TensorParallel>,
     /// This process's range of a model's layers, when they are split across ranks.
     pipeline_stage: Option<PipelineStage>,
+    /// Whether a projection was handed out split across the tensor-parallel group.
+    split: bool,
 }
 
 impl Weights {
@@ -43,7 +45,14 @@ impl Weights {
             packed_forms: BTreeMap::new(),
             tensor_parallel: None,
             pipeline_stage: None,
+            split: false,
         }
+    }
+
+    /// Whether the family split any projection across the tensor-parallel group: one that
+    /// does not know how would leave every projection whole.
+    pub fn was_split(&self) -> bool {
+        self.split
     }
 
     /// Reads only `stage`'s layers of the model (its family asks which,
@@ -84,6 +93,7 @@ impl Weights {
             return Ok(whole);
         };
         let (start, end) = parallel.slice(out, &format!("output rows of `{prefix}`"))?;
+        self.split = true;
         let (weight, bias) = whole.into_parts();
         let weight = dense_for_parallel(prefix, weight)?.slice_axis(0, start, end)?;
         let bias = bias.map(|b| b.slice_axis(0, start, end)).transpose()?;
@@ -99,6 +109,7 @@ impl Weights {
             return Ok(whole);
         };
         let (start, end) = parallel.slice(inp, &format!("input columns of `{prefix}`"))?;
+        self.split = true;
         let (weight, bias) = whole.into_parts();
         let weight = dense_for_parallel(prefix, weight)?.slice_axis(1, start, end)?;
         Ok(Linear::new(Tensor::Dense(weight), bias).summed_over(parallel))
