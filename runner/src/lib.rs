@@ -67,6 +67,7 @@ pub mod create_model;
 pub mod engine;
 pub mod export;
 pub mod fault;
+pub mod group;
 pub mod import;
 pub mod logging;
 pub mod model_info;

@@ -34,6 +34,7 @@ mod embeddings;
 mod engine;
 mod export;
 mod fairness;
+mod group;
 mod hostile;
 mod hybrid_http;
 mod info;

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::args::KvCacheArg;
 use crate::engine::{Engine, LoopConfig};
+use crate::group::leader::GroupLink;
 use crate::model_keeper::{ModelKeeper, ResidentLimits};
 use crate::model_name::ModelName;
 use crate::server::AppState;
@@ -38,6 +39,7 @@ pub(super) fn app_state_with(
     config: LoopConfig,
     limits: ResidentLimits,
     default_draft: Option<ModelName>,
+    group: Option<Arc<GroupLink>>,
 ) -> Result<AppState> {
     if mlx::blas_is_reference() {
         tracing::warn!(
@@ -46,7 +48,11 @@ pub(super) fn app_state_with(
             mlx::blas_name()
         );
     }
-    let engine = Arc::new(Engine::with_config(config)?);
+    let mut engine = Engine::with_config(config)?;
+    if let Some(group) = group {
+        engine = engine.with_group(group);
+    }
+    let engine = Arc::new(engine);
     let keeper =
         ModelKeeper::with_limits(engine, store.clone(), QUEUE_CAPACITY, default_draft, limits);
     Ok(AppState::new(store, keeper))

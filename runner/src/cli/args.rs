@@ -28,6 +28,9 @@ pub(super) struct Cli {
 pub(super) enum Command {
     /// Serve Ollama's and OpenAI's HTTP APIs.
     Serve(ServeArgs),
+    /// Hold a part of the models a group's rank 0 serves (`serve --hostfile`), on this
+    /// process: it runs every forward rank 0 tells it until rank 0 closes the group.
+    Worker(WorkerArgs),
     /// Chat with a model (pulled first if needed): one prompt, or an interactive session.
     Run(RunArgs),
     /// Download a model from the catalog.
@@ -114,6 +117,40 @@ pub(super) struct ServeArgs {
     /// needed).
     #[arg(long, env = "MLXKIT_DEFAULT_MODEL")]
     pub(super) default_model: Option<String>,
+    #[command(flatten)]
+    pub(super) group: GroupArgs,
+    /// How a model is split across the hostfile's processes: `tensor` (each holds a slice of
+    /// every layer) or `pipeline` (each holds a range of layers).
+    #[arg(long, default_value = "tensor", value_parser = parse_parallel)]
+    pub(super) parallel: crate::group::Parallel,
+}
+
+/// Where a process stands in a group of processes serving one model.
+#[derive(clap::Args)]
+pub(super) struct GroupArgs {
+    /// Split every model across the processes this hostfile names (the JSON `mlx.launch`
+    /// reads: `[{"ssh": "mac1", "ips": ["10.0.0.1"]}, ...]`, or the ring's
+    /// `[["10.0.0.1:32323"], ...]`); this process is rank `--rank`, the others run
+    /// `mlxkit worker`.
+    #[arg(long, env = "MLX_HOSTFILE")]
+    pub(super) hostfile: Option<PathBuf>,
+    /// This process's rank in the hostfile (`mlx.launch` sets `MLX_RANK`).
+    #[arg(long, env = "MLX_RANK", default_value_t = 0)]
+    pub(super) rank: usize,
+    /// MLX's distributed backend: `ring` (TCP), `mpi`, `nccl` (CUDA) or `jaccl` (RDMA over
+    /// Thunderbolt).
+    #[arg(long, default_value = "ring", value_parser = parse_backend)]
+    pub(super) backend: mlx::distributed::Backend,
+    /// Seconds to wait for every process of the group to join.
+    #[arg(long, default_value_t = 120)]
+    pub(super) join_timeout: u64,
+}
+
+// `worker`: where this process stands in the group.
+#[derive(clap::Args)]
+pub(super) struct WorkerArgs {
+    #[command(flatten)]
+    pub(super) group: GroupArgs,
 }
 
 // `run`: the model, the prompt and how to sample.
@@ -269,6 +306,19 @@ impl ExportDtype {
 /// A `--kv-cache` value: how caches store keys and values, `None` for `auto`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct KvCacheArg(pub(super) Option<kvcache::KvStorage>);
+
+fn parse_parallel(text: &str) -> std::result::Result<crate::group::Parallel, String> {
+    match text {
+        "tensor" => Ok(crate::group::Parallel::Tensor),
+        "pipeline" => Ok(crate::group::Parallel::Pipeline),
+        other => Err(format!("`{other}` is not `tensor` or `pipeline`")),
+    }
+}
+
+fn parse_backend(text: &str) -> std::result::Result<mlx::distributed::Backend, String> {
+    mlx::distributed::Backend::parse(text)
+        .ok_or_else(|| format!("`{text}` is not `ring`, `mpi`, `nccl` or `jaccl`"))
+}
 
 fn parse_kv_cache(text: &str) -> std::result::Result<KvCacheArg, String> {
     use kvcache::KvStorage;

@@ -2,20 +2,48 @@
 //! into the library's types and handing them to the part that does the work.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::cli::app::{app_state_with, loop_config, runtime};
-use crate::cli::args::{BenchArgs, Command, CreateArgs, ExportArgs, RunArgs, ServeArgs};
+use crate::cli::args::{BenchArgs, Command, CreateArgs, ExportArgs, GroupArgs, RunArgs, ServeArgs};
 use crate::cli::bench::{BenchLength, BenchPrompt, BenchStreams, bench, read_prompt_ids};
 use crate::cli::progress::Bars;
 use crate::cli::{info, listing, repl, replay, serve};
+use crate::group::hostfile::Hostfile;
+use crate::group::{follower, forming};
 use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
 use crate::modelfile::Modelfile;
 use crate::server::requested_shape::{self, Requested};
 use crate::store::Store;
+
+/// `mlxkit worker`: joins the group of the hostfile as its rank, on an MLX worker thread, and
+/// follows rank 0 until it closes the group.
+fn worker_command(store: Store, group: GroupArgs) -> Result<()> {
+    let Some(path) = &group.hostfile else {
+        bail!("a worker needs the group's hostfile (--hostfile, or MLX_HOSTFILE)");
+    };
+    if group.rank == 0 {
+        bail!("rank 0 serves the group (`mlxkit serve --hostfile`); a worker's rank is 1 or more");
+    }
+    let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
+    forming::check_backend(group.backend).map_err(anyhow::Error::msg)?;
+    forming::point_mlx_at(&hostfile, group.rank).map_err(anyhow::Error::msg)?;
+    let worker = mlx_thread::Worker::builder()
+        .name(format!("mlx-rank-{}", group.rank))
+        .spawn()?;
+    let timeout = Duration::from_secs(group.join_timeout);
+    worker
+        .try_run(move || -> Result<(), String> {
+            let device = mlx::Device::best_available().map_err(|e| e.to_string())?;
+            device.set_default().map_err(|e| e.to_string())?;
+            follower::follow(&store, &hostfile, group.rank, group.backend, timeout)
+        })?
+        .map_err(anyhow::Error::msg)
+}
 
 /// Runs `command` against the store `$MLXKIT_HOME` names.
 pub(super) fn run(command: Command) -> Result<()> {
@@ -23,6 +51,7 @@ pub(super) fn run(command: Command) -> Result<()> {
     remove_leftovers(&store)?;
     match command {
         Command::Serve(args) => serve_command(store, args),
+        Command::Worker(args) => worker_command(store, args.group),
         Command::Run(args) => run_command(store, args),
         Command::Pull { model } => pull_with_progress(&store, &ModelName::parse(&model)?),
         Command::Create(args) => create(&store, args),
@@ -60,6 +89,27 @@ fn remove_leftovers(store: &Store) -> Result<()> {
 }
 
 fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
+    let group = match &args.group.hostfile {
+        None => None,
+        // `mlx.launch` runs the same command on every host: the other ranks serve as workers.
+        Some(_) if args.group.rank != 0 => return worker_command(store, args.group),
+        Some(path) => {
+            if args.kv_cache.is_some() {
+                bail!("--kv-cache is not served across processes yet");
+            }
+            if args.draft.as_ref().is_some_and(|d| d.model.is_some()) {
+                bail!("draft models are not served across processes yet");
+            }
+            let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
+            forming::check_backend(args.group.backend).map_err(anyhow::Error::msg)?;
+            forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
+            let timeout = Duration::from_secs(args.group.join_timeout);
+            let link =
+                forming::form_as_rank_0(&hostfile, args.group.backend, args.parallel, timeout)
+                    .map_err(anyhow::Error::msg)?;
+            Some(link)
+        }
+    };
     let mut config = loop_config(args.kv_cache);
     let mut default_draft = None;
     if let Some(draft) = args.draft {
@@ -88,6 +138,10 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         }
         limits.max_models = n;
     }
+    if group.is_some() {
+        // The workers hold one model's parts at a time.
+        limits.max_models = 1;
+    }
     let default_model = args
         .default_model
         .as_deref()
@@ -104,6 +158,7 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         limits,
         default_draft,
         default_model,
+        group,
     ))
 }
 
@@ -146,7 +201,7 @@ fn run_command(store: Store, args: RunArgs) -> Result<()> {
     let config = loop_config(args.kv_cache);
     let (think, verbose) = (args.think, args.verbose);
     runtime()?.block_on(async move {
-        let state = app_state_with(store, config, ResidentLimits::from_env(), None)?;
+        let state = app_state_with(store, config, ResidentLimits::from_env(), None, None)?;
         repl::chat(state, name, prompt, think, verbose, options, requested).await
     })
 }
@@ -255,7 +310,7 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
     let (runs, as_json) = (args.runs.max(1), args.json);
     let config = loop_config(args.kv_cache);
     runtime()?.block_on(async move {
-        let state = app_state_with(store, config, ResidentLimits::from_env(), None)?;
+        let state = app_state_with(store, config, ResidentLimits::from_env(), None, None)?;
         bench(state, name, prompt, length, streams, runs, as_json).await
     })
 }

@@ -1,11 +1,13 @@
 //! `mlxkit serve`: the HTTP APIs on a listening socket until SIGINT or SIGTERM.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
 use crate::cli::app::app_state_with;
 use crate::engine::LoopConfig;
+use crate::group::leader::GroupLink;
 use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
 use crate::store::Store;
@@ -20,6 +22,7 @@ pub(super) async fn serve(
     resident: ResidentLimits,
     default_draft: Option<ModelName>,
     default_model: Option<ModelName>,
+    group: Option<Arc<GroupLink>>,
 ) -> Result<()> {
     use crate::server::{access::Access, limits, listen, stopping};
     let limits = limits::ConnectionLimits::from_env()?;
@@ -30,7 +33,7 @@ pub(super) async fn serve(
             .map_or(host.as_str(), |(name, _)| name),
     );
     let max_output_tokens = crate::server::output_limit::from_env()?;
-    let state = app_state_with(store, config, resident, default_draft)?
+    let state = app_state_with(store, config, resident, default_draft, group)?
         .with_max_output_tokens(max_output_tokens)
         .with_default_model(default_model);
     let open_files = limits::raise_open_file_limit();

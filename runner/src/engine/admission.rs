@@ -196,6 +196,13 @@ impl LoadedModel {
     /// those cannot be made).
     fn restore(&mut self, job: &Job) -> Result<Restored> {
         let mut caches = fresh_caches(self.model.as_ref(), self.config.kv_storage)?;
+        if !self.reuses_prefixes {
+            return Ok(Restored {
+                caches,
+                session: None,
+                at: 0,
+            });
+        }
         let media = job.media_items(job.prompt.len());
         let begun = self
             .prefix

@@ -17,9 +17,7 @@ use crate::engine::loaded_model::LoadedModel;
 use crate::engine::sequence::{Outcome, Sequence, SequenceId};
 use crate::engine::speculating::Speculating;
 use crate::engine::speculation;
-use crate::engine::step::{
-    Ending, Pending, Result, Step, caches_of, last_logits, with_rope_deltas,
-};
+use crate::engine::step::{Ending, Pending, Result, Step, caches_of, last_logits, of_sequences};
 
 /// What a decoding row of the batched forward is fed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +164,7 @@ impl LoadedModel {
             }
         }
         let batch = Batch::from_device(&tokens, positions)?;
-        let batch = with_rope_deltas(batch, &self.sequences, &indices)?;
+        let batch = of_sequences(batch, &self.sequences, &indices)?;
         let mut caches = caches_of(&mut self.sequences, &indices)?;
         let out = self.model.forward_rows(&batch, &mut caches)?;
         drop(caches);

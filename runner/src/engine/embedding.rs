@@ -9,6 +9,10 @@ use nn::model::{Batch, Model};
 
 use crate::engine::step::{Result, StepError};
 
+/// The row tag of an embedding's caches ([`nn::Batch::row_tags`]): sequence ids count up from
+/// 0 and never reach it, and one embedding runs at a time.
+const EMBEDDING_TAG: u64 = u64::MAX;
+
 /// The embedding of `tokens` (not normalized), evaluated `chunk` tokens per forward.
 pub fn embed(model: &dyn Model, tokens: &[u32], chunk: usize) -> Result<Vec<f32>> {
     if tokens.is_empty() {
@@ -19,9 +23,14 @@ pub fn embed(model: &dyn Model, tokens: &[u32], chunk: usize) -> Result<Vec<f32>
     let mut caches = model.new_caches()?;
     let mut hidden = None;
     for (i, piece) in tokens.chunks(chunk.max(1)).enumerate() {
-        let batch = Batch::single(piece, i * chunk.max(1))?;
-        hidden = Some(model.forward(&batch, &mut caches)?.hidden);
+        let batch = Batch::single(piece, i * chunk.max(1))?.with_row_tags(vec![EMBEDDING_TAG])?;
+        let forward = model.forward(&batch, &mut caches);
+        if forward.is_err() {
+            let _ = model.release_rows(&[EMBEDDING_TAG]);
+        }
+        hidden = Some(forward?.hidden);
     }
+    model.release_rows(&[EMBEDDING_TAG])?;
     let hidden = hidden.ok_or_else(|| StepError::Internal("nothing was evaluated".into()))?;
     let last = hidden
         .slice_axis(1, -1, hidden.dim(1)?)?

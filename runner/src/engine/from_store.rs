@@ -11,6 +11,9 @@ use crate::engine::encoded_media::EncodedIds;
 use crate::engine::loaded_model::{LoadedModel, LoopConfig};
 use crate::engine::prompt_media::{AudioPrompt, ImagePrompt};
 use crate::engine::step::StepError;
+use crate::group::Parallel;
+use crate::group::control::ToWorker;
+use crate::group::leader::{GroupLink, Leader};
 use crate::model_name::ModelName;
 use crate::store::{Format, Manifest};
 
@@ -223,12 +226,16 @@ fn served_context(name: &ModelName, loaded: &nn::load::Loaded, asked: Option<usi
 
 /// Loads the model (on the calling thread, which must be the MLX worker) and its tokenizer,
 /// and `draft` beside it, ready to serve with `loop_config`.
+///
+/// With `group`, the model is split across the group's processes: every worker is told to
+/// load its part, this process loads rank 0's, and the model serves once all have answered.
 pub fn load(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
     draft: Option<&DraftSource>,
     loop_config: LoopConfig,
+    group: Option<&Arc<GroupLink>>,
 ) -> Result<(LoadedModel, ModelInfo), LoadError> {
     let model_err = |source| LoadError::Model {
         name: name.to_string(),
@@ -239,7 +246,15 @@ pub fn load(
         source,
     };
     let asked_context = modelfile_context(manifest);
-    let loaded = load_weights(name, manifest, dir, asked_context)?;
+    let loaded = match group {
+        None => load_weights(name, manifest, dir, asked_context, nn::load::Split::Whole)?,
+        Some(group) => load_leader(name, manifest, dir, asked_context, group)?,
+    };
+    if group.is_some() && draft.is_some() {
+        return Err(model_err(nn::Error::Group(
+            "draft models are not served across processes yet".into(),
+        )));
+    }
     let context_length = served_context(name, &loaded, asked_context);
     let tokenizer = tokenizer_of(name, manifest, dir)?;
     let template = chat_template(manifest, &tokenizer).map_err(tok_err)?;
@@ -258,6 +273,11 @@ pub fn load(
         .map(|a| AudioPrompt::new(a, &tokenizer))
         .transpose()
         .map_err(|reason| model_err(nn::Error::Config(reason)))?;
+    if group.is_some() && (vision.is_some() || audio.is_some()) {
+        return Err(model_err(nn::Error::Group(
+            "images and audio are not served across processes yet".into(),
+        )));
+    }
     // Padded head rows beyond the tokenizer would be ids no reply can decode.
     let model =
         nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, tokenizer.vocab_size());
@@ -266,6 +286,11 @@ pub fn load(
             StepError::Model(source) => model_err(source),
             other => model_err(nn::Error::InvalidInput(other.to_string())),
         })?;
+    if group.is_some() {
+        // Workers hold caches per sequence only: a prefix restored on rank 0 they could not
+        // follow.
+        session.reuse_prefixes(false);
+    }
     let draft = match draft {
         None => None,
         Some(source) => match attach_draft(
@@ -325,12 +350,74 @@ fn preprocessor_config(
         .map_err(|e| nn::Error::Config(format!("{}: {e}", path.display())))
 }
 
-/// A stored model's weights.
+/// Rank 0's part of a model split across `group`, once every worker has loaded its own.
+fn load_leader(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+    context: Option<usize>,
+    group: &Arc<GroupLink>,
+) -> Result<nn::load::Loaded, LoadError> {
+    let group_err = |message: String| LoadError::Model {
+        name: name.to_string(),
+        source: nn::Error::Group(message),
+    };
+    group
+        .links
+        .tell(&ToWorker::Load {
+            model: name.to_string(),
+            parallel: group.parallel,
+        })
+        .map_err(group_err)?;
+    let own = group
+        .group()
+        .map_err(nn::Error::from)
+        .map_err(|source| LoadError::Model {
+            name: name.to_string(),
+            source,
+        })
+        .and_then(|g| {
+            let split = match group.parallel {
+                Parallel::Tensor => nn::load::Split::Tensor(g),
+                Parallel::Pipeline => nn::load::Split::Pipeline(g),
+            };
+            load_weights(name, manifest, dir, context, split)
+        });
+    // The workers are answered for even when this rank failed: they must not be left loading
+    // while rank 0 moves on.
+    let workers = group.links.answers("loading", WORKER_LOAD_TIMEOUT);
+    let mut loaded = own?;
+    workers.map_err(group_err)?;
+    loaded.model = Box::new(
+        Leader::new(loaded.model, Arc::clone(group)).map_err(|source| LoadError::Model {
+            name: name.to_string(),
+            source,
+        })?,
+    );
+    Ok(loaded)
+}
+
+/// How long rank 0 waits for its workers to load their parts.
+const WORKER_LOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A worker's part of stored model `name`, as rank 0 loads its own (`split` from the group).
+pub fn load_part(
+    name: &ModelName,
+    manifest: &Manifest,
+    dir: &Path,
+    split: nn::load::Split,
+) -> Result<Box<dyn nn::Model>, LoadError> {
+    let context = modelfile_context(manifest);
+    Ok(load_weights(name, manifest, dir, context, split)?.model)
+}
+
+/// A stored model's weights, `split` says which part of them.
 fn load_weights(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
     context: Option<usize>,
+    split: nn::load::Split,
 ) -> Result<nn::load::Loaded, LoadError> {
     let weights =
         weights_path(dir, manifest).ok_or_else(|| LoadError::NoWeights(name.to_string()))?;
@@ -338,13 +425,15 @@ fn load_weights(
         context,
         ..nn::load::LoadSettings::default()
     };
-    // A drafter head trained for the model and stored beside it (`pull`'s shipped heads).
+    // A drafter head trained for the model and stored beside it (`pull`'s shipped heads); a
+    // model split across processes drafts with no head yet (rank 0 alone would run it).
     let head = manifest
         .layers
         .iter()
         .find(|l| l.path == crate::shipped_heads::HEAD_FILE)
+        .filter(|_| matches!(split, nn::load::Split::Whole))
         .map(|l| dir.join(&l.path));
-    nn::load::load_with_head(&weights, head.as_deref(), settings).map_err(|source| {
+    nn::load::load_split(&weights, head.as_deref(), settings, split).map_err(|source| {
         LoadError::Model {
             name: name.to_string(),
             source,
@@ -403,7 +492,13 @@ fn attach_draft(
         session.attach_assistant(source.name.to_string(), assistant, source.by_default);
         return Ok(());
     }
-    let loaded = load_weights(&source.name, &source.manifest, &source.dir, None)?;
+    let loaded = load_weights(
+        &source.name,
+        &source.manifest,
+        &source.dir,
+        None,
+        nn::load::Split::Whole,
+    )?;
     // Its tokenizer is the target's (checked before loading): cut its head as the target's.
     let vocab = session.model().spec().vocab_size;
     let model = nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, vocab);

@@ -10,7 +10,7 @@ use speculate::{Draft, Drafter, Proposal};
 
 use crate::engine::draft_context::DraftContext;
 use crate::engine::rollback;
-use crate::engine::step::{StepError, caches_of, with_rope_deltas};
+use crate::engine::step::{StepError, caches_of, of_sequences};
 
 /// Drafts through the target's first `layers` layers.
 pub struct LayerSkip {
@@ -91,7 +91,7 @@ impl LayerSkip {
         for step in 0..depth {
             let positions = starts.iter().map(|&s| s + step).collect();
             let batch = Batch::from_device(&tokens, positions)?;
-            let batch = with_rope_deltas(batch, sequences, indices)?;
+            let batch = of_sequences(batch, sequences, indices)?;
             let out = {
                 let mut caches = caches_of(sequences, indices)?;
                 model.forward_rows_through(&batch, &mut caches, self.layers)?

@@ -202,6 +202,8 @@ pub struct LoadedModel {
     pub(super) encoded: EncodedMedia,
     /// How long prefill forwards take, to keep a step's prefill near its time target.
     pub(super) pace: PrefillPace,
+    /// Whether a new sequence may start from a prefix the trie or a running sequence holds.
+    pub(super) reuses_prefixes: bool,
 }
 
 impl LoadedModel {
@@ -242,7 +244,15 @@ impl LoadedModel {
             draft_by_default: false,
             encoded: EncodedMedia::new(encoded_media::DEFAULT_BUDGET),
             pace: PrefillPace::new(config.prefill_step_target),
+            reuses_prefixes: true,
         })
+    }
+
+    /// Whether new sequences may start from a prefix already evaluated (the default), or
+    /// always from empty caches: a model split across processes whose workers keep caches
+    /// per sequence only.
+    pub fn reuse_prefixes(&mut self, yes: bool) {
+        self.reuses_prefixes = yes;
     }
 
     /// Loads `model`, called `name`, beside this one as its draft model (see

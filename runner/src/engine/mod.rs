@@ -100,7 +100,7 @@ use std::time::{Duration, Instant};
 
 use mlx_thread::{Completion, Worker};
 
-pub use from_store::{DraftSource, LoadError, ModelInfo};
+pub use from_store::{DraftSource, LoadError, ModelInfo, load_part};
 pub use job::{
     DoneReason, DrafterKind, EncoderInput, Event, ImageProcessing, Job, PromptMedia, Speculation,
     SpeculationStats, Stats, TokenLogprobs, UndecodedImage,
@@ -108,6 +108,7 @@ pub use job::{
 pub use loaded_model::{LoadedModel, LoopConfig, LoopStatus};
 pub use residents::{ModelSlot, Residents};
 
+use crate::group::leader::GroupLink;
 use crate::model_name::ModelName;
 use crate::store::Manifest;
 
@@ -186,11 +187,21 @@ impl Resident {
     }
 }
 
+/// Empty caches for one sequence of `model`, as the engine makes them (rewindable by the
+/// deepest draft): what a worker of a split model keeps per sequence.
+pub fn fresh_caches_of(
+    model: &dyn nn::Model,
+) -> Result<Vec<Option<kvcache::LayerCache>>, step::StepError> {
+    loaded_model::fresh_caches(model, None)
+}
+
 /// The MLX worker and the models resident on it.
 pub struct Engine {
     worker: Worker,
     shared: Arc<Shared>,
     loop_config: LoopConfig,
+    /// The group of processes every model is split across, on rank 0 of one.
+    group: Option<Arc<GroupLink>>,
 }
 
 impl Engine {
@@ -211,7 +222,19 @@ impl Engine {
             worker,
             shared: Arc::default(),
             loop_config,
+            group: None,
         })
+    }
+
+    /// This engine, as rank 0 of `group`: every model it loads is split across the group.
+    pub fn with_group(mut self, group: Arc<GroupLink>) -> Engine {
+        self.group = Some(group);
+        self
+    }
+
+    /// The group this engine's models are split across, if any.
+    pub fn group(&self) -> Option<&Arc<GroupLink>> {
+        self.group.as_ref()
     }
 
     /// Loads `manifest`'s model from `dir` (its materialized files), and `draft` beside it,
@@ -229,6 +252,7 @@ impl Engine {
         draft: Option<DraftSource>,
     ) -> Result<Resident, EngineError> {
         let loop_config = self.loop_config;
+        let group = self.group.clone();
         let slot = ModelSlot(self.shared.next_slot.fetch_add(1, Ordering::SeqCst));
         let (info, weights_bytes, planned_bytes) = self
             .run_aside(
@@ -240,8 +264,14 @@ impl Engine {
                     let _ = mlx::synchronize();
                     let _ = memory::release_pool();
                     let before = mlx::memory::active_memory().unwrap_or(0);
-                    let (mut loaded, info) =
-                        from_store::load(&name, &manifest, &dir, draft.as_ref(), loop_config)?;
+                    let (mut loaded, info) = from_store::load(
+                        &name,
+                        &manifest,
+                        &dir,
+                        draft.as_ref(),
+                        loop_config,
+                        group.as_ref(),
+                    )?;
                     loaded.keep_state_in(state);
                     let _ = mlx::synchronize();
                     let _ = memory::release_pool();

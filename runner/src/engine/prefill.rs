@@ -17,7 +17,7 @@ use crate::engine::memory::LONG_PREFILL;
 use crate::engine::sequence::{Outcome, Phase, Sequence, SequenceId};
 use crate::engine::step::{
     Result, Step, StepError, caches_of, equal_width_groups, exact_width_groups, last_logits,
-    with_rope_deltas,
+    of_sequences,
 };
 
 impl LoadedModel {
@@ -180,7 +180,7 @@ impl LoadedModel {
             }
             rows.push((&seq.job.prompt[from..to], from));
         }
-        let batch = with_rope_deltas(Batch::rows(&rows)?, &self.sequences, group)?;
+        let batch = of_sequences(Batch::rows(&rows)?, &self.sequences, group)?;
         // What each row's chunk moves its rope delta by (its images', whole in the chunk).
         let moved = group
             .iter()

@@ -49,6 +49,7 @@ impl LoadedModel {
             Outcome::Failed(_) => self.prefix.abandon(&mut seq),
         }
         self.end_drafting(&seq, matches!(outcome, Outcome::Done(_)));
+        self.release_rows(&seq);
         // Dropping the caches copies out the lazy snapshots the trie took of them.
         seq.caches.clear();
         if let Err(e) = self.prefix.evict() {
@@ -77,7 +78,16 @@ impl LoadedModel {
             self.prefix.abandon(&mut seq);
             let _ = self.sampler.remove(seq.id);
             self.end_drafting(&seq, false);
+            self.release_rows(&seq);
             let _ = seq.job.events.send(Event::Failed(message.to_string()));
+        }
+    }
+
+    /// Tells the model a retiring sequence's caches run no forward again (a model split across
+    /// processes frees the other ranks' copies).
+    fn release_rows(&self, seq: &Sequence) {
+        if let Err(e) = self.model.release_rows(&[seq.id as u64]) {
+            tracing::warn!("releasing a sequence's caches: {e}");
         }
     }
 

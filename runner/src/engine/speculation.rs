@@ -35,7 +35,7 @@ use crate::engine::job::{DoneReason, DrafterKind, TokenLogprobs};
 use crate::engine::rollback::{self, RoundCaptures};
 use crate::engine::sequence::{Outcome, Sequence};
 use crate::engine::speculating::Speculating;
-use crate::engine::step::{Ending, Result, Step, caches_of, equal_width_groups, with_rope_deltas};
+use crate::engine::step::{Ending, Result, Step, caches_of, equal_width_groups, of_sequences};
 
 /// This step's speculative rounds, over what they borrow from the loaded model and the step:
 /// every speculating sequence that knows its next token runs one round (see the module docs).
@@ -329,7 +329,7 @@ impl Rounds<'_> {
             })
             .collect();
         let indices: Vec<usize> = plans.iter().map(|plan| plan.index).collect();
-        let forward_batch = with_rope_deltas(Batch::rows(&rows)?, self.sequences, &indices)?;
+        let forward_batch = of_sequences(Batch::rows(&rows)?, self.sequences, &indices)?;
         if width > 1 {
             for &i in &indices {
                 let seq = &mut self.sequences[i];

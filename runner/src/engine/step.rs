@@ -129,9 +129,12 @@ pub struct Pending {
     pub dispatched: Instant,
 }
 
-/// `batch`, whose rows are `sequences[i]` for each `i` of `indices`, carrying each one's rope
-/// delta; as it is when every delta is 0 (no row follows an image of an M-RoPE family).
-pub fn with_rope_deltas(batch: Batch, sequences: &[Sequence], indices: &[usize]) -> Result<Batch> {
+/// `batch`, whose rows are `sequences[i]` for each `i` of `indices`, carrying each one's id as
+/// its row tag (a model split across processes finds the row's caches by it) and its rope
+/// delta, unless every delta is 0 (no row follows an image of an M-RoPE family).
+pub fn of_sequences(batch: Batch, sequences: &[Sequence], indices: &[usize]) -> Result<Batch> {
+    let tags = indices.iter().map(|&i| sequences[i].id as u64).collect();
+    let batch = batch.with_row_tags(tags)?;
     let deltas: Vec<i64> = indices.iter().map(|&i| sequences[i].rope_delta).collect();
     if deltas.iter().all(|&d| d == 0) {
         return Ok(batch);

@@ -213,6 +213,11 @@ pub fn store_with(home: &std::path::Path, model: &str) -> Option<Store> {
 
 /// Whether `model` is in `store`, pulled through the project's own path now if it was not; a
 /// failure panics when `CI` is set, and is a notice (the caller skips) otherwise.
+/// Whether `model` is in the store at `home`, pulled there now if need be (see [`pulled`]).
+pub fn pulled_into(home: &std::path::Path, model: &str) -> bool {
+    pulled(&Store::open(home.to_path_buf()).unwrap(), model)
+}
+
 fn pulled(store: &Store, model: &str) -> bool {
     let name = ModelName::parse(model).unwrap();
     match runner::pull::pull(store, &name, &mut |_| {}) {

@@ -1,0 +1,248 @@
+//! Rank 0's control connections to its workers ([`Links`]): accepting them as they join,
+//! telling every worker the same thing, gathering their answers, and noticing the first that
+//! leaves.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::group::control::{Channel, ToLeader, ToWorker, send_on};
+use crate::group::hostfile::Hostfile;
+
+/// Rank 0's connections to ranks `1..size`.
+pub struct Links {
+    /// Rank `r`'s sending side at `r - 1`.
+    senders: Mutex<Vec<TcpStream>>,
+    replies: Mutex<Receiver<(usize, ToLeader)>>,
+    /// Why the group cannot serve, once a worker has left it.
+    lost: Arc<Mutex<Option<String>>>,
+    size: usize,
+}
+
+impl Links {
+    /// Listens on the hostfile's control address until every worker has joined, or refuses
+    /// after `timeout`, naming the ranks still missing.
+    pub fn accept(hostfile: &Hostfile, timeout: Duration) -> Result<Links, String> {
+        let address = hostfile.control()?;
+        let listener = TcpListener::bind(address)
+            .map_err(|e| format!("listening for workers on {address}: {e}"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listening for workers on {address}: {e}"))?;
+        let size = hostfile.size();
+        let mut joined: Vec<Option<Channel>> = (1..size).map(|_| None).collect();
+        let deadline = Instant::now() + timeout;
+        while joined.iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    if let Err(e) = admit(stream, peer, &mut joined) {
+                        tracing::warn!("refused a worker from {peer}: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        let missing: Vec<String> = joined
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, c)| c.is_none())
+                            .map(|(i, _)| describe(hostfile, i + 1))
+                            .collect();
+                        return Err(format!(
+                            "no worker joined as {} within {} s (start `mlxkit worker` there \
+                             with the same hostfile)",
+                            missing.join(", "),
+                            timeout.as_secs()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(format!("accepting workers on {address}: {e}")),
+            }
+        }
+        let lost = Arc::new(Mutex::new(None));
+        let (tx, rx) = mpsc::channel();
+        let mut senders = Vec::with_capacity(size - 1);
+        for (i, channel) in joined.into_iter().flatten().enumerate() {
+            let rank = i + 1;
+            senders.push(channel.sender().map_err(|e| e.to_string())?);
+            watch(
+                channel,
+                rank,
+                describe(hostfile, rank),
+                tx.clone(),
+                Arc::clone(&lost),
+            );
+        }
+        let links = Links {
+            senders: Mutex::new(senders),
+            replies: Mutex::new(rx),
+            lost,
+            size,
+        };
+        links.tell(&ToWorker::FormGroup)?;
+        Ok(links)
+    }
+
+    /// How many processes the group holds.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Why the group cannot serve, once a worker has left it.
+    pub fn lost(&self) -> Option<String> {
+        lock(&self.lost).clone()
+    }
+
+    /// Tells every worker `message`; an error (and the group lost) when one cannot be told.
+    pub fn tell(&self, message: &ToWorker) -> Result<(), String> {
+        if let Some(lost) = self.lost() {
+            return Err(lost);
+        }
+        let mut senders = lock(&self.senders);
+        for (i, sender) in senders.iter_mut().enumerate() {
+            if let Err(e) = send_on(sender, message) {
+                let why = format!("rank {} left the group: {e}", i + 1);
+                lock(&self.lost).get_or_insert(why.clone());
+                return Err(why);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for every worker's answer to what it was last told; the first
+    /// refusal, a worker leaving or the time running out is an error naming the rank.
+    pub fn answers(&self, what: &str, timeout: Duration) -> Result<(), String> {
+        let replies = lock(&self.replies);
+        let deadline = Instant::now() + timeout;
+        let mut waiting: Vec<usize> = (1..self.size).collect();
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match replies.recv_timeout(left.min(Duration::from_millis(200))) {
+                Ok((rank, ToLeader::Loaded)) => waiting.retain(|&r| r != rank),
+                Ok((rank, ToLeader::Failed { message })) => {
+                    return Err(format!("rank {rank}: {message}"));
+                }
+                Ok((rank, other)) => {
+                    return Err(format!("rank {rank} answered {other:?} to {what}"));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(lost) = self.lost() {
+                        return Err(lost);
+                    }
+                    if left.is_zero() {
+                        return Err(format!(
+                            "rank {} did not answer {what} within {} s",
+                            waiting[0],
+                            timeout.as_secs()
+                        ));
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.lost().unwrap_or_else(|| "the workers are gone".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for sender in lock(&self.senders).iter() {
+            let _ = sender.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Reads a joining worker's first message and keeps its channel under its rank.
+fn admit(
+    stream: TcpStream,
+    peer: SocketAddr,
+    joined: &mut [Option<Channel>],
+) -> Result<(), String> {
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    // A connection that says nothing must not hold the others up.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut channel = Channel::new(stream).map_err(|e| e.to_string())?;
+    let hello: Option<ToLeader> = channel.recv().map_err(|e| e.to_string())?;
+    let Some(ToLeader::Join { rank, version }) = hello else {
+        return Err(format!("{peer} did not ask to join"));
+    };
+    let ours = env!("CARGO_PKG_VERSION");
+    let mut refuse = |why: String| {
+        let _ = channel.send(&ToLeader::Failed {
+            message: why.clone(),
+        });
+        Err(why)
+    };
+    if version != ours {
+        return refuse(format!(
+            "rank {rank} runs mlxkit {version}; rank 0 runs {ours}"
+        ));
+    }
+    let Some(slot) = rank.checked_sub(1).and_then(|i| joined.get_mut(i)) else {
+        return refuse(format!(
+            "rank {rank} is not a worker of this group of {}",
+            joined.len() + 1
+        ));
+    };
+    if slot.is_some() {
+        return refuse(format!("rank {rank} has joined already"));
+    }
+    channel
+        .stream()
+        .set_read_timeout(None)
+        .map_err(|e| e.to_string())?;
+    *slot = Some(channel);
+    tracing::info!("rank {rank} joined from {peer}");
+    Ok(())
+}
+
+/// Reads `rank`'s messages on a thread of their own, passing them on, until it leaves; then
+/// records why, so that the next step fails naming it.
+fn watch(
+    mut channel: Channel,
+    rank: usize,
+    name: String,
+    replies: Sender<(usize, ToLeader)>,
+    lost: Arc<Mutex<Option<String>>>,
+) {
+    let watched = Arc::clone(&lost);
+    let spawned = std::thread::Builder::new()
+        .name(format!("mlxkit-rank-{rank}"))
+        .spawn(move || {
+            let why = loop {
+                match channel.recv::<ToLeader>() {
+                    Ok(Some(message)) => {
+                        if replies.send((rank, message)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break format!("{name} left the group (its connection closed)"),
+                    Err(e) => break format!("{name} left the group ({e})"),
+                }
+            };
+            tracing::error!("{why}");
+            lock(&watched).get_or_insert(why);
+        });
+    if let Err(e) = spawned {
+        lock(&lost).get_or_insert(format!("watching rank {rank}: {e}"));
+    }
+}
+
+/// `rank` as the messages name it: with its address.
+fn describe(hostfile: &Hostfile, rank: usize) -> String {
+    match hostfile.address(rank) {
+        Some(address) => format!("rank {rank} ({address})"),
+        None => format!("rank {rank}"),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,290 @@
+//! One model served by a group of processes on loopback (issue 50): `mlxkit serve --hostfile`
+//! as rank 0 and `mlxkit worker` for every other rank, as a user starts them, over MLX's ring
+//! backend, every address in 127.0.0.0/8.
+//!
+//! - SmolLM2-135M split three ways by tensor parallelism (its 9 heads and 3 key/value heads
+//!   split by three, not two) and two ways by pipeline parallelism answers greedy requests,
+//!   one at a time and eight at once, with the tokens one process gives. Pipeline stages run
+//!   each layer whole, so one request's logits are one process's exactly. A tensor-parallel
+//!   split sums each row-parallel projection's partial products across ranks, which reorders
+//!   f32 additions: its top-5 log-probabilities stay within [`LOGPROB_BOUND`] of one process's
+//!   (measured below ~1e-5 on the tiny fixtures of `nn/tests/parallel.rs`), and a token may
+//!   differ only where one process's top two were closer than [`MARGIN`].
+//! - A worker killed with SIGKILL mid-generation ends the request in flight with an error
+//!   within seconds, rank 0 keeps answering `/api/version`, and the next request is refused
+//!   naming the rank that left.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::served::Served;
+use crate::support::{MODEL, client, pulled_into};
+
+/// The most a top-5 log-probability of a split model may move from one process's.
+const LOGPROB_BOUND: f64 = 1e-4;
+
+/// One process's top-two log-probability gap below which a split model may pick the other.
+const MARGIN: f64 = 1e-4;
+
+const PROMPTS: [&str; 3] = [
+    "The capital of France is",
+    "Write a short poem about the sea.",
+    "def fibonacci(n):",
+];
+
+/// A group serving on loopback: rank 0's server and its workers' processes.
+struct Group {
+    rank_0: Served,
+    workers: Vec<Child>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for worker in &mut self.workers {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+        let _ = Command::new("kill")
+            .args(["-9", &self.rank_0.pid.to_string()])
+            .status();
+    }
+}
+
+/// `size` consecutive free loopback ports, and the free one below them (rank 0's control).
+fn free_ports(size: usize) -> Vec<u16> {
+    'search: for _ in 0..100 {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let first = probe.local_addr().unwrap().port();
+        drop(probe);
+        if first < 2 || usize::from(first) + size >= 65535 {
+            continue;
+        }
+        let ports: Vec<u16> = (first - 1..=first + size as u16 - 1).collect();
+        for &port in &ports {
+            if TcpListener::bind(("127.0.0.1", port)).is_err() {
+                continue 'search;
+            }
+        }
+        return ports[1..].to_vec();
+    }
+    panic!("no {size} consecutive free loopback ports");
+}
+
+/// A ring hostfile of `size` ranks on loopback, written into `dir`.
+fn hostfile(dir: &Path, size: usize) -> PathBuf {
+    let ranks: Vec<Vec<String>> = free_ports(size)
+        .into_iter()
+        .map(|port| vec![format!("127.0.0.1:{port}")])
+        .collect();
+    let path = dir.join(format!("hosts-{size}.json"));
+    std::fs::write(&path, serde_json::to_string(&ranks).unwrap()).unwrap();
+    path
+}
+
+/// Starts a group of `size` processes over the store in `home`, split as `parallel` says.
+fn start_group(home: &Path, size: usize, parallel: &str) -> Group {
+    let hosts = hostfile(home, size);
+    let hosts = hosts.to_str().unwrap();
+    let workers = (1..size)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_mlxkit"))
+                .args(["worker", "--hostfile", hosts, "--rank", &rank.to_string()])
+                .env("MLXKIT_HOME", home)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let rank_0 = Served::start(home, &["--hostfile", hosts, "--parallel", parallel]);
+    Group { rank_0, workers }
+}
+
+fn home_with_model() -> Option<tempfile::TempDir> {
+    let home = tempfile::tempdir().unwrap();
+    pulled_into(home.path(), MODEL).then_some(home)
+}
+
+fn generate(base: &str, prompt: &str, tokens: usize) -> (u16, Value) {
+    let reply = client()
+        .post(format!("{base}/api/generate"))
+        .json(&json!({
+            "model": MODEL,
+            "prompt": prompt,
+            "stream": false,
+            "options": { "temperature": 0, "num_predict": tokens },
+            "logprobs": true,
+            "top_logprobs": 5,
+        }))
+        .send()
+        .unwrap();
+    let status = reply.status().as_u16();
+    (status, reply.json().unwrap_or(Value::Null))
+}
+
+/// Each prompt's greedy answer from `base`, the prompts sent `concurrent` at a time.
+fn answers(base: &str, concurrent: usize) -> Vec<Value> {
+    let prompts: Vec<&str> = PROMPTS
+        .iter()
+        .cycle()
+        .take(concurrent.max(PROMPTS.len()))
+        .copied()
+        .collect();
+    let mut out = Vec::new();
+    for wave in prompts.chunks(concurrent) {
+        let handles: Vec<_> = wave
+            .iter()
+            .map(|prompt| {
+                let (base, prompt) = (base.to_string(), prompt.to_string());
+                std::thread::spawn(move || generate(&base, &prompt, 16))
+            })
+            .collect();
+        for handle in handles {
+            let (status, reply) = handle.join().unwrap();
+            assert_eq!(status, 200, "{reply}");
+            out.push(reply);
+        }
+    }
+    out
+}
+
+/// Checks a split model's answer against one process's (see the module docs); returns the
+/// largest top-5 log-probability difference over the positions where both chose alike.
+fn check_against(one: &Value, split: &Value, what: &str) -> f64 {
+    let (a, b) = (
+        one["logprobs"].as_array().unwrap(),
+        split["logprobs"].as_array().unwrap(),
+    );
+    let mut worst = 0f64;
+    for (position, (a, b)) in a.iter().zip(b).enumerate() {
+        let top = |entry: &Value| -> Vec<(String, f64)> {
+            entry["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    (
+                        t["token"].as_str().unwrap().to_string(),
+                        t["logprob"].as_f64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let (top_a, top_b) = (top(a), top(b));
+        if a["token"] != b["token"] {
+            let margin = top_a[0].1 - top_a[1].1;
+            assert!(
+                margin < MARGIN,
+                "{what}: position {position} chose {} where one process chose {} by a margin of \
+                 {margin}",
+                b["token"],
+                a["token"]
+            );
+            return worst;
+        }
+        for ((token_a, lp_a), (token_b, lp_b)) in top_a.iter().zip(&top_b) {
+            if token_a == token_b {
+                worst = worst.max((lp_a - lp_b).abs());
+            }
+        }
+    }
+    assert!(
+        worst <= LOGPROB_BOUND,
+        "{what}: top-5 log-probabilities moved by {worst}"
+    );
+    worst
+}
+
+#[test]
+fn a_model_split_across_processes_answers_as_one_process_does() {
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    // Plain decoding and no prefix reuse, as the group's: a speculative round's verification
+    // forward, or a prompt evaluated after a restored prefix, sums in another order than the
+    // group's forwards, so logprobs would differ by rounding.
+    let one = Served::start(home.path(), &["--draft", "none", "--cache-bytes", "0"]);
+    let alone = answers(&one.base, 1);
+    let batched = answers(&one.base, 8);
+    // Its threads would take the two cores from the group's ranks.
+    let _ = Command::new("kill")
+        .args(["-9", &one.pid.to_string()])
+        .status();
+    for (size, parallel) in [(3, "tensor"), (2, "pipeline")] {
+        let group = start_group(home.path(), size, parallel);
+        let what = format!("{parallel} parallel over {size} ranks");
+        let split_alone = answers(&group.rank_0.base, 1);
+        let split_batched = answers(&group.rank_0.base, 8);
+        let mut worst_alone = 0f64;
+        for (a, b) in alone.iter().zip(&split_alone) {
+            worst_alone = worst_alone.max(check_against(a, b, &format!("{what}, one at a time")));
+        }
+        let mut worst_batched = 0f64;
+        for (a, b) in batched.iter().zip(&split_batched) {
+            worst_batched =
+                worst_batched.max(check_against(a, b, &format!("{what}, eight at once")));
+        }
+        eprintln!(
+            "{what}: top-5 log-probabilities within {worst_alone:e} of one process one request \
+             at a time, {worst_batched:e} eight at once"
+        );
+        if parallel == "pipeline" {
+            // Eight at once, the two servers may admit the prompts in different steps, and a
+            // matrix product over other rows sums in another order.
+            assert_eq!(worst_alone, 0.0, "{what}: a pipeline runs each layer whole");
+        }
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering() {
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    let mut group = start_group(home.path(), 2, "pipeline");
+    let base = group.rank_0.base.clone();
+    let (status, reply) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 200, "{reply}");
+
+    let long = {
+        let base = base.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let reply = client()
+                .post(format!("{base}/api/generate"))
+                .json(&json!({
+                    "model": MODEL,
+                    "prompt": PROMPTS[1],
+                    "stream": false,
+                    "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
+                }))
+                .send()
+                .unwrap();
+            let status = reply.status().as_u16();
+            let body = reply.text().unwrap();
+            (status, body, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = Instant::now();
+    group.workers[0].kill().unwrap();
+    group.workers[0].wait().unwrap();
+    let (status, body, _) = long.join().unwrap();
+    let waited = killed.elapsed();
+    assert!(status != 200 || body.contains("error"), "{status}: {body}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "the request ended {waited:?} after the kill"
+    );
+
+    let version = client().get(format!("{base}/api/version")).send().unwrap();
+    assert_eq!(version.status().as_u16(), 200);
+    let (status, reply) = generate(&base, PROMPTS[0], 4);
+    assert_ne!(status, 200, "{reply}");
+    assert!(reply.to_string().contains("rank 1"), "{status}: {reply}");
+}
