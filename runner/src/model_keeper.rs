@@ -79,6 +79,9 @@ pub enum LeaseError {
          model's Modelfile as `DRAFT`) and does not generate text on its own"
     )]
     OnlyDrafts(String),
+    /// The group of processes the models are split across has lost a rank.
+    #[error("this server cannot run models: {0}; restart that worker and this server")]
+    GroupLost(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -259,6 +262,9 @@ impl ModelKeeper {
         draft: Option<&ModelName>,
         keep_alive: Option<KeepAlive>,
     ) -> Result<Lease, LeaseError> {
+        if let Some(lost) = self.engine.group().and_then(|g| g.links.lost()) {
+            return Err(LeaseError::GroupLost(lost));
+        }
         let keep_alive = keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE));
         let mut queue_slot = self
             .queue

@@ -11,8 +11,8 @@
 //!   (measured below ~1e-5 on the tiny fixtures of `nn/tests/parallel.rs`), and a token may
 //!   differ only where one process's top two were closer than [`MARGIN`].
 //! - A worker killed with SIGKILL mid-generation ends the request in flight with an error
-//!   within seconds, rank 0 keeps answering `/api/version`, and the next request is refused
-//!   naming the rank that left.
+//!   within seconds, rank 0 keeps answering `/api/version` and `/health` (which says the group
+//!   is lost), and the next request gets a 503 naming the rank that left.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -284,7 +284,14 @@ fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering()
 
     let version = client().get(format!("{base}/api/version")).send().unwrap();
     assert_eq!(version.status().as_u16(), 200);
+    let health: Value = client()
+        .get(format!("{base}/health"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(health["group"]["state"], "lost", "{health}");
     let (status, reply) = generate(&base, PROMPTS[0], 4);
-    assert_ne!(status, 200, "{reply}");
+    assert_eq!(status, 503, "{reply}");
     assert!(reply.to_string().contains("rank 1"), "{status}: {reply}");
 }

@@ -153,7 +153,7 @@ impl From<crate::model_keeper::LeaseError> for ApiError {
         use crate::model_keeper::LeaseError;
         use crate::store::StoreError;
         let status = match &e {
-            LeaseError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            LeaseError::Busy(_) | LeaseError::GroupLost(_) => StatusCode::SERVICE_UNAVAILABLE,
             LeaseError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
             LeaseError::NotGenerative(_) | LeaseError::OnlyDrafts(_) => StatusCode::BAD_REQUEST,
             LeaseError::Store(StoreError::Unusable { .. } | StoreError::Foreign(_)) => {

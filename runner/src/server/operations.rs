@@ -20,7 +20,20 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
         .iter()
         .map(|running| running.info.name.to_string())
         .collect();
-    Json(json!({ "status": "ok", "model": resident.first(), "models": resident }))
+    let mut health = json!({ "status": "ok", "model": resident.first(), "models": resident });
+    if let Some(group) = state.keeper.engine().group() {
+        let lost = group.links.lost();
+        health["group"] = json!({
+            "ranks": group.links.size(),
+            "parallel": group.parallel.name(),
+            "state": if lost.is_some() { "lost" } else { "serving" },
+            "lost": lost,
+        });
+        if lost.is_some() {
+            health["status"] = json!("degraded");
+        }
+    }
+    Json(health)
 }
 
 /// `/tokenize`'s body (llama.cpp's server's fields, with the model to use).
