@@ -95,8 +95,10 @@ impl Weights {
         let (start, end) = parallel.slice(out, &format!("output rows of `{prefix}`"))?;
         self.split = true;
         let (weight, bias) = whole.into_parts();
-        let weight = dense_for_parallel(prefix, weight)?.slice_axis(0, start, end)?;
-        let bias = bias.map(|b| b.slice_axis(0, start, end)).transpose()?;
+        let weight = owned(dense_for_parallel(prefix, weight)?.slice_axis(0, start, end)?)?;
+        let bias = bias
+            .map(|b| owned(b.slice_axis(0, start, end)?))
+            .transpose()?;
         Ok(Linear::new(Tensor::Dense(weight), bias))
     }
 
@@ -111,7 +113,7 @@ impl Weights {
         let (start, end) = parallel.slice(inp, &format!("input columns of `{prefix}`"))?;
         self.split = true;
         let (weight, bias) = whole.into_parts();
-        let weight = dense_for_parallel(prefix, weight)?.slice_axis(1, start, end)?;
+        let weight = owned(dense_for_parallel(prefix, weight)?.slice_axis(1, start, end)?)?;
         Ok(Linear::new(Tensor::Dense(weight), bias).summed_over(parallel))
     }
 
@@ -387,6 +389,17 @@ pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> R
         )));
     }
     Ok(())
+}
+
+/// `part` in memory of its own. A slice is a view of its whole matrix and would keep it alive,
+/// so every rank would hold every rank's weights; copied out, the whole is freed once the load
+/// drops it.
+fn owned(part: Array) -> Result<Array> {
+    Ok(Array::from_bytes(
+        &part.to_bytes()?,
+        &part.shape(),
+        part.dtype(),
+    )?)
 }
 
 /// A split projection's weight as a dense matrix: quantized ones are refused by name until
