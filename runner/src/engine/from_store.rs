@@ -273,11 +273,6 @@ pub fn load(
         .map(|a| AudioPrompt::new(a, &tokenizer))
         .transpose()
         .map_err(|reason| model_err(nn::Error::Config(reason)))?;
-    if group.is_some() && (vision.is_some() || audio.is_some()) {
-        return Err(model_err(nn::Error::Group(
-            "images and audio are not served across processes yet".into(),
-        )));
-    }
     // Padded head rows beyond the tokenizer would be ids no reply can decode.
     let model =
         nn::limited_vocabulary::LimitedVocabulary::wrap(loaded.model, tokenizer.vocab_size());

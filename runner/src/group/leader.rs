@@ -7,6 +7,10 @@
 //! where its tag's caches do not end (caches restored from the prefix trie; not served across
 //! ranks yet). Once a worker has left, every forward fails at once with the reason: MLX's ring
 //! stops serving a group whose peer is gone, and waiting on it would hang the step loop.
+//!
+//! It offers only the text path: no image or audio side, drafter head or layer taps, whose
+//! forwards the workers are not told. A split model so reads as a text model, and a request
+//! with an image is refused as for any text model.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
