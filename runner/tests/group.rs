@@ -10,6 +10,9 @@
 //!   f32 additions: its top-5 log-probabilities stay within [`LOGPROB_BOUND`] of one process's
 //!   (measured below ~1e-5 on the tiny fixtures of `nn/tests/parallel.rs`), and a token may
 //!   differ only where one process's top two were closer than [`MARGIN`].
+//! - Across two pipeline ranks, prompt-lookup speculation (whose rejected drafts rewind every
+//!   rank's caches) answers as one process does, and a long prompt whose client gave up
+//!   mid-prefill, asked again, answers as one process does.
 //! - A worker killed with SIGKILL mid-generation ends the request in flight with an error
 //!   within seconds, rank 0 keeps answering `/api/version` and `/health` (which says the group
 //!   is lost), and the next request gets a 503 naming the rank that left.
@@ -239,6 +242,63 @@ fn a_model_split_across_processes_answers_as_one_process_does() {
             assert_eq!(worst_alone, 0.0, "{what}: a pipeline runs each layer whole");
         }
     }
+}
+
+/// A copy-heavy prompt: prompt lookup finds its continuation in it.
+fn copy_prompt() -> String {
+    let code = "fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n\nfn sub(a: i32, b: i32) -> i32 {\n    a - b\n}\n";
+    format!("Repeat this code exactly.\n\n{code}\nRepeated:\n\n{code}")
+}
+
+/// A prompt of about 1,500 tokens.
+fn long_prompt() -> String {
+    let sentence = "The river ran past the mill and the miller counted the sacks of grain. ";
+    format!("{}What did the miller count?", sentence.repeat(100))
+}
+
+fn generate_with(base: &str, prompt: &str, options: Value, timeout: Duration) -> Option<Value> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let reply = client
+        .post(format!("{base}/api/generate"))
+        .json(&json!({ "model": MODEL, "prompt": prompt, "stream": false, "options": options }))
+        .send()
+        .ok()?;
+    assert_eq!(reply.status().as_u16(), 200);
+    reply.json().ok()
+}
+
+#[test]
+fn speculation_and_a_cancelled_prompt_across_processes_answer_as_one_process() {
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    let lookup = json!({ "temperature": 0, "num_predict": 48, "draft": "ngram" });
+    let plain = json!({ "temperature": 0, "num_predict": 16 });
+    let long = Duration::from_secs(600);
+    let one = Served::start(home.path(), &["--cache-bytes", "0"]);
+    let copied = generate_with(&one.base, &copy_prompt(), lookup.clone(), long).unwrap();
+    let answered = generate_with(&one.base, &long_prompt(), plain.clone(), long).unwrap();
+    let _ = Command::new("kill")
+        .args(["-9", &one.pid.to_string()])
+        .status();
+
+    let group = start_group(home.path(), 2, "pipeline");
+    let base = &group.rank_0.base;
+    let split = generate_with(base, &copy_prompt(), lookup, long).unwrap();
+    assert_eq!(split["response"], copied["response"], "{split}");
+    assert_eq!(split["speculation"]["drafter"], "ngram", "{split}");
+    assert!(
+        split["speculation"]["accepted"].as_u64() > Some(0),
+        "no draft was accepted across the ranks: {split}"
+    );
+    // The client gives up a second into the prompt's prefill.
+    let gave_up = generate_with(base, &long_prompt(), plain.clone(), Duration::from_secs(1));
+    assert!(gave_up.is_none(), "the prompt was answered within a second");
+    let again = generate_with(base, &long_prompt(), plain, long).unwrap();
+    assert_eq!(again["response"], answered["response"], "{again}");
 }
 
 #[test]
