@@ -71,6 +71,10 @@ impl Model for LimitedVocabulary {
         self.inner.release_rows(row_tags)
     }
 
+    fn unavailable(&self) -> Option<String> {
+        self.inner.unavailable()
+    }
+
     fn vision(&self) -> Option<&dyn Vision> {
         self.inner.vision()
     }

@@ -602,6 +602,12 @@ pub trait Model {
         Ok(())
     }
 
+    /// Why it cannot run now, when a forward has failed for a reason beyond its input: a
+    /// process it is split across has gone. `None` (the default) for a model in one process.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
     /// Its image side, when it reads images; `None` (the default) for a text model.
     fn vision(&self) -> Option<&dyn Vision> {
         None

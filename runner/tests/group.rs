@@ -13,9 +13,9 @@
 //! - Across two pipeline ranks, prompt-lookup speculation (whose rejected drafts rewind every
 //!   rank's caches) answers as one process does, and a long prompt whose client gave up
 //!   mid-prefill, asked again, answers as one process does.
-//! - A worker killed with SIGKILL mid-generation ends the request in flight with an error
-//!   within seconds, rank 0 keeps answering `/api/version` and `/health` (which says the group
-//!   is lost), and the next request gets a 503 naming the rank that left.
+//! - A worker killed with SIGKILL mid-generation ends the request in flight within seconds with
+//!   an error naming it; rank 0 keeps answering `/api/version`, `/api/ps` and `/health` (which
+//!   say whether the group serves), and the next request gets a 503 naming the rank.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -310,6 +310,14 @@ fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering()
     let base = group.rank_0.base.clone();
     let (status, reply) = generate(&base, PROMPTS[0], 4);
     assert_eq!(status, 200, "{reply}");
+    let ps: Value = client()
+        .get(format!("{base}/api/ps"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(ps["models"][0]["group"]["ranks"], 2, "{ps}");
+    assert_eq!(ps["models"][0]["group"]["state"], "serving", "{ps}");
 
     let long = {
         let base = base.clone();
@@ -337,6 +345,10 @@ fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering()
     let (status, body, _) = long.join().unwrap();
     let waited = killed.elapsed();
     assert!(status != 200 || body.contains("error"), "{status}: {body}");
+    assert!(
+        body.contains("rank 1"),
+        "the error does not name the rank: {body}"
+    );
     assert!(
         waited < Duration::from_secs(10),
         "the request ended {waited:?} after the kill"

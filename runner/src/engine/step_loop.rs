@@ -44,7 +44,8 @@ impl LoadedModel {
         self.admit(reserved_elsewhere);
         if let Err(e) = self.advance() {
             // A failed batched forward may leave any running cache half-written.
-            self.fail_all(&e.to_string());
+            let why = self.model.unavailable().unwrap_or_else(|| e.to_string());
+            self.fail_all(&why);
         }
     }
 

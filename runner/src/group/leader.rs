@@ -24,6 +24,9 @@ use crate::group::Parallel;
 use crate::group::control::{Row, ToWorker};
 use crate::group::links::Links;
 
+/// How long a failed forward waits to learn which rank left.
+const LOSS_NOTICE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A formed group, as rank 0 holds it: the workers' control links and MLX's group.
 pub struct GroupLink {
     /// The workers' control connections.
@@ -41,6 +44,18 @@ impl GroupLink {
             group: Mutex::new(group),
             parallel,
         }
+    }
+
+    /// What `/health` and `/api/ps` say of the group: its ranks, how it splits models, and
+    /// whether it serves or lost a rank (and why).
+    pub fn state_json(&self) -> serde_json::Value {
+        let lost = self.links.lost();
+        serde_json::json!({
+            "ranks": self.links.size(),
+            "parallel": self.parallel.name(),
+            "state": if lost.is_some() { "lost" } else { "serving" },
+            "lost": lost,
+        })
     }
 
     /// Another handle on MLX's group, for a model split across it.
@@ -146,6 +161,13 @@ impl Model for Leader {
 
     fn parameters(&self) -> Vec<Array> {
         self.inner.parameters()
+    }
+
+    /// The rank that left, once its control connection has closed: MLX's ring fails the
+    /// forward in flight with its own words (`connection to a peer was lost`) about when the
+    /// connection closes, so this waits a moment for the name.
+    fn unavailable(&self) -> Option<String> {
+        self.link.links.lost_within(LOSS_NOTICE)
     }
 
     fn release_rows(&self, row_tags: &[u64]) -> nn::Result<()> {

@@ -94,6 +94,21 @@ impl Links {
         lock(&self.lost).clone()
     }
 
+    /// Why the group cannot serve, waiting up to `wait` for a worker's departure to be
+    /// noticed; `None` when every worker is still there.
+    pub fn lost_within(&self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(lost) = self.lost() {
+                return Some(lost);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Tells every worker `message`; an error (and the group lost) when one cannot be told.
     pub fn tell(&self, message: &ToWorker) -> Result<(), String> {
         if let Some(lost) = self.lost() {

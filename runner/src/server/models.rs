@@ -233,6 +233,10 @@ fn ps_entry(state: &AppState, model: &RunningModel) -> Value {
         "size_vram": if mlx::gpu_available().unwrap_or(false) { size } else { 0 },
         "context_length": info.context_length,
     });
+    // Not in Ollama's API: the group of processes it is split across.
+    if let (Some(group), Some(fields)) = (state.keeper.engine().group(), entry.as_object_mut()) {
+        fields.insert("group".into(), group.state_json());
+    }
     // Not in Ollama's API: the draft model loaded beside it, and its own prefix cache.
     if let (Some(draft), Some(fields)) = (&info.draft, entry.as_object_mut()) {
         fields.insert("draft_model".into(), json!(draft.to_string()));

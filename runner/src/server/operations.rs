@@ -22,16 +22,10 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
         .collect();
     let mut health = json!({ "status": "ok", "model": resident.first(), "models": resident });
     if let Some(group) = state.keeper.engine().group() {
-        let lost = group.links.lost();
-        health["group"] = json!({
-            "ranks": group.links.size(),
-            "parallel": group.parallel.name(),
-            "state": if lost.is_some() { "lost" } else { "serving" },
-            "lost": lost,
-        });
-        if lost.is_some() {
+        if group.links.lost().is_some() {
             health["status"] = json!("degraded");
         }
+        health["group"] = group.state_json();
     }
     Json(health)
 }
