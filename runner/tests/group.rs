@@ -13,6 +13,8 @@
 //! - Across two pipeline ranks, prompt-lookup speculation (whose rejected drafts rewind every
 //!   rank's caches) answers as one process does, and a long prompt whose client gave up
 //!   mid-prefill, asked again, answers as one process does.
+//! - `mlxkit bench --hostfile` over two ranks reports each rank's peak memory, and the worker
+//!   ends cleanly when rank 0 closes the group.
 //! - A worker killed with SIGKILL mid-generation ends the request in flight within seconds with
 //!   an error naming it; rank 0 keeps answering `/api/version`, `/api/ps` and `/health` (which
 //!   say whether the group serves), and the next request gets a 503 naming the rank.
@@ -299,6 +301,62 @@ fn speculation_and_a_cancelled_prompt_across_processes_answer_as_one_process() {
     assert!(gave_up.is_none(), "the prompt was answered within a second");
     let again = generate_with(base, &long_prompt(), plain, long).unwrap();
     assert_eq!(again["response"], answered["response"], "{again}");
+}
+
+#[test]
+fn bench_over_a_group_reports_every_ranks_peak_memory() {
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    let hosts = hostfile(home.path(), 2);
+    let hosts = hosts.to_str().unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
+        .args(["worker", "--hostfile", hosts, "--rank", "1"])
+        .env("MLXKIT_HOME", home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
+        .args([
+            "bench",
+            MODEL,
+            "--hostfile",
+            hosts,
+            "--parallel",
+            "pipeline",
+        ])
+        .args([
+            "--prompt-tokens",
+            "32",
+            "--generate-tokens",
+            "4",
+            "--runs",
+            "1",
+            "--json",
+        ])
+        .env("MLXKIT_HOME", home.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["parallel"], "pipeline", "{report}");
+    let ranks = report["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{report}");
+    for rank in ranks {
+        assert!(rank["peak_memory_bytes"].as_u64() > Some(0), "{report}");
+    }
+    assert!(
+        report["runs"][0]["decode_tok_s"].as_f64() > Some(0.0),
+        "{report}"
+    );
+    // Rank 0 closing the group ends the worker, cleanly.
+    let status = worker.wait().unwrap();
+    assert!(status.success(), "the worker ended with {status}");
+    assert!(!stderr.contains("left the group"), "{stderr}");
 }
 
 #[test]

@@ -283,6 +283,13 @@ pub(super) struct BenchArgs {
     /// attention), or `auto` (the dtype the model computes in).
     #[arg(long, env = "MLXKIT_KV_CACHE", value_parser = parse_kv_cache)]
     pub(super) kv_cache: Option<KvCacheArg>,
+    /// Runs the model split across the hostfile's processes, as `serve --hostfile` does, and
+    /// reports every rank's peak memory.
+    #[command(flatten)]
+    pub(super) group: GroupArgs,
+    /// How a model is split across the hostfile's processes (`tensor` or `pipeline`).
+    #[arg(long, default_value = "tensor", value_parser = parse_parallel)]
+    pub(super) parallel: crate::group::Parallel,
 }
 
 /// The dtypes `export` writes.

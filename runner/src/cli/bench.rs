@@ -155,6 +155,21 @@ fn print_report(
         return Ok(());
     }
     println!("{name}: loaded in {:.2}s", load.as_secs_f64());
+    if let Some(ranks) = report["ranks"].as_array() {
+        let peaks: Vec<String> = ranks
+            .iter()
+            .map(|r| {
+                let mb = r["peak_memory_bytes"].as_f64().unwrap_or(0.0) / 1e6;
+                format!("rank {} {mb:.1} MB", r["rank"])
+            })
+            .collect();
+        println!(
+            "split by {} parallelism over {} ranks; peak memory: {}",
+            report["parallel"].as_str().unwrap_or("?"),
+            ranks.len(),
+            peaks.join(", ")
+        );
+    }
     if concurrency == 1 {
         println!(
             "{:>4} {:>8} {:>12} {:>8} {:>12} {:>10} {:>10}",
@@ -361,10 +376,30 @@ pub(super) async fn bench(
             "per_stream": per_stream,
         }));
     }
-    let report = json!({
+    let mut report = json!({
         "model": name.to_string(),
         "load_s": load.as_secs_f64(),
         "runs": results,
     });
+    if let Some(group) = state.keeper.engine().group() {
+        // Rank 0's own peak is its engine's; each worker reports its own.
+        let own = results
+            .iter()
+            .filter_map(|r| r["peak_memory_bytes"].as_u64())
+            .max()
+            .unwrap_or(0);
+        let workers = group
+            .links
+            .peak_memory(Duration::from_secs(30))
+            .map_err(anyhow::Error::msg)?;
+        report["ranks"] = json!(
+            std::iter::once(own)
+                .chain(workers)
+                .enumerate()
+                .map(|(rank, peak)| json!({ "rank": rank, "peak_memory_bytes": peak }))
+                .collect::<Vec<_>>()
+        );
+        report["parallel"] = json!(group.parallel.name());
+    }
     print_report(&name, load, &report, concurrency, as_json)
 }

@@ -20,6 +20,28 @@ use crate::modelfile::Modelfile;
 use crate::server::requested_shape::{self, Requested};
 use crate::store::Store;
 
+/// Rank 0's group, when `group` names a hostfile: checks it and the backend, points MLX at
+/// it, and waits for every worker (see [`forming`]). Must run before any thread starts.
+fn form_group(
+    group: &GroupArgs,
+    parallel: crate::group::Parallel,
+    kv_cache: bool,
+) -> Result<Option<std::sync::Arc<crate::group::leader::GroupLink>>> {
+    let Some(path) = &group.hostfile else {
+        return Ok(None);
+    };
+    if kv_cache {
+        bail!("--kv-cache is not served across processes yet");
+    }
+    let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
+    forming::check_backend(group.backend).map_err(anyhow::Error::msg)?;
+    forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
+    let timeout = Duration::from_secs(group.join_timeout);
+    let link = forming::form_as_rank_0(&hostfile, group.backend, parallel, timeout)
+        .map_err(anyhow::Error::msg)?;
+    Ok(Some(link))
+}
+
 /// `mlxkit worker`: joins the group of the hostfile as its rank, on an MLX worker thread, and
 /// follows rank 0 until it closes the group.
 fn worker_command(store: Store, group: GroupArgs) -> Result<()> {
@@ -89,27 +111,14 @@ fn remove_leftovers(store: &Store) -> Result<()> {
 }
 
 fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
-    let group = match &args.group.hostfile {
-        None => None,
+    if args.group.hostfile.is_some() && args.group.rank != 0 {
         // `mlx.launch` runs the same command on every host: the other ranks serve as workers.
-        Some(_) if args.group.rank != 0 => return worker_command(store, args.group),
-        Some(path) => {
-            if args.kv_cache.is_some() {
-                bail!("--kv-cache is not served across processes yet");
-            }
-            if args.draft.as_ref().is_some_and(|d| d.model.is_some()) {
-                bail!("draft models are not served across processes yet");
-            }
-            let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
-            forming::check_backend(args.group.backend).map_err(anyhow::Error::msg)?;
-            forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
-            let timeout = Duration::from_secs(args.group.join_timeout);
-            let link =
-                forming::form_as_rank_0(&hostfile, args.group.backend, args.parallel, timeout)
-                    .map_err(anyhow::Error::msg)?;
-            Some(link)
-        }
-    };
+        return worker_command(store, args.group);
+    }
+    if args.group.hostfile.is_some() && args.draft.as_ref().is_some_and(|d| d.model.is_some()) {
+        bail!("draft models are not served across processes yet");
+    }
+    let group = form_group(&args.group, args.parallel, args.kv_cache.is_some())?;
     let mut config = loop_config(args.kv_cache);
     let mut default_draft = None;
     if let Some(draft) = args.draft {
@@ -286,6 +295,9 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
     if let Some(path) = args.replay {
         return replay::replay_decisions(&path);
     }
+    if args.group.hostfile.is_some() && args.group.rank != 0 {
+        return worker_command(store, args.group);
+    }
     let name = ModelName::parse(&args.model)?;
     ensure_pulled(&store, &name)?;
     let draft = args.draft.unwrap_or_default();
@@ -308,9 +320,13 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
         late_short: args.late_short,
     };
     let (runs, as_json) = (args.runs.max(1), args.json);
+    if args.group.hostfile.is_some() && length.draft_model.is_some() {
+        bail!("draft models are not served across processes yet");
+    }
+    let group = form_group(&args.group, args.parallel, args.kv_cache.is_some())?;
     let config = loop_config(args.kv_cache);
     runtime()?.block_on(async move {
-        let state = app_state_with(store, config, ResidentLimits::from_env(), None, None)?;
+        let state = app_state_with(store, config, ResidentLimits::from_env(), None, group)?;
         bench(state, name, prompt, length, streams, runs, as_json).await
     })
 }

@@ -70,6 +70,8 @@ pub enum ToWorker {
     },
     /// Drop the loaded model.
     Unload,
+    /// Say how much memory this rank has held at most.
+    ReportMemory,
 }
 
 /// What a worker tells rank 0.
@@ -85,6 +87,11 @@ pub enum ToLeader {
     },
     /// The model asked for is loaded.
     Loaded,
+    /// The most memory MLX has held on this rank ([`ToWorker::ReportMemory`]).
+    Memory {
+        /// Bytes.
+        peak_bytes: u64,
+    },
     /// What rank 0 asked for failed.
     Failed {
         /// Why.

@@ -105,6 +105,12 @@ pub fn follow(
                 }
             }
             ToWorker::Unload => part = None,
+            ToWorker::ReportMemory => {
+                let peak_bytes = mlx::memory::peak_memory().map_err(|e| e.to_string())? as u64;
+                channel
+                    .send(&ToLeader::Memory { peak_bytes })
+                    .map_err(|e| format!("answering rank 0: {e}"))?;
+            }
         }
     }
     eprintln!("mlxkit worker: rank 0 closed the group");

@@ -125,30 +125,53 @@ impl Links {
         Ok(())
     }
 
-    /// Waits up to `timeout` for every worker's answer to what it was last told; the first
-    /// refusal, a worker leaving or the time running out is an error naming the rank.
+    /// Waits up to `timeout` for every worker to answer that it loaded what it was told; the
+    /// first refusal, a worker leaving or the time running out is an error naming the rank.
     pub fn answers(&self, what: &str, timeout: Duration) -> Result<(), String> {
+        self.collect(what, timeout, |message| match message {
+            ToLeader::Loaded => Some(()),
+            _ => None,
+        })
+        .map(|_| ())
+    }
+
+    /// Every worker's peak memory in bytes, in rank order from rank 1.
+    pub fn peak_memory(&self, timeout: Duration) -> Result<Vec<u64>, String> {
+        self.tell(&ToWorker::ReportMemory)?;
+        self.collect("a memory report", timeout, |message| match message {
+            ToLeader::Memory { peak_bytes } => Some(*peak_bytes),
+            _ => None,
+        })
+    }
+
+    /// One answer from every worker, in rank order from rank 1, as `take` reads it from its
+    /// message (`None`: not the answer awaited, an error naming the rank).
+    fn collect<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        take: impl Fn(&ToLeader) -> Option<T>,
+    ) -> Result<Vec<T>, String> {
         let replies = lock(&self.replies);
         let deadline = Instant::now() + timeout;
-        let mut waiting: Vec<usize> = (1..self.size).collect();
-        while !waiting.is_empty() {
+        let mut answers: Vec<Option<T>> = (1..self.size).map(|_| None).collect();
+        while let Some(waiting) = answers.iter().position(Option::is_none).map(|i| i + 1) {
             let left = deadline.saturating_duration_since(Instant::now());
             match replies.recv_timeout(left.min(Duration::from_millis(200))) {
-                Ok((rank, ToLeader::Loaded)) => waiting.retain(|&r| r != rank),
                 Ok((rank, ToLeader::Failed { message })) => {
                     return Err(format!("rank {rank}: {message}"));
                 }
-                Ok((rank, other)) => {
-                    return Err(format!("rank {rank} answered {other:?} to {what}"));
-                }
+                Ok((rank, message)) => match (take(&message), answers.get_mut(rank - 1)) {
+                    (Some(answer), Some(slot)) => *slot = Some(answer),
+                    _ => return Err(format!("rank {rank} answered {message:?} to {what}")),
+                },
                 Err(RecvTimeoutError::Timeout) => {
                     if let Some(lost) = self.lost() {
                         return Err(lost);
                     }
                     if left.is_zero() {
                         return Err(format!(
-                            "rank {} did not answer {what} within {} s",
-                            waiting[0],
+                            "rank {waiting} did not answer {what} within {} s",
                             timeout.as_secs()
                         ));
                     }
@@ -158,12 +181,14 @@ impl Links {
                 }
             }
         }
-        Ok(())
+        Ok(answers.into_iter().flatten().collect())
     }
 }
 
 impl Drop for Links {
     fn drop(&mut self) {
+        // The watchers then see their connections close as the end it is, not a departure.
+        lock(&self.lost).get_or_insert_with(|| "rank 0 closed the group".into());
         for sender in lock(&self.senders).iter() {
             let _ = sender.shutdown(std::net::Shutdown::Both);
         }
@@ -240,8 +265,11 @@ fn watch(
                     Err(e) => break format!("{name} left the group ({e})"),
                 }
             };
-            tracing::error!("{why}");
-            lock(&watched).get_or_insert(why);
+            let mut lost = lock(&watched);
+            if lost.is_none() {
+                tracing::error!("{why}");
+                *lost = Some(why);
+            }
         });
     if let Err(e) = spawned {
         lock(&lost).get_or_insert(format!("watching rank {rank}: {e}"));
