@@ -110,6 +110,13 @@ fn start_group(home: &Path, size: usize, parallel: &str) -> Group {
     Group { rank_0, workers }
 }
 
+/// One group at a time: every rank polls its sockets while it waits, so two groups on two
+/// cores would take turns at a crawl, and the fault test's deadline would measure that.
+fn one_group_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn home_with_model() -> Option<tempfile::TempDir> {
     let home = tempfile::tempdir().unwrap();
     pulled_into(home.path(), MODEL).then_some(home)
@@ -207,6 +214,7 @@ fn check_against(one: &Value, split: &Value, what: &str) -> f64 {
 
 #[test]
 fn a_model_split_across_processes_answers_as_one_process_does() {
+    let _one = one_group_at_a_time();
     let Some(home) = home_with_model() else {
         return;
     };
@@ -274,6 +282,7 @@ fn generate_with(base: &str, prompt: &str, options: Value, timeout: Duration) ->
 
 #[test]
 fn speculation_and_a_cancelled_prompt_across_processes_answer_as_one_process() {
+    let _one = one_group_at_a_time();
     let Some(home) = home_with_model() else {
         return;
     };
@@ -305,6 +314,7 @@ fn speculation_and_a_cancelled_prompt_across_processes_answer_as_one_process() {
 
 #[test]
 fn bench_over_a_group_reports_every_ranks_peak_memory() {
+    let _one = one_group_at_a_time();
     let Some(home) = home_with_model() else {
         return;
     };
@@ -361,6 +371,7 @@ fn bench_over_a_group_reports_every_ranks_peak_memory() {
 
 #[test]
 fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering() {
+    let _one = one_group_at_a_time();
     let Some(home) = home_with_model() else {
         return;
     };
