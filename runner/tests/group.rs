@@ -13,6 +13,8 @@
 //! - Across two pipeline ranks, prompt-lookup speculation (whose rejected drafts rewind every
 //!   rank's caches) answers as one process does, and a long prompt whose client gave up
 //!   mid-prefill, asked again, answers as one process does.
+//! - With `--kv-cache q8`, every rank keeps 8-bit caches: two pipeline ranks answer with one
+//!   process's logprobs exactly.
 //! - `mlxkit bench --hostfile` over two ranks reports each rank's peak memory, and the worker
 //!   ends cleanly when rank 0 closes the group.
 //! - A worker killed with SIGKILL mid-generation ends the request in flight within seconds with
@@ -310,6 +312,46 @@ fn speculation_and_a_cancelled_prompt_across_processes_answer_as_one_process() {
     assert!(gave_up.is_none(), "the prompt was answered within a second");
     let again = generate_with(base, &long_prompt(), plain, long).unwrap();
     assert_eq!(again["response"], answered["response"], "{again}");
+}
+
+#[test]
+fn every_rank_keeps_its_caches_as_the_server_is_told() {
+    let _one = one_group_at_a_time();
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    let flags = ["--kv-cache", "q8", "--draft", "none", "--cache-bytes", "0"];
+    let one = Served::start(home.path(), &flags);
+    let (status, alone) = generate(&one.base, PROMPTS[1], 16);
+    assert_eq!(status, 200, "{alone}");
+    let _ = Command::new("kill")
+        .args(["-9", &one.pid.to_string()])
+        .status();
+
+    let hosts = hostfile(home.path(), 2);
+    let hosts = hosts.to_str().unwrap();
+    let worker = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
+        .args(["worker", "--hostfile", hosts, "--rank", "1"])
+        .env("MLXKIT_HOME", home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut args = vec!["--hostfile", hosts, "--parallel", "pipeline"];
+    args.extend(flags);
+    let group = Group {
+        rank_0: Served::start(home.path(), &args),
+        workers: vec![worker],
+    };
+    let (status, split) = generate(&group.rank_0.base, PROMPTS[1], 16);
+    assert_eq!(status, 200, "{split}");
+    // Each stage runs its layers whole over 8-bit caches, as one process does: exactly equal
+    // logprobs say the worker's caches are 8-bit too.
+    assert_eq!(
+        check_against(&alone, &split, "8-bit caches over two pipeline ranks"),
+        0.0
+    );
 }
 
 #[test]

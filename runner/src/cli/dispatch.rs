@@ -25,14 +25,10 @@ use crate::store::Store;
 fn form_group(
     group: &GroupArgs,
     parallel: crate::group::Parallel,
-    kv_cache: bool,
 ) -> Result<Option<std::sync::Arc<crate::group::leader::GroupLink>>> {
     let Some(path) = &group.hostfile else {
         return Ok(None);
     };
-    if kv_cache {
-        bail!("--kv-cache is not served across processes yet");
-    }
     let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
     forming::check_backend(group.backend).map_err(anyhow::Error::msg)?;
     forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
@@ -118,7 +114,7 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
     if args.group.hostfile.is_some() && args.draft.as_ref().is_some_and(|d| d.model.is_some()) {
         bail!("draft models are not served across processes yet");
     }
-    let group = form_group(&args.group, args.parallel, args.kv_cache.is_some())?;
+    let group = form_group(&args.group, args.parallel)?;
     let mut config = loop_config(args.kv_cache);
     let mut default_draft = None;
     if let Some(draft) = args.draft {
@@ -323,7 +319,7 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
     if args.group.hostfile.is_some() && length.draft_model.is_some() {
         bail!("draft models are not served across processes yet");
     }
-    let group = form_group(&args.group, args.parallel, args.kv_cache.is_some())?;
+    let group = form_group(&args.group, args.parallel)?;
     let config = loop_config(args.kv_cache);
     runtime()?.block_on(async move {
         let state = app_state_with(store, config, ResidentLimits::from_env(), None, group)?;

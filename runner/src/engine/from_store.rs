@@ -248,7 +248,14 @@ pub fn load(
     let asked_context = modelfile_context(manifest);
     let loaded = match group {
         None => load_weights(name, manifest, dir, asked_context, nn::load::Split::Whole)?,
-        Some(group) => load_leader(name, manifest, dir, asked_context, group)?,
+        Some(group) => load_leader(
+            name,
+            manifest,
+            dir,
+            asked_context,
+            loop_config.kv_storage,
+            group,
+        )?,
     };
     if group.is_some() && draft.is_some() {
         return Err(model_err(nn::Error::Group(
@@ -345,12 +352,14 @@ fn preprocessor_config(
         .map_err(|e| nn::Error::Config(format!("{}: {e}", path.display())))
 }
 
-/// Rank 0's part of a model split across `group`, once every worker has loaded its own.
+/// Rank 0's part of a model split across `group`, once every worker has loaded its own, each
+/// to keep its caches as `kv_storage` says.
 fn load_leader(
     name: &ModelName,
     manifest: &Manifest,
     dir: &Path,
     context: Option<usize>,
+    kv_storage: Option<kvcache::KvStorage>,
     group: &Arc<GroupLink>,
 ) -> Result<nn::load::Loaded, LoadError> {
     let group_err = |message: String| LoadError::Model {
@@ -362,6 +371,7 @@ fn load_leader(
         .tell(&ToWorker::Load {
             model: name.to_string(),
             parallel: group.parallel,
+            kv_cache: kv_storage.map(crate::group::control::kv_storage_name),
         })
         .map_err(group_err)?;
     let own = group

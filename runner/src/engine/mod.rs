@@ -191,8 +191,9 @@ impl Resident {
 /// deepest draft): what a worker of a split model keeps per sequence.
 pub fn fresh_caches_of(
     model: &dyn nn::Model,
+    kv_storage: Option<kvcache::KvStorage>,
 ) -> Result<Vec<Option<kvcache::LayerCache>>, step::StepError> {
-    loaded_model::fresh_caches(model, None)
+    loaded_model::fresh_caches(model, kv_storage)
 }
 
 /// The MLX worker and the models resident on it.

@@ -32,6 +32,27 @@ impl Parallel {
     }
 }
 
+/// `storage` as a [`ToWorker::Load`] names it.
+pub fn kv_storage_name(storage: kvcache::KvStorage) -> String {
+    match storage {
+        kvcache::KvStorage::Q8 => "q8".into(),
+        kvcache::KvStorage::Float(dtype) => format!("{dtype:?}").to_lowercase(),
+    }
+}
+
+/// The storage [`kv_storage_name`] named `name`, if any.
+pub fn kv_storage_named(name: &str) -> Option<kvcache::KvStorage> {
+    use mlx::Dtype;
+    [
+        kvcache::KvStorage::Q8,
+        kvcache::KvStorage::Float(Dtype::F32),
+        kvcache::KvStorage::Float(Dtype::F16),
+        kvcache::KvStorage::Float(Dtype::Bf16),
+    ]
+    .into_iter()
+    .find(|&storage| kv_storage_name(storage) == name)
+}
+
 /// One row of a forward: whose caches, from which position, how many tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Row {
@@ -53,6 +74,9 @@ pub enum ToWorker {
         model: String,
         /// How it is split.
         parallel: Parallel,
+        /// How its attention caches store keys and values ([`kv_storage_name`]); `None`: in
+        /// the dtype the model computes in.
+        kv_cache: Option<String>,
     },
     /// Run one forward over `rows`, each `width` tokens; the tokens come over MLX's backend.
     Forward {
@@ -170,6 +194,19 @@ pub fn send_on(stream: &mut TcpStream, message: &impl Serialize) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kv_storage_reads_back_by_its_name() {
+        for storage in [
+            kvcache::KvStorage::Q8,
+            kvcache::KvStorage::Float(mlx::Dtype::F32),
+            kvcache::KvStorage::Float(mlx::Dtype::F16),
+            kvcache::KvStorage::Float(mlx::Dtype::Bf16),
+        ] {
+            assert_eq!(kv_storage_named(&kv_storage_name(storage)), Some(storage));
+        }
+        assert_eq!(kv_storage_named("f8"), None);
+    }
 
     #[test]
     fn messages_read_back_as_they_were_sent() {

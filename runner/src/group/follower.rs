@@ -14,7 +14,7 @@ use mlx::distributed::{Backend, Group};
 use nn::{Batch, Model};
 
 use crate::group::Parallel;
-use crate::group::control::{Channel, Row, ToLeader, ToWorker};
+use crate::group::control::{Channel, Row, ToLeader, ToWorker, kv_storage_named};
 use crate::group::hostfile::Hostfile;
 use crate::model_name::ModelName;
 use crate::store::Store;
@@ -23,6 +23,8 @@ use crate::store::Store;
 struct Part {
     model: Box<dyn Model>,
     caches: HashMap<u64, Vec<Option<LayerCache>>>,
+    /// How its caches store keys and values, as rank 0's do.
+    kv_storage: Option<kvcache::KvStorage>,
 }
 
 /// Joins the group `hostfile` describes as `rank`, trying for `join_timeout` to reach rank 0,
@@ -70,13 +72,28 @@ pub fn follow(
     while let Some(message) = recv(&mut channel)? {
         match message {
             ToWorker::FormGroup => return Err("rank 0 asked to form the group twice".into()),
-            ToWorker::Load { model, parallel } => {
+            ToWorker::Load {
+                model,
+                parallel,
+                kv_cache,
+            } => {
                 part = None;
-                let answer = match load(store, &model, parallel, &group) {
-                    Ok(model) => {
+                let kv_storage = match kv_cache.as_deref().map(kv_storage_named) {
+                    None => Ok(None),
+                    Some(Some(storage)) => Ok(Some(storage)),
+                    Some(None) => Err(format!(
+                        "rank 0 asked for a KV cache of `{}`, which this build does not know",
+                        kv_cache.unwrap_or_default()
+                    )),
+                };
+                let loaded =
+                    kv_storage.and_then(|kv| Ok((load(store, &model, parallel, &group)?, kv)));
+                let answer = match loaded {
+                    Ok((model, kv_storage)) => {
                         part = Some(Part {
                             model,
                             caches: HashMap::new(),
+                            kv_storage,
                         });
                         ToLeader::Loaded
                     }
@@ -213,7 +230,7 @@ impl Part {
                 Ok(())
             }
             _ if row.position == 0 => {
-                let fresh = crate::engine::fresh_caches_of(self.model.as_ref())
+                let fresh = crate::engine::fresh_caches_of(self.model.as_ref(), self.kv_storage)
                     .map_err(|e| e.to_string())?;
                 self.caches.insert(row.tag, fresh);
                 Ok(())
