@@ -19,6 +19,10 @@ use crate::group::hostfile::Hostfile;
 use crate::model_name::ModelName;
 use crate::store::Store;
 
+/// The most tokens one forward may carry: far past any prefill step rank 0 runs, and a bound
+/// on what a message can make this rank allocate.
+const MAX_FORWARD_TOKENS: usize = 1 << 20;
+
 /// A worker's model: its part, and its caches per row tag.
 struct Part {
     model: Box<dyn Model>,
@@ -172,6 +176,13 @@ impl Part {
         width: usize,
         rope_deltas: Vec<i64>,
     ) -> Result<(), String> {
+        let tokens = rows.len().saturating_mul(width);
+        if rows.is_empty() || width == 0 || tokens > MAX_FORWARD_TOKENS {
+            return Err(format!(
+                "a forward of {} rows of {width} tokens is not one rank 0 sends",
+                rows.len()
+            ));
+        }
         let shape = [rows.len() as i32, width as i32];
         let zeros = mlx::Array::zeros(&shape, mlx::Dtype::I32).map_err(|e| e.to_string())?;
         let tokens = group.all_sum(&zeros).map_err(|e| e.to_string())?;
