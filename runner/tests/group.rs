@@ -92,21 +92,24 @@ fn hostfile(dir: &Path, size: usize) -> PathBuf {
     path
 }
 
+/// Starts `mlxkit worker` as `rank` of the group `hosts` names, over the store in `home`.
+fn spawn_worker(home: &Path, hosts: &str, rank: usize) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_mlxkit"))
+        .args(["worker", "--hostfile", hosts, "--rank", &rank.to_string()])
+        .env("MLXKIT_HOME", home)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
 /// Starts a group of `size` processes over the store in `home`, split as `parallel` says.
 fn start_group(home: &Path, size: usize, parallel: &str) -> Group {
     let hosts = hostfile(home, size);
     let hosts = hosts.to_str().unwrap();
     let workers = (1..size)
-        .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_mlxkit"))
-                .args(["worker", "--hostfile", hosts, "--rank", &rank.to_string()])
-                .env("MLXKIT_HOME", home)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
-        })
+        .map(|rank| spawn_worker(home, hosts, rank))
         .collect();
     let rank_0 = Served::start(home, &["--hostfile", hosts, "--parallel", parallel]);
     Group { rank_0, workers }
@@ -330,14 +333,7 @@ fn every_rank_keeps_its_caches_as_the_server_is_told() {
 
     let hosts = hostfile(home.path(), 2);
     let hosts = hosts.to_str().unwrap();
-    let worker = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
-        .args(["worker", "--hostfile", hosts, "--rank", "1"])
-        .env("MLXKIT_HOME", home.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let worker = spawn_worker(home.path(), hosts, 1);
     let mut args = vec!["--hostfile", hosts, "--parallel", "pipeline"];
     args.extend(flags);
     let group = Group {
@@ -362,14 +358,7 @@ fn bench_over_a_group_reports_every_ranks_peak_memory() {
     };
     let hosts = hostfile(home.path(), 2);
     let hosts = hosts.to_str().unwrap();
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
-        .args(["worker", "--hostfile", hosts, "--rank", "1"])
-        .env("MLXKIT_HOME", home.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut worker = spawn_worker(home.path(), hosts, 1);
     let output = Command::new(env!("CARGO_BIN_EXE_mlxkit"))
         .args([
             "bench",

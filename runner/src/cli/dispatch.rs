@@ -22,13 +22,18 @@ use crate::store::Store;
 
 /// Rank 0's group, when `group` names a hostfile: checks it and the backend, points MLX at
 /// it, and waits for every worker (see [`forming`]). Must run before any thread starts.
+/// `draft_model`: the command asked for a draft model, which a group does not serve yet.
 fn form_group(
     group: &GroupArgs,
     parallel: crate::group::Parallel,
+    draft_model: bool,
 ) -> Result<Option<std::sync::Arc<crate::group::leader::GroupLink>>> {
     let Some(path) = &group.hostfile else {
         return Ok(None);
     };
+    if draft_model {
+        bail!("draft models are not served across processes yet");
+    }
     let hostfile = Hostfile::read(path).map_err(anyhow::Error::msg)?;
     forming::check_backend(group.backend).map_err(anyhow::Error::msg)?;
     forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
@@ -111,10 +116,8 @@ fn serve_command(store: Store, args: ServeArgs) -> Result<()> {
         // `mlx.launch` runs the same command on every host: the other ranks serve as workers.
         return worker_command(store, args.group);
     }
-    if args.group.hostfile.is_some() && args.draft.as_ref().is_some_and(|d| d.model.is_some()) {
-        bail!("draft models are not served across processes yet");
-    }
-    let group = form_group(&args.group, args.parallel)?;
+    let draft_model = args.draft.as_ref().is_some_and(|d| d.model.is_some());
+    let group = form_group(&args.group, args.parallel, draft_model)?;
     let mut config = loop_config(args.kv_cache);
     let mut default_draft = None;
     if let Some(draft) = args.draft {
@@ -316,10 +319,7 @@ fn bench_command(store: Store, args: BenchArgs) -> Result<()> {
         late_short: args.late_short,
     };
     let (runs, as_json) = (args.runs.max(1), args.json);
-    if args.group.hostfile.is_some() && length.draft_model.is_some() {
-        bail!("draft models are not served across processes yet");
-    }
-    let group = form_group(&args.group, args.parallel)?;
+    let group = form_group(&args.group, args.parallel, length.draft_model.is_some())?;
     let config = loop_config(args.kv_cache);
     runtime()?.block_on(async move {
         let state = app_state_with(store, config, ResidentLimits::from_env(), None, group)?;

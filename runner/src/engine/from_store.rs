@@ -245,6 +245,11 @@ pub fn load(
         name: name.to_string(),
         source,
     };
+    if group.is_some() && draft.is_some() {
+        return Err(model_err(nn::Error::Group(
+            "draft models are not served across processes yet".into(),
+        )));
+    }
     let asked_context = modelfile_context(manifest);
     let loaded = match group {
         None => load_weights(name, manifest, dir, asked_context, nn::load::Split::Whole)?,
@@ -257,11 +262,6 @@ pub fn load(
             group,
         )?,
     };
-    if group.is_some() && draft.is_some() {
-        return Err(model_err(nn::Error::Group(
-            "draft models are not served across processes yet".into(),
-        )));
-    }
     let context_length = served_context(name, &loaded, asked_context);
     let tokenizer = tokenizer_of(name, manifest, dir)?;
     let template = chat_template(manifest, &tokenizer).map_err(tok_err)?;
