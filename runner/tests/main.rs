@@ -9,7 +9,8 @@
 //!
 //! Run it by name, `cargo test --workspace --test integration` (a module: add its name after):
 //! it is `test = false`, so a plain `cargo test` leaves it out and scripts/test can run it
-//! beside every other test binary.
+//! beside every other test binary. Its `group` module runs after that, alone: a group's ranks
+//! spin on two cores while they wait for each other.
 //!
 //! Five files stay binaries of their own. `allocator.rs`: `scripts/check-platforms` builds it
 //! to get the `mlxkit` binary for arm64 without building these. `operations.rs` and
