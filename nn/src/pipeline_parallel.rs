@@ -76,9 +76,15 @@ impl PipelineStage {
             .lock()
             .map_err(|_| Error::InvalidInput("the pipeline group was poisoned".into()))?;
         let last = self.size - 1;
+        // Each transfer is computed on its own: a collective queued behind one that failed
+        // would wait forever in MLX's ring (see `TensorParallel::all_sum`).
         let input = match self.rank {
             0 => embedded,
-            rank => group.recv_like(&embedded, rank - 1)?,
+            rank => {
+                let received = group.recv_like(&embedded, rank - 1)?;
+                mlx::eval([&received])?;
+                received
+            }
         };
         let h = layers(input)?;
         if self.rank < last {

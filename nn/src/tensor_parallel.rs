@@ -64,12 +64,20 @@ impl TensorParallel {
         Ok((start as i32, (start + part) as i32))
     }
 
-    /// `x` summed over every rank.
+    /// `x` summed over every rank, computed now.
+    ///
+    /// Computed now, with what it is made from, so that a rank never has two collectives in
+    /// flight: MLX's ring gives up on a peer's connection once it fails, and a collective
+    /// queued behind the one that failed would wait on it forever, and the process with it.
+    /// One at a time, a rank gone fails the forward instead. The cost is a wait on the device
+    /// at each of these sums, two a layer.
     pub(crate) fn all_sum(&self, x: &Array) -> Result<Array> {
         let group = self
             .group
             .lock()
             .map_err(|_| Error::InvalidInput("the tensor-parallel group was poisoned".into()))?;
-        Ok(group.all_sum(x)?)
+        let summed = group.all_sum(x)?;
+        mlx::eval([&summed])?;
+        Ok(summed)
     }
 }

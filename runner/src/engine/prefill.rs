@@ -99,8 +99,9 @@ impl LoadedModel {
             Ok(ends) => ends,
             // One forward wrote every row's caches: none of them can be trusted.
             Err(e) => {
+                let why = self.why_failed(&e);
                 for id in ids {
-                    step.ending.add(id, Outcome::Failed(e.to_string()));
+                    step.ending.add(id, Outcome::Failed(why.clone()));
                 }
                 return Vec::new();
             }

@@ -44,9 +44,17 @@ impl LoadedModel {
         self.admit(reserved_elsewhere);
         if let Err(e) = self.advance() {
             // A failed batched forward may leave any running cache half-written.
-            let why = self.model.unavailable().unwrap_or_else(|| e.to_string());
+            let why = self.why_failed(&e);
             self.fail_all(&why);
         }
+    }
+
+    /// What a failed forward tells its requests: why the model cannot run, when it says (a
+    /// group that lost a rank names it), else the error.
+    pub(super) fn why_failed(&self, error: &dyn std::fmt::Display) -> String {
+        self.model
+            .unavailable()
+            .unwrap_or_else(|| error.to_string())
     }
 
     /// Steps 2–6 of the module docs.
