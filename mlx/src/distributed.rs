@@ -68,6 +68,13 @@ pub fn available_backends() -> Result<Vec<Backend>> {
     Ok(out)
 }
 
+/// Forgets the groups [`Group::init`] formed, so that its next call forms a new one: how a
+/// group re-forms after one of its processes left. A group lives on while a handle on it (or a
+/// collective built over it) does; once the last is gone, its connections close.
+pub fn forget_groups() -> Result<()> {
+    Ok(ffi::distributed_forget_groups()?)
+}
+
 /// A group of processes that communicate: every rank a backend found.
 pub struct Group {
     raw: UniquePtr<ffi::Group>,
@@ -92,6 +99,9 @@ impl Group {
 
     /// The group `backend` forms from the environment. Fails, naming why, when this build lacks
     /// the backend or the group cannot be formed; never falls back to a group of one.
+    ///
+    /// MLX forms one group per backend and process: a second call returns the first group,
+    /// unless [`forget_groups`] came between.
     pub fn init(backend: Backend) -> Result<Group> {
         if !available(backend)? {
             return Err(Error::InvalidArgument(format!(

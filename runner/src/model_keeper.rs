@@ -80,7 +80,7 @@ pub enum LeaseError {
     )]
     OnlyDrafts(String),
     /// The group of processes the models are split across has lost a rank.
-    #[error("this server cannot run models: {0}; restart that worker and this server")]
+    #[error("this server cannot run models: {0}")]
     GroupLost(String),
 }
 
@@ -262,7 +262,7 @@ impl ModelKeeper {
         draft: Option<&ModelName>,
         keep_alive: Option<KeepAlive>,
     ) -> Result<Lease, LeaseError> {
-        if let Some(lost) = self.engine.group().and_then(|g| g.links.lost()) {
+        if let Some(lost) = self.engine.group().and_then(|g| g.lost()) {
             return Err(LeaseError::GroupLost(lost));
         }
         let keep_alive = keep_alive.unwrap_or(KeepAlive::For(DEFAULT_KEEP_ALIVE));
@@ -579,7 +579,9 @@ impl ModelKeeper {
         Ok(unloaded)
     }
 
-    /// Unloads each model once its keep-alive has passed and no request holds it.
+    /// Unloads each model once its keep-alive has passed and no request holds it, and every
+    /// model once the group it is split across has lost a rank: the group re-forms only once
+    /// nothing holds it (see `group::rank_0`).
     fn start_reaper(keeper: &Arc<ModelKeeper>) {
         let weak = Arc::downgrade(keeper);
         tokio::spawn(async move {
@@ -590,12 +592,12 @@ impl ModelKeeper {
                     return;
                 };
                 let mut expired = Vec::new();
+                let group_lost = keeper.engine.group().is_some_and(|g| g.lost().is_some());
                 {
                     let mut residents = keeper.residents.lock().await;
                     residents.retain(|entry| {
                         // `try_write` fails while any request holds a lease: next tick.
-                        let held = entry
-                            .expired()
+                        let held = (group_lost || entry.expired())
                             .then(|| Arc::clone(&entry.in_use).try_write_owned().ok())
                             .flatten();
                         match held {

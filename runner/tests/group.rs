@@ -19,8 +19,11 @@
 //!   ends cleanly when rank 0 closes the group.
 //! - A worker killed with SIGKILL mid-generation ends the request in flight within seconds with
 //!   an error naming it; rank 0 keeps answering `/api/version`, `/api/ps` and `/health` (which
-//!   say whether the group serves), and the next request gets a 503 naming the rank.
+//!   say whether the group serves), and the next request gets a 503 naming the rank. The
+//!   worker started again, the group re-forms without rank 0 restarting (the third rank,
+//!   caught mid-step, rejoins on its own), and the request is answered as before.
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -47,6 +50,8 @@ const PROMPTS: [&str; 3] = [
 struct Group {
     rank_0: Served,
     workers: Vec<Child>,
+    /// The hostfile every rank was started with.
+    hosts: PathBuf,
 }
 
 impl Drop for Group {
@@ -107,12 +112,16 @@ fn spawn_worker(home: &Path, hosts: &str, rank: usize) -> Child {
 /// Starts a group of `size` processes over the store in `home`, split as `parallel` says.
 fn start_group(home: &Path, size: usize, parallel: &str) -> Group {
     let hosts = hostfile(home, size);
-    let hosts = hosts.to_str().unwrap();
+    let path = hosts.to_str().unwrap();
     let workers = (1..size)
-        .map(|rank| spawn_worker(home, hosts, rank))
+        .map(|rank| spawn_worker(home, path, rank))
         .collect();
-    let rank_0 = Served::start(home, &["--hostfile", hosts, "--parallel", parallel]);
-    Group { rank_0, workers }
+    let rank_0 = Served::start(home, &["--hostfile", path, "--parallel", parallel]);
+    Group {
+        rank_0,
+        workers,
+        hosts,
+    }
 }
 
 /// One group at a time: every rank polls its sockets while it waits, so two groups on two
@@ -339,6 +348,7 @@ fn every_rank_keeps_its_caches_as_the_server_is_told() {
     let group = Group {
         rank_0: Served::start(home.path(), &args),
         workers: vec![worker],
+        hosts: PathBuf::from(hosts),
     };
     let (status, split) = generate(&group.rank_0.base, PROMPTS[1], 16);
     assert_eq!(status, 200, "{split}");
@@ -401,12 +411,14 @@ fn bench_over_a_group_reports_every_ranks_peak_memory() {
 }
 
 #[test]
-fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering() {
+fn a_worker_killed_mid_generation_fails_the_request_and_the_group_re_forms_when_it_returns() {
     let _one = one_group_at_a_time();
     let Some(home) = home_with_model() else {
         return;
     };
-    let mut group = start_group(home.path(), 2, "pipeline");
+    // Three tensor-parallel ranks: every step's sums wait on every rank, so rank 0 and rank 2
+    // are each left waiting on the other when rank 1 goes, and rank 2 must rejoin too.
+    let mut group = start_group(home.path(), 3, "tensor");
     let base = group.rank_0.base.clone();
     let (status, reply) = generate(&base, PROMPTS[0], 4);
     assert_eq!(status, 200, "{reply}");
@@ -416,38 +428,47 @@ fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering()
         .unwrap()
         .json()
         .unwrap();
-    assert_eq!(ps["models"][0]["group"]["ranks"], 2, "{ps}");
+    assert_eq!(ps["models"][0]["group"]["ranks"], 3, "{ps}");
     assert_eq!(ps["models"][0]["group"]["state"], "serving", "{ps}");
 
+    // Streamed, so that the worker is killed once tokens are coming: mid-generation.
+    let (decoding_tx, decoding) = std::sync::mpsc::channel();
     let long = {
         let base = base.clone();
         std::thread::spawn(move || {
-            let started = Instant::now();
             let reply = client()
                 .post(format!("{base}/api/generate"))
                 .json(&json!({
                     "model": MODEL,
                     "prompt": PROMPTS[1],
-                    "stream": false,
+                    "stream": true,
                     "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
                 }))
                 .send()
                 .unwrap();
-            let status = reply.status().as_u16();
-            let body = reply.text().unwrap();
-            (status, body, started.elapsed())
+            let mut last = String::new();
+            for (count, line) in BufReader::new(reply).lines().enumerate() {
+                let Ok(line) = line else { break };
+                if count == 2 {
+                    let _ = decoding_tx.send(());
+                }
+                last = line;
+            }
+            last
         })
     };
-    std::thread::sleep(Duration::from_secs(3));
+    decoding
+        .recv_timeout(Duration::from_secs(300))
+        .expect("no tokens came");
     let killed = Instant::now();
     group.workers[0].kill().unwrap();
     group.workers[0].wait().unwrap();
-    let (status, body, _) = long.join().unwrap();
+    let last = long.join().unwrap();
     let waited = killed.elapsed();
-    assert!(status != 200 || body.contains("error"), "{status}: {body}");
+    let last: Value = serde_json::from_str(&last).unwrap_or(Value::Null);
     assert!(
-        body.contains("rank 1"),
-        "the error does not name the rank: {body}"
+        last["error"].as_str().is_some_and(|e| e.contains("rank 1")),
+        "the stream did not end with an error naming the rank: {last}"
     );
     assert!(
         waited < Duration::from_secs(10),
@@ -463,7 +484,34 @@ fn a_worker_killed_mid_generation_fails_the_request_and_rank_0_keeps_answering()
         .json()
         .unwrap();
     assert_eq!(health["group"]["state"], "lost", "{health}");
-    let (status, reply) = generate(&base, PROMPTS[0], 4);
-    assert_eq!(status, 503, "{reply}");
-    assert!(reply.to_string().contains("rank 1"), "{status}: {reply}");
+    let (status, refused) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 503, "{refused}");
+    assert!(
+        refused.to_string().contains("rank 1"),
+        "{status}: {refused}"
+    );
+
+    // The worker starts again: the group re-forms, and rank 0, never restarted, answers as
+    // before.
+    group.workers[0] = spawn_worker(home.path(), group.hosts.to_str().unwrap(), 1);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let health: Value = client()
+            .get(format!("{base}/health"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if health["group"]["state"] == "serving" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group did not re-form: {health}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, again) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["response"], reply["response"], "{again}");
 }

@@ -16,6 +16,8 @@ std::unique_ptr<Group> distributed_init(rust::Str backend) {
   return std::make_unique<Group>(Group{dist::init(true, std::string(backend))});
 }
 
+void distributed_forget_groups() { dist::clear_backends(); }
+
 std::unique_ptr<Group> group_clone(const Group& group) {
   return std::make_unique<Group>(Group{group.group});
 }

@@ -23,6 +23,10 @@ bool distributed_is_available(rust::Str backend);
 // The group of every process `backend` finds from the environment (`MLX_RANK`,
 // `MLX_HOSTFILE`, ...); throws when it cannot be formed.
 std::unique_ptr<Group> distributed_init(rust::Str backend);
+// Forgets the groups init formed: MLX keeps the first group per backend and init returns it
+// again, so a group re-formed after a rank left needs this first. Handles still held keep
+// their group alive.
+void distributed_forget_groups();
 std::unique_ptr<Group> group_clone(const Group& group);
 int32_t group_rank(const Group& group);
 int32_t group_size(const Group& group);

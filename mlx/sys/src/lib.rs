@@ -476,6 +476,7 @@ pub mod ffi {
 
         fn distributed_is_available(backend: &str) -> Result<bool>;
         fn distributed_init(backend: &str) -> Result<UniquePtr<Group>>;
+        fn distributed_forget_groups() -> Result<()>;
         fn group_clone(group: &Group) -> Result<UniquePtr<Group>>;
         fn group_rank(group: &Group) -> Result<i32>;
         fn group_size(group: &Group) -> Result<i32>;

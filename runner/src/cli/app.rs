@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::args::KvCacheArg;
 use crate::engine::{Engine, LoopConfig};
-use crate::group::leader::GroupLink;
+use crate::group::rank_0::GroupLink;
 use crate::model_keeper::{ModelKeeper, ResidentLimits};
 use crate::model_name::ModelName;
 use crate::server::AppState;

@@ -389,8 +389,8 @@ pub(super) async fn bench(
             .max()
             .unwrap_or(0);
         let workers = group
-            .links
-            .peak_memory(Duration::from_secs(30))
+            .formation()
+            .and_then(|formation| formation.links.peak_memory(Duration::from_secs(30)))
             .map_err(anyhow::Error::msg)?;
         report["ranks"] = json!(
             std::iter::once(own)

@@ -13,6 +13,7 @@ use crate::cli::bench::{BenchLength, BenchPrompt, BenchStreams, bench, read_prom
 use crate::cli::progress::Bars;
 use crate::cli::{info, listing, repl, replay, serve};
 use crate::group::hostfile::Hostfile;
+use crate::group::rank_0::GroupLink;
 use crate::group::{follower, forming};
 use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
@@ -21,13 +22,13 @@ use crate::server::requested_shape::{self, Requested};
 use crate::store::Store;
 
 /// Rank 0's group, when `group` names a hostfile: checks it and the backend, points MLX at
-/// it, and waits for every worker (see [`forming`]). Must run before any thread starts.
+/// it, and waits for every worker (see [`GroupLink::form`]). Must run before any thread starts.
 /// `draft_model`: the command asked for a draft model, which a group does not serve yet.
 fn form_group(
     group: &GroupArgs,
     parallel: crate::group::Parallel,
     draft_model: bool,
-) -> Result<Option<std::sync::Arc<crate::group::leader::GroupLink>>> {
+) -> Result<Option<std::sync::Arc<GroupLink>>> {
     let Some(path) = &group.hostfile else {
         return Ok(None);
     };
@@ -38,8 +39,8 @@ fn form_group(
     forming::check_backend(group.backend).map_err(anyhow::Error::msg)?;
     forming::point_mlx_at(&hostfile, 0).map_err(anyhow::Error::msg)?;
     let timeout = Duration::from_secs(group.join_timeout);
-    let link = forming::form_as_rank_0(&hostfile, group.backend, parallel, timeout)
-        .map_err(anyhow::Error::msg)?;
+    let link =
+        GroupLink::form(&hostfile, group.backend, parallel, timeout).map_err(anyhow::Error::msg)?;
     Ok(Some(link))
 }
 

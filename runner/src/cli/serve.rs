@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 use crate::cli::app::app_state_with;
 use crate::engine::LoopConfig;
-use crate::group::leader::GroupLink;
+use crate::group::rank_0::GroupLink;
 use crate::model_keeper::ResidentLimits;
 use crate::model_name::ModelName;
 use crate::store::Store;

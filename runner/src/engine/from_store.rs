@@ -13,7 +13,8 @@ use crate::engine::prompt_media::{AudioPrompt, ImagePrompt};
 use crate::engine::step::StepError;
 use crate::group::Parallel;
 use crate::group::control::ToWorker;
-use crate::group::leader::{GroupLink, Leader};
+use crate::group::leader::Leader;
+use crate::group::rank_0::GroupLink;
 use crate::model_name::ModelName;
 use crate::store::{Format, Manifest};
 
@@ -366,7 +367,8 @@ fn load_leader(
         name: name.to_string(),
         source: nn::Error::Group(message),
     };
-    group
+    let formation = group.formation().map_err(group_err)?;
+    formation
         .links
         .tell(&ToWorker::Load {
             model: name.to_string(),
@@ -374,7 +376,7 @@ fn load_leader(
             kv_cache: kv_storage.map(crate::group::control::kv_storage_name),
         })
         .map_err(group_err)?;
-    let own = group
+    let own = formation
         .group()
         .map_err(nn::Error::from)
         .map_err(|source| LoadError::Model {
@@ -390,15 +392,16 @@ fn load_leader(
         });
     // The workers are answered for even when this rank failed: they must not be left loading
     // while rank 0 moves on.
-    let workers = group.links.answers("loading", WORKER_LOAD_TIMEOUT);
+    let workers = formation.links.answers("loading", WORKER_LOAD_TIMEOUT);
     let mut loaded = own?;
     workers.map_err(group_err)?;
-    loaded.model = Box::new(
-        Leader::new(loaded.model, Arc::clone(group)).map_err(|source| LoadError::Model {
-            name: name.to_string(),
-            source,
-        })?,
-    );
+    loaded.model =
+        Box::new(
+            Leader::new(loaded.model, formation).map_err(|source| LoadError::Model {
+                name: name.to_string(),
+                source,
+            })?,
+        );
     Ok(loaded)
 }
 

@@ -108,7 +108,7 @@ pub use job::{
 pub use loaded_model::{LoadedModel, LoopConfig, LoopStatus};
 pub use residents::{ModelSlot, Residents};
 
-use crate::group::leader::GroupLink;
+use crate::group::rank_0::GroupLink;
 use crate::model_name::ModelName;
 use crate::store::Manifest;
 

@@ -96,6 +96,11 @@ pub enum ToWorker {
     Unload,
     /// Say how much memory this rank has held at most.
     ReportMemory,
+    /// Another rank left: drop the model and the group, and join again to re-form it.
+    Regroup {
+        /// Which rank left, and how, as rank 0 saw it.
+        why: String,
+    },
 }
 
 /// What a worker tells rank 0.
@@ -120,6 +125,12 @@ pub enum ToLeader {
     Failed {
         /// Why.
         message: String,
+    },
+    /// This worker leaves the group, which broke under it (a forward failed here, usually
+    /// because another rank went), to join it again.
+    Broke {
+        /// Why.
+        why: String,
     },
 }
 

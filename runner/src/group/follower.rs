@@ -3,7 +3,9 @@
 //! per row tag. It samples nothing and answers no client; rank 0 does both.
 //!
 //! A worker cannot skip a forward: the group's collectives would fall out of step. So a
-//! forward it cannot run ends the worker, and rank 0 learns of it from the closed connection.
+//! forward it cannot run breaks the group: the worker closes its connection (which tells rank
+//! 0), drops its part and the group, and joins again; so does a worker rank 0 tells to
+//! regroup after another rank left. Over the ring backend the group then re-forms.
 
 use std::collections::HashMap;
 use std::net::TcpStream;
@@ -32,8 +34,9 @@ struct Part {
 }
 
 /// Joins the group `hostfile` describes as `rank`, trying for `join_timeout` to reach rank 0,
-/// and follows it until it closes the group. Runs on the calling thread, which becomes this
-/// rank's MLX thread.
+/// and follows it until it closes the group. When the group breaks (another rank left, or a
+/// forward failed here), drops its part and joins again, so that the group re-forms. Runs on
+/// the calling thread, which becomes this rank's MLX thread.
 pub fn follow(
     store: &Store,
     hostfile: &Hostfile,
@@ -41,6 +44,45 @@ pub fn follow(
     backend: Backend,
     join_timeout: Duration,
 ) -> Result<(), String> {
+    loop {
+        let (mut channel, group) = join(hostfile, rank, backend, join_timeout)?;
+        let why = match serve(store, rank, &mut channel, &group)? {
+            Ended::Closed => {
+                eprintln!("mlxkit worker: rank 0 closed the group");
+                return Ok(());
+            }
+            Ended::Broken(why) => why,
+        };
+        // Said before leaving, so that rank 0 names the rank that went first, not this one.
+        let _ = channel.send(&ToLeader::Broke { why: why.clone() });
+        // The group's last handles here: its connections close once MLX forgets it too.
+        drop((channel, group));
+        if backend != Backend::Ring {
+            return Err(format!(
+                "the group broke ({why}); a group over `{backend}` forms once per process: \
+                 restart every rank"
+            ));
+        }
+        eprintln!("mlxkit worker: the group broke ({why}); rank {rank} joins it again");
+        mlx::distributed::forget_groups().map_err(|e| e.to_string())?;
+    }
+}
+
+/// How following rank 0 ended.
+enum Ended {
+    /// Rank 0 closed the group: the worker is done.
+    Closed,
+    /// The group broke (why): join again.
+    Broken(String),
+}
+
+/// Reaches rank 0 within `join_timeout`, joins as `rank` and forms MLX's group with the others.
+fn join(
+    hostfile: &Hostfile,
+    rank: usize,
+    backend: Backend,
+    join_timeout: Duration,
+) -> Result<(Channel, Group), String> {
     let control = hostfile.control()?;
     let deadline = Instant::now() + join_timeout;
     let stream = loop {
@@ -67,13 +109,24 @@ pub fn follow(
         None => return Err("rank 0 closed the connection before the group formed".into()),
         Some(other) => return Err(format!("rank 0 sent {other:?} before the group formed")),
     }
-    let group = crate::group::forming::init(backend)?;
+    let group = crate::group::forming::init(hostfile, backend)?;
     eprintln!(
         "mlxkit worker: rank {rank} of {} joined the group at {control}",
         hostfile.size()
     );
+    Ok((channel, group))
+}
+
+/// Runs what rank 0 tells this rank over `channel`, until it closes the group or the group
+/// breaks; an error for a message no rank 0 sends.
+fn serve(
+    store: &Store,
+    rank: usize,
+    channel: &mut Channel,
+    group: &Group,
+) -> Result<Ended, String> {
     let mut part: Option<Part> = None;
-    while let Some(message) = recv(&mut channel)? {
+    while let Some(message) = recv(channel)? {
         match message {
             ToWorker::FormGroup => return Err("rank 0 asked to form the group twice".into()),
             ToWorker::Load {
@@ -91,7 +144,7 @@ pub fn follow(
                     )),
                 };
                 let loaded =
-                    kv_storage.and_then(|kv| Ok((load(store, &model, parallel, &group)?, kv)));
+                    kv_storage.and_then(|kv| Ok((load(store, &model, parallel, group)?, kv)));
                 let answer = match loaded {
                     Ok((model, kv_storage)) => {
                         part = Some(Part {
@@ -115,8 +168,12 @@ pub fn follow(
                 let part = part
                     .as_mut()
                     .ok_or("rank 0 sent a forward with no model loaded")?;
-                part.forward(&group, &rows, width, rope_deltas)
-                    .map_err(|e| format!("a forward failed on rank {rank}: {e}"))?;
+                // The collectives fell out of step: the group cannot go on.
+                if let Err(e) = part.forward(group, &rows, width, rope_deltas) {
+                    return Ok(Ended::Broken(format!(
+                        "a forward failed on rank {rank}: {e}"
+                    )));
+                }
             }
             ToWorker::Release { tags } => {
                 if let Some(part) = part.as_mut() {
@@ -132,10 +189,10 @@ pub fn follow(
                     .send(&ToLeader::Memory { peak_bytes })
                     .map_err(|e| format!("answering rank 0: {e}"))?;
             }
+            ToWorker::Regroup { why } => return Ok(Ended::Broken(why)),
         }
     }
-    eprintln!("mlxkit worker: rank 0 closed the group");
-    Ok(())
+    Ok(Ended::Closed)
 }
 
 /// The next message from rank 0; `None` once it has closed.

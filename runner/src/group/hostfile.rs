@@ -115,6 +115,11 @@ impl Hostfile {
         self.ranks.get(rank).and_then(|a| a.first().copied())
     }
 
+    /// Rank `rank`'s ring addresses (none past the last rank).
+    pub fn addresses(&self, rank: usize) -> Vec<SocketAddr> {
+        self.ranks.get(rank).cloned().unwrap_or_default()
+    }
+
     /// The ring backend's `MLX_HOSTFILE`: each rank's addresses, in rank order.
     pub fn ring_json(&self) -> String {
         let ranks: Vec<Vec<String>> = self

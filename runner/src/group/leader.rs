@@ -20,57 +20,17 @@ use mlx::Array;
 use mlx::distributed::Group;
 use nn::{Batch, Forward, Model, ModelSpec};
 
-use crate::group::Parallel;
 use crate::group::control::{Row, ToWorker};
-use crate::group::links::Links;
+use crate::group::rank_0::Formation;
 
 /// How long a failed forward waits to learn which rank left.
 const LOSS_NOTICE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A formed group, as rank 0 holds it: the workers' control links and MLX's group.
-pub struct GroupLink {
-    /// The workers' control connections.
-    pub links: Links,
-    group: Mutex<Group>,
-    /// How models are split across it.
-    pub parallel: Parallel,
-}
-
-impl GroupLink {
-    /// Rank 0's view of a group formed over `links`.
-    pub fn new(links: Links, group: Group, parallel: Parallel) -> GroupLink {
-        GroupLink {
-            links,
-            group: Mutex::new(group),
-            parallel,
-        }
-    }
-
-    /// What `/health` and `/api/ps` say of the group: its ranks, how it splits models, and
-    /// whether it serves or lost a rank (and why).
-    pub fn state_json(&self) -> serde_json::Value {
-        let lost = self.links.lost();
-        serde_json::json!({
-            "ranks": self.links.size(),
-            "parallel": self.parallel.name(),
-            "state": if lost.is_some() { "lost" } else { "serving" },
-            "lost": lost,
-        })
-    }
-
-    /// Another handle on MLX's group, for a model split across it.
-    pub fn group(&self) -> mlx::Result<Group> {
-        self.group
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .try_clone()
-    }
-}
-
 /// Rank 0's part of a model split across a group.
 pub struct Leader {
     inner: Box<dyn Model>,
-    link: Arc<GroupLink>,
+    /// The forming of the group the workers loaded their parts in.
+    formation: Arc<Formation>,
     group: Group,
     /// Per row tag, the position the workers' caches end at.
     ends: Mutex<HashMap<u64, usize>>,
@@ -78,11 +38,11 @@ pub struct Leader {
 
 impl Leader {
     /// `inner`, rank 0's part of a model the workers loaded theirs of.
-    pub fn new(inner: Box<dyn Model>, link: Arc<GroupLink>) -> nn::Result<Leader> {
-        let group = link.group()?;
+    pub fn new(inner: Box<dyn Model>, formation: Arc<Formation>) -> nn::Result<Leader> {
+        let group = formation.group()?;
         Ok(Leader {
             inner,
-            link,
+            formation,
             group,
             ends: Mutex::new(HashMap::new()),
         })
@@ -125,12 +85,12 @@ impl Model for Leader {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> nn::Result<Forward> {
-        if let Some(lost) = self.link.links.lost() {
+        if let Some(lost) = self.formation.links.lost() {
             return Err(nn::Error::Group(lost));
         }
         let rows = self.rows(batch)?;
         let width = batch.width()?;
-        self.link
+        self.formation
             .links
             .tell(&ToWorker::Forward {
                 rows: rows.clone(),
@@ -144,10 +104,15 @@ impl Model for Leader {
                 ends.insert(row.tag, row.position + width);
             }
         }
-        // The workers take the tokens from rank 0 through the group: a decode step's tokens
-        // are still being sampled on the device, and the host never waits for them.
+        // The workers take the tokens from rank 0 through the group. They are computed first,
+        // and their sum on its own: a rank never has two collectives in flight, since MLX's
+        // ring would leave one queued behind a failed one waiting forever (see `nn`'s
+        // `TensorParallel::all_sum`); the tokens may depend on the last step's transfers.
+        let tokens = batch.tokens.astype(mlx::Dtype::I32)?;
+        mlx::eval([&tokens])?;
         let mut shared = batch.clone();
-        shared.tokens = self.group.all_sum(&batch.tokens.astype(mlx::Dtype::I32)?)?;
+        shared.tokens = self.group.all_sum(&tokens)?;
+        mlx::eval([&shared.tokens])?;
         let out = self.inner.forward_rows(&shared, caches)?;
         // Every forward's collectives start in the order the workers run them, whether or not
         // the engine reads all of its outputs.
@@ -167,7 +132,7 @@ impl Model for Leader {
     /// forward in flight with its own words (`connection to a peer was lost`) about when the
     /// connection closes, so this waits a moment for the name.
     fn unavailable(&self) -> Option<String> {
-        self.link.links.lost_within(LOSS_NOTICE)
+        self.formation.links.lost_within(LOSS_NOTICE)
     }
 
     fn release_rows(&self, row_tags: &[u64]) -> nn::Result<()> {
@@ -177,10 +142,10 @@ impl Model for Leader {
                 ends.remove(tag);
             }
         }
-        if self.link.links.lost().is_some() {
+        if self.formation.links.lost().is_some() {
             return Ok(());
         }
-        self.link
+        self.formation
             .links
             .tell(&ToWorker::Release {
                 tags: row_tags.to_vec(),
@@ -191,8 +156,8 @@ impl Model for Leader {
 
 impl Drop for Leader {
     fn drop(&mut self) {
-        if self.link.links.lost().is_none() {
-            let _ = self.link.links.tell(&ToWorker::Unload);
+        if self.formation.links.lost().is_none() {
+            let _ = self.formation.links.tell(&ToWorker::Unload);
         }
     }
 }

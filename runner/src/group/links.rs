@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 use crate::group::control::{Channel, ToLeader, ToWorker, send_on};
 use crate::group::hostfile::Hostfile;
 
+/// How long a worker's word that the group broke under it waits before it is taken as the
+/// reason: MLX's ring notices a peer gone within milliseconds, and the watcher of the rank
+/// that went sees its connection close about as soon.
+const BROKE_AFTER_ANOTHER: Duration = Duration::from_secs(1);
+
 /// Rank 0's connections to ranks `1..size`.
 pub struct Links {
     /// Rank `r`'s sending side at `r - 1`.
@@ -20,19 +25,36 @@ pub struct Links {
     size: usize,
 }
 
+/// How long rank 0 waits for its workers to join.
+pub enum JoinWait<'a> {
+    /// At start: up to this long, then an error naming the ranks still missing.
+    For(Duration),
+    /// Re-forming: for as long as this says the group is still wanted (an error once not).
+    While(&'a dyn Fn() -> bool),
+}
+
+/// Rank 0's listener for its workers' control connections, on the hostfile's control address.
+pub fn listen(hostfile: &Hostfile) -> Result<TcpListener, String> {
+    let address = hostfile.control()?;
+    let listener = TcpListener::bind(address)
+        .map_err(|e| format!("listening for workers on {address}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listening for workers on {address}: {e}"))?;
+    Ok(listener)
+}
+
 impl Links {
-    /// Listens on the hostfile's control address until every worker has joined, or refuses
-    /// after `timeout`, naming the ranks still missing.
-    pub fn accept(hostfile: &Hostfile, timeout: Duration) -> Result<Links, String> {
-        let address = hostfile.control()?;
-        let listener = TcpListener::bind(address)
-            .map_err(|e| format!("listening for workers on {address}: {e}"))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("listening for workers on {address}: {e}"))?;
+    /// Takes joins on `listener` until every worker of `hostfile` has joined, then tells them
+    /// to form the group; how long it waits, `wait` says.
+    pub fn accept(
+        listener: &TcpListener,
+        hostfile: &Hostfile,
+        wait: JoinWait<'_>,
+    ) -> Result<Links, String> {
         let size = hostfile.size();
         let mut joined: Vec<Option<Channel>> = (1..size).map(|_| None).collect();
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
         while joined.iter().any(Option::is_none) {
             match listener.accept() {
                 Ok((stream, peer)) => {
@@ -41,23 +63,31 @@ impl Links {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<String> = joined
+                    let missing = || -> String {
+                        let ranks: Vec<String> = joined
                             .iter()
                             .enumerate()
                             .filter(|(_, c)| c.is_none())
                             .map(|(i, _)| describe(hostfile, i + 1))
                             .collect();
-                        return Err(format!(
-                            "no worker joined as {} within {} s (start `mlxkit worker` there \
-                             with the same hostfile)",
-                            missing.join(", "),
-                            timeout.as_secs()
-                        ));
+                        ranks.join(", ")
+                    };
+                    match wait {
+                        JoinWait::For(timeout) if started.elapsed() >= timeout => {
+                            return Err(format!(
+                                "no worker joined as {} within {} s (start `mlxkit worker` \
+                                 there with the same hostfile)",
+                                missing(),
+                                timeout.as_secs()
+                            ));
+                        }
+                        JoinWait::While(wanted) if !wanted() => {
+                            return Err(format!("stopped waiting for {}", missing()));
+                        }
+                        _ => std::thread::sleep(Duration::from_millis(20)),
                     }
-                    std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(format!("accepting workers on {address}: {e}")),
+                Err(e) => return Err(format!("accepting workers: {e}")),
             }
         }
         let lost = Arc::new(Mutex::new(None));
@@ -106,6 +136,13 @@ impl Links {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Tells every worker still connected `message`, whether or not the group is lost.
+    pub fn tell_each(&self, message: &ToWorker) {
+        for sender in lock(&self.senders).iter_mut() {
+            let _ = send_on(sender, message);
         }
     }
 
@@ -254,14 +291,23 @@ fn watch(
     let spawned = std::thread::Builder::new()
         .name(format!("mlxkit-rank-{rank}"))
         .spawn(move || {
+            let mut broke = None;
             let why = loop {
                 match channel.recv::<ToLeader>() {
+                    Ok(Some(ToLeader::Broke { why })) => broke = Some(why),
                     Ok(Some(message)) => {
                         if replies.send((rank, message)).is_err() {
                             return;
                         }
                     }
-                    Ok(None) => break format!("{name} left the group (its connection closed)"),
+                    Ok(None) => match broke {
+                        // Another rank going broke it: that rank's watcher names it first.
+                        Some(why) => {
+                            std::thread::sleep(BROKE_AFTER_ANOTHER);
+                            break format!("{name} left the group ({why})");
+                        }
+                        None => break format!("{name} left the group (its connection closed)"),
+                    },
                     Err(e) => break format!("{name} left the group ({e})"),
                 }
             };

@@ -11,8 +11,10 @@
 //!
 //! - [`hostfile`]: the group's addresses, in `mlx.launch`'s formats;
 //! - [`control`]: the messages between rank 0 and a worker;
-//! - [`forming`]: pointing MLX at the hostfile, and rank 0 waiting for its workers;
+//! - [`forming`]: pointing MLX at the hostfile and forming MLX's group;
 //! - [`links`]: rank 0's connections to its workers, and noticing one leave;
+//! - [`rank_0`]: rank 0's group across its formings, re-formed when a worker comes back;
+//! - [`sever`]: ending the collectives in flight once a rank is gone;
 //! - [`leader`] and [`follower`]: the two sides of a forward.
 
 pub mod control;
@@ -21,5 +23,7 @@ pub mod forming;
 pub mod hostfile;
 pub mod leader;
 pub mod links;
+pub mod rank_0;
+pub mod sever;
 
 pub use control::Parallel;

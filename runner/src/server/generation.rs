@@ -212,6 +212,8 @@ async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
     let mut ended = false;
     let stopping = stopping::generations_ended();
     tokio::pin!(stopping);
+    let group_lost = group_lost(&lease.engine);
+    tokio::pin!(group_lost);
     loop {
         // A client that goes away is noticed at once, not at the next token: a long prefill
         // stops at its next chunk.
@@ -229,6 +231,15 @@ async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
                 client_gone = true;
                 cancel.store(true, Ordering::Relaxed);
                 continue;
+            }
+            // The engine fails a step whose group lost a rank, naming it; a step caught in
+            // MLX's ring never returns, and this ends the request anyway.
+            why = &mut group_lost, if !client_gone => {
+                tracing::warn!(model = %info.name, "generation failed: {why}");
+                let _ = out.send(Output::Error(client_text(&why))).await;
+                cancel.store(true, Ordering::Relaxed);
+                ended = true;
+                break;
             }
         };
         let Some(event) = event else {
@@ -311,6 +322,31 @@ async fn run(lease: Arc<Lease>, prepared: Prepared, out: mpsc::Sender<Output>) {
     if !ended && !client_gone {
         let message = "the engine stopped without finishing the generation".to_string();
         let _ = out.send(Output::Error(message)).await;
+    }
+}
+
+/// How long a group may have lost a rank before a request waiting on it ends: the engine's
+/// own error, which names the rank, comes within two seconds when its step returns at all.
+const GROUP_LOST_GRACE: Duration = Duration::from_secs(4);
+
+/// Why `engine`'s group cannot serve, once it has not for [`GROUP_LOST_GRACE`]; never, for an
+/// engine that is not rank 0 of a group.
+async fn group_lost(engine: &crate::engine::Engine) -> String {
+    let Some(group) = engine.group() else {
+        return std::future::pending().await;
+    };
+    let mut lost_since = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        match group.lost() {
+            Some(why) => {
+                let since: &mut Instant = lost_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= GROUP_LOST_GRACE {
+                    return why;
+                }
+            }
+            None => lost_since = None,
+        }
     }
 }
 

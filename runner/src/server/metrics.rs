@@ -104,6 +104,14 @@ fn describe() {
     describe_gauge!("mlxkit_prefix_cache_nodes", "Nodes of the prefix trie");
     describe_gauge!("mlxkit_mlx_active_memory_bytes", "MLX's active memory");
     describe_gauge!("mlxkit_mlx_peak_memory_bytes", "MLX's peak memory");
+    describe_gauge!(
+        "mlxkit_group_ranks",
+        "Processes of the group models are split across (`serve --hostfile`)"
+    );
+    describe_gauge!(
+        "mlxkit_group_serving",
+        "1 while the group serves, 0 once it lost a rank (until it re-forms)"
+    );
 }
 
 /// Middleware counting every response by route (the pattern, never the raw path, so the
@@ -208,6 +216,10 @@ pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError>
     if let Ok((active, peak)) = state.keeper.engine().memory().await {
         gauge!("mlxkit_mlx_active_memory_bytes").set(active as f64);
         gauge!("mlxkit_mlx_peak_memory_bytes").set(peak as f64);
+    }
+    if let Some(group) = state.keeper.engine().group() {
+        gauge!("mlxkit_group_ranks").set(group.size() as f64);
+        gauge!("mlxkit_group_serving").set(if group.lost().is_none() { 1.0 } else { 0.0 });
     }
     handle.run_upkeep();
     Ok((

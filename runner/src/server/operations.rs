@@ -22,7 +22,7 @@ pub async fn health(State(state): State<AppState>) -> Json<Value> {
         .collect();
     let mut health = json!({ "status": "ok", "model": resident.first(), "models": resident });
     if let Some(group) = state.keeper.engine().group() {
-        if group.links.lost().is_some() {
+        if group.lost().is_some() {
             health["status"] = json!("degraded");
         }
         health["group"] = group.state_json();
