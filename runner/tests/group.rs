@@ -22,6 +22,9 @@
 //!   say whether the group serves), and the next request gets a 503 naming the rank. The
 //!   worker started again, the group re-forms without rank 0 restarting (the third rank,
 //!   caught mid-step, rejoins on its own), and the request is answered as before.
+//! - A worker stopped with SIGSTOP mid-generation is lost after 10 s of silence: the request
+//!   in flight ends with an error naming it. Running again, it rejoins on its own and the
+//!   group serves again.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -514,4 +517,77 @@ fn a_worker_killed_mid_generation_fails_the_request_and_the_group_re_forms_when_
     let (status, again) = generate(&base, PROMPTS[0], 4);
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["response"], reply["response"], "{again}");
+}
+
+#[test]
+fn a_stopped_worker_is_lost_after_its_silence_and_rejoins_once_it_runs_again() {
+    let _one = one_group_at_a_time();
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    let group = start_group(home.path(), 2, "pipeline");
+    let base = group.rank_0.base.clone();
+    let (status, reply) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 200, "{reply}");
+    let worker = group.workers[0].id().to_string();
+
+    let long = {
+        let base = base.clone();
+        std::thread::spawn(move || {
+            let reply = client()
+                .post(format!("{base}/api/generate"))
+                .json(&json!({
+                    "model": MODEL,
+                    "prompt": PROMPTS[1],
+                    "stream": false,
+                    "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
+                }))
+                .send()
+                .unwrap();
+            reply.text().unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    // Stopped, not killed: its connections stay open, and only its silence tells.
+    let stopped = Command::new("kill").args(["-STOP", &worker]).status();
+    assert!(stopped.is_ok_and(|s| s.success()));
+    let reply = long.join().unwrap();
+    let health: Value = client()
+        .get(format!("{base}/health"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let resumed = Command::new("kill").args(["-CONT", &worker]).status();
+    assert!(resumed.is_ok_and(|s| s.success()));
+    for said in [
+        reply.as_str(),
+        health["group"]["lost"].as_str().unwrap_or_default(),
+    ] {
+        assert!(
+            said.contains("rank 1") && said.contains("stopped answering"),
+            "{said}"
+        );
+    }
+
+    // Running again, the worker finds its group broken, joins again, and the group re-forms.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let health: Value = client()
+            .get(format!("{base}/health"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if health["group"]["state"] == "serving" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group did not re-form: {health}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, again) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 200, "{again}");
 }

@@ -6,6 +6,9 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +129,10 @@ pub enum ToLeader {
         /// Why.
         message: String,
     },
+    /// This worker still runs (sent every [`HEARTBEAT`], from a thread of its own, so that a
+    /// long forward does not hold it back): rank 0 takes a worker silent for
+    /// [`SILENT_WORKER`] as lost.
+    Alive,
     /// This worker leaves the group, which broke under it (a forward failed here, usually
     /// because another rank went), to join it again.
     Broke {
@@ -134,10 +141,19 @@ pub enum ToLeader {
     },
 }
 
+/// How often a worker says it is [`ToLeader::Alive`].
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long rank 0 waits to hear from a worker before taking it as lost: ten heartbeats
+/// missed, which a process running at all does not miss (a stopped process, a machine gone
+/// or a network cut does).
+pub const SILENT_WORKER: Duration = Duration::from_secs(10);
+
 /// One end of a control connection.
 pub struct Channel {
     reader: BufReader<TcpStream>,
-    writer: TcpStream,
+    /// Shared with a heartbeat's thread: one message at a time on the wire.
+    writer: Arc<Mutex<TcpStream>>,
 }
 
 impl Channel {
@@ -146,18 +162,45 @@ impl Channel {
         stream.set_nodelay(true)?;
         Ok(Channel {
             reader: BufReader::new(stream.try_clone()?),
-            writer: stream,
+            writer: Arc::new(Mutex::new(stream)),
         })
     }
 
     /// Another handle on the sending side, for a thread that only sends.
     pub fn sender(&self) -> std::io::Result<TcpStream> {
-        self.writer.try_clone()
+        self.writer().try_clone()
     }
 
     /// Sends `message`.
     pub fn send(&mut self, message: &impl Serialize) -> std::io::Result<()> {
-        send_on(&mut self.writer, message)
+        send_on(&mut self.writer(), message)
+    }
+
+    /// Sends [`ToLeader::Alive`] every [`HEARTBEAT`] from a thread of its own, until the
+    /// returned guard is dropped or the connection fails.
+    pub fn start_heartbeat(&self) -> std::io::Result<Heartbeat> {
+        let writer = Arc::clone(&self.writer);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("mlxkit-heartbeat".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    let sent = send_on(
+                        &mut writer.lock().unwrap_or_else(|p| p.into_inner()),
+                        &ToLeader::Alive,
+                    );
+                    if sent.is_err() {
+                        return;
+                    }
+                    std::thread::sleep(HEARTBEAT);
+                }
+            })?;
+        Ok(Heartbeat { stop })
+    }
+
+    fn writer(&self) -> MutexGuard<'_, TcpStream> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The next message; `None` once the other end has closed.
@@ -185,12 +228,24 @@ impl Channel {
 
     /// Closes both directions, waking a thread blocked reading it.
     pub fn shutdown(&self) {
-        let _ = self.writer.shutdown(Shutdown::Both);
+        let _ = self.reader.get_ref().shutdown(Shutdown::Both);
     }
 
     /// The underlying socket.
     pub fn stream(&self) -> &TcpStream {
-        &self.writer
+        self.reader.get_ref()
+    }
+}
+
+/// A channel's heartbeat ([`Channel::start_heartbeat`]); it stops within a beat of being
+/// dropped.
+pub struct Heartbeat {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

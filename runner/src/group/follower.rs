@@ -46,7 +46,12 @@ pub fn follow(
 ) -> Result<(), String> {
     loop {
         let (mut channel, group) = join(hostfile, rank, backend, join_timeout)?;
-        let why = match serve(store, rank, &mut channel, &group)? {
+        let heartbeat = channel
+            .start_heartbeat()
+            .map_err(|e| format!("starting the heartbeat: {e}"))?;
+        let served = serve(store, rank, &mut channel, &group);
+        drop(heartbeat);
+        let why = match served? {
             Ended::Closed => {
                 eprintln!("mlxkit worker: rank 0 closed the group");
                 return Ok(());
@@ -55,6 +60,8 @@ pub fn follow(
         };
         // Said before leaving, so that rank 0 names the rank that went first, not this one.
         let _ = channel.send(&ToLeader::Broke { why: why.clone() });
+        // Shut, not only dropped: the heartbeat's thread holds the connection a moment more.
+        channel.shutdown();
         // The group's last handles here: its connections close once MLX forgets it too.
         drop((channel, group));
         if backend != Backend::Ring {

@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::group::control::{Channel, ToLeader, ToWorker, send_on};
+use crate::group::control::{Channel, SILENT_WORKER, ToLeader, ToWorker, send_on};
 use crate::group::hostfile::Hostfile;
 
 /// How long a worker's word that the group broke under it waits before it is taken as the
@@ -269,9 +269,10 @@ fn admit(
     if slot.is_some() {
         return refuse(format!("rank {rank} has joined already"));
     }
+    // A worker beats every second from here on: silence is a worker gone.
     channel
         .stream()
-        .set_read_timeout(None)
+        .set_read_timeout(Some(SILENT_WORKER))
         .map_err(|e| e.to_string())?;
     *slot = Some(channel);
     tracing::info!("rank {rank} joined from {peer}");
@@ -294,6 +295,7 @@ fn watch(
             let mut broke = None;
             let why = loop {
                 match channel.recv::<ToLeader>() {
+                    Ok(Some(ToLeader::Alive)) => {}
                     Ok(Some(ToLeader::Broke { why })) => broke = Some(why),
                     Ok(Some(message)) => {
                         if replies.send((rank, message)).is_err() {
@@ -308,6 +310,18 @@ fn watch(
                         }
                         None => break format!("{name} left the group (its connection closed)"),
                     },
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        break format!(
+                            "{name} stopped answering (nothing for {} s: stopped, or out of \
+                             reach)",
+                            SILENT_WORKER.as_secs()
+                        );
+                    }
                     Err(e) => break format!("{name} left the group ({e})"),
                 }
             };
