@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use mlx::Array;
 use mlx::distributed::Group;
 
+use crate::model::{LayerState, ModelSpec};
 use crate::{Error, Result};
 
 /// This process's stage of a pipeline.
@@ -59,6 +60,16 @@ impl PipelineStage {
     /// Whether this rank holds layer `layer`.
     pub fn holds(&self, layer: usize) -> bool {
         self.layers.contains(&layer)
+    }
+
+    /// Marks every layer of `spec` outside this rank's range stateless: only this rank's
+    /// layers keep caches here.
+    pub(crate) fn keep_own_caches(&self, spec: &mut ModelSpec) {
+        for (i, state) in spec.layers.iter_mut().enumerate() {
+            if !self.holds(i) {
+                *state = LayerState::Stateless;
+            }
+        }
     }
 
     /// One forward through the pipeline. `embedded` is rank 0's input (and every rank's shape

@@ -9,8 +9,9 @@
 //!   key/value heads and half the MLP columns. Both ranks hold the same logits, within 1e-4
 //!   of the whole model's: each row-parallel projection sums two partial products where one
 //!   process summed them all, which reorders f32 additions (measured below ~1e-5 here).
-//! - Pipeline parallel: each rank holds one of the two layers and its cache. Rank 0's logits
-//!   equal the whole model's exactly: every layer runs whole on one rank.
+//! - Pipeline parallel (Llama, Qwen3-MoE, LFM2): each rank holds half the layers and their
+//!   caches. Rank 0's logits equal the whole model's exactly: every layer runs whole on one
+//!   rank.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -193,28 +194,41 @@ fn models_split_over_two_ranks_answer_as_the_whole_model() {
     }
 }
 
+/// How many layers fixture `name` has.
+fn layer_count(name: &str) -> usize {
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture(name).join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"].as_u64().unwrap() as usize
+}
+
+/// Llama; Qwen3-MoE, whose expert layers run whole on their stage; and LFM2, a hybrid whose
+/// convolution layers keep recurrent state, which stays with the stage that runs them.
 #[test]
-fn a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model() {
+fn models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model() {
     if let Some((out, name)) = rank_out() {
+        let layers = layer_count(&name);
         let group = Group::init(Backend::Ring).unwrap();
-        let stage = PipelineStage::new(group, 2).unwrap();
+        let stage = PipelineStage::new(group, layers).unwrap();
         let rank = stage.rank();
-        assert_eq!(stage.layers(), rank..rank + 1);
+        let own = stage.layers();
+        assert_eq!(own.len(), layers / 2);
         let model = model(&name, Split::Pipeline(stage));
-        // Only this rank's layer keeps a cache.
+        // Only this rank's layers keep caches.
         let caches = model.new_caches().unwrap();
-        assert_eq!(caches.iter().flatten().count(), 1);
+        assert_eq!(caches.iter().flatten().count(), own.len());
         let logits = run(model.as_ref());
         if rank == 0 {
             write_floats(&out.join("rank0.bin"), &logits);
         }
         return;
     }
-    let dir = two_ranks(
-        "a_llama_in_a_two_stage_pipeline_answers_exactly_as_the_whole_model",
-        "llama",
-    );
-    let whole = run(model("llama", Split::Whole).as_ref());
-    let staged = read_floats(&dir.path().join("rank0.bin"));
-    assert_eq!(worst_difference(&whole, &staged), 0.0);
+    for name in ["llama", "qwen3_moe", "lfm2"] {
+        let dir = two_ranks(
+            "models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model",
+            name,
+        );
+        let whole = run(model(name, Split::Whole).as_ref());
+        let staged = read_floats(&dir.path().join("rank0.bin"));
+        assert_eq!(worst_difference(&whole, &staged), 0.0, "{name}");
+    }
 }

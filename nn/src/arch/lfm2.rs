@@ -23,6 +23,7 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::pipeline_parallel::PipelineStage;
 use crate::recurrent_rows::{conv_tails, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -293,6 +294,36 @@ struct DecoderLayer {
     feed_forward: Mlp,
 }
 
+impl DecoderLayer {
+    /// Layer `index` of the model over `h`, its caches in `caches`.
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        let x = self.operator_norm.forward(h)?;
+        let mixed = match &self.operator {
+            Operator::Conv(conv) => conv.forward(&x, caches, index)?,
+            Operator::Attention(attention) => {
+                let projected = attention.project(&x, positions.rope())?;
+                attend_cached(
+                    attention,
+                    &projected,
+                    caches,
+                    index,
+                    &batch.positions,
+                    LogicalMask::Causal,
+                )?
+            }
+        };
+        let h = h.add(&mixed)?;
+        Ok(h.add(&self.feed_forward.forward(&self.ffn_norm.forward(&h)?)?)?)
+    }
+}
+
 /// An LFM2 model.
 pub struct Lfm2 {
     spec: ModelSpec,
@@ -300,6 +331,9 @@ pub struct Lfm2 {
     layers: Vec<DecoderLayer>,
     embedding_norm: RmsNorm,
     lm_head: Linear,
+    /// This rank's range of the layers when they are split across a pipeline: `layers` holds
+    /// only those, from the range's start on.
+    stage: Option<PipelineStage>,
 }
 
 impl Lfm2 {
@@ -319,9 +353,15 @@ impl Lfm2 {
         let rope = Rope::new(&config.rope)?;
         let inter = dim(config.feed_forward_size, "intermediate_size")?;
 
+        let stage = weights.pipeline_stage().cloned();
         let mut layers = Vec::with_capacity(config.attention_layers.len());
         for (i, &attends) in config.attention_layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
+                // Another rank's layer.
+                weights.set_aside(&format!("{p}."));
+                continue;
+            }
             let operator = if attends {
                 Operator::Attention(Box::new(attention(
                     &config,
@@ -356,12 +396,17 @@ impl Lfm2 {
             vocab,
             hidden,
         )?;
+        let mut spec = config.spec();
+        if let Some(stage) = &stage {
+            stage.keep_own_caches(&mut spec);
+        }
         Ok(Lfm2 {
-            spec: config.spec(),
+            spec,
             embed_tokens,
             layers,
             embedding_norm,
             lm_head,
+            stage,
         })
     }
 }
@@ -408,7 +453,7 @@ impl Model for Lfm2 {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        self.forward_rows_through(batch, caches, self.layers.len())
+        self.forward_rows_through(batch, caches, self.spec.layers.len())
     }
 
     fn forward_rows_through(
@@ -417,31 +462,39 @@ impl Model for Lfm2 {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
+        check_depth(layers, self.spec.layers.len())?;
+        check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
-        let mut h = self.embed_tokens.forward(&batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.operator_norm.forward(&h)?;
-            let mixed = match &layer.operator {
-                Operator::Conv(conv) => conv.forward(&x, caches, i)?,
-                Operator::Attention(attention) => {
-                    let projected = attention.project(&x, positions.rope())?;
-                    attend_cached(
-                        attention,
-                        &projected,
-                        caches,
-                        i,
-                        &batch.positions,
-                        LogicalMask::Causal,
-                    )?
+        let h = self.embed_tokens.forward(&batch.tokens)?;
+        let hidden = match &self.stage {
+            Some(stage) => {
+                if layers != self.spec.layers.len() {
+                    return Err(Error::InvalidInput(
+                        "a pipeline stage runs its whole range of layers".into(),
+                    ));
                 }
-            };
-            h = h.add(&mixed)?;
-            h = h.add(&layer.feed_forward.forward(&layer.ffn_norm.forward(&h)?)?)?;
-        }
+                let first = stage.layers().start;
+                stage.forward(
+                    h,
+                    |mut h| {
+                        for (i, layer) in self.layers.iter().enumerate() {
+                            h = layer.forward(&h, caches, first + i, batch, &positions)?;
+                        }
+                        Ok(h)
+                    },
+                    |h| self.embedding_norm.forward(h),
+                )?
+            }
+            None => {
+                let mut h = h;
+                for (i, layer) in self.layers.iter().enumerate().take(layers) {
+                    h = layer.forward(&h, caches, i, batch, &positions)?;
+                }
+                self.embedding_norm.forward(&h)?
+            }
+        };
         Ok(Forward {
-            hidden: self.embedding_norm.forward(&h)?,
+            hidden,
             conditioning: None,
         })
     }

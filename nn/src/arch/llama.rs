@@ -212,12 +212,7 @@ impl Llama {
         )?;
         let mut spec = config.spec();
         if let Some(stage) = &stage {
-            // Only this rank's layers keep caches.
-            for (i, state) in spec.layers.iter_mut().enumerate() {
-                if !stage.holds(i) {
-                    *state = LayerState::Stateless;
-                }
-            }
+            stage.keep_own_caches(&mut spec);
         }
         Ok(Llama {
             spec,

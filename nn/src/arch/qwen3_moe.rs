@@ -21,6 +21,7 @@ use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
+use crate::pipeline_parallel::PipelineStage;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -187,6 +188,40 @@ struct DecoderLayer {
     sliding_window: Option<usize>,
 }
 
+impl DecoderLayer {
+    /// Layer `index` of the model over `h`, its caches in `caches`.
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let projected = self.self_attn.project(&x, positions.rope())?;
+        let logical = match self.sliding_window {
+            Some(window) => LogicalMask::SlidingWindow(window),
+            None => LogicalMask::Causal,
+        };
+        let attended = attend_cached(
+            &self.self_attn,
+            &projected,
+            caches,
+            index,
+            &batch.positions,
+            logical,
+        )?;
+        let h = h.add(&attended)?;
+        let x = self.post_attention_layernorm.forward(&h)?;
+        let ff = match &self.mlp {
+            FeedForward::Dense(mlp) => mlp.forward(&x)?,
+            FeedForward::Sparse(moe) => moe.forward(&x)?,
+        };
+        Ok(h.add(&ff)?)
+    }
+}
+
 /// A Qwen3-MoE model.
 pub struct Qwen3Moe {
     spec: ModelSpec,
@@ -194,6 +229,9 @@ pub struct Qwen3Moe {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// This rank's range of the layers when they are split across a pipeline: `layers` holds
+    /// only those, from the range's start on.
+    stage: Option<PipelineStage>,
 }
 
 impl Qwen3Moe {
@@ -213,9 +251,15 @@ impl Qwen3Moe {
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let rope = Rope::new(&config.rope)?;
 
+        let stage = weights.pipeline_stage().cloned();
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
             let p = format!("model.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
+                // Another rank's layer.
+                weights.set_aside(&format!("{p}."));
+                continue;
+            }
             let mlp = if config.sparse_layers[i] {
                 FeedForward::Sparse(experts(&config, weights, &format!("{p}.mlp"), activation)?)
             } else {
@@ -246,12 +290,17 @@ impl Qwen3Moe {
             vocab,
             hidden,
         )?;
+        let mut spec = config.spec();
+        if let Some(stage) = &stage {
+            stage.keep_own_caches(&mut spec);
+        }
         Ok(Qwen3Moe {
-            spec: config.spec(),
+            spec,
             embed_tokens,
             layers,
             norm: final_norm,
             lm_head,
+            stage,
         })
     }
 }
@@ -314,7 +363,7 @@ impl Model for Qwen3Moe {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        self.forward_rows_through(batch, caches, self.layers.len())
+        self.forward_rows_through(batch, caches, self.spec.layers.len())
     }
 
     fn forward_rows_through(
@@ -323,35 +372,39 @@ impl Model for Qwen3Moe {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
+        check_depth(layers, self.spec.layers.len())?;
+        check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
-        let mut h = self.embed_tokens.forward(&batch.tokens)?;
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let logical = match layer.sliding_window {
-                Some(window) => LogicalMask::SlidingWindow(window),
-                None => LogicalMask::Causal,
-            };
-            let attended = attend_cached(
-                &layer.self_attn,
-                &projected,
-                caches,
-                i,
-                &batch.positions,
-                logical,
-            )?;
-            h = h.add(&attended)?;
-            let x = layer.post_attention_layernorm.forward(&h)?;
-            let ff = match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.forward(&x)?,
-                FeedForward::Sparse(moe) => moe.forward(&x)?,
-            };
-            h = h.add(&ff)?;
-        }
+        let h = self.embed_tokens.forward(&batch.tokens)?;
+        let hidden = match &self.stage {
+            Some(stage) => {
+                if layers != self.spec.layers.len() {
+                    return Err(Error::InvalidInput(
+                        "a pipeline stage runs its whole range of layers".into(),
+                    ));
+                }
+                let first = stage.layers().start;
+                stage.forward(
+                    h,
+                    |mut h| {
+                        for (i, layer) in self.layers.iter().enumerate() {
+                            h = layer.forward(&h, caches, first + i, batch, &positions)?;
+                        }
+                        Ok(h)
+                    },
+                    |h| self.norm.forward(h),
+                )?
+            }
+            None => {
+                let mut h = h;
+                for (i, layer) in self.layers.iter().enumerate().take(layers) {
+                    h = layer.forward(&h, caches, i, batch, &positions)?;
+                }
+                self.norm.forward(&h)?
+            }
+        };
         Ok(Forward {
-            hidden: self.norm.forward(&h)?,
+            hidden,
             conditioning: None,
         })
     }
