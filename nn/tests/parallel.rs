@@ -9,7 +9,7 @@
 //!   key/value heads and half the MLP columns. Both ranks hold the same logits, within 1e-4
 //!   of the whole model's: each row-parallel projection sums two partial products where one
 //!   process summed them all, which reorders f32 additions (measured below ~1e-5 here).
-//! - Pipeline parallel (Llama, Qwen3-MoE, LFM2): each rank holds half the layers and their
+//! - Pipeline parallel (Llama, Gemma 3, Qwen3-MoE, LFM2): each rank holds half the layers and their
 //!   caches. Rank 0's logits equal the whole model's exactly: every layer runs whole on one
 //!   rank.
 
@@ -201,8 +201,9 @@ fn layer_count(name: &str) -> usize {
     config["num_hidden_layers"].as_u64().unwrap() as usize
 }
 
-/// Llama; Qwen3-MoE, whose expert layers run whole on their stage; and LFM2, a hybrid whose
-/// convolution layers keep recurrent state, which stays with the stage that runs them.
+/// Llama; Gemma 3 (sliding-window and global layers); Qwen3-MoE, whose expert layers run
+/// whole on their stage; and LFM2, a hybrid whose convolution layers keep recurrent state,
+/// which stays with the stage that runs them.
 #[test]
 fn models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model() {
     if let Some((out, name)) = rank_out() {
@@ -222,7 +223,7 @@ fn models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model() {
         }
         return;
     }
-    for name in ["llama", "qwen3_moe", "lfm2"] {
+    for name in ["llama", "gemma3", "qwen3_moe", "lfm2"] {
         let dir = two_ranks(
             "models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model",
             name,

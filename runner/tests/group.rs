@@ -10,6 +10,8 @@
 //!   f32 additions: its top-5 log-probabilities stay within [`LOGPROB_BOUND`] of one process's
 //!   (measured below ~1e-5 on the tiny fixtures of `nn/tests/parallel.rs`), and a token may
 //!   differ only where one process's top two were closer than [`MARGIN`].
+//! - Gemma 3 270M (the other real model) split two ways by pipeline answers with one
+//!   process's tokens and log-probabilities exactly.
 //! - Across two pipeline ranks, prompt-lookup speculation (whose rejected drafts rewind every
 //!   rank's caches) answers as one process does, and a long prompt whose client gave up
 //!   mid-prefill, asked again, answers as one process does.
@@ -140,10 +142,15 @@ fn home_with_model() -> Option<tempfile::TempDir> {
 }
 
 fn generate(base: &str, prompt: &str, tokens: usize) -> (u16, Value) {
+    generate_from(base, MODEL, prompt, tokens)
+}
+
+/// `model`'s greedy answer to `prompt` from `base`, with its top-5 log-probabilities.
+fn generate_from(base: &str, model: &str, prompt: &str, tokens: usize) -> (u16, Value) {
     let reply = client()
         .post(format!("{base}/api/generate"))
         .json(&json!({
-            "model": MODEL,
+            "model": model,
             "prompt": prompt,
             "stream": false,
             "options": { "temperature": 0, "num_predict": tokens },
@@ -268,6 +275,53 @@ fn a_model_split_across_processes_answers_as_one_process_does() {
             // matrix product over other rows sums in another order.
             assert_eq!(worst_alone, 0.0, "{what}: a pipeline runs each layer whole");
         }
+    }
+}
+
+/// The other real model, Gemma 3 270M (its one key/value head does not split by tensor
+/// parallelism), split by pipeline: the same tokens and log-probabilities as one process.
+#[test]
+fn gemma_split_by_pipeline_answers_exactly_as_one_process() {
+    const GEMMA: &str = "gemma3:270m";
+    let _one = one_group_at_a_time();
+    let Some(home) = home_with_model() else {
+        return;
+    };
+    if !pulled_into(home.path(), GEMMA) {
+        return;
+    }
+    let flags = ["--draft", "none", "--cache-bytes", "0"];
+    let one = Served::start(home.path(), &flags);
+    let alone: Vec<Value> = PROMPTS
+        .iter()
+        .map(|prompt| {
+            let (status, reply) = generate_from(&one.base, GEMMA, prompt, 16);
+            assert_eq!(status, 200, "{reply}");
+            reply
+        })
+        .collect();
+    let _ = Command::new("kill")
+        .args(["-9", &one.pid.to_string()])
+        .status();
+
+    let hosts = hostfile(home.path(), 2);
+    let hosts = hosts.to_str().unwrap();
+    let worker = spawn_worker(home.path(), hosts, 1);
+    let mut args = vec!["--hostfile", hosts, "--parallel", "pipeline"];
+    args.extend(flags);
+    let group = Group {
+        rank_0: Served::start(home.path(), &args),
+        workers: vec![worker],
+        hosts: PathBuf::from(hosts),
+    };
+    for (prompt, alone) in PROMPTS.iter().zip(&alone) {
+        let (status, split) = generate_from(&group.rank_0.base, GEMMA, prompt, 16);
+        assert_eq!(status, 200, "{split}");
+        assert_eq!(split["response"], alone["response"], "{split}");
+        assert_eq!(
+            check_against(alone, &split, "Gemma over two pipeline ranks"),
+            0.0
+        );
     }
 }
 

@@ -26,6 +26,7 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
+use crate::pipeline_parallel::PipelineStage;
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig, RopeScaling};
 use crate::weights::{Weights, check_matrix};
@@ -191,6 +192,9 @@ pub struct Gemma3 {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// This rank's range of the layers when they are split across a pipeline: `layers` holds
+    /// only those, from the range's start on.
+    stage: Option<PipelineStage>,
 }
 
 /// Where a checkpoint keeps the text decoder and its head: `model.…` (text only),
@@ -238,9 +242,15 @@ impl Gemma3 {
         let rope = Rope::new(&config.rope)?;
         let rope_local = config.rope_local.as_ref().map(Rope::new).transpose()?;
 
+        let stage = weights.pipeline_stage().cloned();
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
             let p = format!("{root}.layers.{i}");
+            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
+                // Another rank's layer.
+                weights.set_aside(&format!("{p}."));
+                continue;
+            }
             let layer_rope = match (sliding_window, &rope_local) {
                 (Some(_), Some(local)) => local,
                 _ => &rope,
@@ -267,13 +277,18 @@ impl Gemma3 {
         let final_norm = norm(weights, &format!("{root}.norm.weight"))?;
         let lm_head =
             embed_tokens.output_head(weights, config.tie_word_embeddings, head, vocab, hidden)?;
+        let mut spec = config.spec();
+        if let Some(stage) = &stage {
+            stage.keep_own_caches(&mut spec);
+        }
         Ok(Gemma3 {
-            spec: config.spec(),
+            spec,
             config,
             embed_tokens,
             layers,
             norm: final_norm,
             lm_head,
+            stage,
         })
     }
 }
@@ -316,7 +331,7 @@ impl Gemma3 {
                 embedded.shape()
             )));
         }
-        self.decode(embedded, batch, caches, self.layers.len(), blocks)
+        self.decode(embedded, batch, caches, self.spec.layers.len(), blocks)
     }
 
     /// The first `layers` decoder layers and the final norm over input embeddings `h`.
@@ -328,34 +343,73 @@ impl Gemma3 {
         layers: usize,
         blocks: Option<&TokenBlocks>,
     ) -> Result<Forward> {
-        check_depth(layers, self.layers.len())?;
-        check_cache_sets(batch, caches, self.layers.len())?;
+        check_depth(layers, self.spec.layers.len())?;
+        check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let blocks = blocks.filter(|b| !b.is_empty());
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            let x = layer.input_layernorm.forward(&h)?;
-            let projected = layer.self_attn.project(&x, positions.rope())?;
-            let logical = match layer.sliding_window {
-                Some(window) => LogicalMask::SlidingWindow(window),
-                None => LogicalMask::Causal,
-            };
-            let (attention, rows) = (&layer.self_attn, &batch.positions);
-            let attended = match blocks {
-                Some(blocks) => {
-                    attend_cached_blocks(attention, &projected, caches, i, rows, logical, blocks)?
+        let hidden = match &self.stage {
+            Some(stage) => {
+                if layers != self.spec.layers.len() || blocks.is_some() {
+                    return Err(Error::InvalidInput(
+                        "a pipeline stage runs its whole range of layers, over text".into(),
+                    ));
                 }
-                None => attend_cached(attention, &projected, caches, i, rows, logical)?,
-            };
-            h = h.add(&layer.post_attention_layernorm.forward(&attended)?)?;
-            let ff = layer
-                .mlp
-                .forward(&layer.pre_feedforward_layernorm.forward(&h)?)?;
-            h = h.add(&layer.post_feedforward_layernorm.forward(&ff)?)?;
-        }
+                let first = stage.layers().start;
+                stage.forward(
+                    h,
+                    |mut h| {
+                        for (i, layer) in self.layers.iter().enumerate() {
+                            h = layer.forward(&h, caches, first + i, batch, &positions, None)?;
+                        }
+                        Ok(h)
+                    },
+                    |h| self.norm.forward(h),
+                )?
+            }
+            None => {
+                for (i, layer) in self.layers.iter().enumerate().take(layers) {
+                    h = layer.forward(&h, caches, i, batch, &positions, blocks)?;
+                }
+                self.norm.forward(&h)?
+            }
+        };
         Ok(Forward {
-            hidden: self.norm.forward(&h)?,
+            hidden,
             conditioning: None,
         })
+    }
+}
+
+impl DecoderLayer {
+    /// Layer `index` of the model over `h`, its caches in `caches`; `blocks`: the spans of
+    /// image tokens that attend both ways.
+    fn forward(
+        &self,
+        h: &Array,
+        caches: &mut [&mut [Option<LayerCache>]],
+        index: usize,
+        batch: &Batch,
+        positions: &BatchPositions,
+        blocks: Option<&TokenBlocks>,
+    ) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let projected = self.self_attn.project(&x, positions.rope())?;
+        let logical = match self.sliding_window {
+            Some(window) => LogicalMask::SlidingWindow(window),
+            None => LogicalMask::Causal,
+        };
+        let (attention, rows) = (&self.self_attn, &batch.positions);
+        let attended = match blocks {
+            Some(blocks) => {
+                attend_cached_blocks(attention, &projected, caches, index, rows, logical, blocks)?
+            }
+            None => attend_cached(attention, &projected, caches, index, rows, logical)?,
+        };
+        let h = h.add(&self.post_attention_layernorm.forward(&attended)?)?;
+        let ff = self
+            .mlp
+            .forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
+        Ok(h.add(&self.post_feedforward_layernorm.forward(&ff)?)?)
     }
 }
 
@@ -399,7 +453,7 @@ impl Model for Gemma3 {
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
     ) -> Result<Forward> {
-        self.forward_rows_through(batch, caches, self.layers.len())
+        self.forward_rows_through(batch, caches, self.spec.layers.len())
     }
 
     fn forward_rows_through(
