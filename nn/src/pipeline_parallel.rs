@@ -115,3 +115,41 @@ impl PipelineStage {
         Ok(out)
     }
 }
+
+/// Runs a model's decoder layers over `h`, its input embeddings, then its final `norm`: over a
+/// pipeline when `stage` is set (this rank's range, `layers` holding just those, and every
+/// layer run), else the first `depth` of `layers` in this process. `layer` runs one layer,
+/// given its index in the whole model.
+pub(crate) fn run_decoder<L>(
+    stage: Option<&PipelineStage>,
+    h: Array,
+    layers: &[L],
+    depth: usize,
+    total: usize,
+    mut layer: impl FnMut(&L, Array, usize) -> Result<Array>,
+    norm: impl FnOnce(&Array) -> Result<Array>,
+) -> Result<Array> {
+    let Some(stage) = stage else {
+        let mut h = h;
+        for (i, l) in layers.iter().enumerate().take(depth) {
+            h = layer(l, h, i)?;
+        }
+        return norm(&h);
+    };
+    if depth != total {
+        return Err(Error::InvalidInput(
+            "a pipeline stage runs its whole range of layers".into(),
+        ));
+    }
+    let first = stage.layers().start;
+    stage.forward(
+        h,
+        |mut h| {
+            for (i, l) in layers.iter().enumerate() {
+                h = layer(l, h, first + i)?;
+            }
+            Ok(h)
+        },
+        norm,
+    )
+}

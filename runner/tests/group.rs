@@ -116,12 +116,19 @@ fn spawn_worker(home: &Path, hosts: &str, rank: usize) -> Child {
 
 /// Starts a group of `size` processes over the store in `home`, split as `parallel` says.
 fn start_group(home: &Path, size: usize, parallel: &str) -> Group {
+    start_group_with(home, size, parallel, &[])
+}
+
+/// [`start_group`], rank 0's server given `flags` too.
+fn start_group_with(home: &Path, size: usize, parallel: &str, flags: &[&str]) -> Group {
     let hosts = hostfile(home, size);
     let path = hosts.to_str().unwrap();
     let workers = (1..size)
         .map(|rank| spawn_worker(home, path, rank))
         .collect();
-    let rank_0 = Served::start(home, &["--hostfile", path, "--parallel", parallel]);
+    let mut args = vec!["--hostfile", path, "--parallel", parallel];
+    args.extend(flags);
+    let rank_0 = Served::start(home, &args);
     Group {
         rank_0,
         workers,
@@ -304,16 +311,7 @@ fn gemma_split_by_pipeline_answers_exactly_as_one_process() {
         .args(["-9", &one.pid.to_string()])
         .status();
 
-    let hosts = hostfile(home.path(), 2);
-    let hosts = hosts.to_str().unwrap();
-    let worker = spawn_worker(home.path(), hosts, 1);
-    let mut args = vec!["--hostfile", hosts, "--parallel", "pipeline"];
-    args.extend(flags);
-    let group = Group {
-        rank_0: Served::start(home.path(), &args),
-        workers: vec![worker],
-        hosts: PathBuf::from(hosts),
-    };
+    let group = start_group_with(home.path(), 2, "pipeline", &flags);
     for (prompt, alone) in PROMPTS.iter().zip(&alone) {
         let (status, split) = generate_from(&group.rank_0.base, GEMMA, prompt, 16);
         assert_eq!(status, 200, "{split}");
@@ -397,16 +395,7 @@ fn every_rank_keeps_its_caches_as_the_server_is_told() {
         .args(["-9", &one.pid.to_string()])
         .status();
 
-    let hosts = hostfile(home.path(), 2);
-    let hosts = hosts.to_str().unwrap();
-    let worker = spawn_worker(home.path(), hosts, 1);
-    let mut args = vec!["--hostfile", hosts, "--parallel", "pipeline"];
-    args.extend(flags);
-    let group = Group {
-        rank_0: Served::start(home.path(), &args),
-        workers: vec![worker],
-        hosts: PathBuf::from(hosts),
-    };
+    let group = start_group_with(home.path(), 2, "pipeline", &flags);
     let (status, split) = generate(&group.rank_0.base, PROMPTS[1], 16);
     assert_eq!(status, 200, "{split}");
     // Each stage runs its layers whole over 8-bit caches, as one process does: exactly equal
@@ -551,23 +540,7 @@ fn a_worker_killed_mid_generation_fails_the_request_and_the_group_re_forms_when_
     // The worker starts again: the group re-forms, and rank 0, never restarted, answers as
     // before.
     group.workers[0] = spawn_worker(home.path(), group.hosts.to_str().unwrap(), 1);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let health: Value = client()
-            .get(format!("{base}/health"))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if health["group"]["state"] == "serving" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the group did not re-form: {health}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_serving(&base);
     let (status, again) = generate(&base, PROMPTS[0], 4);
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["response"], reply["response"], "{again}");
@@ -625,6 +598,13 @@ fn a_stopped_worker_is_lost_after_its_silence_and_rejoins_once_it_runs_again() {
     }
 
     // Running again, the worker finds its group broken, joins again, and the group re-forms.
+    wait_until_serving(&base);
+    let (status, again) = generate(&base, PROMPTS[0], 4);
+    assert_eq!(status, 200, "{again}");
+}
+
+/// Waits (two minutes at most) for `base`'s `/health` to say its group serves again.
+fn wait_until_serving(base: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let health: Value = client()
@@ -634,7 +614,7 @@ fn a_stopped_worker_is_lost_after_its_silence_and_rejoins_once_it_runs_again() {
             .json()
             .unwrap();
         if health["group"]["state"] == "serving" {
-            break;
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -642,6 +622,4 @@ fn a_stopped_worker_is_lost_after_its_silence_and_rejoins_once_it_runs_again() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (status, again) = generate(&base, PROMPTS[0], 4);
-    assert_eq!(status, 200, "{again}");
 }

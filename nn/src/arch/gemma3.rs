@@ -26,7 +26,7 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
-use crate::pipeline_parallel::PipelineStage;
+use crate::pipeline_parallel::{PipelineStage, run_decoder};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig, RopeScaling};
 use crate::weights::{Weights, check_matrix};
@@ -337,7 +337,7 @@ impl Gemma3 {
     /// The first `layers` decoder layers and the final norm over input embeddings `h`.
     fn decode(
         &self,
-        mut h: Array,
+        h: Array,
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
@@ -347,32 +347,20 @@ impl Gemma3 {
         check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let blocks = blocks.filter(|b| !b.is_empty());
-        let hidden = match &self.stage {
-            Some(stage) => {
-                if layers != self.spec.layers.len() || blocks.is_some() {
-                    return Err(Error::InvalidInput(
-                        "a pipeline stage runs its whole range of layers, over text".into(),
-                    ));
-                }
-                let first = stage.layers().start;
-                stage.forward(
-                    h,
-                    |mut h| {
-                        for (i, layer) in self.layers.iter().enumerate() {
-                            h = layer.forward(&h, caches, first + i, batch, &positions, None)?;
-                        }
-                        Ok(h)
-                    },
-                    |h| self.norm.forward(h),
-                )?
-            }
-            None => {
-                for (i, layer) in self.layers.iter().enumerate().take(layers) {
-                    h = layer.forward(&h, caches, i, batch, &positions, blocks)?;
-                }
-                self.norm.forward(&h)?
-            }
-        };
+        if self.stage.is_some() && blocks.is_some() {
+            return Err(Error::InvalidInput(
+                "a pipeline stage runs text only".into(),
+            ));
+        }
+        let hidden = run_decoder(
+            self.stage.as_ref(),
+            h,
+            &self.layers,
+            layers,
+            self.spec.layers.len(),
+            |layer, h, i| layer.forward(&h, caches, i, batch, &positions, blocks),
+            |h| self.norm.forward(h),
+        )?;
         Ok(Forward {
             hidden,
             conditioning: None,

@@ -23,7 +23,7 @@ use crate::embedding::Embedding;
 use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
-use crate::pipeline_parallel::PipelineStage;
+use crate::pipeline_parallel::{PipelineStage, run_decoder};
 use crate::recurrent_rows::{conv_tails, split_at_captures, store};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
@@ -466,33 +466,15 @@ impl Model for Lfm2 {
         check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let h = self.embed_tokens.forward(&batch.tokens)?;
-        let hidden = match &self.stage {
-            Some(stage) => {
-                if layers != self.spec.layers.len() {
-                    return Err(Error::InvalidInput(
-                        "a pipeline stage runs its whole range of layers".into(),
-                    ));
-                }
-                let first = stage.layers().start;
-                stage.forward(
-                    h,
-                    |mut h| {
-                        for (i, layer) in self.layers.iter().enumerate() {
-                            h = layer.forward(&h, caches, first + i, batch, &positions)?;
-                        }
-                        Ok(h)
-                    },
-                    |h| self.embedding_norm.forward(h),
-                )?
-            }
-            None => {
-                let mut h = h;
-                for (i, layer) in self.layers.iter().enumerate().take(layers) {
-                    h = layer.forward(&h, caches, i, batch, &positions)?;
-                }
-                self.embedding_norm.forward(&h)?
-            }
-        };
+        let hidden = run_decoder(
+            self.stage.as_ref(),
+            h,
+            &self.layers,
+            layers,
+            self.spec.layers.len(),
+            |layer, h, i| layer.forward(&h, caches, i, batch, &positions),
+            |h| self.embedding_norm.forward(h),
+        )?;
         Ok(Forward {
             hidden,
             conditioning: None,

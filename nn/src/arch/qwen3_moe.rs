@@ -21,7 +21,7 @@ use crate::linear::Linear;
 use crate::mlp::Mlp;
 use crate::model::{Batch, Forward, LayerState, Model, ModelSpec, check_depth};
 use crate::moe::{Moe, RouterScoring, StackedExperts};
-use crate::pipeline_parallel::PipelineStage;
+use crate::pipeline_parallel::{PipelineStage, run_decoder};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::weights::{Weights, check_matrix};
@@ -376,33 +376,15 @@ impl Model for Qwen3Moe {
         check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
         let h = self.embed_tokens.forward(&batch.tokens)?;
-        let hidden = match &self.stage {
-            Some(stage) => {
-                if layers != self.spec.layers.len() {
-                    return Err(Error::InvalidInput(
-                        "a pipeline stage runs its whole range of layers".into(),
-                    ));
-                }
-                let first = stage.layers().start;
-                stage.forward(
-                    h,
-                    |mut h| {
-                        for (i, layer) in self.layers.iter().enumerate() {
-                            h = layer.forward(&h, caches, first + i, batch, &positions)?;
-                        }
-                        Ok(h)
-                    },
-                    |h| self.norm.forward(h),
-                )?
-            }
-            None => {
-                let mut h = h;
-                for (i, layer) in self.layers.iter().enumerate().take(layers) {
-                    h = layer.forward(&h, caches, i, batch, &positions)?;
-                }
-                self.norm.forward(&h)?
-            }
-        };
+        let hidden = run_decoder(
+            self.stage.as_ref(),
+            h,
+            &self.layers,
+            layers,
+            self.spec.layers.len(),
+            |layer, h, i| layer.forward(&h, caches, i, batch, &positions),
+            |h| self.norm.forward(h),
+        )?;
         Ok(Forward {
             hidden,
             conditioning: None,
