@@ -10,8 +10,8 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use mlx::Array;
 use mlx::distributed::Group;
+use mlx::{Array, Dtype};
 
 use crate::model::{LayerState, ModelSpec};
 use crate::{Error, Result};
@@ -55,6 +55,21 @@ impl PipelineStage {
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Whether this rank embeds the tokens and unembeds the final states: rank 0 only, where
+    /// the pipeline starts and ends. The others need neither the token table nor the head.
+    pub fn holds_ends(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// What a rank past the first passes [`PipelineStage::forward`] for input embeddings:
+    /// zeros shaped as the states it receives (`[rows, tokens, hidden]`, in `dtype`), of
+    /// which only the shape and dtype are read.
+    pub(crate) fn states_like(tokens: &Array, hidden: i32, dtype: Dtype) -> Result<Array> {
+        let mut shape = tokens.shape();
+        shape.push(hidden);
+        Ok(Array::zeros(&shape, dtype)?)
     }
 
     /// Whether this rank holds layer `layer`.

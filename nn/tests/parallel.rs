@@ -92,6 +92,51 @@ fn run(model: &dyn Model) -> Vec<f32> {
     logits
 }
 
+/// The tokens `model` decodes greedily after the prompt.
+fn greedy_tokens(model: &dyn Model) -> Vec<u32> {
+    let logits = run(model);
+    let vocab = logits.len() / (DECODE + 1);
+    logits
+        .chunks(vocab)
+        .take(DECODE)
+        .map(|row| {
+            (0..vocab)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap() as u32
+        })
+        .collect()
+}
+
+/// The prompt's and then each of `tokens`' forward through `model`; the logits of each, when
+/// `unembeds` (a later pipeline stage holds no head, rank 0 unembeds).
+fn run_fed(model: &dyn Model, tokens: &[u32], unembeds: bool) -> Vec<f32> {
+    let mut caches = model.new_caches().unwrap();
+    let forward = model
+        .forward(&Batch::single(&PROMPT, 0).unwrap(), &mut caches)
+        .unwrap();
+    let n = PROMPT.len() as i32;
+    mlx::eval([&forward.hidden]).unwrap();
+    let mut hidden = vec![forward.hidden.slice_axis(1, n - 1, n).unwrap()];
+    for (i, &token) in tokens.iter().enumerate() {
+        let forward = model
+            .forward(
+                &Batch::single(&[token], PROMPT.len() + i).unwrap(),
+                &mut caches,
+            )
+            .unwrap();
+        // Every step's transfers run before the next step's, as the engine's do.
+        mlx::eval([&forward.hidden]).unwrap();
+        hidden.push(forward.hidden);
+    }
+    if !unembeds {
+        return Vec::new();
+    }
+    hidden
+        .iter()
+        .flat_map(|h| model.unembed(h).unwrap().to_vec::<f32>().unwrap())
+        .collect()
+}
+
 fn write_floats(path: &Path, values: &[f32]) {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(path, bytes).unwrap();
@@ -213,13 +258,22 @@ fn models_in_a_two_stage_pipeline_answer_exactly_as_the_whole_model() {
         let rank = stage.rank();
         let own = stage.layers();
         assert_eq!(own.len(), layers / 2);
+        // Both ranks feed the whole model's greedy tokens: only rank 0 unembeds.
+        let tokens = greedy_tokens(model(&name, Split::Whole).as_ref());
         let model = model(&name, Split::Pipeline(stage));
         // Only this rank's layers keep caches.
         let caches = model.new_caches().unwrap();
         assert_eq!(caches.iter().flatten().count(), own.len());
-        let logits = run(model.as_ref());
+        let logits = run_fed(model.as_ref(), &tokens, rank == 0);
         if rank == 0 {
             write_floats(&out.join("rank0.bin"), &logits);
+        } else if name == "llama" {
+            // A later stage holds no head.
+            assert!(
+                model
+                    .unembed(&mlx::Array::zeros(&[1, 1, 64], Dtype::F32).unwrap())
+                    .is_err()
+            );
         }
         return;
     }

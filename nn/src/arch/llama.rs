@@ -130,6 +130,8 @@ pub struct Llama {
     spec: ModelSpec,
     /// `hidden_size`, the width of the input embeddings.
     hidden: i32,
+    /// The dtype it computes in.
+    dtype: mlx::Dtype,
     embed_tokens: Embedding,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -153,10 +155,20 @@ impl Llama {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
         let activation = Activation::from_name(&config.hidden_act)?;
+        let stage = weights.pipeline_stage().cloned();
+        // A pipeline's later stages neither embed nor unembed: they hold no table, and a
+        // row of zeros stands in for it (never read; see `forward_rows_through`).
+        let ends_here = stage.as_ref().is_none_or(PipelineStage::holds_ends);
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
-        check_matrix(embed_name, &embed_weight, vocab, hidden)?;
-        let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
+        let embed_tokens = if ends_here {
+            let embed_weight = weights.weight(embed_name)?;
+            check_matrix(embed_name, &embed_weight, vocab, hidden)?;
+            Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?)
+        } else {
+            weights.set_aside("model.embed_tokens.");
+            weights.set_aside("lm_head.");
+            Embedding::dense(Array::zeros(&[1, hidden], weights.dtype())?)
+        };
         let rope = Rope::new(&config.rope)?;
 
         let layer = |weights: &mut Weights, p: &str| -> Result<DecoderLayer> {
@@ -170,7 +182,6 @@ impl Llama {
                 mlp: Mlp::load(weights, &format!("{p}.mlp"), inter, hidden, activation)?,
             })
         };
-        let stage = weights.pipeline_stage().cloned();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             if stage.as_ref().is_some_and(|s| !s.holds(i)) {
@@ -203,13 +214,17 @@ impl Llama {
             None
         };
         let final_norm = norm(weights, "model.norm.weight")?;
-        let lm_head = embed_tokens.output_head(
-            weights,
-            config.tie_word_embeddings,
-            "lm_head",
-            vocab,
-            hidden,
-        )?;
+        let lm_head = if ends_here {
+            embed_tokens.output_head(
+                weights,
+                config.tie_word_embeddings,
+                "lm_head",
+                vocab,
+                hidden,
+            )?
+        } else {
+            embed_tokens.as_linear()
+        };
         let mut spec = config.spec();
         if let Some(stage) = &stage {
             stage.keep_own_caches(&mut spec);
@@ -217,6 +232,7 @@ impl Llama {
         Ok(Llama {
             spec,
             hidden,
+            dtype: weights.dtype(),
             embed_tokens,
             layers,
             norm: final_norm,
@@ -260,11 +276,21 @@ impl Model for Llama {
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
     ) -> Result<Forward> {
-        let embedded = self.embed_tokens.forward(&batch.tokens)?;
+        let embedded = match &self.stage {
+            Some(stage) if !stage.holds_ends() => {
+                PipelineStage::states_like(&batch.tokens, self.hidden, self.dtype)?
+            }
+            _ => self.embed_tokens.forward(&batch.tokens)?,
+        };
         self.run_layers(embedded, batch, caches, layers)
     }
 
     fn unembed(&self, hidden: &Array) -> Result<Array> {
+        if self.stage.as_ref().is_some_and(|s| !s.holds_ends()) {
+            return Err(Error::InvalidInput(
+                "a later pipeline stage holds no head: rank 0 unembeds".into(),
+            ));
+        }
         self.lm_head.forward(hidden)
     }
 
