@@ -163,10 +163,23 @@ pub fn load_split(
     // The packed kernel multiplies f32 activations by f32 scales; in another dtype the forms
     // would reach MLX's own kernels, which take no 16-element groups.
     let packed_16 = quant::PACKED_16.has_packed_cpu_matvec() && dtype == Dtype::F32;
+    // A pipeline stage reads only its own layers' tensors from the checkpoint.
+    let stage = match &split {
+        Split::Pipeline(group) => {
+            let layers = describe(&config_json)?.num_layers();
+            Some(PipelineStage::new(group.try_clone()?, layers)?)
+        }
+        _ => None,
+    };
+    let wanted = |name: &str| {
+        stage
+            .as_ref()
+            .is_none_or(|s| decoder_layer_of(name).is_none_or(|layer| s.holds(layer)))
+    };
     let tensors = if on_cpu && !dequantize && packed_16 {
-        packed_for_cpu(&checkpoint)?
+        packed_for_cpu(&checkpoint, wanted)?
     } else {
-        checkpoint_tensors(&checkpoint)?
+        checkpoint_tensors_where(&checkpoint, wanted)?
     };
     let mut packed_forms = Vec::new();
     if packed_copies {
@@ -180,20 +193,24 @@ pub fn load_split(
         .dequantized(dequantize)
         .with_packed_copies(packed_copies)
         .with_packed_forms(packed_forms);
-    let stage = match split {
-        Split::Whole => None,
-        Split::Tensor(group) => {
+    match (split, &stage) {
+        (Split::Tensor(group), _) => {
             weights = weights.with_tensor_parallel(TensorParallel::new(group)?);
-            None
         }
-        Split::Pipeline(group) => {
-            let layers = describe(&config_json)?.num_layers();
-            let stage = PipelineStage::new(group, layers)?;
-            weights = weights.with_pipeline_stage(stage.clone());
-            Some(stage)
+        (_, Some(stage)) => weights = weights.with_pipeline_stage(stage.clone()),
+        _ => {}
+    }
+    let model = match build_model(&config_json, &mut weights) {
+        Ok(model) => model,
+        // A family that does not read a stage's layers alone misses the others' tensors.
+        Err(e) if stage.is_some() => {
+            return Err(Error::Config(format!(
+                "`{}` models cannot be split across processes by pipeline parallelism yet ({e})",
+                describe(&config_json)?.model_type
+            )));
         }
+        Err(e) => return Err(e),
     };
-    let model = build_model(&config_json, &mut weights)?;
     check_split(&config_json, model.as_ref(), &weights, stage.as_ref())?;
     if head.is_some() && model.draft_head().is_none() {
         return Err(Error::Weights(format!(
@@ -333,10 +350,14 @@ fn check_head_fits(head: &serde_json::Value, model: &serde_json::Value) -> Resul
 /// projections and half its down projections in Q6_K, so Llama 3.2 1B decoded a 1 GB f32 head
 /// per token (6 tok/s, 0.35x llama.cpp on the same file). Left at 5 bits, a matrix went
 /// through MLX's own CPU kernel, a scalar loop.
-fn packed_for_cpu(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
+fn packed_for_cpu(
+    checkpoint: &Checkpoint,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, quant::Tensor)>> {
     checkpoint
         .names()
         .into_iter()
+        .filter(|name| wanted(name))
         .map(|name| {
             let tensor = match checkpoint.packed_16(&name)? {
                 Some(form) => quant::Tensor::Quantized(form),
@@ -355,12 +376,65 @@ fn packed_for_cpu(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)
 
 /// Every tensor `checkpoint` holds, by name.
 pub(crate) fn checkpoint_tensors(checkpoint: &Checkpoint) -> Result<Vec<(String, quant::Tensor)>> {
+    checkpoint_tensors_where(checkpoint, |_| true)
+}
+
+/// The tensors `checkpoint` holds whose names are `wanted`, by name; the others are not read.
+fn checkpoint_tensors_where(
+    checkpoint: &Checkpoint,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, quant::Tensor)>> {
     checkpoint
         .names()
         .into_iter()
+        .filter(|name| wanted(name))
         .map(|name| {
             let tensor = checkpoint.tensor(&name)?;
             Ok((name, tensor))
         })
         .collect()
+}
+
+/// The decoder layer a tensor belongs to, by its transformers name: `N` in `model.layers.N.…`
+/// (also under `language_model.`); `None` for anything else (the table, the head, a drafter
+/// head's `mtp.layers.N`, a vision tower's `encoder.layers.N`).
+fn decoder_layer_of(name: &str) -> Option<usize> {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.windows(3).find_map(|w| match w {
+        [owner, "layers", index] if matches!(*owner, "model" | "language_model") => {
+            index.parse().ok()
+        }
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decoder_layer_of;
+
+    #[test]
+    fn a_tensor_names_its_decoder_layer_and_nothing_else_does() {
+        assert_eq!(
+            decoder_layer_of("model.layers.3.mlp.up_proj.weight"),
+            Some(3)
+        );
+        assert_eq!(
+            decoder_layer_of("language_model.model.layers.12.self_attn.q_proj.weight"),
+            Some(12)
+        );
+        assert_eq!(
+            decoder_layer_of("model.language_model.layers.0.input_layernorm.weight"),
+            Some(0)
+        );
+        for other in [
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+            "mtp.layers.0.mlp.up_proj.weight",
+            "vision_tower.vision_model.encoder.layers.2.mlp.fc1.weight",
+            "model.layers.x.mlp.weight",
+        ] {
+            assert_eq!(decoder_layer_of(other), None, "{other}");
+        }
+    }
 }
