@@ -16,7 +16,7 @@ use mlx::distributed::{Backend, Group};
 use nn::{Batch, Model};
 
 use crate::group::Parallel;
-use crate::group::control::{Channel, Row, ToLeader, ToWorker, kv_storage_named};
+use crate::group::control::{Channel, Heartbeat, Row, ToLeader, ToWorker, kv_storage_named};
 use crate::group::hostfile::Hostfile;
 use crate::model_name::ModelName;
 use crate::store::Store;
@@ -45,10 +45,7 @@ pub fn follow(
     join_timeout: Duration,
 ) -> Result<(), String> {
     loop {
-        let (mut channel, group) = join(hostfile, rank, backend, join_timeout)?;
-        let heartbeat = channel
-            .start_heartbeat()
-            .map_err(|e| format!("starting the heartbeat: {e}"))?;
+        let (mut channel, group, heartbeat) = join(hostfile, rank, backend, join_timeout)?;
         let served = serve(store, rank, &mut channel, &group);
         drop(heartbeat);
         let why = match served? {
@@ -83,13 +80,14 @@ enum Ended {
     Broken(String),
 }
 
-/// Reaches rank 0 within `join_timeout`, joins as `rank` and forms MLX's group with the others.
+/// Reaches rank 0 within `join_timeout`, joins as `rank` and forms MLX's group with the others;
+/// the heartbeat runs from the join on, so that a slow forming does not read as silence.
 fn join(
     hostfile: &Hostfile,
     rank: usize,
     backend: Backend,
     join_timeout: Duration,
-) -> Result<(Channel, Group), String> {
+) -> Result<(Channel, Group, Heartbeat), String> {
     let control = hostfile.control()?;
     let deadline = Instant::now() + join_timeout;
     let stream = loop {
@@ -111,6 +109,9 @@ fn join(
             version: env!("CARGO_PKG_VERSION").to_string(),
         })
         .map_err(|e| format!("joining rank 0 at {control}: {e}"))?;
+    let heartbeat = channel
+        .start_heartbeat()
+        .map_err(|e| format!("starting the heartbeat: {e}"))?;
     match recv(&mut channel)? {
         Some(ToWorker::FormGroup) => {}
         None => return Err("rank 0 closed the connection before the group formed".into()),
@@ -121,7 +122,7 @@ fn join(
         "mlxkit worker: rank {rank} of {} joined the group at {control}",
         hostfile.size()
     );
-    Ok((channel, group))
+    Ok((channel, group, heartbeat))
 }
 
 /// Runs what rank 0 tells this rank over `channel`, until it closes the group or the group
