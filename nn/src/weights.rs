@@ -67,6 +67,19 @@ impl Weights {
         self.pipeline_stage.as_ref()
     }
 
+    /// Whether decoder layer `layer` (its tensors under `prefix`, dot included) is another
+    /// pipeline stage's: its tensors are then set aside, for that stage reads them.
+    pub fn is_another_stages(&mut self, layer: usize, prefix: &str) -> bool {
+        let theirs = self
+            .pipeline_stage
+            .as_ref()
+            .is_some_and(|stage| !stage.holds(layer));
+        if theirs {
+            self.set_aside(prefix);
+        }
+        theirs
+    }
+
     /// Hands out this rank's slice of the model `parallel` splits: its projections through
     /// [`Weights::column_parallel`] and [`Weights::row_parallel`].
     pub fn with_tensor_parallel(mut self, parallel: TensorParallel) -> Weights {

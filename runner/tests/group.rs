@@ -482,16 +482,7 @@ fn a_worker_killed_mid_generation_fails_the_request_and_the_group_re_forms_when_
     let long = {
         let base = base.clone();
         std::thread::spawn(move || {
-            let reply = client()
-                .post(format!("{base}/api/generate"))
-                .json(&json!({
-                    "model": MODEL,
-                    "prompt": PROMPTS[1],
-                    "stream": true,
-                    "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
-                }))
-                .send()
-                .unwrap();
+            let reply = long_generation(&base, true);
             let mut last = String::new();
             for (count, line) in BufReader::new(reply).lines().enumerate() {
                 let Ok(line) = line else { break };
@@ -560,19 +551,7 @@ fn a_stopped_worker_is_lost_after_its_silence_and_rejoins_once_it_runs_again() {
 
     let long = {
         let base = base.clone();
-        std::thread::spawn(move || {
-            let reply = client()
-                .post(format!("{base}/api/generate"))
-                .json(&json!({
-                    "model": MODEL,
-                    "prompt": PROMPTS[1],
-                    "stream": false,
-                    "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
-                }))
-                .send()
-                .unwrap();
-            reply.text().unwrap()
-        })
+        std::thread::spawn(move || long_generation(&base, false).text().unwrap())
     };
     std::thread::sleep(Duration::from_secs(2));
     // Stopped, not killed: its connections stay open, and only its silence tells.
@@ -622,4 +601,18 @@ fn wait_until_serving(base: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A request for 4,000 tokens from `base`, streamed or not: one that a fault ends.
+fn long_generation(base: &str, stream: bool) -> reqwest::blocking::Response {
+    client()
+        .post(format!("{base}/api/generate"))
+        .json(&json!({
+            "model": MODEL,
+            "prompt": PROMPTS[1],
+            "stream": stream,
+            "options": { "temperature": 0, "num_predict": 4000, "ignore_eos": true },
+        }))
+        .send()
+        .unwrap()
 }

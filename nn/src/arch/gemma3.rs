@@ -246,9 +246,7 @@ impl Gemma3 {
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
             let p = format!("{root}.layers.{i}");
-            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
-                // Another rank's layer.
-                weights.set_aside(&format!("{p}."));
+            if weights.is_another_stages(i, &format!("{p}.")) {
                 continue;
             }
             let layer_rope = match (sliding_window, &rope_local) {

@@ -357,9 +357,7 @@ impl Lfm2 {
         let mut layers = Vec::with_capacity(config.attention_layers.len());
         for (i, &attends) in config.attention_layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
-                // Another rank's layer.
-                weights.set_aside(&format!("{p}."));
+            if weights.is_another_stages(i, &format!("{p}.")) {
                 continue;
             }
             let operator = if attends {

@@ -26,7 +26,7 @@ use crate::model::{
     Batch, DraftHead, Forward, InputEmbeddings, LayerState, Model, ModelSpec, check_depth,
 };
 use crate::mtp_head::{HeadLayer, HeadNames, MtpHead};
-use crate::pipeline_parallel::PipelineStage;
+use crate::pipeline_parallel::{PipelineStage, run_decoder};
 use crate::rms_norm::RmsNorm;
 use crate::rope::{Rope, RopeConfig};
 use crate::taps::Taps;
@@ -184,9 +184,7 @@ impl Llama {
         };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
-                // Another rank's layer.
-                weights.set_aside(&format!("model.layers.{i}."));
+            if weights.is_another_stages(i, &format!("model.layers.{i}.")) {
                 continue;
             }
             layers.push(layer(weights, &format!("model.layers.{i}"))?);
@@ -354,7 +352,7 @@ impl Llama {
     /// The first `layers` layers and the final norm over `h`, the batch's input embeddings.
     fn run_layers(
         &self,
-        mut h: Array,
+        h: Array,
         batch: &Batch,
         caches: &mut [&mut [Option<LayerCache>]],
         layers: usize,
@@ -362,35 +360,22 @@ impl Llama {
         check_depth(layers, self.spec.layers.len())?;
         check_cache_sets(batch, caches, self.spec.layers.len())?;
         let positions = BatchPositions::new(batch)?;
-        if let Some(stage) = &self.stage {
-            if layers != self.spec.layers.len() {
-                return Err(Error::InvalidInput(
-                    "a pipeline stage runs its whole range of layers".into(),
-                ));
-            }
-            let first = stage.layers().start;
-            let hidden = stage.forward(
-                h,
-                |mut h| {
-                    for (i, layer) in self.layers.iter().enumerate() {
-                        h = layer.forward(&h, caches, first + i, batch, &positions)?;
-                    }
-                    Ok(h)
-                },
-                |h| self.norm.forward(h),
-            )?;
-            return Ok(Forward {
-                hidden,
-                conditioning: None,
-            });
-        }
         let mut tapped = self.taps.record();
-        for (i, layer) in self.layers.iter().enumerate().take(layers) {
-            h = layer.forward(&h, caches, i, batch, &positions)?;
-            tapped.layer(i, &h);
-        }
+        let hidden = run_decoder(
+            self.stage.as_ref(),
+            h,
+            &self.layers,
+            layers,
+            self.spec.layers.len(),
+            |layer, h, i| {
+                let h = layer.forward(&h, caches, i, batch, &positions)?;
+                tapped.layer(i, &h);
+                Ok(h)
+            },
+            |h| self.norm.forward(h),
+        )?;
         Ok(Forward {
-            hidden: self.norm.forward(&h)?,
+            hidden,
             conditioning: tapped.conditioning()?,
         })
     }

@@ -255,9 +255,7 @@ impl Qwen3Moe {
         let mut layers = Vec::with_capacity(config.layer_windows.len());
         for (i, &sliding_window) in config.layer_windows.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            if stage.as_ref().is_some_and(|s| !s.holds(i)) {
-                // Another rank's layer.
-                weights.set_aside(&format!("{p}."));
+            if weights.is_another_stages(i, &format!("{p}.")) {
                 continue;
             }
             let mlp = if config.sparse_layers[i] {
