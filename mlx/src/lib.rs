@@ -32,6 +32,7 @@ mod error;
 mod eval;
 pub mod fast;
 mod io;
+pub mod k_blocks;
 mod list;
 pub mod memory;
 mod ops;

@@ -59,6 +59,7 @@ fn main() {
         .file("shim/blas_threads.cc")
         .file("shim/qmv.cc")
         .file("shim/qmv8.cc")
+        .file("shim/kblocks.cc")
         .file("shim/append.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")

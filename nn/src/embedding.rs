@@ -57,6 +57,7 @@ impl Embedding {
                 };
                 Ok(rows.dequantize(None)?)
             }
+            Tensor::KBlocks(k) => Ok(k.rows(ids)?),
         }
     }
 

@@ -16,6 +16,7 @@ pub fn tensor_arrays(tensor: &Tensor, out: &mut Vec<Array>) {
             out.push(q.scales.clone());
             out.extend(q.biases.iter().cloned());
         }
+        Tensor::KBlocks(k) => out.push(k.array().clone()),
     }
 }
 
@@ -85,6 +86,7 @@ impl Linear {
         Ok(match &self.weight {
             Tensor::Dense(w) => w.dim(0)?,
             Tensor::Quantized(q) => q.weights.dim(0)?,
+            Tensor::KBlocks(k) => k.shape()[0] as i32,
         })
     }
 
@@ -112,6 +114,7 @@ impl Linear {
             (Some(p), _) if rows(x)? <= packed_cpu_matvec_max_rows() => p.matmul(x, true)?,
             (_, Tensor::Dense(w)) => x.matmul(&w.transpose(&[1, 0])?)?,
             (_, Tensor::Quantized(q)) => q.matmul(x, true)?,
+            (_, Tensor::KBlocks(k)) => k.matmul(x)?,
         };
         let y = match &self.summed_over {
             Some(group) => group.all_sum(&y)?,

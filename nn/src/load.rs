@@ -54,6 +54,13 @@ fn packed_decode_enabled() -> bool {
     std::env::var("MLXKIT_PACKED_DECODE").map_or(true, |v| v != "0")
 }
 
+/// Whether models that stay quantized on a CPU keep their k-quant matrices in the k-block form
+/// ([`Weights::with_k_blocks`]). `MLXKIT_K_BLOCKS=0` keeps MLX's affine layout, so a benchmark
+/// can measure one against the other on the same file.
+fn k_blocks_enabled() -> bool {
+    std::env::var("MLXKIT_K_BLOCKS").map_or(true, |v| v != "0")
+}
+
 /// A model built from a checkpoint, with what it was built from.
 pub struct Loaded {
     /// The model, weights evaluated.
@@ -176,7 +183,8 @@ pub fn load_split(
             .as_ref()
             .is_none_or(|s| decoder_layer_of(name).is_none_or(|layer| s.holds(layer)))
     };
-    let tensors = if on_cpu && !dequantize && packed_16 {
+    let stays_packed = on_cpu && !dequantize && packed_16;
+    let tensors = if stays_packed {
         packed_for_cpu(&checkpoint, wanted)?
     } else {
         checkpoint_tensors_where(&checkpoint, wanted)?
@@ -192,7 +200,8 @@ pub fn load_split(
     let mut weights = Weights::new(tensors.into_iter().chain(head_tensors), dtype)
         .dequantized(dequantize)
         .with_packed_copies(packed_copies)
-        .with_packed_forms(packed_forms);
+        .with_packed_forms(packed_forms)
+        .with_k_blocks(stays_packed && k_blocks_enabled());
     match (split, &stage) {
         (Split::Tensor(group), _) => {
             weights = weights.with_tensor_parallel(TensorParallel::new(group)?);

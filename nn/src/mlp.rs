@@ -44,7 +44,7 @@ impl Mlp {
             (Some(a), Some(b)) if a.spec == b.spec => {
                 match fuse_rows(Tensor::Quantized(a.clone()), Tensor::Quantized(b.clone()))?.0 {
                     Tensor::Quantized(q) => Some(q),
-                    Tensor::Dense(_) => None,
+                    Tensor::Dense(_) | Tensor::KBlocks(_) => None,
                 }
             }
             _ => None,
@@ -102,6 +102,14 @@ pub(crate) fn fuse_rows(a: Tensor, b: Tensor) -> Result<(Tensor, i32)> {
             let rows = a.dim(0)?;
             Ok((Tensor::Dense(mlx::concatenate(&[a, b], 0)?), rows))
         }
+        (Tensor::KBlocks(a), Tensor::KBlocks(b)) => match a.concat_rows(&b)? {
+            Some(both) => Ok((Tensor::KBlocks(both), a.shape()[0] as i32)),
+            // Two k-quants (Q4_K gate, Q6_K up): fuse in floating point, as mixed storage is.
+            None => fuse_rows(
+                Tensor::Dense(a.dequantize()?),
+                Tensor::Dense(b.dequantize()?),
+            ),
+        },
         (Tensor::Quantized(a), Tensor::Quantized(b)) if a.spec == b.spec => {
             let rows = a.weights.dim(0)?;
             let biases = match (&a.biases, &b.biases) {
@@ -129,6 +137,7 @@ pub(crate) fn fuse_rows(a: Tensor, b: Tensor) -> Result<(Tensor, i32)> {
                 Ok(match w {
                     Tensor::Dense(w) => w,
                     Tensor::Quantized(q) => q.dequantize(None)?,
+                    Tensor::KBlocks(k) => k.dequantize()?,
                 })
             };
             let (a, b) = (dense(a)?, dense(b)?);

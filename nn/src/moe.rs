@@ -77,6 +77,11 @@ impl StackedExperts {
         Ok(match &self.weight {
             Tensor::Dense(w) => gather_dense(x, &w.swap_axes(-1, -2)?, indices)?,
             Tensor::Quantized(q) => q.gather_matmul(x, None, Some(indices), true, false)?,
+            Tensor::KBlocks(_) => {
+                return Err(crate::Error::Weights(
+                    "stacked experts never take the k-block form".into(),
+                ));
+            }
         })
     }
 
@@ -84,6 +89,7 @@ impl StackedExperts {
         Ok(match &self.weight {
             Tensor::Dense(w) => w.dim(1)?,
             Tensor::Quantized(q) => q.weights.dim(1)?,
+            Tensor::KBlocks(k) => k.shape()[0] as i32,
         })
     }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use mlx::k_blocks::KBlocks;
 use mlx::quantized::{QuantSpec, Quantized};
 use mlx::{Array, Dtype};
 
@@ -30,6 +31,8 @@ pub struct Weights {
     pipeline_stage: Option<PipelineStage>,
     /// Whether a projection was handed out split across the tensor-parallel group.
     split: bool,
+    /// Whether layers take k-quant matrices in the k-block form ([`Weights::with_k_blocks`]).
+    k_blocks: bool,
 }
 
 impl Weights {
@@ -46,6 +49,7 @@ impl Weights {
             tensor_parallel: None,
             pipeline_stage: None,
             split: false,
+            k_blocks: false,
         }
     }
 
@@ -157,6 +161,35 @@ impl Weights {
         self
     }
 
+    /// Layers and tables made from now on take a quantized matrix whose values are a GGUF
+    /// k-quant's (Q4_K, Q6_K) in the CPU's k-block form ([`mlx::k_blocks`]): fewer bytes per
+    /// weight, read in one stream. For a model that stays quantized on a CPU.
+    pub fn with_k_blocks(mut self, yes: bool) -> Weights {
+        self.k_blocks = yes;
+        self
+    }
+
+    /// `tensor` as a layer or table takes it: in the k-block form when
+    /// [`Weights::with_k_blocks`] asks for it and its values allow it, else as it is.
+    fn layer_form(&self, tensor: Tensor) -> Result<Tensor> {
+        match &tensor {
+            Tensor::Quantized(q) if self.k_blocks && !self.dequantize => {
+                Ok(match KBlocks::from_affine(q)? {
+                    Some(blocks) => Tensor::KBlocks(blocks),
+                    None => tensor,
+                })
+            }
+            _ => Ok(tensor),
+        }
+    }
+
+    /// The token table `name`, dense or quantized, in the form a lookup and a tied head read
+    /// (see [`Weights::with_k_blocks`]); an error naming it when absent.
+    pub fn table(&mut self, name: &str) -> Result<Tensor> {
+        let table = self.weight(name)?;
+        self.layer_form(table)
+    }
+
     /// The packed form of quantized tensor `name`, scales and biases in the compute dtype, when
     /// packed copies are kept for it (see [`Weights::with_packed_copies`]).
     pub fn packed(&self, name: &str) -> Result<Option<Quantized>> {
@@ -173,7 +206,7 @@ impl Weights {
         };
         match Tensor::Quantized(q).to_dtype(self.dtype)? {
             Tensor::Quantized(q) => Ok(Some(q)),
-            Tensor::Dense(_) => Ok(None),
+            Tensor::Dense(_) | Tensor::KBlocks(_) => Ok(None),
         }
     }
 
@@ -318,6 +351,7 @@ impl Weights {
         let name = format!("{prefix}.weight");
         let weight = self.weight(&name)?;
         check_matrix(&name, &weight, out, inp)?;
+        let weight = self.layer_form(weight)?;
         let linear = Linear::new(weight, None).with_packed(self.packed(&name)?);
         self.settle(&name, linear)
     }
@@ -349,12 +383,13 @@ impl Weights {
                 }
                 Some(b)
             }
-            Some(Tensor::Quantized(_)) => {
+            Some(Tensor::Quantized(_) | Tensor::KBlocks(_)) => {
                 return Err(Error::Weights(format!(
                     "tensor `{prefix}.bias` is quantized"
                 )));
             }
         };
+        let weight = self.layer_form(weight)?;
         let linear = Linear::new(weight, bias).with_packed(self.packed(&name)?);
         self.settle(&name, linear)
     }
@@ -395,6 +430,10 @@ pub(crate) fn check_matrix(name: &str, weight: &Tensor, out: i32, inp: i32) -> R
             // u32 words hold 32 / bits values.
             (s[0], s[1] * 32 / q.spec.bits)
         }
+        Tensor::KBlocks(k) => {
+            let [rows, cols] = k.shape();
+            (rows as i32, cols as i32)
+        }
     };
     if (rows, cols) != (out, inp) {
         return Err(Error::Weights(format!(
@@ -420,7 +459,7 @@ fn owned(part: Array) -> Result<Array> {
 fn dense_for_parallel(prefix: &str, weight: Tensor) -> Result<Array> {
     match weight {
         Tensor::Dense(a) => Ok(a),
-        Tensor::Quantized(_) => Err(Error::Weights(format!(
+        Tensor::Quantized(_) | Tensor::KBlocks(_) => Err(Error::Weights(format!(
             "`{prefix}` is quantized; a tensor-parallel load splits dense weights only (load \
              it dequantized)"
         ))),

@@ -36,6 +36,7 @@ fn evaluate(tensor: &Tensor) {
     match tensor {
         Tensor::Dense(a) => a.eval().unwrap(),
         Tensor::Quantized(q) => mlx::eval([&q.weights, &q.scales]).unwrap(),
+        Tensor::KBlocks(k) => k.array().eval().unwrap(),
     }
 }
 

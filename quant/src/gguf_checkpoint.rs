@@ -56,7 +56,7 @@ fn rope_frequency_factors(file: &GgufFile, index: usize) -> Result<Vec<f32>> {
     )?;
     match tensor {
         Tensor::Dense(array) => Ok(array.astype(mlx::Dtype::F32)?.to_vec::<f32>()?),
-        Tensor::Quantized(_) => Err(Error::Unsupported {
+        Tensor::Quantized(_) | Tensor::KBlocks(_) => Err(Error::Unsupported {
             name: ROPE_FREQS.into(),
             what: "quantized rope frequency factors".into(),
         }),
@@ -211,7 +211,7 @@ impl GgufCheckpoint {
         };
         match self.undo_converter(name, Tensor::Quantized(packed))? {
             Tensor::Quantized(q) => Ok(Some(q)),
-            Tensor::Dense(_) => Ok(None),
+            Tensor::Dense(_) | Tensor::KBlocks(_) => Ok(None),
         }
     }
 

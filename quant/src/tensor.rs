@@ -1,5 +1,6 @@
 //! `Tensor`: what a checkpoint hands to model code, dense or quantized.
 
+use mlx::k_blocks::KBlocks;
 use mlx::quantized::Quantized;
 use mlx::{Array, Dtype};
 
@@ -12,6 +13,10 @@ pub enum Tensor {
     Dense(Array),
     /// A quantized matrix (quantized along its last axis); `shape()` reports it unpacked.
     Quantized(Quantized),
+    /// A GGUF k-quant matrix in the CPU's k-block form ([`KBlocks`]), which only mlxkit's CPU
+    /// kernels read: the loader makes it last, from a `Quantized` one, for a layer to multiply
+    /// or look rows up in.
+    KBlocks(KBlocks),
 }
 
 impl Tensor {
@@ -27,6 +32,7 @@ impl Tensor {
                 }
                 shape
             }
+            Tensor::KBlocks(k) => k.shape().iter().map(|&d| d as i32).collect(),
         }
     }
 
@@ -45,6 +51,7 @@ impl Tensor {
             match part {
                 Tensor::Dense(a) => dense.push(a),
                 Tensor::Quantized(q) => quantized.push(q),
+                Tensor::KBlocks(_) => return Err(refuse("a part is in the k-block form")),
             }
         }
         let Some(spec) = quantized.first().map(|q| q.spec) else {
@@ -82,14 +89,14 @@ impl Tensor {
     pub fn as_dense(&self) -> Option<&Array> {
         match self {
             Tensor::Dense(a) => Some(a),
-            Tensor::Quantized(_) => None,
+            Tensor::Quantized(_) | Tensor::KBlocks(_) => None,
         }
     }
 
     /// The quantized matrix, if the tensor is quantized.
     pub fn as_quantized(&self) -> Option<&Quantized> {
         match self {
-            Tensor::Dense(_) => None,
+            Tensor::Dense(_) | Tensor::KBlocks(_) => None,
             Tensor::Quantized(q) => Some(q),
         }
     }
@@ -120,6 +127,13 @@ impl Tensor {
                 };
                 Ok(wide.dequantize(Some(out))?)
             }
+            Tensor::KBlocks(k) => {
+                let dense = k.dequantize()?;
+                match dtype {
+                    Some(d) if d != dense.dtype() => Ok(dense.astype(d)?),
+                    _ => Ok(dense),
+                }
+            }
         }
     }
 
@@ -143,6 +157,8 @@ impl Tensor {
                 biases: q.biases.as_ref().map(cast).transpose()?,
                 spec: q.spec,
             }),
+            // Its products are computed in f32 whatever the model's dtype.
+            Tensor::KBlocks(k) => Tensor::KBlocks(k.clone()),
         })
     }
 
@@ -162,6 +178,12 @@ impl Tensor {
                 biases: q.biases.as_ref().map(rows).transpose()?,
                 spec: q.spec,
             }),
+            Tensor::KBlocks(_) => {
+                return Err(crate::Error::Unsupported {
+                    name: "a k-block matrix".into(),
+                    what: "taking rows: the loader makes the form after every such change".into(),
+                });
+            }
         })
     }
 }

@@ -48,6 +48,7 @@ fn load_all(checkpoint: &Checkpoint) -> (usize, usize, usize) {
                 a.eval().unwrap();
                 bytes += a.nbytes();
             }
+            Tensor::KBlocks(_) => panic!("{name}: a checkpoint never hands out the k-block form"),
         }
     }
     (quantized, dense, bytes)

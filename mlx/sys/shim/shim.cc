@@ -11,6 +11,7 @@
 #include "delta.h"
 #include "ssd.h"
 #include "gated.h"
+#include "kblocks.h"
 #include "softmax.h"
 #include "norm.h"
 #include "rope.h"
@@ -571,6 +572,30 @@ std::unique_ptr<Array> quantized_matmul(
 
 bool packed_matvec_available(int32_t group_size, int32_t bits) {
   return primitive_runs(Primitive::PackedMatvec) && packed_matvec_supports(group_size, bits);
+}
+
+bool k_blocks_available(int32_t ggml_type, int64_t out, int64_t in) {
+  return mlxkit::k_blocks_supported(ggml_type, out, in);
+}
+
+std::unique_ptr<Array> k_blocks_from_affine(const Array& w, const Array& scales,
+                                            const Array& biases, int32_t group_size,
+                                            int32_t bits) {
+  int type = 0;
+  if (auto blocks = mlxkit::k_blocks_repack(w, scales, biases, group_size, bits, type)) {
+    return own(std::move(*blocks));
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Array> k_blocks_matmul(const Array& x, const Array& w, int32_t ggml_type,
+                                       int64_t out, int64_t in) {
+  return own(mlxkit::k_blocks_product(x, w, ggml_type, out, in));
+}
+
+std::unique_ptr<Array> k_blocks_rows(const Array& w, const Array& ids, int32_t ggml_type,
+                                     int64_t out, int64_t in) {
+  return own(mlxkit::k_blocks_lookup(w, ids, ggml_type, out, in));
 }
 
 int32_t packed_matvec_rows() {

@@ -204,6 +204,14 @@ std::unique_ptr<Array> quantized_matmul(
     QuantMode mode,
     int32_t activations);
 bool packed_matvec_available(int32_t group_size, int32_t bits);
+bool k_blocks_available(int32_t ggml_type, int64_t out, int64_t in);
+std::unique_ptr<Array> k_blocks_from_affine(const Array& w, const Array& scales,
+                                            const Array& biases, int32_t group_size,
+                                            int32_t bits);
+std::unique_ptr<Array> k_blocks_matmul(const Array& x, const Array& w, int32_t ggml_type,
+                                       int64_t out, int64_t in);
+std::unique_ptr<Array> k_blocks_rows(const Array& w, const Array& ids, int32_t ggml_type,
+                                     int64_t out, int64_t in);
 int32_t packed_matvec_rows();
 // 0: f32, 1: int8 (see qmv.h).
 int32_t packed_matvec_activations();

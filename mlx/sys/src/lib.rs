@@ -12,7 +12,8 @@
 //!
 //! The shim also holds CPU fast paths MLX lacks: `shim/gemv.cc` sends single-row f32 matmuls to
 //! BLAS `sgemv` (when OpenBLAS is linked); `shim/qmv.cc` multiplies decode rows by packed 4- and
-//! 8-bit affine weights without dequantizing them; `shim/attend.cc` attends each row's queries
+//! 8-bit affine weights without dequantizing them, and `shim/kblocks.cc` GGUF Q4_K and Q6_K
+//! matrices kept in bands of their own blocks; `shim/attend.cc` attends each row's queries
 //! over its own history in one op; `shim/gated.cc` computes gated activations and
 //! `shim/softmax.cc` softmax with the vectorized `exp` of `shim/vexp.h`. The x86 kernels are chosen at run time (`shim/x86.h`),
 //! with portable fallbacks. The packed matvec and the rows attention split their work over
@@ -365,6 +366,32 @@ pub mod ffi {
             activations: i32,
         ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_available(group_size: i32, bits: i32) -> bool;
+        /// Whether a `[out, in]` matrix of this GGML k-quant type takes the k-block form
+        /// (`shim/kblocks.cc`) here.
+        fn k_blocks_available(ggml_type: i32, out: i64, in_: i64) -> bool;
+        /// Null when the matrix's values are not a k-quant's (4-bit groups of 32: Q4_K;
+        /// 8-bit groups of 16: Q6_K).
+        fn k_blocks_from_affine(
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn k_blocks_matmul(
+            x: &Array,
+            w: &Array,
+            ggml_type: i32,
+            out: i64,
+            in_: i64,
+        ) -> Result<UniquePtr<Array>>;
+        fn k_blocks_rows(
+            w: &Array,
+            ids: &Array,
+            ggml_type: i32,
+            out: i64,
+            in_: i64,
+        ) -> Result<UniquePtr<Array>>;
         fn packed_matvec_rows() -> i32;
         /// 0: f32, 1: int8.
         fn packed_matvec_activations() -> i32;

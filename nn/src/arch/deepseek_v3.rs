@@ -473,7 +473,7 @@ impl DeepseekV3 {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let activation = Activation::from_name(&config.hidden_act)?;
@@ -571,7 +571,7 @@ fn sparse_block(c: &Config, weights: &mut Weights, p: &str, activation: Activati
         .optional(&format!("{p}.gate.e_score_correction_bias"))?
         .map(|t| match t {
             Tensor::Dense(a) => Ok(a),
-            Tensor::Quantized(_) => Err(Error::Weights(format!(
+            Tensor::Quantized(_) | Tensor::KBlocks(_) => Err(Error::Weights(format!(
                 "`{p}.gate.e_score_correction_bias` is quantized"
             ))),
         })

@@ -171,7 +171,7 @@ impl Gemma2 {
             RmsNorm::with_unit_offset(weights.dense(name, &[hidden])?, eps)
         };
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let activation = Activation::from_name(&config.hidden_activation)?;

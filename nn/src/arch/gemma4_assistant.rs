@@ -147,7 +147,7 @@ impl Gemma4Assistant {
             )?);
         }
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight);
         let tie = f.bool("tie_word_embeddings")?.or(Some(true));
@@ -379,7 +379,7 @@ fn ordered_head(
     let name = "masked_embedding.token_ordering";
     let ordering = match weights.stored(name)? {
         Tensor::Dense(a) => a.astype(Dtype::I32)?,
-        Tensor::Quantized(_) => {
+        Tensor::Quantized(_) | Tensor::KBlocks(_) => {
             return Err(Error::Weights(format!("`{name}` is quantized")));
         }
     };

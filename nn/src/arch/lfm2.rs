@@ -347,7 +347,7 @@ impl Lfm2 {
             Ok(RmsNorm::new(weights.dense(name, &[size])?, eps))
         };
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let rope = Rope::new(&config.rope)?;

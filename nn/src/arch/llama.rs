@@ -161,7 +161,7 @@ impl Llama {
         let ends_here = stage.as_ref().is_none_or(PipelineStage::holds_ends);
         let embed_name = "model.embed_tokens.weight";
         let embed_tokens = if ends_here {
-            let embed_weight = weights.weight(embed_name)?;
+            let embed_weight = weights.table(embed_name)?;
             check_matrix(embed_name, &embed_weight, vocab, hidden)?;
             Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?)
         } else {

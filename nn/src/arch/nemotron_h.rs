@@ -344,7 +344,7 @@ impl ExpertBlock {
         let correction_bias =
             match weights.optional(&format!("{p}.gate.e_score_correction_bias"))? {
                 Some(Tensor::Dense(bias)) => Some(bias),
-                Some(Tensor::Quantized(_)) => {
+                Some(Tensor::Quantized(_) | Tensor::KBlocks(_)) => {
                     return Err(Error::Weights(format!(
                         "`{p}.gate.e_score_correction_bias` is quantized"
                     )));
@@ -449,7 +449,7 @@ impl NemotronH {
             Ok(RmsNorm::new(weights.dense(name, &[hidden])?, eps))
         };
         let embed_name = "backbone.embeddings.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embeddings = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
 

@@ -289,7 +289,7 @@ impl Qwen25Vl {
         };
         let activation = Activation::from_name(&c.hidden_act)?;
         let embed_name = format!("{root}.embed_tokens.weight");
-        let embed_weight = weights.weight(&embed_name)?;
+        let embed_weight = weights.table(&embed_name)?;
         check_matrix(&embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(&embed_name)?);
         let mut layers = Vec::with_capacity(c.layer_windows.len());

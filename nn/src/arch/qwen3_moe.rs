@@ -246,7 +246,7 @@ impl Qwen3Moe {
         };
         let activation = Activation::from_name(&config.hidden_act)?;
         let embed_name = "model.embed_tokens.weight";
-        let embed_weight = weights.weight(embed_name)?;
+        let embed_weight = weights.table(embed_name)?;
         check_matrix(embed_name, &embed_weight, vocab, hidden)?;
         let embed_tokens = Embedding::new(embed_weight).with_packed(weights.packed(embed_name)?);
         let rope = Rope::new(&config.rope)?;

@@ -61,6 +61,12 @@ pub fn write_folder(
                 add_quantized(&mut writer, module, &q)?;
                 layouts.insert(module.to_string(), q.spec);
             }
+            Tensor::KBlocks(_) => {
+                return Err(Error::Unsupported {
+                    name: t.name.clone(),
+                    what: "a k-block matrix is a loaded model's CPU form, not a stored one".into(),
+                });
+            }
         }
         progress(done + 1, total, &t.name);
     }
