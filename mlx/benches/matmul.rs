@@ -212,3 +212,88 @@ fn packed_4bit_576x1536_from_memory_one_thread(bencher: divan::Bencher, rows: i3
         Activations::F32,
     );
 }
+
+/// `count` distinct `[out, in]` matrices whose values are a k-quant's (Q4_K: 4-bit groups of
+/// 32; Q6_K: 8-bit groups of 16 holding `q + 32`), in MLX's affine layout as the GGUF loader
+/// gives them, and the same matrices in the k-block form.
+fn k_quant_matrices(
+    kind: mlx::k_blocks::KQuant,
+    (out, inp): (i32, i32),
+    count: u64,
+) -> Vec<(mlx::Quantized, mlx::k_blocks::KBlocks)> {
+    use mlx::k_blocks::{KBlocks, KQuant};
+    let (group, bits) = match kind {
+        KQuant::Q4K => (32, 4),
+        KQuant::Q6K => (16, 8),
+    };
+    let groups = (out * inp / group) as usize;
+    (0..count)
+        .map(|i| {
+            let mut state = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1);
+            let mut next = move || {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) as u32
+            };
+            let words: Vec<u32> = (0..out as usize * inp as usize * bits as usize / 32)
+                .map(|_| match kind {
+                    KQuant::Q4K => next(),
+                    // Values 0..63 in each byte.
+                    KQuant::Q6K => next() & 0x3f3f_3f3f,
+                })
+                .collect();
+            // One super-scale per matrix is enough for the kernels: they read the scales the
+            // same way whatever their values.
+            let d = half::f16::from_f32(1e-3).to_f32();
+            let (scales, biases): (Vec<f32>, Vec<f32>) = (0..groups)
+                .map(|_| {
+                    let sc = (next() % 64) as f32;
+                    match kind {
+                        KQuant::Q4K => (d * sc, -(d * (next() % 64) as f32)),
+                        KQuant::Q6K => (d * (sc - 32.0), -32.0 * (d * (sc - 32.0))),
+                    }
+                })
+                .unzip();
+            let per_row = inp / group;
+            let q = mlx::Quantized {
+                weights: Array::from_slice(&words, &[out, inp * bits / 32]).expect("words"),
+                scales: Array::from_slice(&scales, &[out, per_row]).expect("scales"),
+                biases: Some(Array::from_slice(&biases, &[out, per_row]).expect("biases")),
+                spec: QuantSpec::affine(group, bits),
+            };
+            let blocks = KBlocks::from_affine(&q)
+                .expect("repack")
+                .expect("a k-quant's values");
+            (q, blocks)
+        })
+        .collect()
+}
+
+/// Llama 3.2 1B's fused gate and up projection (Q4_K in a Q4_K_M file) and its down projection
+/// (Q6_K in half its layers), each call on the next of 8 distinct matrices (134 and 34 MB in
+/// the affine layout), so that every call streams its weights from memory as a decode step
+/// does: MLX's affine layout through the packed kernel against the k-block form, all threads.
+#[divan::bench(args = ["q4k-affine", "q4k-blocks", "q6k-affine", "q6k-blocks"], sample_count = 40)]
+fn k_quant_1b_from_memory(bencher: divan::Bencher, form: &str) {
+    use mlx::k_blocks::KQuant;
+    let (kind, shape) = if form.starts_with("q4k") {
+        (KQuant::Q4K, (16384, 2048))
+    } else {
+        (KQuant::Q6K, (2048, 8192))
+    };
+    let matrices = k_quant_matrices(kind, shape, 8);
+    let x = random_matrix(1, shape.1, 7);
+    let blocks = form.ends_with("blocks");
+    let mut next = 0;
+    bencher.bench_local(|| {
+        let (q, k) = &matrices[next % matrices.len()];
+        next += 1;
+        let y = if blocks {
+            k.matmul(&x).expect("k-blocks")
+        } else {
+            q.matmul_with(&x, true, Activations::F32).expect("packed")
+        };
+        y.eval().expect("eval");
+    });
+}
