@@ -412,8 +412,15 @@ fn unloading_both_models_returns_the_servers_memory() {
         kept <= 0.1 * took,
         "unloading kept {kept} of the {took} bytes loading took"
     );
+    // A second round may move the allocator's and the kernel's pages by a few MB (2 MB here
+    // once, 5.8 MB in a cold CI-style run: over 10% of the 54 MB unloaded server, which failed
+    // the bound this test had). What it guards against is a model's structure outliving the
+    // model, hundreds of MB (the grammar factories: ~210 MB), so the bound is a share of what
+    // loading took: 5%, 87 MB here.
+    let grew = again.saturating_sub(unloaded) as f64;
     assert!(
-        again as f64 <= unloaded as f64 * 1.1,
-        "a second round grew the server from {unloaded} to {again} bytes"
+        grew <= 0.05 * took,
+        "a second round grew the server from {unloaded} to {again} bytes, more than 5% of \
+         the {took} bytes loading took"
     );
 }
