@@ -63,8 +63,8 @@ constexpr int kBand = 8;
 constexpr int kSuper = 256;
 // Rows of `x` one pass carries, and bands per pass over many rows (128 weight rows: a Q4_K
 // band range of ~150 KB at 2,048 columns stays in L2 while each block of rows reads it).
-constexpr int kBlockRows = 8;
-constexpr int kBandsPerPass = 16;
+[[maybe_unused]] constexpr int kBlockRows = 8;
+[[maybe_unused]] constexpr int kBandsPerPass = 16;
 
 struct Sizes {
   size_t band_block;  // bytes of one band's super-block
@@ -383,9 +383,9 @@ MLXKIT_AVX2 void matmul_avx2(const float* x, int64_t in, const uint8_t* w, int64
 
 void matmul(int type, const float* x, int rows, int64_t in, const uint8_t* w, int64_t out,
             float* y) {
-  const int bands = static_cast<int>(out / kBand);
 #if defined(__x86_64__)
   if (kernel_level() >= kAvx2) {
+    const int bands = static_cast<int>(out / kBand);
     using Kernel = void (*)(const float*, int64_t, const uint8_t*, int64_t, int, int, float*);
     constexpr int q4 = static_cast<int>(KBlockType::Q4K);
     constexpr int q6 = static_cast<int>(KBlockType::Q6K);
