@@ -225,10 +225,16 @@ MLXKIT_AVX2 inline void prefetch(const void* start, size_t bytes) {
   }
 }
 
-// The eight rows' scales and biases of one band super-block, `[group][row]`: the same f32
-// products and negations as `group_maps`, eight rows to a vector.
-MLXKIT_AVX2 inline void q4k_maps(const uint8_t* block, float (*scale)[kBand],
-                                 float (*bias)[kBand]) {
+// Floats the maps of one band super-block take in `band_maps`: Q4_K's scales and biases of
+// 8 groups, or Q6_K's scales of 16, for 8 rows.
+constexpr int kMapFloats = 16 * kBand;
+
+// The eight rows' scales and biases of one band super-block, `scale[group][row]` and
+// `bias[group][row]` in `maps`: the same f32 products and negations as `group_maps`, eight
+// rows to a vector.
+MLXKIT_AVX2 inline void q4k_maps(const uint8_t* block, float* maps) {
+  float* scale = maps;
+  float* bias = maps + 8 * kBand;
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
   const __m256 dmin =
       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
@@ -238,17 +244,17 @@ MLXKIT_AVX2 inline void q4k_maps(const uint8_t* block, float (*scale)[kBand],
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 32 + 8 * g))));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 96 + 8 * g))));
-    _mm256_store_ps(scale[g], _mm256_mul_ps(d, sc));
-    _mm256_store_ps(bias[g], _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign));
+    _mm256_storeu_ps(scale + kBand * g, _mm256_mul_ps(d, sc));
+    _mm256_storeu_ps(bias + kBand * g, _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign));
   }
 }
 
-MLXKIT_AVX2 inline void q6k_maps(const uint8_t* block, float (*scale)[kBand]) {
+MLXKIT_AVX2 inline void q6k_maps(const uint8_t* block, float* scale) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
   for (int g = 0; g < 16; ++g) {
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 16 + 8 * g))));
-    _mm256_store_ps(scale[g], _mm256_mul_ps(d, sc));
+    _mm256_storeu_ps(scale + kBand * g, _mm256_mul_ps(d, sc));
   }
 }
 
@@ -257,7 +263,8 @@ MLXKIT_AVX2 inline void q6k_maps(const uint8_t* block, float (*scale)[kBand]) {
 // registers.
 template <int M, int J>
 MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, int64_t in,
-                                                                const uint8_t* band, int j0,
+                                                                const uint8_t* band,
+                                                                const float* maps, int j0,
                                                                 int64_t n, int64_t out,
                                                                 float* y) {
   const int64_t supers = in / kSuper;
@@ -269,11 +276,10 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
       acc[m][j] = _mm256_setzero_ps();
     }
   }
-  alignas(32) float scale[8][kBand];
-  alignas(32) float bias[8][kBand];
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q4K)).band_block;
-    q4k_maps(block, scale, bias);
+    const float* scale = maps + s * kMapFloats;
+    const float* bias = scale + 8 * kBand;
     const uint8_t* q = block + 160;
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; l += 8) {
@@ -285,10 +291,11 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 128 * row + 32 * c + l)));
           const __m256 lo = _mm256_fmadd_ps(
               _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF))),
-              _mm256_broadcast_ss(&scale[2 * c][row]), _mm256_broadcast_ss(&bias[2 * c][row]));
+              _mm256_broadcast_ss(&scale[kBand * (2 * c) + row]),
+              _mm256_broadcast_ss(&bias[kBand * (2 * c) + row]));
           const __m256 hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)),
-                                            _mm256_broadcast_ss(&scale[2 * c + 1][row]),
-                                            _mm256_broadcast_ss(&bias[2 * c + 1][row]));
+                                            _mm256_broadcast_ss(&scale[kBand * (2 * c + 1) + row]),
+                                            _mm256_broadcast_ss(&bias[kBand * (2 * c + 1) + row]));
 #pragma GCC unroll 16
           for (int m = 0; m < M; ++m) {
             const float* xm = x + m * in + k;
@@ -310,7 +317,8 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
 
 template <int M, int J>
 MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, int64_t in,
-                                                                const uint8_t* band, int j0,
+                                                                const uint8_t* band,
+                                                                const float* maps, int j0,
                                                                 int64_t n, int64_t out,
                                                                 float* y) {
   const int64_t supers = in / kSuper;
@@ -322,10 +330,9 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, 
       acc[m][j] = _mm256_setzero_ps();
     }
   }
-  alignas(32) float scale[16][kBand];
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q6K)).band_block;
-    q6k_maps(block, scale);
+    const float* scale = maps + s * kMapFloats;
     const uint8_t* q = block + 144;
     for (int g = 0; g < 16; ++g) {
       const int64_t k = s * kSuper + 16 * g;
@@ -334,7 +341,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, 
         const int row = j0 + j;
         const __m128i bytes =
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 256 * row + 16 * g));
-        const __m256 sc = _mm256_broadcast_ss(&scale[g][row]);
+        const __m256 sc = _mm256_broadcast_ss(&scale[kBand * g + row]);
         const __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), sc);
         const __m256 hi = _mm256_mul_ps(
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8))), sc);
@@ -362,18 +369,30 @@ template <int Type, int M>
 MLXKIT_AVX2 void matmul_avx2(const float* x, int64_t in, const uint8_t* w, int64_t out, int b0,
                              int b1, float* y) {
   constexpr int J = M == 1 ? 8 : M == 2 ? 4 : M <= 4 ? 2 : 1;
-  const size_t band_bytes = sizes(Type).band_block * (in / kSuper);
+  const int64_t supers = in / kSuper;
+  const size_t band_bytes = sizes(Type).band_block * supers;
+  // The band's scales (and biases), computed once for all its tiles: per tile, they cost a
+  // seventh of a prompt's product, whose tiles take one weight row each.
+  std::vector<float> maps(static_cast<size_t>(supers) * kMapFloats);
   for (int b = b0; b < b1; ++b) {
     const uint8_t* band = w + b * band_bytes;
     // Two bands ahead: the hardware prefetcher alone left the loop waiting on its loads.
     if (b + 2 < b1) {
       prefetch(band + 2 * band_bytes, band_bytes);
     }
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* block = band + s * sizes(Type).band_block;
+      if constexpr (Type == static_cast<int>(KBlockType::Q4K)) {
+        q4k_maps(block, maps.data() + s * kMapFloats);
+      } else {
+        q6k_maps(block, maps.data() + s * kMapFloats);
+      }
+    }
     for (int j0 = 0; j0 < kBand; j0 += J) {
       if constexpr (Type == static_cast<int>(KBlockType::Q4K)) {
-        q4k_tile<M, J>(x, in, band, j0, static_cast<int64_t>(b) * kBand, out, y);
+        q4k_tile<M, J>(x, in, band, maps.data(), j0, static_cast<int64_t>(b) * kBand, out, y);
       } else {
-        q6k_tile<M, J>(x, in, band, j0, static_cast<int64_t>(b) * kBand, out, y);
+        q6k_tile<M, J>(x, in, band, maps.data(), j0, static_cast<int64_t>(b) * kBand, out, y);
       }
     }
   }
