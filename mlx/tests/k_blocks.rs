@@ -55,7 +55,7 @@ fn k_matrix(kind: KQuant, out: usize, inp: usize, seed: u64) -> KMatrix {
     let mut values = vec![0.0f32; out * inp];
     for n in 0..out {
         for s in 0..inp / 256 {
-            // Super-scales that keep |w| ≤ 1 (63 · 15 · 1e-3, 127 · 32 · 2.4e-4), as the
+            // Super-scales that keep |w| ≤ 1 (63 · 15 · 1e-3, 128 · 32 · 2.4e-4), as the
             // reference's tolerance assumes.
             let d = match kind {
                 KQuant::Q4K => draw.f16_in(2e-4, 1e-3),
@@ -70,7 +70,13 @@ fn k_matrix(kind: KQuant, out: usize, inp: usize, seed: u64) -> KMatrix {
                         biases[at] = -(dmin * draw.below(64) as f32);
                     }
                     KQuant::Q6K => {
-                        scales[at] = d * (draw.below(255) as i32 - 127) as f32;
+                        // llama.cpp's quantizer gives each super-block's widest group -128.
+                        let sc = if g % 16 == 5 {
+                            -128
+                        } else {
+                            draw.below(255) as i32 - 127
+                        };
+                        scales[at] = d * sc as f32;
                         biases[at] = -32.0 * scales[at];
                     }
                 }

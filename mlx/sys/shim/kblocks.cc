@@ -99,11 +99,31 @@ bool exact_half(float v, uint16_t& bits) {
   return widen(Half{bits}) == v;
 }
 
+// Whether `scales` factor as `d · sc` with the widest one's `sc` equal to `top`; sets `d_bits`
+// and `sc` when they do.
+bool factor_by(const float* scales, int count, int lo, int hi, int top, int widest,
+               uint16_t& d_bits, int8_t* sc) {
+  const float d = scales[widest] / static_cast<float>(top);
+  uint16_t bits;
+  if (!exact_half(d, bits)) {
+    return false;
+  }
+  for (int g = 0; g < count; ++g) {
+    const float q = std::nearbyint(scales[g] / d);
+    if (!(q >= lo && q <= hi && d * q == scales[g])) {
+      return false;
+    }
+    sc[g] = static_cast<int8_t>(static_cast<int>(q));
+  }
+  d_bits = bits;
+  return true;
+}
+
 // `scales` (eight or sixteen groups of one row's super-block) as `d · sc` with `d` an f16 and
 // each `sc` an integer in `[lo, hi]`, every product equal to its scale exactly; false when no
-// such `d` exists. A k-quant's products have at most 11 + 7 significant bits, so f32 holds
+// such `d` exists. A k-quant's products have at most 11 + 8 significant bits, so f32 holds
 // them exactly and `scale / sc` recovers `d` exactly: for the `sc` of the largest scale, tried
-// from the top of the range down (a quantizer gives its largest group the top of the range).
+// from the ends of the range in (a quantizer gives its largest group an end of the range).
 bool factor(const float* scales, int count, int lo, int hi, uint16_t& d_bits, int8_t* sc) {
   int widest = 0;
   for (int g = 1; g < count; ++g) {
@@ -116,21 +136,12 @@ bool factor(const float* scales, int count, int lo, int hi, uint16_t& d_bits, in
     std::fill(sc, sc + count, 0);
     return std::all_of(scales, scales + count, [](float s) { return s == 0.0f; });
   }
-  for (int top = hi; top >= 1; --top) {
-    const float d = scales[widest] / static_cast<float>(top);
-    uint16_t bits;
-    if (!exact_half(d, bits)) {
-      continue;
-    }
-    bool fits = true;
-    for (int g = 0; g < count && fits; ++g) {
-      const float q = std::nearbyint(scales[g] / d);
-      fits = q >= lo && q <= hi && d * q == scales[g];
-      sc[g] = static_cast<int8_t>(static_cast<int>(q));
-    }
-    if (fits) {
-      d_bits = bits;
-      return true;
+  // Largest magnitudes first, either sign: Q6_K's quantizer gives its widest group -128.
+  for (int magnitude = std::max(-lo, hi); magnitude >= 1; --magnitude) {
+    for (const int top : {magnitude, -magnitude}) {
+      if (top >= lo && top <= hi && factor_by(scales, count, lo, hi, top, widest, d_bits, sc)) {
+        return true;
+      }
     }
   }
   return false;
