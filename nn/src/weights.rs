@@ -187,7 +187,15 @@ impl Weights {
     /// (see [`Weights::with_k_blocks`]); an error naming it when absent.
     pub fn table(&mut self, name: &str) -> Result<Tensor> {
         let table = self.weight(name)?;
-        self.layer_form(table)
+        let table = self.layer_form(table)?;
+        if matches!(table, Tensor::KBlocks(_)) {
+            // The stored form goes now, as a layer's does (`settle`): held to the end of the
+            // load beside its k-block form, a 1B's tied Q6_K table (394 MB affine) raised the
+            // peak RSS past the affine layout's.
+            self.tensors.remove(name);
+            self.settled.insert(name.to_string());
+        }
+        Ok(table)
     }
 
     /// The packed form of quantized tensor `name`, scales and biases in the compute dtype, when
