@@ -269,6 +269,32 @@ MLXKIT_AVX2 inline void q6k_maps(const uint8_t* block, float* scale) {
   }
 }
 
+// A tile's M×J accumulators, cleared; and their sums written to rows `[n, n + J)` of `y`'s M
+// rows. The unroll pragmas keep the accumulators in registers.
+template <int M, int J>
+MLXKIT_AVX2 inline __attribute__((always_inline)) void zero_sums(__m256 (&acc)[M][J]) {
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 16
+    for (int j = 0; j < J; ++j) {
+      acc[m][j] = _mm256_setzero_ps();
+    }
+  }
+}
+
+template <int M, int J>
+MLXKIT_AVX2 inline __attribute__((always_inline)) void store_sums(const __m256 (&acc)[M][J],
+                                                                  int64_t n, int64_t out,
+                                                                  float* y) {
+#pragma GCC unroll 16
+  for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 16
+    for (int j = 0; j < J; ++j) {
+      y[m * out + n + j] = horizontal_sum(acc[m][j]);
+    }
+  }
+}
+
 // `M` rows of `x` against rows `[j0, j0 + J)` of one band: M×J independent FMA chains, each
 // weight dequantized once for the M rows. The unroll pragmas keep the accumulators in
 // registers.
@@ -280,13 +306,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
                                                                 float* y) {
   const int64_t supers = in / kSuper;
   __m256 acc[M][J];
-#pragma GCC unroll 16
-  for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      acc[m][j] = _mm256_setzero_ps();
-    }
-  }
+  zero_sums<M, J>(acc);
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q4K)).band_block;
     const float* scale = maps + s * kMapFloats;
@@ -317,13 +337,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
       }
     }
   }
-#pragma GCC unroll 16
-  for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      y[m * out + n + j0 + j] = horizontal_sum(acc[m][j]);
-    }
-  }
+  store_sums<M, J>(acc, n + j0, out, y);
 }
 
 template <int M, int J>
@@ -334,13 +348,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, 
                                                                 float* y) {
   const int64_t supers = in / kSuper;
   __m256 acc[M][J];
-#pragma GCC unroll 16
-  for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      acc[m][j] = _mm256_setzero_ps();
-    }
-  }
+  zero_sums<M, J>(acc);
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q6K)).band_block;
     const float* scale = maps + s * kMapFloats;
@@ -365,13 +373,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, 
       }
     }
   }
-#pragma GCC unroll 16
-  for (int m = 0; m < M; ++m) {
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      y[m * out + n + j0 + j] = horizontal_sum(acc[m][j]);
-    }
-  }
+  store_sums<M, J>(acc, n + j0, out, y);
 }
 
 // `M` rows of `x` against bands `[b0, b1)`, `J` of each band's rows at a time: all eight for a
