@@ -273,8 +273,12 @@ fn k_quant_matrices(
 /// Llama 3.2 1B's fused gate and up projection (Q4_K in a Q4_K_M file) and its down projection
 /// (Q6_K in half its layers), each call on the next of 8 distinct matrices (134 and 34 MB in
 /// the affine layout), so that every call streams its weights from memory as a decode step
-/// does: MLX's affine layout through the packed kernel against the k-block form, all threads.
-#[divan::bench(args = ["q4k-affine", "q4k-blocks", "q6k-affine", "q6k-blocks"], sample_count = 40)]
+/// does: MLX's affine layout through the packed kernel against the k-block form, all threads,
+/// with f32 activations and (`-int8`) activations rounded to bytes.
+#[divan::bench(
+    args = ["q4k-affine", "q4k-blocks", "q4k-blocks-int8", "q6k-affine", "q6k-blocks", "q6k-blocks-int8"],
+    sample_count = 40
+)]
 fn k_quant_1b_from_memory(bencher: divan::Bencher, form: &str) {
     use mlx::k_blocks::KQuant;
     let (kind, shape) = if form.starts_with("q4k") {
@@ -284,13 +288,18 @@ fn k_quant_1b_from_memory(bencher: divan::Bencher, form: &str) {
     };
     let matrices = k_quant_matrices(kind, shape, 8);
     let x = random_matrix(1, shape.1, 7);
-    let blocks = form.ends_with("blocks");
+    let blocks = form.contains("blocks");
+    let activations = if form.ends_with("int8") {
+        Activations::Int8
+    } else {
+        Activations::F32
+    };
     let mut next = 0;
     bencher.bench_local(|| {
         let (q, k) = &matrices[next % matrices.len()];
         next += 1;
         let y = if blocks {
-            k.matmul(&x).expect("k-blocks")
+            k.matmul_with(&x, activations).expect("k-blocks")
         } else {
             q.matmul_with(&x, true, Activations::F32).expect("packed")
         };

@@ -80,11 +80,14 @@ pub enum Activations {
     /// 135M logits move by up to 1.7 and its argmax changes at 2 steps; Gemma 3 270M, whose
     /// activations are far more uneven, moves by up to 13 and changes at 7. One decode row
     /// runs 1.2× (4-bit MLP) to 2× (8-bit head) faster; batches of 8 gain nothing on AVX2.
+    ///
+    /// GGUF k-quants in the k-block form ([`crate::k_blocks::KBlocks::matmul_with`]) round per
+    /// 256 columns, as llama.cpp's CPU product of the same file does.
     Int8,
 }
 
 impl Activations {
-    fn raw(self) -> i32 {
+    pub(crate) fn raw(self) -> i32 {
         match self {
             Activations::F32 => 0,
             Activations::Int8 => 1,

@@ -60,6 +60,7 @@ fn main() {
         .file("shim/qmv.cc")
         .file("shim/qmv8.cc")
         .file("shim/kblocks.cc")
+        .file("shim/kblocks_int8.cc")
         .file("shim/append.cc")
         .file("shim/attend.cc")
         .file("shim/gated.cc")

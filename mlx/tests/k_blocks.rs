@@ -7,7 +7,7 @@ mod common;
 use half::f16;
 use mlx::Array;
 use mlx::k_blocks::{KBlocks, KQuant};
-use mlx::quantized::{QuantSpec, Quantized};
+use mlx::quantized::{Activations, QuantSpec, Quantized};
 
 use common::{KERNELS, array};
 
@@ -237,6 +237,122 @@ fn k_block_rows_are_independent_of_their_batch_and_the_threads() {
         }
         mlx::set_cpu_threads(before);
     });
+}
+
+/// With activations rounded to bytes, each product lies within the rounding's bound of the
+/// exact one, every instruction set gives the same bits, a row's result does not depend on its
+/// batch, and a block holding a NaN makes its row's results NaN (and no other row's).
+#[test]
+fn int8_activation_products_stay_within_the_rounding_bound() {
+    let (out, inp) = (200usize, 768usize);
+    let supers = inp / 256;
+    let rows_tried = [1usize, 2, 3, 5, 8, 9, 17];
+    let mut by_level: Vec<Vec<Vec<f32>>> = Vec::new();
+    common::each_kernel_level(|_| {
+        let mut results = Vec::new();
+        for kind in [KQuant::Q4K, KQuant::Q6K] {
+            let m = k_matrix(kind, out, inp, 7);
+            let b = blocks(&m);
+            let biases = m
+                .quantized
+                .biases
+                .as_ref()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            let group = match kind {
+                KQuant::Q4K => 32,
+                KQuant::Q6K => 16,
+            };
+            for &rows in &rows_tried {
+                let (mut xs, _) = array(&[rows as i32, inp as i32], 80 + rows as u64);
+                // One row far from the others' scale, so that a block's step varies.
+                for v in &mut xs[..inp] {
+                    *v *= 30.0;
+                }
+                let x = Array::from_slice(&xs, &[rows as i32, inp as i32]).unwrap();
+                let got = b
+                    .matmul_with(&x, Activations::Int8)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                for r in 0..rows {
+                    let xr = &xs[r * inp..(r + 1) * inp];
+                    let steps: Vec<f64> = (0..supers)
+                        .map(|s| {
+                            let block = &xr[s * 256..(s + 1) * 256];
+                            f64::from(block.iter().fold(0.0f32, |a, v| a.max(v.abs()))) / 127.0
+                        })
+                        .collect();
+                    for n in 0..out {
+                        let mut exact = 0.0f64;
+                        let mut rounding = 0.0f64;
+                        let mut magnitude = 0.0f64;
+                        for e in 0..inp {
+                            let w = f64::from(m.values[n * inp + e]);
+                            let bias = f64::from(biases[n * (inp / group) + e / group]);
+                            let step = steps[e / 256];
+                            exact += w * f64::from(xr[e]);
+                            // Each x moves by at most half its block's step.
+                            rounding += w.abs() * step / 2.0;
+                            // The kernel sums the scaled values and (Q4_K) the biases' part
+                            // apart, so f32 rounds relative to both parts' sizes.
+                            magnitude +=
+                                ((w - bias).abs() + bias.abs()) * (f64::from(xr[e].abs()) + step);
+                        }
+                        // f32 rounds the steps, each block's integer sum, its factor and
+                        // the running sums: fewer than 16 roundings of 2⁻²⁴ at 3 blocks.
+                        let bound = rounding + magnitude * 16.0 * f64::from(f32::EPSILON) / 2.0;
+                        let value = f64::from(got[r * out + n]);
+                        assert!(
+                            (value - exact).abs() <= bound,
+                            "{kind:?}, {rows} rows, row {r}, output {n}: {value} against \
+                             {exact}, bound {bound}"
+                        );
+                    }
+                }
+                // Not the f32 product: the rounding is there.
+                let f32_result = b.matmul_with(&x, Activations::F32).unwrap();
+                assert_ne!(f32_result.to_vec::<f32>().unwrap(), got, "{kind:?}");
+                results.push(got);
+            }
+            // A row alone and within a batch; a NaN in one row's second block.
+            let (mut xs, x) = array(&[9, inp as i32], 90);
+            let together = b
+                .matmul_with(&x, Activations::Int8)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            for row in [0, 4, 8] {
+                let alone = b
+                    .matmul_with(&x.slice_axis(0, row, row + 1).unwrap(), Activations::Int8)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap();
+                let start = row as usize * out;
+                assert_eq!(alone, together[start..start + out], "{kind:?}, row {row}");
+            }
+            xs[3 * inp + 300] = f32::NAN;
+            let x = Array::from_slice(&xs, &[9, inp as i32]).unwrap();
+            let with_nan = b
+                .matmul_with(&x, Activations::Int8)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap();
+            for row in 0..9 {
+                let got = &with_nan[row * out..(row + 1) * out];
+                if row == 3 {
+                    assert!(got.iter().all(|v| v.is_nan()), "{kind:?}");
+                } else {
+                    assert_eq!(got, &together[row * out..(row + 1) * out], "{kind:?}");
+                }
+            }
+        }
+        by_level.push(results);
+    });
+    for level in &by_level[1..] {
+        assert!(level == &by_level[0], "the instruction sets disagree");
+    }
 }
 
 /// Matrices whose values are not a k-quant's keep MLX's layout: MLX's own quantization (free

@@ -16,7 +16,7 @@
 //
 //   Q6_K (2,192 bytes, 8.56 bits per weight): d[8] (f16), the signed scales sc[group][row]
 //   (16 groups of 16), then each row's 256 values `q - 32` as signed bytes, in column order.
-//   Q6_K's 6-bit values are widened to bytes: unpacking its split 4 + 2 bits costs about as
+//   (Offsets in kblocks_layout.h.) Q6_K's 6-bit values are widened to bytes: unpacking its split 4 + 2 bits costs about as
 //   much arithmetic again as the product, which a decode step cannot spare on two cores.
 //
 // Values: a group's scale is `d · sc` and (Q4_K) its bias `−dmin · m`, computed in f32 as the
@@ -26,6 +26,7 @@
 // has the value it has in the affine form; only the order of the f32 sums differs. Every
 // (row of x, weight row) pair runs the same operations in the same order whatever the tile,
 // the number of rows and the thread count, so a row's result does not depend on its batch.
+// With `MLXKIT_ACTIVATIONS=int8` the products round `x` to bytes first (kblocks_int8.cc).
 //
 // The loader makes the form from a matrix it has in MLX's affine layout, when that matrix's
 // scales and biases factor exactly as a k-quant's (`k_blocks_from_affine`): a GGUF read
@@ -49,6 +50,8 @@
 
 #include "half.h"
 #include "inputs.h"
+#include "kblocks_int8.h"
+#include "kblocks_layout.h"
 #include "pool.h"
 #include "primitives.h"
 #include "x86.h"
@@ -59,25 +62,15 @@ namespace mx = mlx::core;
 
 namespace {
 
-constexpr int kBand = 8;
-constexpr int kSuper = 256;
+using kblock::kBand;
+using kblock::kSuper;
+using kblock::known;
 // Rows of `x` one pass carries, and bands per pass over many rows (128 weight rows: a Q4_K
 // band range of ~150 KB at 2,048 columns stays in L2 while each block of rows reads it).
 [[maybe_unused]] constexpr int kBlockRows = 8;
 [[maybe_unused]] constexpr int kBandsPerPass = 16;
 
-struct Sizes {
-  size_t band_block;  // bytes of one band's super-block
-};
-
-constexpr bool known(int type) {
-  return type == static_cast<int>(KBlockType::Q4K) || type == static_cast<int>(KBlockType::Q6K);
-}
-
-constexpr Sizes sizes(int type) {
-  return type == static_cast<int>(KBlockType::Q4K) ? Sizes{32 + 128 + kBand * 128}
-                                                   : Sizes{16 + 128 + kBand * 256};
-}
+using kblock::band_block;
 
 // The f16 bits of `v` when `v` is an f16 value exactly.
 bool exact_half(float v, uint16_t& bits) {
@@ -147,11 +140,7 @@ bool factor(const float* scales, int count, int lo, int hi, uint16_t& d_bits, in
   return false;
 }
 
-float f16(const uint8_t* p) {
-  Half h;
-  std::memcpy(&h.bits, p, 2);
-  return widen(h);
-}
+using kblock::f16;
 
 // The scales (and Q4_K's biases) of one band super-block, `[group][row]`, as every kernel
 // computes them.
@@ -203,13 +192,13 @@ void dequantize_block(int type, const uint8_t* block, int row, float* out) {
 void matmul_portable(int type, const float* x, int rows, int64_t in, const uint8_t* w,
                      int64_t out, int b0, int b1, float* y) {
   const int64_t supers = in / kSuper;
-  const size_t band_bytes = sizes(type).band_block * supers;
+  const size_t band_bytes = band_block(type) * supers;
   std::vector<float> values(kSuper);
   for (int b = b0; b < b1; ++b) {
     for (int row = 0; row < kBand; ++row) {
       std::vector<float> sums(rows, 0.0f);
       for (int64_t s = 0; s < supers; ++s) {
-        dequantize_block(type, w + b * band_bytes + s * sizes(type).band_block, row,
+        dequantize_block(type, w + b * band_bytes + s * band_block(type), row,
                          values.data());
         for (int m = 0; m < rows; ++m) {
           const float* xm = x + m * in + s * kSuper;
@@ -308,7 +297,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const float* x, 
   __m256 acc[M][J];
   zero_sums<M, J>(acc);
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q4K)).band_block;
+    const uint8_t* block = band + s * band_block(kblock::kQ4);
     const float* scale = maps + s * kMapFloats;
     const float* bias = scale + 8 * kBand;
     const uint8_t* q = block + 160;
@@ -350,7 +339,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const float* x, 
   __m256 acc[M][J];
   zero_sums<M, J>(acc);
   for (int64_t s = 0; s < supers; ++s) {
-    const uint8_t* block = band + s * sizes(static_cast<int>(KBlockType::Q6K)).band_block;
+    const uint8_t* block = band + s * band_block(kblock::kQ6);
     const float* scale = maps + s * kMapFloats;
     const uint8_t* q = block + 144;
     for (int g = 0; g < 16; ++g) {
@@ -383,7 +372,7 @@ MLXKIT_AVX2 void matmul_avx2(const float* x, int64_t in, const uint8_t* w, int64
                              int b1, float* y) {
   constexpr int J = M == 1 ? 8 : M == 2 ? 4 : M <= 4 ? 2 : 1;
   const int64_t supers = in / kSuper;
-  const size_t band_bytes = sizes(Type).band_block * supers;
+  const size_t band_bytes = band_block(Type) * supers;
   // The band's scales (and biases), computed once for all its tiles: per tile, they cost a
   // seventh of a prompt's product, whose tiles take one weight row each.
   std::vector<float> maps(static_cast<size_t>(supers) * kMapFloats);
@@ -394,7 +383,7 @@ MLXKIT_AVX2 void matmul_avx2(const float* x, int64_t in, const uint8_t* w, int64
       prefetch(band + 2 * band_bytes, band_bytes);
     }
     for (int64_t s = 0; s < supers; ++s) {
-      const uint8_t* block = band + s * sizes(Type).band_block;
+      const uint8_t* block = band + s * band_block(Type);
       if constexpr (Type == static_cast<int>(KBlockType::Q4K)) {
         q4k_maps(block, maps.data() + s * kMapFloats);
       } else {
@@ -448,8 +437,12 @@ void matmul(int type, const float* x, int rows, int64_t in, const uint8_t* w, in
 
 class KBlocksMatmul : public mx::UnaryPrimitive {
  public:
-  KBlocksMatmul(mx::Stream stream, int type, int64_t out, int64_t in)
-      : mx::UnaryPrimitive(stream), type_(type), out_(out), in_(in) {}
+  KBlocksMatmul(mx::Stream stream, int type, int64_t out, int64_t in, bool int8_activations)
+      : mx::UnaryPrimitive(stream),
+        type_(type),
+        out_(out),
+        in_(in),
+        int8_activations_(int8_activations) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& y) override {
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -462,8 +455,13 @@ class KBlocksMatmul : public mx::UnaryPrimitive {
     encoder.set_output_array(y);
     encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                       y = mx::array::unsafe_weak_copy(y), rows, type = type_, in = in_,
-                      out = out_]() mutable {
-      matmul(type, x.data<float>(), rows, in, w.data<uint8_t>(), out, y.data<float>());
+                      out = out_, int8 = int8_activations_]() mutable {
+      if (int8) {
+        k_blocks_matmul_int8(type, x.data<float>(), rows, in, w.data<uint8_t>(), out,
+                             y.data<float>());
+      } else {
+        matmul(type, x.data<float>(), rows, in, w.data<uint8_t>(), out, y.data<float>());
+      }
     });
   }
 
@@ -477,13 +475,15 @@ class KBlocksMatmul : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const KBlocksMatmul*>(&other);
-    return o != nullptr && type_ == o->type_ && out_ == o->out_ && in_ == o->in_;
+    return o != nullptr && type_ == o->type_ && out_ == o->out_ && in_ == o->in_ &&
+           int8_activations_ == o->int8_activations_;
   }
 
  private:
   int type_;
   int64_t out_;
   int64_t in_;
+  bool int8_activations_;
 };
 
 class KBlocksRows : public mx::UnaryPrimitive {
@@ -503,7 +503,7 @@ class KBlocksRows : public mx::UnaryPrimitive {
                       y = mx::array::unsafe_weak_copy(y), type = type_, in = in_,
                       out = out_]() mutable {
       const int64_t supers = in / kSuper;
-      const size_t band_bytes = sizes(type).band_block * supers;
+      const size_t band_bytes = band_block(type) * supers;
       const uint8_t* data = w.data<uint8_t>();
       float* rows = y.data<float>();
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -520,7 +520,7 @@ class KBlocksRows : public mx::UnaryPrimitive {
         }
         const uint8_t* band = data + (id / kBand) * band_bytes;
         for (int64_t s = 0; s < supers; ++s) {
-          dequantize_block(type, band + s * sizes(type).band_block, static_cast<int>(id % kBand),
+          dequantize_block(type, band + s * band_block(type), static_cast<int>(id % kBand),
                            row + s * kSuper);
         }
       }
@@ -589,9 +589,9 @@ std::optional<mx::array> k_blocks_repack(const mx::array& w, const mx::array& sc
   const auto* bytes = reinterpret_cast<const uint8_t*>(w.data<uint32_t>());
   const float* scale = scales.data<float>();
   const float* bias = biases.data<float>();
-  const Sizes size = sizes(type);
+  const size_t block_bytes = band_block(type);
   const int64_t supers = in / kSuper;
-  const size_t band_bytes = size.band_block * supers;
+  const size_t band_bytes = block_bytes * supers;
   const int64_t bands = out / kBand;
   const int64_t groups = in / group;
   auto buffer = mx::allocator::malloc(bands * band_bytes);
@@ -599,7 +599,7 @@ std::optional<mx::array> k_blocks_repack(const mx::array& w, const mx::array& sc
   bool fits = true;
   for (int64_t b = 0; b < bands && fits; ++b) {
     for (int64_t s = 0; s < supers && fits; ++s) {
-      uint8_t* block = dst + b * band_bytes + s * size.band_block;
+      uint8_t* block = dst + b * band_bytes + s * block_bytes;
       for (int row = 0; row < kBand && fits; ++row) {
         const int64_t n = b * kBand + row;
         const float* row_scales = scale + n * groups + s * (kSuper / group);
@@ -670,7 +670,7 @@ std::optional<mx::array> k_blocks_repack(const mx::array& w, const mx::array& sc
 }
 
 mx::array k_blocks_product(const mx::array& x, const mx::array& w, int type, int64_t out,
-                          int64_t in) {
+                          int64_t in, bool int8_activations) {
   check_shape(type, out, in);
   if (x.dtype() != mx::float32 || x.ndim() < 1 || x.shape(-1) != in) {
     throw std::invalid_argument("a k-block product takes f32 activations of width " +
@@ -680,7 +680,7 @@ mx::array k_blocks_product(const mx::array& x, const mx::array& w, int type, int
   shape.back() = static_cast<int>(out);
   return mx::array(std::move(shape), mx::float32,
                    std::make_shared<KBlocksMatmul>(mx::default_stream(mx::Device::cpu), type,
-                                                   out, in),
+                                                   out, in, int8_activations),
                    {x, w});
 }
 

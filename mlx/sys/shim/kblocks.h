@@ -28,9 +28,11 @@ std::optional<mlx::core::array> k_blocks_repack(const mlx::core::array& w,
                                                      const mlx::core::array& biases, int group,
                                                      int bits, int& type);
 
-// `x wᵀ` for `w` in k-block form: `x` f32 `[..., in]`, the result f32 `[..., out]`.
+// `x wᵀ` for `w` in k-block form: `x` f32 `[..., in]`, the result f32 `[..., out]`. With
+// `int8_activations`, each row of `x` is first rounded to signed bytes per 256 columns
+// (kblocks_int8.cc): faster, and no longer the f32 product.
 mlx::core::array k_blocks_product(const mlx::core::array& x, const mlx::core::array& w, int type,
-                                 int64_t out, int64_t in);
+                                 int64_t out, int64_t in, bool int8_activations);
 
 // Rows `ids` (integers, any shape) of `w` dequantized: f32 `[ids..., in]`. For a token table.
 mlx::core::array k_blocks_lookup(const mlx::core::array& w, const mlx::core::array& ids, int type,

@@ -589,8 +589,8 @@ std::unique_ptr<Array> k_blocks_from_affine(const Array& w, const Array& scales,
 }
 
 std::unique_ptr<Array> k_blocks_matmul(const Array& x, const Array& w, int32_t ggml_type,
-                                       int64_t out, int64_t in) {
-  return own(mlxkit::k_blocks_product(x, w, ggml_type, out, in));
+                                       int64_t out, int64_t in, int32_t activations) {
+  return own(mlxkit::k_blocks_product(x, w, ggml_type, out, in, activations == 1));
 }
 
 std::unique_ptr<Array> k_blocks_rows(const Array& w, const Array& ids, int32_t ggml_type,

@@ -208,8 +208,9 @@ bool k_blocks_available(int32_t ggml_type, int64_t out, int64_t in);
 std::unique_ptr<Array> k_blocks_from_affine(const Array& w, const Array& scales,
                                             const Array& biases, int32_t group_size,
                                             int32_t bits);
+// `activations`: 0 f32, 1 rounded to signed bytes (kblocks_int8.cc).
 std::unique_ptr<Array> k_blocks_matmul(const Array& x, const Array& w, int32_t ggml_type,
-                                       int64_t out, int64_t in);
+                                       int64_t out, int64_t in, int32_t activations);
 std::unique_ptr<Array> k_blocks_rows(const Array& w, const Array& ids, int32_t ggml_type,
                                      int64_t out, int64_t in);
 int32_t packed_matvec_rows();

@@ -384,6 +384,7 @@ pub mod ffi {
             ggml_type: i32,
             out: i64,
             in_: i64,
+            activations: i32,
         ) -> Result<UniquePtr<Array>>;
         fn k_blocks_rows(
             w: &Array,
