@@ -300,14 +300,26 @@ MLXKIT_AVX2 void q4k_mins(const Rounded& x, int m0, int rows, const uint8_t* ban
   }
 }
 
-// Lane i of a tile's sums is (row of x i / J, weight row j0 + i % J); the super-block's
-// factor `d · step` for each lane, from the band's eight `d` and the rows' eight steps.
+// Lane i of a tile's sums is (row of x i / J, weight row j0 + i % J): the index of each
+// lane's weight row within the band and of its row of x within the tile.
+struct LaneRows {
+  __m256i weight_rows;
+  __m256i x_rows;
+};
+
 template <int J>
-MLXKIT_AVX2 inline __m256 lane_factors(const uint8_t* block, const float* steps,
-                                       __m256i weight_rows, __m256i x_rows) {
+MLXKIT_AVX2 inline LaneRows lane_rows(int j0) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return {_mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_and_si256(lane, _mm256_set1_epi32(J - 1))),
+          _mm256_srli_epi32(lane, J == 8 ? 3 : J == 4 ? 2 : J == 2 ? 1 : 0)};
+}
+
+// The super-block's factor `d · step` for each lane, from the band's eight `d` and the tile's
+// rows' eight steps.
+MLXKIT_AVX2 inline __m256 lane_factors(const uint8_t* block, const float* steps, LaneRows lanes) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-  return _mm256_mul_ps(_mm256_permutevar8x32_ps(d, weight_rows),
-                       _mm256_permutevar8x32_ps(_mm256_loadu_ps(steps), x_rows));
+  return _mm256_mul_ps(_mm256_permutevar8x32_ps(d, lanes.weight_rows),
+                       _mm256_permutevar8x32_ps(_mm256_loadu_ps(steps), lanes.x_rows));
 }
 
 template <int M, int J>
@@ -333,10 +345,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const Rounded& x
                                                                 const float* mins, int64_t n,
                                                                 int64_t out, float* y) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i weight_rows =
-      _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_and_si256(lane, _mm256_set1_epi32(J - 1)));
-  const __m256i x_rows = _mm256_srli_epi32(lane, J == 8 ? 3 : J == 4 ? 2 : J == 2 ? 1 : 0);
+  const LaneRows lanes = lane_rows<J>(j0);
   const size_t block_bytes = band_block(kQ4);
   __m256 total = _mm256_setzero_ps();
   for (int64_t s = 0; s < x.supers; ++s) {
@@ -373,7 +382,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q4k_tile(const Rounded& x
       }
     }
     total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(sums)),
-                            lane_factors<J>(block, x.steps_from(s, m0), weight_rows, x_rows),
+                            lane_factors(block, x.steps_from(s, m0), lanes),
                             total);
   }
   store_lanes<M, J>(total, mins, m0, j0, n, out, y);
@@ -388,10 +397,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const Rounded& x
   // Bytes 0-1 of the broadcast word (group 2p) over the low half, 2-3 (group 2p + 1) the high.
   const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3,
                                           2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i weight_rows =
-      _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_and_si256(lane, _mm256_set1_epi32(J - 1)));
-  const __m256i x_rows = _mm256_srli_epi32(lane, J == 8 ? 3 : J == 4 ? 2 : J == 2 ? 1 : 0);
+  const LaneRows lanes = lane_rows<J>(j0);
   const size_t block_bytes = band_block(kblock::kQ6);
   __m256 total = _mm256_setzero_ps();
   for (int64_t s = 0; s < x.supers; ++s) {
@@ -425,7 +431,7 @@ MLXKIT_AVX2 inline __attribute__((always_inline)) void q6k_tile(const Rounded& x
       }
     }
     total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(sums)),
-                            lane_factors<J>(block, x.steps_from(s, m0), weight_rows, x_rows),
+                            lane_factors(block, x.steps_from(s, m0), lanes),
                             total);
   }
   store_lanes<M, J>(total, nullptr, m0, j0, n, out, y);
