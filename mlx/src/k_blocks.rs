@@ -8,7 +8,8 @@
 //!
 //! It is made from the affine form when, and only when, that form's scales and biases factor
 //! exactly as a k-quant's ([`KBlocks::from_affine`]), so every weight keeps its value; a
-//! product differs from the affine one only in the order of its f32 sums. It exists on a CPU
+//! product differs from the affine one only in the order of its f32 sums, unless its
+//! activations are asked to be rounded to bytes ([`KBlocks::matmul_with`]). It exists on a CPU
 //! with mlxkit's packed kernels ([`crate::quantized::QuantSpec::has_packed_cpu_matvec`]) and
 //! nowhere else: no MLX op reads it.
 

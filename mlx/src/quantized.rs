@@ -82,7 +82,9 @@ pub enum Activations {
     /// runs 1.2× (4-bit MLP) to 2× (8-bit head) faster; batches of 8 gain nothing on AVX2.
     ///
     /// GGUF k-quants in the k-block form ([`crate::k_blocks::KBlocks::matmul_with`]) round per
-    /// 256 columns, as llama.cpp's CPU product of the same file does.
+    /// 256 columns, as llama.cpp's CPU product of the same file does; with them Gemma 3 270M's
+    /// greedy text leaves transformers' at its second token (`nn`'s `real_models`
+    /// left-quantized test, which passes in f32).
     Int8,
 }
 
