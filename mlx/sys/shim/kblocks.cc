@@ -65,10 +65,6 @@ namespace {
 using kblock::kBand;
 using kblock::kSuper;
 using kblock::known;
-// Rows of `x` one pass carries, and bands per pass over many rows (128 weight rows: a Q4_K
-// band range of ~150 KB at 2,048 columns stays in L2 while each block of rows reads it).
-[[maybe_unused]] constexpr int kBlockRows = 8;
-[[maybe_unused]] constexpr int kBandsPerPass = 16;
 
 using kblock::band_block;
 
@@ -406,26 +402,18 @@ void matmul(int type, const float* x, int rows, int64_t in, const uint8_t* w, in
             float* y) {
 #if defined(__x86_64__)
   if (kernel_level() >= kAvx2) {
-    const int bands = static_cast<int>(out / kBand);
     using Kernel = void (*)(const float*, int64_t, const uint8_t*, int64_t, int, int, float*);
     constexpr int q4 = static_cast<int>(KBlockType::Q4K);
     constexpr int q6 = static_cast<int>(KBlockType::Q6K);
-    static constexpr Kernel kernels[2][kBlockRows] = {
+    static constexpr Kernel kernels[2][kblock::kBlockRows] = {
         {matmul_avx2<q4, 1>, matmul_avx2<q4, 2>, matmul_avx2<q4, 3>, matmul_avx2<q4, 4>,
          matmul_avx2<q4, 5>, matmul_avx2<q4, 6>, matmul_avx2<q4, 7>, matmul_avx2<q4, 8>},
         {matmul_avx2<q6, 1>, matmul_avx2<q6, 2>, matmul_avx2<q6, 3>, matmul_avx2<q6, 4>,
          matmul_avx2<q6, 5>, matmul_avx2<q6, 6>, matmul_avx2<q6, 7>, matmul_avx2<q6, 8>},
     };
     const Kernel* by_rows = kernels[type == q4 ? 0 : 1];
-    const int per_pass = rows <= kBlockRows ? bands : kBandsPerPass;
-    split_rows(rows, static_cast<int>(in), static_cast<int>(out), [&](int n0, int n1) {
-      for (int b0 = n0 / kBand; b0 < n1 / kBand; b0 += per_pass) {
-        const int b1 = std::min(n1 / kBand, b0 + per_pass);
-        for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
-          const int m = std::min(kBlockRows, rows - m0);
-          by_rows[m - 1](x + m0 * in, in, w, out, b0, b1, y + m0 * out);
-        }
-      }
+    kblock::for_each_pass(rows, in, out, [&](int m0, int m, int b0, int b1) {
+      by_rows[m - 1](x + m0 * in, in, w, out, b0, b1, y + m0 * out);
     });
     return;
   }

@@ -43,6 +43,7 @@ namespace {
 using kblock::band_block;
 using kblock::f16;
 using kblock::kBand;
+using kblock::kBlockRows;
 using kblock::kQ4;
 using kblock::kQ4Mins;
 using kblock::kQ4Offsets;
@@ -51,10 +52,6 @@ using kblock::kQ4Values;
 using kblock::kQ6Scales;
 using kblock::kQ6Values;
 using kblock::kSuper;
-
-// Rows of `x` one pass carries, and bands per pass over many rows (as the f32 product).
-[[maybe_unused]] constexpr int kBlockRows = 8;
-[[maybe_unused]] constexpr int kBandsPerPass = 16;
 
 // The rows of `x` rounded to bytes.
 struct Rounded {
@@ -488,16 +485,8 @@ void k_blocks_matmul_int8(int type, const float* x, int rows, int64_t in, const 
          matmul_avx2<q6, 5>, matmul_avx2<q6, 6>, matmul_avx2<q6, 7>, matmul_avx2<q6, 8>},
     };
     const Kernel* by_rows = kernels[type == kQ4 ? 0 : 1];
-    const int bands = static_cast<int>(out / kBand);
-    const int per_pass = rows <= kBlockRows ? bands : kBandsPerPass;
-    split_rows(rows, static_cast<int>(in), static_cast<int>(out), [&](int n0, int n1) {
-      for (int b0 = n0 / kBand; b0 < n1 / kBand; b0 += per_pass) {
-        const int b1 = std::min(n1 / kBand, b0 + per_pass);
-        for (int m0 = 0; m0 < rows; m0 += kBlockRows) {
-          const int m = std::min(kBlockRows, rows - m0);
-          by_rows[m - 1](rounded, m0, w, out, b0, b1, y);
-        }
-      }
+    kblock::for_each_pass(rows, in, out, [&](int m0, int m, int b0, int b1) {
+      by_rows[m - 1](rounded, m0, w, out, b0, b1, y);
     });
     return;
   }
